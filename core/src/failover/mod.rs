@@ -1,0 +1,5 @@
+//! The failover state machine.
+
+mod config;
+
+pub use config::{ConfigError, FailbackPolicy, FailoverConfig};

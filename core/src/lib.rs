@@ -1,0 +1,14 @@
+//! understudy's domain, with no Kubernetes and no I/O in it.
+//!
+//! Everything here is pure: the fencing [`Epoch`], the two [`Pool`]s a policy names, durations in
+//! the forms Kubernetes and vLLM print them, and the failover state machine that turns
+//! observations into decisions. The operator runs this logic against Kubernetes, the game-day
+//! simulator against a schedule, and both get the same answers.
+
+pub mod duration;
+pub mod epoch;
+pub mod failover;
+pub mod pool;
+
+pub use epoch::Epoch;
+pub use pool::Pool;

@@ -1,0 +1,1 @@
+//! The understudy end-to-end test crate; its tests live in `tests/`.
