@@ -1,0 +1,262 @@
+//! The policy simulator: a failure schedule run through the real failover state machine.
+//!
+//! Time moves in rounds, a round being one check interval. Each round the simulator first
+//! counts what happened to that round's user traffic (served, dropped, or accepted and silently
+//! lost), then feeds the round's checks of both pools to the state machine, executes the
+//! actions it returns against an in-memory lease and instant pools, and at the end of the
+//! round lets promotions that have waited `promotion_rounds` finish serving.
+//!
+//! The accounting follows seed 002's model exactly, so with a shallow check and its policy the
+//! simulator reproduces that seed's tables; tests compare against a transliteration of the
+//! seed's code over random schedules. Nothing here is a second state machine: every decision
+//! comes from [`understudy_core::failover`].
+
+mod schedule;
+
+use std::time::Duration;
+
+use serde::Serialize;
+use understudy_core::failover::{
+    Action, CheckResult, Event, FailbackPolicy, FailoverConfig, FailoverState, Input, Phase, Step, StepFailure,
+    TransitionKind,
+};
+use understudy_core::{Epoch, Pool};
+
+pub use schedule::{CheckKind, Condition, Faults, Schedule, ScheduleError, SimFailback, SimPolicy};
+
+/// A round is one check interval; its length only matters for the state machine's clock.
+const ROUND: Duration = Duration::from_secs(1);
+
+/// What a schedule cost under its policy.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Outcome {
+    /// Promotions of the standby because the primary failed its checks.
+    pub failovers: u32,
+    /// Failovers whose old primary would have passed the policy's check in the next round.
+    pub false_failovers: u32,
+    /// Returns of the primary role to replica A.
+    pub failbacks: u32,
+    /// Rounds spent mid-promotion, with no pool serving.
+    pub transition_rounds: u32,
+    /// Rounds whose traffic got an error.
+    pub dropped: u32,
+    /// Rounds whose traffic was accepted by a replica that could not do its work.
+    pub silent_lost: u32,
+    /// Rounds served correctly.
+    pub served: u32,
+    /// Every promotion, in order.
+    pub transitions: Vec<Transition>,
+}
+
+/// One promotion as the simulator saw it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Transition {
+    pub kind: &'static str,
+    pub from: Pool,
+    pub to: Pool,
+    pub epoch: Epoch,
+    /// The round whose check decided it.
+    pub decided: u32,
+    /// The round at whose end the new primary served.
+    pub finished: Option<u32>,
+}
+
+/// Runs a checked schedule through the failover state machine.
+pub fn simulate(schedule: &Schedule) -> Outcome {
+    Simulation::new(schedule).run()
+}
+
+/// What replica A would do with no failover at all: the baseline a policy improves on.
+pub fn without_failover(schedule: &Schedule) -> Outcome {
+    let mut outcome = Outcome::default();
+    for t in 1..=schedule.rounds {
+        match schedule.replica_a.condition(t) {
+            Condition::Up => outcome.served += 1,
+            Condition::HalfFailed => outcome.silent_lost += 1,
+            Condition::Unresponsive | Condition::Stopped => outcome.dropped += 1,
+        }
+    }
+    outcome
+}
+
+/// The state machine's configuration for a simulated policy.
+pub fn failover_config(policy: &SimPolicy) -> FailoverConfig {
+    FailoverConfig {
+        suspect_after: policy.suspect_after,
+        promote_after: policy.promote_after,
+        hard_promote_after: policy.hard_promote_after.unwrap_or(policy.promote_after),
+        standby_ready_after: policy.standby_ready_after,
+        min_dwell: ROUND * policy.min_dwell_rounds,
+        failback: match policy.failback {
+            SimFailback::Manual => FailbackPolicy::Manual,
+            SimFailback::Automatic { healthy_rounds } => FailbackPolicy::Automatic { healthy_checks: healthy_rounds },
+        },
+        paused: false,
+    }
+}
+
+struct Simulation<'a> {
+    schedule: &'a Schedule,
+    config: FailoverConfig,
+    state: FailoverState,
+    /// The lease: holder and epoch. The simulator is its only writer.
+    lease: (Pool, Epoch),
+    /// The round at whose end the pending "await serving" step is done.
+    serving_due: Option<u32>,
+    outcome: Outcome,
+}
+
+impl<'a> Simulation<'a> {
+    fn new(schedule: &'a Schedule) -> Self {
+        Simulation {
+            schedule,
+            config: failover_config(&schedule.policy),
+            state: FailoverState::new(),
+            lease: (Pool::A, Epoch(0)),
+            serving_due: None,
+            outcome: Outcome::default(),
+        }
+    }
+
+    fn run(mut self) -> Outcome {
+        for t in 1..=self.schedule.rounds {
+            self.account_traffic(t);
+            // The standby's check first: a standby that just became ready is promotable in the
+            // same round the primary crosses its threshold.
+            let standby = self.state.standby();
+            for pool in [standby, standby.other()] {
+                let result = self.check(pool, t);
+                self.feed(t, Input::Check { pool, result });
+            }
+            self.feed(t, Input::Tick);
+        }
+        self.outcome
+    }
+
+    /// Counts round `t`'s user traffic against the pool routed at the start of the round.
+    fn account_traffic(&mut self, t: u32) {
+        let outcome = &mut self.outcome;
+        match self.state.routable() {
+            _ if matches!(self.state.phase, Phase::Promoting(_)) => {
+                outcome.transition_rounds += 1;
+                outcome.dropped += 1;
+            }
+            Some((Pool::A, _)) => match self.schedule.replica_a.condition(t) {
+                Condition::Up => outcome.served += 1,
+                Condition::HalfFailed => outcome.silent_lost += 1,
+                Condition::Unresponsive | Condition::Stopped => outcome.dropped += 1,
+            },
+            Some((Pool::B, _)) => outcome.served += 1,
+            None => outcome.dropped += 1,
+        }
+    }
+
+    /// What the policy's check sees of `pool` in round `t`. Replica B is always up.
+    fn check(&self, pool: Pool, t: u32) -> CheckResult {
+        if pool == Pool::B {
+            return CheckResult::Pass;
+        }
+        match (self.schedule.replica_a.condition(t), self.schedule.policy.check) {
+            (Condition::Up, _) | (Condition::HalfFailed, CheckKind::Shallow) => CheckResult::Pass,
+            (Condition::HalfFailed, CheckKind::Generating) | (Condition::Unresponsive, _) => CheckResult::SoftFail,
+            (Condition::Stopped, _) => CheckResult::HardFail,
+        }
+    }
+
+    /// Applies one input, then executes the actions it yields until nothing more completes.
+    fn feed(&mut self, t: u32, input: Input) {
+        let mut inputs = vec![input];
+        while let Some(input) = inputs.pop() {
+            let now = ROUND * t;
+            let (next, actions) = self.state.step(&self.config, now, &input);
+            self.state = next;
+            for action in actions {
+                if let Some(report) = self.execute(t, &input, action) {
+                    inputs.push(report);
+                }
+            }
+        }
+    }
+
+    /// Executes one action; returns the step report to feed back, if the step finished.
+    fn execute(&mut self, t: u32, cause: &Input, action: Action) -> Option<Input> {
+        let done = |epoch, step| Some(Input::StepDone { epoch, step });
+        match action {
+            Action::Emit(event) => {
+                self.record(t, event);
+                None
+            }
+            Action::CompareAndSetLease { expected, holder, epoch } => {
+                if self.lease == (holder, epoch) {
+                    done(epoch, Step::AcquireLease)
+                } else if self.lease.1 == expected {
+                    self.lease = (holder, epoch);
+                    done(epoch, Step::AcquireLease)
+                } else {
+                    Some(Input::StepFailed { epoch, step: Step::AcquireLease, reason: StepFailure::LostRace })
+                }
+            }
+            Action::Fence { epoch, .. } => done(epoch, Step::FenceOld),
+            Action::Wake { epoch, .. } => done(epoch, Step::Wake),
+            Action::Scale { epoch, .. } => done(epoch, Step::Scale),
+            Action::AwaitServing { epoch, .. } => {
+                let due = *self.serving_due.get_or_insert(t + self.schedule.policy.promotion_rounds);
+                // Pools become ready only at the end of a round, after its checks.
+                if *cause == Input::Tick && t >= due {
+                    self.serving_due = None;
+                    done(epoch, Step::AwaitServing)
+                } else {
+                    None
+                }
+            }
+            Action::Route { epoch, .. } => done(epoch, Step::Route),
+            Action::OpenAdmission { epoch, .. } => done(epoch, Step::OpenAdmission),
+        }
+    }
+
+    fn record(&mut self, t: u32, event: Event) {
+        match event {
+            Event::PromotionStarted { kind, from, to, epoch } => {
+                let outcome = &mut self.outcome;
+                match kind {
+                    TransitionKind::Failover | TransitionKind::Manual => outcome.failovers += 1,
+                    TransitionKind::Failback => outcome.failbacks += 1,
+                }
+                outcome.transitions.push(Transition {
+                    kind: kind_name(kind),
+                    from,
+                    to,
+                    epoch,
+                    decided: t,
+                    finished: None,
+                });
+            }
+            Event::PromotionFinished { kind, epoch, .. } => {
+                let Some(transition) = self.outcome.transitions.iter_mut().rev().find(|tr| tr.epoch == epoch) else {
+                    return;
+                };
+                transition.finished = Some(t);
+                // Retroactively: had the old primary been left alone, would it have passed?
+                let old = transition.from;
+                if kind == TransitionKind::Failover && self.check(old, t + 1) == CheckResult::Pass {
+                    self.outcome.false_failovers += 1;
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+fn kind_name(kind: TransitionKind) -> &'static str {
+    match kind {
+        TransitionKind::Failover => "failover",
+        TransitionKind::Failback => "failback",
+        TransitionKind::Manual => "manual",
+    }
+}
+
+#[cfg(test)]
+mod seed_model;
+
+#[cfg(test)]
+mod tests;
