@@ -11,14 +11,15 @@
 //! seed's code over random schedules. Nothing here is a second state machine: every decision
 //! comes from [`understudy_core::failover`].
 
+pub mod report;
 mod schedule;
 
 use std::time::Duration;
 
 use serde::Serialize;
 use understudy_core::failover::{
-    Action, CheckResult, Event, FailbackPolicy, FailoverConfig, FailoverState, Input, Phase, Step, StepFailure,
-    TransitionKind,
+    Action, CheckResult, Event, FailbackPolicy, FailoverConfig, FailoverState, Input, Phase, Step,
+    StepFailure, TransitionKind,
 };
 use understudy_core::{Epoch, Pool};
 
@@ -89,7 +90,9 @@ pub fn failover_config(policy: &SimPolicy) -> FailoverConfig {
         min_dwell: ROUND * policy.min_dwell_rounds,
         failback: match policy.failback {
             SimFailback::Manual => FailbackPolicy::Manual,
-            SimFailback::Automatic { healthy_rounds } => FailbackPolicy::Automatic { healthy_checks: healthy_rounds },
+            SimFailback::Automatic { healthy_rounds } => FailbackPolicy::Automatic {
+                healthy_checks: healthy_rounds,
+            },
         },
         paused: false,
     }
@@ -158,7 +161,9 @@ impl<'a> Simulation<'a> {
         }
         match (self.schedule.replica_a.condition(t), self.schedule.policy.check) {
             (Condition::Up, _) | (Condition::HalfFailed, CheckKind::Shallow) => CheckResult::Pass,
-            (Condition::HalfFailed, CheckKind::Generating) | (Condition::Unresponsive, _) => CheckResult::SoftFail,
+            (Condition::HalfFailed, CheckKind::Generating) | (Condition::Unresponsive, _) => {
+                CheckResult::SoftFail
+            }
             (Condition::Stopped, _) => CheckResult::HardFail,
         }
     }
@@ -186,21 +191,31 @@ impl<'a> Simulation<'a> {
                 self.record(t, event);
                 None
             }
-            Action::CompareAndSetLease { expected, holder, epoch } => {
+            Action::CompareAndSetLease {
+                expected,
+                holder,
+                epoch,
+            } => {
                 if self.lease == (holder, epoch) {
                     done(epoch, Step::AcquireLease)
                 } else if self.lease.1 == expected {
                     self.lease = (holder, epoch);
                     done(epoch, Step::AcquireLease)
                 } else {
-                    Some(Input::StepFailed { epoch, step: Step::AcquireLease, reason: StepFailure::LostRace })
+                    Some(Input::StepFailed {
+                        epoch,
+                        step: Step::AcquireLease,
+                        reason: StepFailure::LostRace,
+                    })
                 }
             }
             Action::Fence { epoch, .. } => done(epoch, Step::FenceOld),
             Action::Wake { epoch, .. } => done(epoch, Step::Wake),
             Action::Scale { epoch, .. } => done(epoch, Step::Scale),
             Action::AwaitServing { epoch, .. } => {
-                let due = *self.serving_due.get_or_insert(t + self.schedule.policy.promotion_rounds);
+                let due = *self
+                    .serving_due
+                    .get_or_insert(t + self.schedule.policy.promotion_rounds);
                 // Pools become ready only at the end of a round, after its checks.
                 if *cause == Input::Tick && t >= due {
                     self.serving_due = None;
@@ -216,7 +231,12 @@ impl<'a> Simulation<'a> {
 
     fn record(&mut self, t: u32, event: Event) {
         match event {
-            Event::PromotionStarted { kind, from, to, epoch } => {
+            Event::PromotionStarted {
+                kind,
+                from,
+                to,
+                epoch,
+            } => {
                 let outcome = &mut self.outcome;
                 match kind {
                     TransitionKind::Failover | TransitionKind::Manual => outcome.failovers += 1,
@@ -232,7 +252,13 @@ impl<'a> Simulation<'a> {
                 });
             }
             Event::PromotionFinished { kind, epoch, .. } => {
-                let Some(transition) = self.outcome.transitions.iter_mut().rev().find(|tr| tr.epoch == epoch) else {
+                let Some(transition) = self
+                    .outcome
+                    .transitions
+                    .iter_mut()
+                    .rev()
+                    .find(|tr| tr.epoch == epoch)
+                else {
                     return;
                 };
                 transition.finished = Some(t);

@@ -98,10 +98,21 @@ pub enum ScheduleError {
     #[error("policy.{field} must be at least 1")]
     Zero { field: &'static str },
     #[error("replica_a.{kind} interval [{first}, {last}] is empty: the first round comes after the last")]
-    Reversed { kind: &'static str, first: u32, last: u32 },
+    Reversed {
+        kind: &'static str,
+        first: u32,
+        last: u32,
+    },
     #[error("replica_a.{kind} interval [{first}, {last}] is outside rounds 1 to {rounds}")]
-    OutOfRange { kind: &'static str, first: u32, last: u32, rounds: u32 },
-    #[error("replica_a.{kind} [{first}, {last}] overlaps replica_a.{other_kind} [{other_first}, {other_last}]")]
+    OutOfRange {
+        kind: &'static str,
+        first: u32,
+        last: u32,
+        rounds: u32,
+    },
+    #[error(
+        "replica_a.{kind} [{first}, {last}] overlaps replica_a.{other_kind} [{other_first}, {other_last}]"
+    )]
     Overlap {
         kind: &'static str,
         first: u32,
@@ -110,7 +121,9 @@ pub enum ScheduleError {
         other_first: u32,
         other_last: u32,
     },
-    #[error("policy.promote_after ({promote_after}) must not be below policy.suspect_after ({suspect_after})")]
+    #[error(
+        "policy.promote_after ({promote_after}) must not be below policy.suspect_after ({suspect_after})"
+    )]
     PromoteBeforeSuspect { suspect_after: u32, promote_after: u32 },
     #[error("policy.hard_promote_after ({hard}) must not be above policy.promote_after ({promote_after})")]
     HardAfterSoft { hard: u32, promote_after: u32 },
@@ -133,7 +146,10 @@ impl Schedule {
         for (field, value) in [
             ("promote_after", policy.promote_after),
             ("suspect_after", policy.suspect_after),
-            ("hard_promote_after", policy.hard_promote_after.unwrap_or(policy.promote_after)),
+            (
+                "hard_promote_after",
+                policy.hard_promote_after.unwrap_or(policy.promote_after),
+            ),
             ("standby_ready_after", policy.standby_ready_after),
         ] {
             if value == 0 {
@@ -141,7 +157,9 @@ impl Schedule {
             }
         }
         if let SimFailback::Automatic { healthy_rounds: 0 } = policy.failback {
-            return Err(ScheduleError::Zero { field: "failback.healthy_rounds" });
+            return Err(ScheduleError::Zero {
+                field: "failback.healthy_rounds",
+            });
         }
         if policy.promote_after < policy.suspect_after {
             return Err(ScheduleError::PromoteBeforeSuspect {
@@ -149,8 +167,14 @@ impl Schedule {
                 promote_after: policy.promote_after,
             });
         }
-        if let Some(hard) = policy.hard_promote_after.filter(|hard| *hard > policy.promote_after) {
-            return Err(ScheduleError::HardAfterSoft { hard, promote_after: policy.promote_after });
+        if let Some(hard) = policy
+            .hard_promote_after
+            .filter(|hard| *hard > policy.promote_after)
+        {
+            return Err(ScheduleError::HardAfterSoft {
+                hard,
+                promote_after: policy.promote_after,
+            });
         }
         let intervals = self.replica_a.intervals();
         for &(kind, [first, last]) in &intervals {
@@ -158,7 +182,12 @@ impl Schedule {
                 return Err(ScheduleError::Reversed { kind, first, last });
             }
             if first < 1 || last > self.rounds {
-                return Err(ScheduleError::OutOfRange { kind, first, last, rounds: self.rounds });
+                return Err(ScheduleError::OutOfRange {
+                    kind,
+                    first,
+                    last,
+                    rounds: self.rounds,
+                });
             }
         }
         for (i, &(kind, [first, last])) in intervals.iter().enumerate() {
@@ -186,7 +215,10 @@ impl Faults {
             ("stopped", &self.stopped),
             ("half_failed", &self.half_failed),
         ];
-        named.into_iter().flat_map(|(kind, list)| list.iter().map(move |interval| (kind, *interval))).collect()
+        named
+            .into_iter()
+            .flat_map(|(kind, list)| list.iter().map(move |interval| (kind, *interval)))
+            .collect()
     }
 
     /// What replica A does in round `t`.
@@ -224,7 +256,10 @@ mod tests {
     #[test]
     fn overlapping_intervals_are_refused_naming_both() {
         let message = error_of(&with_faults("  stopped: [[10, 20]]\n  half_failed: [[20, 25]]"));
-        assert_eq!(message, "replica_a.stopped [10, 20] overlaps replica_a.half_failed [20, 25]");
+        assert_eq!(
+            message,
+            "replica_a.stopped [10, 20] overlaps replica_a.half_failed [20, 25]"
+        );
         let message = error_of(&with_faults("  stopped: [[10, 20], [15, 16]]"));
         assert!(message.contains("overlaps"), "{message}");
     }
@@ -232,7 +267,10 @@ mod tests {
     #[test]
     fn rounds_out_of_range_are_refused() {
         let message = error_of(&with_faults("  stopped: [[40, 51]]"));
-        assert_eq!(message, "replica_a.stopped interval [40, 51] is outside rounds 1 to 50");
+        assert_eq!(
+            message,
+            "replica_a.stopped interval [40, 51] is outside rounds 1 to 50"
+        );
         let message = error_of(&with_faults("  unresponsive: [[0, 2]]"));
         assert!(message.contains("outside rounds 1 to 50"), "{message}");
         let message = error_of(&with_faults("  unresponsive: [[9, 2]]"));
@@ -243,8 +281,12 @@ mod tests {
     fn zero_thresholds_are_refused() {
         let text = "rounds: 10\npolicy:\n  promote_after: 0\n  failback: {mode: manual}\n";
         assert_eq!(error_of(text), "policy.promote_after must be at least 1");
-        let text = "rounds: 10\npolicy:\n  promote_after: 2\n  failback: {mode: automatic, healthy_rounds: 0}\n";
-        assert_eq!(error_of(text), "policy.failback.healthy_rounds must be at least 1");
+        let text =
+            "rounds: 10\npolicy:\n  promote_after: 2\n  failback: {mode: automatic, healthy_rounds: 0}\n";
+        assert_eq!(
+            error_of(text),
+            "policy.failback.healthy_rounds must be at least 1"
+        );
         let text = "rounds: 0\npolicy:\n  promote_after: 2\n  failback: {mode: manual}\n";
         assert_eq!(error_of(text), "rounds must be at least 1");
     }

@@ -41,7 +41,11 @@ pub fn run(faults: &Faults, params: &SeedParams) -> SeedOutcome {
     let (mut active, mut consecutive, mut healthy) = (Active::A, 0, 0);
     let mut done_at: Option<(u32, Direction)> = None;
     for t in 1..=params.rounds {
-        let responds = if active == Active::A { is_responsive(t) } else { true };
+        let responds = if active == Active::A {
+            is_responsive(t)
+        } else {
+            true
+        };
         if let Some((at, direction)) = done_at {
             s.window += 1;
             s.dropped += 1;
@@ -49,7 +53,11 @@ pub fn run(faults: &Faults, params: &SeedParams) -> SeedOutcome {
                 if direction == Direction::Failover && is_responsive(t + 1) {
                     s.false_failovers += 1;
                 }
-                active = if direction == Direction::Failover { Active::B } else { Active::A };
+                active = if direction == Direction::Failover {
+                    Active::B
+                } else {
+                    Active::A
+                };
                 done_at = None;
                 consecutive = 0;
                 healthy = 0;

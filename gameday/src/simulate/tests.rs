@@ -59,19 +59,35 @@ fn reproduces_seed_002_failback_table() {
     // failback | failovers | failbacks | transition round | dropped | active replica changes
     let automatic = simulate(&seed_schedule(3, AUTOMATIC, "shallow"));
     assert_eq!(
-        (automatic.failovers, automatic.failbacks, automatic.transition_rounds, automatic.dropped),
+        (
+            automatic.failovers,
+            automatic.failbacks,
+            automatic.transition_rounds,
+            automatic.dropped
+        ),
         (2, 2, 4, 13)
     );
     assert_eq!(automatic.transitions.len(), 4, "active replica changes");
     let manual = simulate(&seed_schedule(3, MANUAL, "shallow"));
-    assert_eq!((manual.failovers, manual.failbacks, manual.transition_rounds, manual.dropped), (1, 0, 1, 7));
+    assert_eq!(
+        (
+            manual.failovers,
+            manual.failbacks,
+            manual.transition_rounds,
+            manual.dropped
+        ),
+        (1, 0, 1, 7)
+    );
     assert_eq!(manual.transitions.len(), 1, "active replica changes");
 }
 
 #[test]
 fn reproduces_seed_002_no_failover_baseline() {
     let baseline = without_failover(&seed_schedule(3, MANUAL, "shallow"));
-    assert_eq!((baseline.served, baseline.dropped, baseline.silent_lost), (53, 56, 21));
+    assert_eq!(
+        (baseline.served, baseline.dropped, baseline.silent_lost),
+        (53, 56, 21)
+    );
 }
 
 #[test]
@@ -99,9 +115,18 @@ fn generating_check_catches_the_half_failed_replica() {
             let generating = simulate(&seed_schedule(threshold, failback, "generating"));
             // Under automatic failback A is primary when it goes half-failed; one episode.
             if failback == AUTOMATIC {
-                assert_eq!(shallow.silent_lost, 20, "threshold {threshold}: the shallow check never notices");
-                assert_eq!(generating.silent_lost, threshold, "threshold {threshold}: caught after {threshold} checks");
-                assert!(generating.failovers > shallow.failovers, "the half-failed replica is failed over");
+                assert_eq!(
+                    shallow.silent_lost, 20,
+                    "threshold {threshold}: the shallow check never notices"
+                );
+                assert_eq!(
+                    generating.silent_lost, threshold,
+                    "threshold {threshold}: caught after {threshold} checks"
+                );
+                assert!(
+                    generating.failovers > shallow.failovers,
+                    "the half-failed replica is failed over"
+                );
             } else {
                 // Under manual failback B stays primary after the first stop, A's half-failure is moot.
                 assert_eq!(generating.silent_lost, 0);
@@ -114,8 +139,22 @@ fn assert_seed_agrees(schedule: &Schedule, params: &SeedParams) {
     let ours = simulate(schedule);
     let seed = seed_model::run(&schedule.replica_a, params);
     assert_eq!(
-        (ours.failovers, ours.false_failovers, ours.failbacks, ours.transition_rounds, ours.dropped, ours.silent_lost),
-        (seed.failovers, seed.false_failovers, seed.failbacks, seed.window, seed.dropped, seed.silent),
+        (
+            ours.failovers,
+            ours.false_failovers,
+            ours.failbacks,
+            ours.transition_rounds,
+            ours.dropped,
+            ours.silent_lost
+        ),
+        (
+            seed.failovers,
+            seed.false_failovers,
+            seed.failbacks,
+            seed.window,
+            seed.dropped,
+            seed.silent
+        ),
         "schedule {schedule:?}"
     );
 }
