@@ -38,12 +38,16 @@ pub fn parse(text: &str) -> Result<Duration, ParseDurationError> {
     let mut rest = s;
     let mut total_nanos: u128 = 0;
     while !rest.is_empty() {
-        let number_len = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).ok_or_else(invalid)?;
+        let number_len = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .ok_or_else(invalid)?;
         let (number, tail) = rest.split_at(number_len);
         if number.is_empty() || number == "." || number.matches('.').count() > 1 {
             return Err(invalid());
         }
-        let unit_len = tail.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(tail.len());
+        let unit_len = tail
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(tail.len());
         let (unit, tail) = tail.split_at(unit_len);
         let unit_nanos: u128 = match unit {
             "ns" => 1,
@@ -55,7 +59,11 @@ pub fn parse(text: &str) -> Result<Duration, ParseDurationError> {
             _ => return Err(invalid()),
         };
         let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
-        let whole: u128 = if whole.is_empty() { 0 } else { whole.parse().map_err(|_| overflow())? };
+        let whole: u128 = if whole.is_empty() {
+            0
+        } else {
+            whole.parse().map_err(|_| overflow())?
+        };
         let mut nanos = whole.checked_mul(unit_nanos).ok_or_else(overflow)?;
         // Fractions are exact up to nanoseconds; digits beyond that are dropped, as Go does.
         let mut scale = unit_nanos;
@@ -133,14 +141,25 @@ mod tests {
         assert!(matches!(parse("-5s"), Err(ParseDurationError::Negative(_))));
         assert!(matches!(parse(""), Err(ParseDurationError::Empty)));
         for bad in ["10", "s", "1x", "1..5s", "1m30", "ten seconds", "1 s"] {
-            assert!(matches!(parse(bad), Err(ParseDurationError::Invalid(_))), "{bad} should be invalid");
+            assert!(
+                matches!(parse(bad), Err(ParseDurationError::Invalid(_))),
+                "{bad} should be invalid"
+            );
         }
-        assert!(matches!(parse("99999999999999999999999h"), Err(ParseDurationError::Overflow(_))));
+        assert!(matches!(
+            parse("99999999999999999999999h"),
+            Err(ParseDurationError::Overflow(_))
+        ));
     }
 
     #[test]
     fn formats_like_go_and_round_trips() {
-        for (text, expected) in [("90s", "1m30s"), ("850ms", "850ms"), ("3723s", "1h2m3s"), ("1.5s", "1.5s")] {
+        for (text, expected) in [
+            ("90s", "1m30s"),
+            ("850ms", "850ms"),
+            ("3723s", "1h2m3s"),
+            ("1.5s", "1.5s"),
+        ] {
             let parsed = parse(text).unwrap_or_default();
             assert_eq!(format(parsed), expected);
             assert_eq!(parse(expected), Ok(parsed));

@@ -61,7 +61,9 @@ impl FailoverConfig {
             }
         }
         if let FailbackPolicy::Automatic { healthy_checks: 0 } = self.failback {
-            return Err(ConfigError::Zero { field: "failback.healthy_checks" });
+            return Err(ConfigError::Zero {
+                field: "failback.healthy_checks",
+            });
         }
         if self.promote_after < self.suspect_after {
             return Err(ConfigError::PromoteBeforeSuspect {

@@ -75,7 +75,11 @@ pub enum Input {
     /// The executor finished a promotion step for the given epoch.
     StepDone { epoch: Epoch, step: Step },
     /// The executor could not finish a promotion step.
-    StepFailed { epoch: Epoch, step: Step, reason: StepFailure },
+    StepFailed {
+        epoch: Epoch,
+        step: Step,
+        reason: StepFailure,
+    },
     /// Time passed with nothing else to say.
     Tick,
 }
@@ -174,11 +178,21 @@ impl PoolHealth {
             (CheckResult::HardFail, _) | (CheckResult::Asleep, Role::Primary) => Some(true),
         };
         match failed {
-            None => *self = PoolHealth { failures: 0, hard_failures: 0, passes: self.passes.saturating_add(1) },
+            None => {
+                *self = PoolHealth {
+                    failures: 0,
+                    hard_failures: 0,
+                    passes: self.passes.saturating_add(1),
+                }
+            }
             Some(hard) => {
                 self.passes = 0;
                 self.failures = self.failures.saturating_add(1);
-                self.hard_failures = if hard { self.hard_failures.saturating_add(1) } else { 0 };
+                self.hard_failures = if hard {
+                    self.hard_failures.saturating_add(1)
+                } else {
+                    0
+                };
             }
         }
     }
@@ -195,7 +209,11 @@ enum Role {
 pub enum Action {
     /// Compare-and-set the lease from `expected` to `holder` at `epoch`. Done already when the
     /// lease shows `holder` at `epoch`; lost when it shows anything else.
-    CompareAndSetLease { expected: Epoch, holder: Pool, epoch: Epoch },
+    CompareAndSetLease {
+        expected: Epoch,
+        holder: Pool,
+        epoch: Epoch,
+    },
     /// Fence the old primary at the new epoch.
     Fence { pool: Pool, epoch: Epoch },
     /// Wake the pool's sleeping replicas.
@@ -221,7 +239,10 @@ impl Action {
                 holder: pool,
                 epoch,
             },
-            Step::FenceOld => Action::Fence { pool: promotion.from, epoch },
+            Step::FenceOld => Action::Fence {
+                pool: promotion.from,
+                epoch,
+            },
             Step::Wake => Action::Wake { pool, epoch },
             Step::Scale => Action::Scale { pool, epoch },
             Step::AwaitServing => Action::AwaitServing { pool, epoch },
@@ -234,20 +255,47 @@ impl Action {
 /// Something worth telling a user, as a Kubernetes event or a line of simulator output.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Event {
-    PrimarySuspect { pool: Pool, failures: u32 },
-    PrimaryRecovered { pool: Pool },
-    PromotionStarted { kind: TransitionKind, from: Pool, to: Pool, epoch: Epoch },
-    PromotionFinished { kind: TransitionKind, to: Pool, epoch: Epoch },
+    PrimarySuspect {
+        pool: Pool,
+        failures: u32,
+    },
+    PrimaryRecovered {
+        pool: Pool,
+    },
+    PromotionStarted {
+        kind: TransitionKind,
+        from: Pool,
+        to: Pool,
+        epoch: Epoch,
+    },
+    PromotionFinished {
+        kind: TransitionKind,
+        to: Pool,
+        epoch: Epoch,
+    },
     /// The primary is failing and nothing can be promoted; says why.
-    PromotionBlocked { reason: Blocked },
-    CommandRefused { command: Command, reason: Blocked },
+    PromotionBlocked {
+        reason: Blocked,
+    },
+    CommandRefused {
+        command: Command,
+        reason: Blocked,
+    },
     /// The lease moved under us: we act on nothing until we have read it again.
-    LostRace { epoch: Epoch },
+    LostRace {
+        epoch: Epoch,
+    },
     /// Someone else's newer epoch was adopted.
-    EpochAdopted { holder: Pool, epoch: Epoch },
+    EpochAdopted {
+        holder: Pool,
+        epoch: Epoch,
+    },
     ControlPlaneUnreachable,
     ControlPlaneRestored,
-    StepRetried { step: Step, epoch: Epoch },
+    StepRetried {
+        step: Step,
+        epoch: Epoch,
+    },
 }
 
 /// Why a promotion cannot start now.
@@ -340,7 +388,12 @@ impl FailoverState {
     /// While a promotion is under way, the output always ends with its pending step's action
     /// (when it may act), so a caller that simply executes what it gets back makes progress.
     #[must_use]
-    pub fn step(&self, config: &FailoverConfig, now: Duration, input: &Input) -> (FailoverState, Vec<Action>) {
+    pub fn step(
+        &self,
+        config: &FailoverConfig,
+        now: Duration,
+        input: &Input,
+    ) -> (FailoverState, Vec<Action>) {
         let mut next = self.clone();
         let mut actions = Vec::new();
         next.apply(config, now, input, &mut actions);
@@ -353,7 +406,11 @@ impl FailoverState {
     fn apply(&mut self, config: &FailoverConfig, now: Duration, input: &Input, out: &mut Vec<Action>) {
         match *input {
             Input::Check { pool, result } => {
-                let role = if pool == self.primary { Role::Primary } else { Role::Standby };
+                let role = if pool == self.primary {
+                    Role::Primary
+                } else {
+                    Role::Standby
+                };
                 self.health[pool.index()].record(result, role);
                 self.evaluate(config, now, out);
             }
@@ -429,11 +486,15 @@ impl FailoverState {
             self.consider_failback(config, now, out);
             return;
         }
-        let promote = primary.failures >= config.promote_after || primary.hard_failures >= config.hard_promote_after;
+        let promote =
+            primary.failures >= config.promote_after || primary.hard_failures >= config.hard_promote_after;
         if !promote {
             if primary.failures >= config.suspect_after && self.phase == Phase::Serving {
                 self.phase = Phase::Suspect;
-                out.push(Action::Emit(Event::PrimarySuspect { pool: self.primary, failures: primary.failures }));
+                out.push(Action::Emit(Event::PrimarySuspect {
+                    pool: self.primary,
+                    failures: primary.failures,
+                }));
             }
             return;
         }
@@ -449,7 +510,9 @@ impl FailoverState {
     }
 
     fn consider_failback(&mut self, config: &FailoverConfig, now: Duration, out: &mut Vec<Action>) {
-        let FailbackPolicy::Automatic { healthy_checks } = config.failback else { return };
+        let FailbackPolicy::Automatic { healthy_checks } = config.failback else {
+            return;
+        };
         if self.primary == Pool::A || self.health(Pool::A).passes < healthy_checks {
             return;
         }
@@ -460,7 +523,9 @@ impl FailoverState {
 
     /// Why promoting the standby now is not allowed, if it is not.
     fn blocked(&self, config: &FailoverConfig, now: Duration, automatic: bool) -> Option<Blocked> {
-        let dwell_open = self.last_transition_end.is_some_and(|end| now < end + config.min_dwell);
+        let dwell_open = self
+            .last_transition_end
+            .is_some_and(|end| now < end + config.min_dwell);
         let standby = self.health(self.standby());
         if matches!(self.phase, Phase::Promoting(_)) {
             Some(Blocked::AlreadyPromoting)
@@ -518,7 +583,9 @@ impl FailoverState {
     }
 
     fn step_done(&mut self, epoch: Epoch, step: Step, now: Duration, out: &mut Vec<Action>) {
-        let Phase::Promoting(p) = &mut self.phase else { return };
+        let Phase::Promoting(p) = &mut self.phase else {
+            return;
+        };
         if p.epoch != epoch || p.step != step {
             return; // stale or repeated report: steps are recorded once
         }
@@ -530,7 +597,11 @@ impl FailoverState {
         match step.next() {
             Some(next) => p.step = next,
             None => {
-                out.push(Action::Emit(Event::PromotionFinished { kind: p.kind, to: p.to, epoch: p.epoch }));
+                out.push(Action::Emit(Event::PromotionFinished {
+                    kind: p.kind,
+                    to: p.to,
+                    epoch: p.epoch,
+                }));
                 self.finish(now);
             }
         }
