@@ -21,6 +21,6 @@ mod machine;
 
 pub use config::{ConfigError, FailbackPolicy, FailoverConfig};
 pub use machine::{
-    Action, CheckResult, Command, ControlPlane, Event, FailoverState, Input, PassiveSignal, Phase,
+    Action, Blocked, CheckResult, Command, ControlPlane, Event, FailoverState, Input, PassiveSignal, Phase,
     PoolHealth, Promotion, Step, StepFailure, TransitionKind,
 };
