@@ -1,1 +1,3 @@
 //! operator
+pub mod crd;
+pub mod policy;

@@ -1,0 +1,810 @@
+//! The FailoverPolicy custom resource: what a user writes (spec) and what the operator reports
+//! (status).
+//!
+//! The schema carries every rule an apiserver can enforce on its own (types, enums, bounds and
+//! CEL `x-kubernetes-validations`), so a nonsense policy is refused at `kubectl apply` with a
+//! message naming the field. [`crate::policy`] repeats the same checks in Rust for objects that
+//! were stored before a rule existed. This module holds types only: no I/O, no decisions.
+
+use std::{borrow::Cow, collections::BTreeMap};
+
+use kube::{CustomResource, KubeSchema, core::Rule};
+use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
+use serde::{Deserialize, Serialize};
+
+/// The API group of every understudy resource.
+pub const GROUP: &str = "understudy.dev";
+
+/// Regular expression of a Go duration as CEL's `duration()` accepts it. The sign is allowed
+/// here so that `-10s` is reported as "must be greater than zero" rather than as malformed.
+const DURATION_PATTERN: &str = "^-?(0|(([0-9]+([.][0-9]*)?|[.][0-9]+)(ns|us|ms|s|m|h))+)$";
+
+/// An RFC 1123 label: lower-case alphanumerics and '-', starting and ending alphanumeric.
+const DNS_LABEL_PATTERN: &str = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$";
+
+/// An RFC 1123 subdomain, the form of most Kubernetes object names.
+const DNS_SUBDOMAIN_PATTERN: &str = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$";
+
+fn positive_duration() -> Rule {
+    Rule::new("duration(self) > duration('0s')").message("must be greater than zero")
+}
+
+fn non_negative_duration() -> Rule {
+    Rule::new("duration(self) >= duration('0s')").message("must not be negative")
+}
+
+fn dns_label() -> Rule {
+    Rule::new(format!("self.matches('{DNS_LABEL_PATTERN}')")).message(
+        "must be a DNS label: lower-case letters, digits and '-', starting and ending with a letter or digit",
+    )
+}
+
+/// A duration written the way Go and Kubernetes write one: `10s`, `1m30s`, `850ms`, `1.5h`.
+///
+/// Kept as the user's text so that `kubectl get -o yaml` shows what they wrote and CEL rules can
+/// compare values with `duration()`; [`understudy_core::duration::parse`] reads it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct GoDuration(pub String);
+
+impl GoDuration {
+    /// Parses the text with core's Go-duration parser.
+    pub fn parse(&self) -> Result<std::time::Duration, understudy_core::duration::ParseDurationError> {
+        understudy_core::duration::parse(&self.0)
+    }
+}
+
+impl From<&str> for GoDuration {
+    fn from(text: &str) -> Self {
+        GoDuration(text.to_owned())
+    }
+}
+
+impl std::fmt::Display for GoDuration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl JsonSchema for GoDuration {
+    fn schema_name() -> Cow<'static, str> {
+        "GoDuration".into()
+    }
+
+    fn inline_schema() -> bool {
+        true
+    }
+
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({
+            "type": "string",
+            "maxLength": 32,
+            "x-kubernetes-validations": [{
+                "rule": format!("self.matches('{DURATION_PATTERN}')"),
+                "message": "must be a duration such as 10s, 1m30s or 1.5h",
+            }],
+        })
+    }
+}
+
+/// How an LLM service fails over from an active GPU pool to a standby pool, and back.
+#[allow(
+    clippy::duplicated_attributes,
+    reason = "two printer columns are both `type_ = \"string\"`, which clippy reads as a duplicate"
+)]
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "understudy.dev",
+    version = "v1alpha1",
+    kind = "FailoverPolicy",
+    plural = "failoverpolicies",
+    shortname = "fpol",
+    namespaced,
+    status = "FailoverPolicyStatus",
+    derive = "PartialEq",
+    doc = "Fails LLM serving over from an active GPU pool to a standby pool, with a fencing epoch.",
+    printcolumn(name = "Primary", type_ = "string", json_path = ".status.primaryPool"),
+    printcolumn(name = "Epoch", type_ = "integer", json_path = ".status.epoch"),
+    printcolumn(name = "State", type_ = "string", json_path = ".status.state"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct FailoverPolicySpec {
+    /// The two pools. The first is the home primary (pool A), the second the home standby (pool B).
+    #[schemars(length(min = 2, max = 2))]
+    #[x_kube(
+        validation = Rule::new("size(self) != 2 || self[0].name != self[1].name")
+            .message("the two pools must have different names"),
+        validation = Rule::new(
+            "size(self) != 2 || self[0].workload.kind != self[1].workload.kind \
+             || self[0].workload.name != self[1].workload.name"
+        )
+        .message("two pools name the same workload: each pool must run its own replicas"),
+    )]
+    pub pools: Vec<PoolSpec>,
+
+    /// How long serving may be lost before the failover is a failure, e.g. `5m`. The operator
+    /// reports in status whether the standby tiers can meet it.
+    #[x_kube(validation = positive_duration())]
+    pub recovery_objective: GoDuration,
+
+    /// The generating probe sent to every awake replica of both pools.
+    #[serde(default)]
+    pub probe: ProbeSpec,
+
+    /// When failed probes make the primary suspect, and when they promote the standby.
+    #[serde(default)]
+    pub trigger: TriggerSpec,
+
+    /// Whether and when the home pool takes the primary role back.
+    #[serde(default)]
+    pub failback: FailbackSpec,
+
+    /// Drift checks between the pools: model artifact, runtime and serving flags.
+    #[serde(default)]
+    pub parity: ParitySpec,
+
+    /// Admission control on the new primary while every conversation rebuilds its KV cache.
+    #[serde(default)]
+    pub admission: AdmissionSpec,
+
+    /// What clients see when a stream is cut by a failover.
+    #[serde(default)]
+    pub stream: StreamSpec,
+
+    /// Stops automatic promotion and failback; explicit commands still work.
+    #[serde(default)]
+    pub paused: bool,
+}
+
+/// One of the two pools of a policy.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new(
+        "!has(self.standby) || size(self.standby) == 0 \
+         || self.standby.map(g, g.replicas).sum() == self.replicas"
+    )
+        .message("standby tier replicas must add up to the pool's replicas"),
+)]
+pub struct PoolSpec {
+    /// The pool's name, used in status and by the router, e.g. `us-east`.
+    #[schemars(length(max = 63))]
+    #[x_kube(validation = dns_label())]
+    pub name: String,
+
+    /// The workload whose pods are this pool's replicas, in the policy's namespace.
+    pub workload: WorkloadRef,
+
+    /// Replicas this pool serves with while it is the primary.
+    #[schemars(range(min = 1, max = 1024))]
+    pub replicas: u32,
+
+    /// How this pool's replicas wait while it is the standby. Empty means all of them hot.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 8))]
+    pub standby: Vec<TierGroup>,
+
+    /// The port the replicas serve the OpenAI-compatible API on.
+    #[serde(default = "default_port")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: u16,
+}
+
+impl PoolSpec {
+    /// The standby tiers as the operator runs them: an empty list means every replica hot.
+    #[must_use]
+    pub fn standby_groups(&self) -> Vec<TierGroup> {
+        if self.standby.is_empty() {
+            vec![TierGroup {
+                tier: Tier::Hot,
+                replicas: self.replicas,
+                sleep_level: None,
+                reserve_gpus: None,
+            }]
+        } else {
+            self.standby.clone()
+        }
+    }
+}
+
+/// The workload that runs a pool's replicas.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkloadRef {
+    /// The kind of the workload.
+    pub kind: WorkloadKind,
+
+    /// The workload's name.
+    #[schemars(length(max = 253))]
+    #[x_kube(
+        validation = Rule::new(format!("self.matches('{DNS_SUBDOMAIN_PATTERN}')"))
+            .message("must be a Kubernetes object name (RFC 1123 subdomain)"),
+    )]
+    pub name: String,
+}
+
+/// Kinds of workload a pool can be.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WorkloadKind {
+    Deployment,
+    StatefulSet,
+    /// A LeaderWorkerSet (`leaderworkerset.x-k8s.io`), for models sharded across nodes.
+    LeaderWorkerSet,
+}
+
+/// A number of standby replicas that wait in the same way.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("!has(self.sleepLevel) || self.tier == 'warm'")
+        .message("sleepLevel applies only to the warm tier"),
+    validation = Rule::new("!has(self.reserveGpus) || self.tier == 'pilotLight'")
+        .message("reserveGpus applies only to the pilotLight tier"),
+)]
+pub struct TierGroup {
+    /// How these replicas wait.
+    pub tier: Tier,
+
+    /// How many replicas wait this way.
+    #[schemars(range(min = 1, max = 1024))]
+    pub replicas: u32,
+
+    /// vLLM sleep level for the warm tier: 1 keeps weights in host RAM, 2 discards them.
+    /// Defaults to 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 2))]
+    pub sleep_level: Option<u8>,
+
+    /// For the pilotLight tier: hold these replicas' GPUs with placeholder pods so that
+    /// promotion does not wait for capacity. Defaults to false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reserve_gpus: Option<bool>,
+}
+
+impl TierGroup {
+    /// The sleep level a warm replica is put to.
+    #[must_use]
+    pub fn sleep_level(&self) -> u8 {
+        self.sleep_level.unwrap_or(1)
+    }
+
+    /// Whether this group's GPUs are held while it waits.
+    #[must_use]
+    pub fn reserve_gpus(&self) -> bool {
+        self.reserve_gpus.unwrap_or(false)
+    }
+}
+
+/// How a standby replica waits.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[serde(rename_all = "camelCase")]
+pub enum Tier {
+    /// Awake and probed, no user traffic: takes over with a route switch.
+    Hot,
+    /// Asleep through vLLM sleep mode: woken, probed, then routed.
+    Warm,
+    /// Not running: scaled up, cold-started, probed, then routed.
+    PilotLight,
+}
+
+/// The generating probe.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("duration(self.timeout) < duration(self.interval)")
+        .message("timeout must be shorter than interval"),
+    validation = Rule::new("duration(self.budgets.total) <= duration(self.timeout)")
+        .message("budgets.total must not be longer than timeout"),
+    validation = Rule::new("duration(self.budgets.firstToken) <= duration(self.budgets.total)")
+        .message("budgets.firstToken must not be longer than budgets.total"),
+)]
+pub struct ProbeSpec {
+    /// Time between probes of one replica.
+    #[serde(default = "default_probe_interval")]
+    #[x_kube(validation = positive_duration())]
+    pub interval: GoDuration,
+
+    /// A probe that has not finished after this long has failed.
+    #[serde(default = "default_probe_timeout")]
+    #[x_kube(validation = positive_duration())]
+    pub timeout: GoDuration,
+
+    /// The prompt, sent with deterministic sampling.
+    #[serde(default = "default_probe_prompt")]
+    #[schemars(length(min = 1, max = 4096))]
+    pub prompt: String,
+
+    /// Tokens to generate.
+    #[serde(default = "default_probe_max_tokens")]
+    #[schemars(range(min = 1, max = 4096))]
+    pub max_tokens: u32,
+
+    /// What counts as a right answer.
+    #[serde(default)]
+    pub expect: ProbeExpect,
+
+    /// Latency a passing probe stays within.
+    #[serde(default)]
+    pub budgets: ProbeBudgets,
+}
+
+impl Default for ProbeSpec {
+    fn default() -> Self {
+        ProbeSpec {
+            interval: default_probe_interval(),
+            timeout: default_probe_timeout(),
+            prompt: default_probe_prompt(),
+            max_tokens: default_probe_max_tokens(),
+            expect: ProbeExpect::default(),
+            budgets: ProbeBudgets::default(),
+        }
+    }
+}
+
+/// What a probe's output is compared with.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("self.mode != 'regex' || has(self.value)")
+        .message("value is required when mode is regex"),
+    validation = Rule::new("self.mode != 'nonEmpty' || !has(self.value)")
+        .message("value is not used when mode is nonEmpty"),
+)]
+pub struct ProbeExpect {
+    /// How the output is compared.
+    #[serde(default)]
+    pub mode: ExpectMode,
+
+    /// The expected prefix or regular expression. Without it, in prefix mode, the golden answer
+    /// is recorded from the home primary.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 4096))]
+    pub value: Option<String>,
+}
+
+/// How a probe's output is compared.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[serde(rename_all = "camelCase")]
+pub enum ExpectMode {
+    /// The output starts with the expected text.
+    #[default]
+    Prefix,
+    /// The output matches the regular expression.
+    Regex,
+    /// Any non-empty output passes.
+    NonEmpty,
+}
+
+/// Latency limits of a passing probe.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ProbeBudgets {
+    /// Time to the first token.
+    #[serde(default = "default_first_token_budget")]
+    #[x_kube(validation = positive_duration())]
+    pub first_token: GoDuration,
+
+    /// Time to the whole answer.
+    #[serde(default = "default_total_budget")]
+    #[x_kube(validation = positive_duration())]
+    pub total: GoDuration,
+}
+
+impl Default for ProbeBudgets {
+    fn default() -> Self {
+        ProbeBudgets {
+            first_token: default_first_token_budget(),
+            total: default_total_budget(),
+        }
+    }
+}
+
+/// The hysteresis that turns failed probes into a promotion.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("self.promoteAfter >= self.suspectAfter")
+        .message("promoteAfter must not be below suspectAfter"),
+    validation = Rule::new("self.hardFailure.promoteAfter <= self.promoteAfter")
+        .message("hardFailure.promoteAfter must not be above promoteAfter"),
+)]
+pub struct TriggerSpec {
+    /// Consecutive failed checks of the primary before it is suspect.
+    #[serde(default = "default_suspect_after")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub suspect_after: u32,
+
+    /// Consecutive failed checks of the primary before the standby is promoted.
+    #[serde(default = "default_promote_after")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub promote_after: u32,
+
+    /// Hard failures (connection refused, reset, 5xx) are stronger evidence than slow answers.
+    #[serde(default)]
+    pub hard_failure: HardFailureSpec,
+
+    /// No promotion starts within this long after the previous one finished.
+    #[serde(default = "default_min_dwell")]
+    #[x_kube(validation = non_negative_duration())]
+    pub min_dwell: GoDuration,
+
+    /// Consecutive passing checks before a standby may be promoted.
+    #[serde(default = "default_standby_ready_after")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub standby_ready_after: u32,
+}
+
+impl Default for TriggerSpec {
+    fn default() -> Self {
+        TriggerSpec {
+            suspect_after: default_suspect_after(),
+            promote_after: default_promote_after(),
+            hard_failure: HardFailureSpec::default(),
+            min_dwell: default_min_dwell(),
+            standby_ready_after: default_standby_ready_after(),
+        }
+    }
+}
+
+/// Promotion on hard failures alone.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct HardFailureSpec {
+    /// Consecutive hard failures that promote the standby; at most `promoteAfter`.
+    #[serde(default = "default_hard_promote_after")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub promote_after: u32,
+}
+
+impl Default for HardFailureSpec {
+    fn default() -> Self {
+        HardFailureSpec {
+            promote_after: default_hard_promote_after(),
+        }
+    }
+}
+
+/// Whether and when the home pool takes the primary role back.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("self.mode != 'automatic' || has(self.healthyFor)")
+        .message("healthyFor is required when mode is automatic"),
+)]
+pub struct FailbackSpec {
+    /// `manual` waits for a failback command; `automatic` fails back after sustained health.
+    #[serde(default)]
+    pub mode: FailbackMode,
+
+    /// How long the home pool must pass every probe before an automatic failback.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = positive_duration())]
+    pub healthy_for: Option<GoDuration>,
+}
+
+/// Failback modes.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[serde(rename_all = "camelCase")]
+pub enum FailbackMode {
+    #[default]
+    Manual,
+    Automatic,
+}
+
+/// Drift checks between the two pools.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ParitySpec {
+    /// A standby that drifts from the primary is not eligible for promotion.
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+
+    /// Serving flags that may differ between pools.
+    #[serde(default = "default_ignore_flags")]
+    #[schemars(length(max = 64), inner(length(min = 2, max = 128)))]
+    #[x_kube(
+        validation = Rule::new("self.all(f, f.startsWith('-'))")
+            .message("ignoreFlags lists command-line flags, such as --port"),
+    )]
+    pub ignore_flags: Vec<String>,
+
+    /// How the model artifact is fingerprinted.
+    #[serde(default)]
+    pub artifact_digest: ArtifactDigest,
+}
+
+impl Default for ParitySpec {
+    fn default() -> Self {
+        ParitySpec {
+            enabled: true,
+            ignore_flags: default_ignore_flags(),
+            artifact_digest: ArtifactDigest::default(),
+        }
+    }
+}
+
+/// How the model artifact is fingerprinted for parity.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[serde(rename_all = "camelCase")]
+pub enum ArtifactDigest {
+    /// The digests recorded in the model cache (cheap).
+    #[default]
+    Cache,
+    /// File headers and sizes.
+    Headers,
+    /// A hash of every weight file (slow, exact).
+    Full,
+}
+
+/// Admission control on a newly promoted primary.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("!has(self.maxConcurrency) || self.maxConcurrency >= self.initialConcurrency")
+        .message("maxConcurrency must not be below initialConcurrency"),
+)]
+pub struct AdmissionSpec {
+    /// How long after promotion admission is limited; `0s` turns it off.
+    #[serde(default = "default_admission_window")]
+    #[x_kube(validation = non_negative_duration())]
+    pub window: GoDuration,
+
+    /// Concurrent requests per replica admitted at the start of the window.
+    #[serde(default = "default_initial_concurrency")]
+    #[schemars(range(min = 1, max = 100000))]
+    pub initial_concurrency: u32,
+
+    /// Concurrent requests per replica at the end of the window; unlimited when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 100000))]
+    pub max_concurrency: Option<u32>,
+
+    /// Prompt tokens per replica admitted for prefill at the start of the window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub initial_prefill_tokens: Option<u32>,
+
+    /// The request header that carries a request's priority.
+    #[serde(default = "default_priority_header")]
+    #[schemars(length(min = 1, max = 128))]
+    #[x_kube(
+        validation = Rule::new("self.matches('^[A-Za-z0-9][-A-Za-z0-9]*$')")
+            .message("must be an HTTP header name: letters, digits and '-'"),
+    )]
+    pub priority_header: String,
+
+    /// Priorities refused outright during the window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16), inner(length(min = 1, max = 63)))]
+    pub shed_priorities: Option<Vec<String>>,
+}
+
+impl Default for AdmissionSpec {
+    fn default() -> Self {
+        AdmissionSpec {
+            window: default_admission_window(),
+            initial_concurrency: default_initial_concurrency(),
+            max_concurrency: None,
+            initial_prefill_tokens: None,
+            priority_header: default_priority_header(),
+            shed_priorities: None,
+        }
+    }
+}
+
+/// The contract for streams cut by a failover.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct StreamSpec {
+    /// What a client whose stream was cut sees.
+    #[serde(default)]
+    pub contract: StreamContract,
+}
+
+/// What a client whose stream was cut sees.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[serde(rename_all = "kebab-case")]
+pub enum StreamContract {
+    /// The stream ends with a retryable error; the client resends the whole request.
+    #[default]
+    RetryableError,
+    /// The gateway resends prompt plus delivered tokens to the new primary and continues.
+    Continuation,
+}
+
+fn default_port() -> u16 {
+    8000
+}
+fn default_probe_interval() -> GoDuration {
+    "10s".into()
+}
+fn default_probe_timeout() -> GoDuration {
+    "5s".into()
+}
+fn default_probe_prompt() -> String {
+    "The capital of France is".to_owned()
+}
+fn default_probe_max_tokens() -> u32 {
+    8
+}
+fn default_first_token_budget() -> GoDuration {
+    "2s".into()
+}
+fn default_total_budget() -> GoDuration {
+    "4s".into()
+}
+fn default_suspect_after() -> u32 {
+    2
+}
+fn default_promote_after() -> u32 {
+    4
+}
+fn default_hard_promote_after() -> u32 {
+    2
+}
+fn default_min_dwell() -> GoDuration {
+    "5m".into()
+}
+fn default_standby_ready_after() -> u32 {
+    2
+}
+fn default_true() -> bool {
+    true
+}
+fn default_ignore_flags() -> Vec<String> {
+    vec!["--port".to_owned(), "--host".to_owned()]
+}
+fn default_admission_window() -> GoDuration {
+    "5m".into()
+}
+fn default_initial_concurrency() -> u32 {
+    4
+}
+fn default_priority_header() -> String {
+    "x-understudy-priority".to_owned()
+}
+
+/// The condition types a FailoverPolicy reports, the keys of [`FailoverPolicyStatus::conditions`].
+pub mod condition_type {
+    /// The primary serves and the policy is being enforced.
+    pub const READY: &str = "Ready";
+    /// The standby passes its own probes and could be promoted.
+    pub const STANDBY_PROVEN: &str = "StandbyProven";
+    /// Model artifact, runtime and serving flags match between the pools.
+    pub const PARITY_HOLDS: &str = "ParityHolds";
+    /// The standby tiers, at their measured cold-start times, can meet the recovery objective.
+    pub const OBJECTIVE_MET: &str = "ObjectiveMet";
+    /// Every type above.
+    pub const ALL: [&str; 4] = [READY, STANDBY_PROVEN, PARITY_HOLDS, OBJECTIVE_MET];
+}
+
+/// What the operator observed and did.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct FailoverPolicyStatus {
+    /// The name of the pool that holds the primary role.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub primary_pool: Option<String>,
+
+    /// The fencing epoch of the current primary.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epoch: Option<u64>,
+
+    /// The failover state machine's state, e.g. Serving, Suspect, Promoting, Degraded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<String>,
+
+    /// The spec generation this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+
+    /// Conditions keyed by type (Ready, StandbyProven, ParityHolds, ObjectiveMet), so that
+    /// server-side apply merges them one by one.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub conditions: BTreeMap<String, Condition>,
+
+    /// The timeline of the most recent failover or failback.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_failover: Option<FailoverTimeline>,
+
+    /// Where each replica's start went, stage by stage.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cold_start: Vec<ColdStartBreakdown>,
+
+    /// The operator's own record of the state machine, so that a restarted operator resumes
+    /// where the last one stopped. Its shape belongs to the state machine, not to this schema.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "preserve_unknown_object")]
+    pub failover: Option<serde_json::Value>,
+}
+
+fn preserve_unknown_object(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "object",
+        "nullable": true,
+        "x-kubernetes-preserve-unknown-fields": true,
+    })
+}
+
+/// One condition; its type is its key in the status's conditions map.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Condition {
+    /// Whether the condition holds.
+    pub status: ConditionStatus,
+
+    /// A CamelCase word saying why.
+    #[serde(default)]
+    pub reason: String,
+
+    /// A sentence for people.
+    #[serde(default)]
+    pub message: String,
+
+    /// When `status` last changed, RFC 3339.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_transition_time: Option<String>,
+}
+
+/// The three values of a Kubernetes condition's status.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ConditionStatus {
+    True,
+    False,
+    Unknown,
+}
+
+/// The steps of one failover or failback, as they happened.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct FailoverTimeline {
+    /// Failover (away from the primary) or failback (home again).
+    pub kind: TransitionKind,
+    /// The name of the pool that lost the primary role.
+    pub from_pool: String,
+    /// The name of the pool that took it.
+    pub to_pool: String,
+    /// The epoch the transition claimed.
+    pub epoch: u64,
+    /// RFC 3339.
+    pub started_at: String,
+    /// The steps completed so far, in order.
+    #[serde(default)]
+    pub steps: Vec<TimelineStep>,
+    /// RFC 3339; absent while the transition runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<String>,
+}
+
+/// Failover or failback.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[serde(rename_all = "camelCase")]
+pub enum TransitionKind {
+    Failover,
+    Failback,
+}
+
+/// One step of a transition and when it completed.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct TimelineStep {
+    /// The step, e.g. LeaseClaimed, Woken, ScaledUp, Serving, Routed, AdmissionOpened.
+    pub step: String,
+    /// RFC 3339.
+    pub at: String,
+}
+
+/// Where one replica's start went.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ColdStartBreakdown {
+    /// The pool's name.
+    pub pool: String,
+    /// The replica (pod name).
+    pub replica: String,
+    /// Seconds per stage (node, imagePull, containerStart, weightLoad, warmup, apiReady,
+    /// firstToken); a stage not measured has no value.
+    #[serde(default)]
+    pub stages: BTreeMap<String, Option<f64>>,
+}

@@ -1,0 +1,839 @@
+//! A FailoverPolicy's spec, checked and converted into what the failover state machine runs on.
+//!
+//! The CRD schema refuses nonsense at `kubectl apply`, but the operator also reads objects stored
+//! before a rule existed, so [`validate`] repeats every schema rule here, in Rust, with a message
+//! naming the field as the user wrote it. Everything here is pure: no Kubernetes client, no clock.
+//! It must never guess: a spec it cannot read exactly is an error, not a default.
+
+use std::time::Duration;
+
+use understudy_core::{
+    Pool,
+    duration::ParseDurationError,
+    failover::{ConfigError, FailbackPolicy, FailoverConfig},
+};
+
+use crate::crd::{ExpectMode, FailbackMode, FailoverPolicySpec, GoDuration, Tier, WorkloadKind};
+
+/// Why a spec cannot be run. Each message starts with the field's path in the object.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PolicyError {
+    #[error("spec.pools must list exactly 2 pools, found {found}")]
+    PoolCount { found: usize },
+    #[error(
+        "{field} {value:?} must be a DNS label: lower-case letters, digits and '-', starting and ending \
+         with a letter or digit, at most 63 characters"
+    )]
+    NotDnsLabel { field: String, value: String },
+    #[error("{field} {value:?} must be a Kubernetes object name (RFC 1123 subdomain)")]
+    NotObjectName { field: String, value: String },
+    #[error("spec.pools: the two pools must have different names, both are {name:?}")]
+    SamePoolName { name: String },
+    #[error(
+        "spec.pools: two pools name the same workload ({kind:?} {name:?}): each pool must run its own replicas"
+    )]
+    SameWorkload { kind: WorkloadKind, name: String },
+    #[error("{field} must be between {min} and {max}, is {value}")]
+    OutOfRange {
+        field: String,
+        value: u64,
+        min: u64,
+        max: u64,
+    },
+    #[error("{field} must have at most {max} entries, has {len}")]
+    TooMany { field: String, len: usize, max: usize },
+    #[error("{field} must be between {min} and {max} characters long, is {len}")]
+    Length {
+        field: String,
+        len: usize,
+        min: usize,
+        max: usize,
+    },
+    #[error(
+        "spec.pools[{pool}].standby: tier replicas add up to {sum}, but the pool has {replicas} replicas"
+    )]
+    TierReplicasDoNotSum { pool: usize, sum: u64, replicas: u32 },
+    #[error("spec.pools[{pool}].standby[{group}].sleepLevel applies only to the warm tier")]
+    SleepLevelNotWarm { pool: usize, group: usize },
+    #[error("spec.pools[{pool}].standby[{group}].reserveGpus applies only to the pilotLight tier")]
+    ReserveGpusNotPilotLight { pool: usize, group: usize },
+    #[error("{field}: {source}")]
+    Duration {
+        field: &'static str,
+        #[source]
+        source: ParseDurationError,
+    },
+    #[error("{field} must be greater than zero")]
+    ZeroDuration { field: &'static str },
+    #[error("spec.probe.timeout ({timeout}) must be shorter than spec.probe.interval ({interval})")]
+    TimeoutNotShorterThanInterval {
+        timeout: GoDuration,
+        interval: GoDuration,
+    },
+    #[error("spec.probe.budgets.total ({total}) must not be longer than spec.probe.timeout ({timeout})")]
+    TotalBudgetOverTimeout { total: GoDuration, timeout: GoDuration },
+    #[error(
+        "spec.probe.budgets.firstToken ({first_token}) must not be longer than spec.probe.budgets.total ({total})"
+    )]
+    FirstTokenBudgetOverTotal {
+        first_token: GoDuration,
+        total: GoDuration,
+    },
+    #[error("spec.probe.expect.value is required when mode is regex")]
+    RegexWithoutValue,
+    #[error("spec.probe.expect.value is not used when mode is nonEmpty")]
+    ValueWithNonEmpty,
+    #[error(
+        "spec.trigger.promoteAfter ({promote_after}) must not be below spec.trigger.suspectAfter ({suspect_after})"
+    )]
+    PromoteAfterBelowSuspectAfter { suspect_after: u32, promote_after: u32 },
+    #[error(
+        "spec.trigger.hardFailure.promoteAfter ({hard}) must not be above spec.trigger.promoteAfter ({promote_after})"
+    )]
+    HardPromoteAfterAboveSoft { hard: u32, promote_after: u32 },
+    #[error("spec.failback.healthyFor is required when mode is automatic")]
+    HealthyForMissing,
+    #[error("spec.failback.healthyFor ({healthy_for}) is more probe intervals than can be counted")]
+    HealthyForTooLong { healthy_for: GoDuration },
+    #[error("spec.parity.ignoreFlags[{index}] {flag:?} must be a command-line flag, such as --port")]
+    NotAFlag { index: usize, flag: String },
+    #[error(
+        "spec.admission.maxConcurrency ({max}) must not be below spec.admission.initialConcurrency ({initial})"
+    )]
+    MaxConcurrencyBelowInitial { initial: u32, max: u32 },
+    #[error("spec.admission.priorityHeader {0:?} must be an HTTP header name: letters, digits and '-'")]
+    NotAHeaderName(String),
+    /// A rule of the state machine's own that the checks above did not catch.
+    #[error("the state machine refuses this policy: {0}")]
+    Config(#[from] ConfigError),
+}
+
+/// Probe timing, parsed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProbeTiming {
+    pub interval: Duration,
+    pub timeout: Duration,
+    pub first_token_budget: Duration,
+    pub total_budget: Duration,
+}
+
+/// A spec that passed every check, with its durations parsed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ValidatedPolicy {
+    /// What the failover state machine runs on.
+    pub failover: FailoverConfig,
+    pub probe: ProbeTiming,
+    pub recovery_objective: Duration,
+    /// Zero when admission control after promotion is off.
+    pub admission_window: Duration,
+}
+
+/// Checks every rule of the schema and of the state machine, and converts the spec.
+pub fn validate(spec: &FailoverPolicySpec) -> Result<ValidatedPolicy, PolicyError> {
+    check_pools(spec)?;
+    let recovery_objective = positive("spec.recoveryObjective", &spec.recovery_objective)?;
+    let probe = check_probe(spec)?;
+    let trigger = &spec.trigger;
+    for (field, value) in [
+        ("spec.trigger.suspectAfter", trigger.suspect_after),
+        ("spec.trigger.promoteAfter", trigger.promote_after),
+        (
+            "spec.trigger.hardFailure.promoteAfter",
+            trigger.hard_failure.promote_after,
+        ),
+        ("spec.trigger.standbyReadyAfter", trigger.standby_ready_after),
+    ] {
+        in_range(field, value, 1, 1000)?;
+    }
+    if trigger.promote_after < trigger.suspect_after {
+        return Err(PolicyError::PromoteAfterBelowSuspectAfter {
+            suspect_after: trigger.suspect_after,
+            promote_after: trigger.promote_after,
+        });
+    }
+    if trigger.hard_failure.promote_after > trigger.promote_after {
+        return Err(PolicyError::HardPromoteAfterAboveSoft {
+            hard: trigger.hard_failure.promote_after,
+            promote_after: trigger.promote_after,
+        });
+    }
+    let min_dwell = parse("spec.trigger.minDwell", &trigger.min_dwell)?;
+    let failback = check_failback(spec, probe.interval)?;
+    check_parity(spec)?;
+    let admission_window = check_admission(spec)?;
+
+    let failover = FailoverConfig {
+        suspect_after: trigger.suspect_after,
+        promote_after: trigger.promote_after,
+        hard_promote_after: trigger.hard_failure.promote_after,
+        standby_ready_after: trigger.standby_ready_after,
+        min_dwell,
+        failback,
+        paused: spec.paused,
+    };
+    failover.check()?;
+    Ok(ValidatedPolicy {
+        failover,
+        probe,
+        recovery_objective,
+        admission_window,
+    })
+}
+
+/// The state machine's configuration for this spec: [`validate`], keeping only that part.
+pub fn failover_config(spec: &FailoverPolicySpec) -> Result<FailoverConfig, PolicyError> {
+    validate(spec).map(|policy| policy.failover)
+}
+
+/// The name the user gave `pool`: the first listed pool is [`Pool::A`], the second [`Pool::B`].
+///
+/// Empty for a spec with fewer than two pools, which [`validate`] refuses.
+#[must_use]
+pub fn pool_name(spec: &FailoverPolicySpec, pool: Pool) -> &str {
+    spec.pools.get(pool.index()).map_or("", |p| p.name.as_str())
+}
+
+/// Which pool carries `name`, if either does.
+#[must_use]
+pub fn pool_by_name(spec: &FailoverPolicySpec, name: &str) -> Option<Pool> {
+    [Pool::A, Pool::B]
+        .into_iter()
+        .find(|&pool| spec.pools.get(pool.index()).is_some_and(|p| p.name == name))
+}
+
+fn check_pools(spec: &FailoverPolicySpec) -> Result<(), PolicyError> {
+    let [a, b] = spec.pools.as_slice() else {
+        return Err(PolicyError::PoolCount {
+            found: spec.pools.len(),
+        });
+    };
+    for (index, pool) in spec.pools.iter().enumerate() {
+        if !is_dns_label(&pool.name) {
+            return Err(PolicyError::NotDnsLabel {
+                field: format!("spec.pools[{index}].name"),
+                value: pool.name.clone(),
+            });
+        }
+        if !is_object_name(&pool.workload.name) {
+            return Err(PolicyError::NotObjectName {
+                field: format!("spec.pools[{index}].workload.name"),
+                value: pool.workload.name.clone(),
+            });
+        }
+        in_range(&format!("spec.pools[{index}].replicas"), pool.replicas, 1, 1024)?;
+        in_range(&format!("spec.pools[{index}].port"), pool.port, 1, 65535)?;
+        at_most(&format!("spec.pools[{index}].standby"), pool.standby.len(), 8)?;
+        for (group_index, group) in pool.standby.iter().enumerate() {
+            let field = format!("spec.pools[{index}].standby[{group_index}]");
+            in_range(&format!("{field}.replicas"), group.replicas, 1, 1024)?;
+            if let Some(level) = group.sleep_level {
+                if group.tier != Tier::Warm {
+                    return Err(PolicyError::SleepLevelNotWarm {
+                        pool: index,
+                        group: group_index,
+                    });
+                }
+                in_range(&format!("{field}.sleepLevel"), level, 1, 2)?;
+            }
+            if group.reserve_gpus.is_some() && group.tier != Tier::PilotLight {
+                return Err(PolicyError::ReserveGpusNotPilotLight {
+                    pool: index,
+                    group: group_index,
+                });
+            }
+        }
+        if !pool.standby.is_empty() {
+            let sum: u64 = pool.standby.iter().map(|g| u64::from(g.replicas)).sum();
+            if sum != u64::from(pool.replicas) {
+                return Err(PolicyError::TierReplicasDoNotSum {
+                    pool: index,
+                    sum,
+                    replicas: pool.replicas,
+                });
+            }
+        }
+    }
+    if a.name == b.name {
+        return Err(PolicyError::SamePoolName { name: a.name.clone() });
+    }
+    if a.workload == b.workload {
+        return Err(PolicyError::SameWorkload {
+            kind: a.workload.kind,
+            name: a.workload.name.clone(),
+        });
+    }
+    Ok(())
+}
+
+fn check_probe(spec: &FailoverPolicySpec) -> Result<ProbeTiming, PolicyError> {
+    let probe = &spec.probe;
+    let timing = ProbeTiming {
+        interval: positive("spec.probe.interval", &probe.interval)?,
+        timeout: positive("spec.probe.timeout", &probe.timeout)?,
+        first_token_budget: positive("spec.probe.budgets.firstToken", &probe.budgets.first_token)?,
+        total_budget: positive("spec.probe.budgets.total", &probe.budgets.total)?,
+    };
+    if timing.timeout >= timing.interval {
+        return Err(PolicyError::TimeoutNotShorterThanInterval {
+            timeout: probe.timeout.clone(),
+            interval: probe.interval.clone(),
+        });
+    }
+    if timing.total_budget > timing.timeout {
+        return Err(PolicyError::TotalBudgetOverTimeout {
+            total: probe.budgets.total.clone(),
+            timeout: probe.timeout.clone(),
+        });
+    }
+    if timing.first_token_budget > timing.total_budget {
+        return Err(PolicyError::FirstTokenBudgetOverTotal {
+            first_token: probe.budgets.first_token.clone(),
+            total: probe.budgets.total.clone(),
+        });
+    }
+    length("spec.probe.prompt", &probe.prompt, 1, 4096)?;
+    in_range("spec.probe.maxTokens", probe.max_tokens, 1, 4096)?;
+    if let Some(value) = &probe.expect.value {
+        length("spec.probe.expect.value", value, 1, 4096)?;
+    }
+    match (probe.expect.mode, &probe.expect.value) {
+        (ExpectMode::Regex, None) => Err(PolicyError::RegexWithoutValue),
+        (ExpectMode::NonEmpty, Some(_)) => Err(PolicyError::ValueWithNonEmpty),
+        _ => Ok(timing),
+    }
+}
+
+fn check_failback(spec: &FailoverPolicySpec, interval: Duration) -> Result<FailbackPolicy, PolicyError> {
+    let healthy_for = match &spec.failback.healthy_for {
+        Some(text) => Some((text, positive("spec.failback.healthyFor", text)?)),
+        None => None,
+    };
+    match (spec.failback.mode, healthy_for) {
+        (FailbackMode::Manual, _) => Ok(FailbackPolicy::Manual),
+        (FailbackMode::Automatic, None) => Err(PolicyError::HealthyForMissing),
+        (FailbackMode::Automatic, Some((text, healthy_for))) => {
+            // A partial interval still needs a whole passing check, hence the ceiling.
+            let checks = healthy_for.as_nanos().div_ceil(interval.as_nanos());
+            let healthy_checks = u32::try_from(checks).map_err(|_| PolicyError::HealthyForTooLong {
+                healthy_for: text.clone(),
+            })?;
+            Ok(FailbackPolicy::Automatic { healthy_checks })
+        }
+    }
+}
+
+fn check_parity(spec: &FailoverPolicySpec) -> Result<(), PolicyError> {
+    let flags = &spec.parity.ignore_flags;
+    at_most("spec.parity.ignoreFlags", flags.len(), 64)?;
+    for (index, flag) in flags.iter().enumerate() {
+        length(&format!("spec.parity.ignoreFlags[{index}]"), flag, 2, 128)?;
+        if !flag.starts_with('-') {
+            return Err(PolicyError::NotAFlag {
+                index,
+                flag: flag.clone(),
+            });
+        }
+    }
+    Ok(())
+}
+
+fn check_admission(spec: &FailoverPolicySpec) -> Result<Duration, PolicyError> {
+    let admission = &spec.admission;
+    let window = parse("spec.admission.window", &admission.window)?;
+    in_range(
+        "spec.admission.initialConcurrency",
+        admission.initial_concurrency,
+        1,
+        100_000,
+    )?;
+    if let Some(max) = admission.max_concurrency {
+        in_range("spec.admission.maxConcurrency", max, 1, 100_000)?;
+        if max < admission.initial_concurrency {
+            return Err(PolicyError::MaxConcurrencyBelowInitial {
+                initial: admission.initial_concurrency,
+                max,
+            });
+        }
+    }
+    if let Some(tokens) = admission.initial_prefill_tokens {
+        in_range(
+            "spec.admission.initialPrefillTokens",
+            tokens,
+            1,
+            u64::from(u32::MAX),
+        )?;
+    }
+    let header = &admission.priority_header;
+    length("spec.admission.priorityHeader", header, 1, 128)?;
+    let mut chars = header.chars();
+    let well_formed = chars.next().is_some_and(|c| c.is_ascii_alphanumeric())
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '-');
+    if !well_formed {
+        return Err(PolicyError::NotAHeaderName(header.clone()));
+    }
+    if let Some(priorities) = &admission.shed_priorities {
+        at_most("spec.admission.shedPriorities", priorities.len(), 16)?;
+        for (index, priority) in priorities.iter().enumerate() {
+            length(
+                &format!("spec.admission.shedPriorities[{index}]"),
+                priority,
+                1,
+                63,
+            )?;
+        }
+    }
+    Ok(window)
+}
+
+fn parse(field: &'static str, text: &GoDuration) -> Result<Duration, PolicyError> {
+    text.parse()
+        .map_err(|source| PolicyError::Duration { field, source })
+}
+
+fn positive(field: &'static str, text: &GoDuration) -> Result<Duration, PolicyError> {
+    let duration = parse(field, text)?;
+    if duration.is_zero() {
+        return Err(PolicyError::ZeroDuration { field });
+    }
+    Ok(duration)
+}
+
+fn in_range(field: &str, value: impl Into<u64>, min: u64, max: u64) -> Result<(), PolicyError> {
+    let value = value.into();
+    if (min..=max).contains(&value) {
+        Ok(())
+    } else {
+        Err(PolicyError::OutOfRange {
+            field: field.to_owned(),
+            value,
+            min,
+            max,
+        })
+    }
+}
+
+fn at_most(field: &str, len: usize, max: usize) -> Result<(), PolicyError> {
+    if len > max {
+        return Err(PolicyError::TooMany {
+            field: field.to_owned(),
+            len,
+            max,
+        });
+    }
+    Ok(())
+}
+
+fn length(field: &str, text: &str, min: usize, max: usize) -> Result<(), PolicyError> {
+    // The apiserver counts characters, not bytes, for minLength and maxLength.
+    let len = text.chars().count();
+    if (min..=max).contains(&len) {
+        Ok(())
+    } else {
+        Err(PolicyError::Length {
+            field: field.to_owned(),
+            len,
+            min,
+            max,
+        })
+    }
+}
+
+fn is_dns_label(text: &str) -> bool {
+    let bytes = text.as_bytes();
+    let edge_ok = |b: &u8| b.is_ascii_lowercase() || b.is_ascii_digit();
+    (1..=63).contains(&bytes.len())
+        && bytes.first().is_some_and(edge_ok)
+        && bytes.last().is_some_and(edge_ok)
+        && bytes.iter().all(|b| edge_ok(b) || *b == b'-')
+}
+
+fn is_object_name(text: &str) -> bool {
+    text.len() <= 253 && text.split('.').all(is_dns_label)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::FailoverPolicySpec;
+
+    /// Two hot pools and nothing else: every other field takes its default.
+    const MINIMAL: &str = "
+pools:
+  - name: east
+    workload: {kind: Deployment, name: llm-east}
+    replicas: 2
+  - name: west
+    workload: {kind: Deployment, name: llm-west}
+    replicas: 2
+recoveryObjective: 5m
+";
+
+    fn spec(yaml: &str) -> FailoverPolicySpec {
+        serde_yaml::from_str(yaml).unwrap_or_else(|e| panic!("fixture does not parse: {e}\n{yaml}"))
+    }
+
+    /// The minimal fixture with `extra` top-level YAML appended.
+    fn minimal_with(extra: &str) -> FailoverPolicySpec {
+        spec(&format!("{MINIMAL}{extra}"))
+    }
+
+    fn refusal(spec: &FailoverPolicySpec) -> String {
+        match validate(spec) {
+            Ok(policy) => panic!("expected the spec to be refused, got {policy:?}"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn a_minimal_spec_runs_on_the_documented_defaults() {
+        let policy = validate(&spec(MINIMAL)).expect("minimal spec is valid");
+        assert_eq!(
+            policy.failover,
+            FailoverConfig {
+                suspect_after: 2,
+                promote_after: 4,
+                hard_promote_after: 2,
+                standby_ready_after: 2,
+                min_dwell: Duration::from_secs(300),
+                failback: FailbackPolicy::Manual,
+                paused: false,
+            }
+        );
+        assert_eq!(
+            policy.probe,
+            ProbeTiming {
+                interval: Duration::from_secs(10),
+                timeout: Duration::from_secs(5),
+                first_token_budget: Duration::from_secs(2),
+                total_budget: Duration::from_secs(4),
+            }
+        );
+        assert_eq!(policy.recovery_objective, Duration::from_secs(300));
+        assert_eq!(policy.admission_window, Duration::from_secs(300));
+        assert_eq!(failover_config(&spec(MINIMAL)), Ok(policy.failover));
+    }
+
+    #[test]
+    fn trigger_counts_and_pause_reach_the_state_machine() {
+        let config = failover_config(&minimal_with(
+            "trigger: {suspectAfter: 3, promoteAfter: 6, hardFailure: {promoteAfter: 1}, minDwell: 90s, \
+             standbyReadyAfter: 5}\npaused: true\n",
+        ))
+        .expect("valid");
+        assert_eq!(
+            (
+                config.suspect_after,
+                config.promote_after,
+                config.hard_promote_after,
+                config.standby_ready_after
+            ),
+            (3, 6, 1, 5)
+        );
+        assert_eq!(config.min_dwell, Duration::from_secs(90));
+        assert!(config.paused);
+    }
+
+    #[test]
+    fn automatic_failback_counts_healthy_for_in_whole_probe_intervals_rounded_up() {
+        let exact = failover_config(&minimal_with("failback: {mode: automatic, healthyFor: 1m}\n"));
+        assert_eq!(
+            exact.map(|c| c.failback),
+            Ok(FailbackPolicy::Automatic { healthy_checks: 6 })
+        );
+        let partial = failover_config(&minimal_with(
+            "failback: {mode: automatic, healthyFor: 65s}\nprobe: {interval: 10s}\n",
+        ));
+        assert_eq!(
+            partial.map(|c| c.failback),
+            Ok(FailbackPolicy::Automatic { healthy_checks: 7 })
+        );
+        let short = failover_config(&minimal_with("failback: {mode: automatic, healthyFor: 1s}\n"));
+        assert_eq!(
+            short.map(|c| c.failback),
+            Ok(FailbackPolicy::Automatic { healthy_checks: 1 })
+        );
+    }
+
+    #[test]
+    fn manual_failback_ignores_healthy_for_but_still_reads_it() {
+        let config = failover_config(&minimal_with("failback: {mode: manual, healthyFor: 10m}\n"));
+        assert_eq!(config.map(|c| c.failback), Ok(FailbackPolicy::Manual));
+        let garbled = refusal(&minimal_with("failback: {mode: manual, healthyFor: soon}\n"));
+        assert!(
+            garbled.starts_with("spec.failback.healthyFor: invalid duration"),
+            "{garbled}"
+        );
+    }
+
+    #[test]
+    fn automatic_failback_without_healthy_for_is_refused() {
+        let message = refusal(&minimal_with("failback: {mode: automatic}\n"));
+        assert_eq!(
+            message,
+            "spec.failback.healthyFor is required when mode is automatic"
+        );
+    }
+
+    #[test]
+    fn probe_timing_rules_name_the_fields() {
+        let cases = [
+            (
+                "probe: {interval: 10s, timeout: 10s}\n",
+                "spec.probe.timeout (10s) must be shorter than spec.probe.interval (10s)",
+            ),
+            (
+                "probe: {interval: 0s}\n",
+                "spec.probe.interval must be greater than zero",
+            ),
+            (
+                "probe: {interval: '-10s'}\n",
+                "spec.probe.interval: negative duration \"-10s\"",
+            ),
+            (
+                "probe: {timeout: 0s}\n",
+                "spec.probe.timeout must be greater than zero",
+            ),
+            (
+                "probe: {interval: ten}\n",
+                "spec.probe.interval: invalid duration \"ten\"",
+            ),
+            (
+                "probe: {timeout: 3s}\n",
+                "spec.probe.budgets.total (4s) must not be longer than spec.probe.timeout (3s)",
+            ),
+            (
+                "probe: {budgets: {firstToken: 3s, total: 2s}}\n",
+                "spec.probe.budgets.firstToken (3s) must not be longer than spec.probe.budgets.total (2s)",
+            ),
+            (
+                "probe: {expect: {mode: regex}}\n",
+                "spec.probe.expect.value is required when mode is regex",
+            ),
+            (
+                "probe: {expect: {mode: nonEmpty, value: Paris}}\n",
+                "spec.probe.expect.value is not used when mode is nonEmpty",
+            ),
+            (
+                "probe: {maxTokens: 0}\n",
+                "spec.probe.maxTokens must be between 1 and 4096, is 0",
+            ),
+            (
+                "probe: {prompt: ''}\n",
+                "spec.probe.prompt must be between 1 and 4096 characters long, is 0",
+            ),
+        ];
+        for (extra, expected) in cases {
+            let message = refusal(&minimal_with(extra));
+            assert!(
+                message.starts_with(expected),
+                "for {extra:?}: got {message:?}, expected {expected:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn trigger_rules_name_the_fields() {
+        let cases = [
+            (
+                "trigger: {suspectAfter: 3, promoteAfter: 2}\n",
+                "spec.trigger.promoteAfter (2) must not be below spec.trigger.suspectAfter (3)",
+            ),
+            (
+                "trigger: {promoteAfter: 4, hardFailure: {promoteAfter: 5}}\n",
+                "spec.trigger.hardFailure.promoteAfter (5) must not be above spec.trigger.promoteAfter (4)",
+            ),
+            (
+                "trigger: {suspectAfter: 0}\n",
+                "spec.trigger.suspectAfter must be between 1 and 1000, is 0",
+            ),
+            (
+                "trigger: {standbyReadyAfter: 0}\n",
+                "spec.trigger.standbyReadyAfter must be between 1 and 1000, is 0",
+            ),
+            (
+                "trigger: {minDwell: '-1m'}\n",
+                "spec.trigger.minDwell: negative duration",
+            ),
+        ];
+        for (extra, expected) in cases {
+            let message = refusal(&minimal_with(extra));
+            assert!(
+                message.starts_with(expected),
+                "for {extra:?}: got {message:?}, expected {expected:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn zero_min_dwell_and_zero_admission_window_mean_none() {
+        let policy = validate(&minimal_with(
+            "trigger: {minDwell: 0s}\nadmission: {window: '0'}\n",
+        ))
+        .expect("valid");
+        assert_eq!(policy.failover.min_dwell, Duration::ZERO);
+        assert_eq!(policy.admission_window, Duration::ZERO);
+    }
+
+    const POOL_B: &str =
+        "  - name: west\n    workload: {kind: Deployment, name: llm-west}\n    replicas: 2\n";
+
+    fn with_pools(pools: &str) -> FailoverPolicySpec {
+        spec(&format!("pools:\n{pools}recoveryObjective: 5m\n"))
+    }
+
+    #[test]
+    fn pool_rules_name_the_pool() {
+        let cases = [
+            (
+                with_pools(POOL_B),
+                "spec.pools must list exactly 2 pools, found 1",
+            ),
+            (
+                with_pools(&format!("{POOL_B}{POOL_B}")),
+                "spec.pools: the two pools must have different names, both are \"west\"",
+            ),
+            (
+                with_pools(&format!(
+                    "  - name: east\n    workload: {{kind: Deployment, name: llm-west}}\n    replicas: 2\n{POOL_B}"
+                )),
+                "spec.pools: two pools name the same workload (Deployment \"llm-west\")",
+            ),
+            (
+                with_pools(&format!(
+                    "  - name: East_1\n    workload: {{kind: Deployment, name: llm}}\n    replicas: 2\n{POOL_B}"
+                )),
+                "spec.pools[0].name \"East_1\" must be a DNS label",
+            ),
+            (
+                with_pools(&format!(
+                    "  - name: east\n    workload: {{kind: Deployment, name: LLM}}\n    replicas: 2\n{POOL_B}"
+                )),
+                "spec.pools[0].workload.name \"LLM\" must be a Kubernetes object name",
+            ),
+            (
+                with_pools(&format!(
+                    "  - name: east\n    workload: {{kind: Deployment, name: llm}}\n    replicas: 0\n{POOL_B}"
+                )),
+                "spec.pools[0].replicas must be between 1 and 1024, is 0",
+            ),
+            (
+                with_pools(&format!(
+                    "{POOL_B}  - name: east\n    workload: {{kind: StatefulSet, name: llm}}\n    replicas: 8\n    \
+                     standby:\n      - {{tier: warm, replicas: 4}}\n      - {{tier: pilotLight, replicas: 3}}\n"
+                )),
+                "spec.pools[1].standby: tier replicas add up to 7, but the pool has 8 replicas",
+            ),
+            (
+                with_pools(&format!(
+                    "{POOL_B}  - name: east\n    workload: {{kind: StatefulSet, name: llm}}\n    replicas: 2\n    \
+                     standby:\n      - {{tier: hot, replicas: 2, sleepLevel: 1}}\n"
+                )),
+                "spec.pools[1].standby[0].sleepLevel applies only to the warm tier",
+            ),
+            (
+                with_pools(&format!(
+                    "{POOL_B}  - name: east\n    workload: {{kind: StatefulSet, name: llm}}\n    replicas: 2\n    \
+                     standby:\n      - {{tier: warm, replicas: 2, sleepLevel: 3}}\n"
+                )),
+                "spec.pools[1].standby[0].sleepLevel must be between 1 and 2, is 3",
+            ),
+            (
+                with_pools(&format!(
+                    "{POOL_B}  - name: east\n    workload: {{kind: StatefulSet, name: llm}}\n    replicas: 2\n    \
+                     standby:\n      - {{tier: warm, replicas: 2, reserveGpus: true}}\n"
+                )),
+                "spec.pools[1].standby[0].reserveGpus applies only to the pilotLight tier",
+            ),
+        ];
+        for (spec, expected) in cases {
+            let message = refusal(&spec);
+            assert!(
+                message.starts_with(expected),
+                "got {message:?}, expected {expected:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_same_workload_name_in_two_kinds_is_two_workloads() {
+        let spec = with_pools(&format!(
+            "  - name: east\n    workload: {{kind: StatefulSet, name: llm-west}}\n    replicas: 2\n{POOL_B}"
+        ));
+        assert!(validate(&spec).is_ok());
+    }
+
+    #[test]
+    fn admission_and_parity_rules_name_the_fields() {
+        let cases = [
+            (
+                "admission: {initialConcurrency: 8, maxConcurrency: 4}\n",
+                "spec.admission.maxConcurrency (4) must not be below spec.admission.initialConcurrency (8)",
+            ),
+            (
+                "admission: {priorityHeader: 'x priority'}\n",
+                "spec.admission.priorityHeader \"x priority\" must be an HTTP header name",
+            ),
+            (
+                "admission: {window: '-5m'}\n",
+                "spec.admission.window: negative duration",
+            ),
+            (
+                "parity: {ignoreFlags: [port]}\n",
+                "spec.parity.ignoreFlags[0] \"port\" must be a command-line flag",
+            ),
+            (
+                "recoveryObjective: 0s\n",
+                "spec.recoveryObjective must be greater than zero",
+            ),
+        ];
+        for (extra, expected) in cases {
+            // `recoveryObjective` appears twice when overridden; the YAML parser would refuse, so
+            // build that case from the pools alone.
+            let spec = if extra.starts_with("recoveryObjective") {
+                spec(&format!(
+                    "pools:\n  - name: east\n    workload: {{kind: Deployment, name: a}}\n    replicas: 1\n{POOL_B}{extra}"
+                ))
+            } else {
+                minimal_with(extra)
+            };
+            let message = refusal(&spec);
+            assert!(
+                message.starts_with(expected),
+                "for {extra:?}: got {message:?}, expected {expected:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn pools_are_named_by_position_and_found_by_name() {
+        let spec = spec(MINIMAL);
+        assert_eq!(pool_name(&spec, Pool::A), "east");
+        assert_eq!(pool_name(&spec, Pool::B), "west");
+        assert_eq!(pool_by_name(&spec, "east"), Some(Pool::A));
+        assert_eq!(pool_by_name(&spec, "west"), Some(Pool::B));
+        assert_eq!(pool_by_name(&spec, "north"), None);
+        for pool in [Pool::A, Pool::B] {
+            assert_eq!(pool_by_name(&spec, pool_name(&spec, pool)), Some(pool));
+        }
+    }
+
+    #[test]
+    fn an_empty_standby_list_means_every_replica_hot() {
+        let spec = spec(MINIMAL);
+        let groups = spec.pools[0].standby_groups();
+        assert_eq!(groups.len(), 1);
+        assert_eq!((groups[0].tier, groups[0].replicas), (Tier::Hot, 2));
+    }
+
+    #[test]
+    fn warm_replicas_sleep_at_level_one_and_pilot_lights_reserve_nothing_unless_told() {
+        let spec = with_pools(&format!(
+            "{POOL_B}  - name: east\n    workload: {{kind: StatefulSet, name: llm}}\n    replicas: 4\n    \
+             standby:\n      - {{tier: warm, replicas: 2}}\n      - {{tier: pilotLight, replicas: 2}}\n"
+        ));
+        let groups = spec.pools[1].standby_groups();
+        assert_eq!(groups[0].sleep_level(), 1);
+        assert!(!groups[1].reserve_gpus());
+        assert!(validate(&spec).is_ok());
+    }
+}

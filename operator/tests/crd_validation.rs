@@ -1,0 +1,535 @@
+//! The FailoverPolicy schema, as `crdgen` prints it, admits every example and refuses every
+//! nonsense policy in `examples/invalid/` with the message its `# expect:` line names.
+//!
+//! Admission is emulated the way the apiserver does it: schema defaults first, then the structural
+//! OpenAPI checks (a small checker below, since kube-cel evaluates CEL rules only), then every
+//! `x-kubernetes-validations` rule through `kube_cel`. Then the same files go through the Rust
+//! side (`serde` and `policy::validate`), which must agree.
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+};
+
+use kube::CustomResourceExt;
+use serde_json::Value;
+use understudy_operator::{crd::FailoverPolicy, policy};
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The openAPIV3Schema of the generated CRD: exactly what `crdgen` prints.
+fn schema() -> Value {
+    let crd = FailoverPolicy::crd();
+    let version = crd.spec.versions.first().expect("the CRD has a version");
+    let schema = version
+        .schema
+        .as_ref()
+        .and_then(|s| s.open_api_v3_schema.as_ref())
+        .expect("a schema");
+    serde_json::to_value(schema).expect("schema serializes")
+}
+
+/// Every `FailoverPolicy` manifest in `dir` (not recursive), with its text.
+fn manifests(dir: &Path) -> Vec<(String, String, Value)> {
+    let mut found = Vec::new();
+    for entry in fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+        let path = entry.expect("directory entry").path();
+        if path.extension().is_none_or(|ext| ext != "yaml") {
+            continue;
+        }
+        let text = fs::read_to_string(&path).expect("readable");
+        let object: Value =
+            serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{}: not YAML: {e}", path.display()));
+        if object["kind"] == "FailoverPolicy" {
+            let name = path
+                .file_name()
+                .expect("a file name")
+                .to_string_lossy()
+                .into_owned();
+            found.push((name, text, object));
+        }
+    }
+    found.sort_by(|a, b| a.0.cmp(&b.0));
+    found
+}
+
+/// What the apiserver would say about `object`; empty when it would be admitted.
+fn admission_errors(schema: &Value, object: &Value) -> Vec<String> {
+    assert_eq!(object["apiVersion"], "understudy.dev/v1alpha1");
+    assert!(
+        object["metadata"]["name"].is_string(),
+        "every manifest has metadata.name"
+    );
+    let defaulted = kube_cel::apply_defaults(schema, object);
+    let mut errors = Vec::new();
+    structural::check(schema, &defaulted, "", true, &mut errors);
+    if let Err(failures) = kube_cel::Validator::new().validate(schema, &defaulted, None) {
+        errors.extend(failures.iter().map(ToString::to_string));
+    }
+    errors
+}
+
+#[test]
+fn every_example_is_admitted() {
+    let schema = schema();
+    let examples = manifests(&repo_root().join("examples"));
+    let names: Vec<&str> = examples.iter().map(|(name, ..)| name.as_str()).collect();
+    for expected in [
+        "failoverpolicy-minimal.yaml",
+        "failoverpolicy-70b-five-minutes.yaml",
+    ] {
+        assert!(
+            names.contains(&expected),
+            "examples/{expected} is missing; found {names:?}"
+        );
+    }
+    for (name, _, object) in &examples {
+        let errors = admission_errors(&schema, object);
+        assert!(
+            errors.is_empty(),
+            "examples/{name} is refused:\n  {}",
+            errors.join("\n  ")
+        );
+    }
+}
+
+#[test]
+fn every_invalid_example_is_refused_with_the_message_it_expects() {
+    let schema = schema();
+    let invalid = manifests(&repo_root().join("examples/invalid"));
+    assert!(
+        invalid.len() >= 20,
+        "expected the whole set of invalid examples, found {}",
+        invalid.len()
+    );
+    for (name, text, object) in &invalid {
+        let expected = text
+            .lines()
+            .next()
+            .and_then(|line| line.strip_prefix("# expect: "))
+            .unwrap_or_else(|| {
+                panic!("examples/invalid/{name}: the first line must be `# expect: <message>`")
+            });
+        let errors = admission_errors(&schema, object);
+        assert!(
+            errors.iter().any(|e| e.contains(expected)),
+            "examples/invalid/{name}: expected an error containing {expected:?}, got:\n  {}",
+            if errors.is_empty() {
+                "nothing: it was admitted".to_owned()
+            } else {
+                errors.join("\n  ")
+            }
+        );
+    }
+}
+
+#[test]
+fn the_brief_cases_of_nonsense_all_have_an_invalid_example() {
+    let dir = repo_root().join("examples/invalid");
+    for case in [
+        "zero-interval",
+        "negative-interval",
+        "timeout-not-shorter-than-interval",
+        "promote-after-below-suspect-after",
+        "same-workload-twice",
+        "unknown-tier",
+        "automatic-failback-without-healthyFor",
+        "tier-replicas-do-not-sum",
+    ] {
+        assert!(
+            dir.join(format!("{case}.yaml")).is_file(),
+            "examples/invalid/{case}.yaml is missing"
+        );
+    }
+}
+
+/// The operator reads every admitted object, and refuses (in Rust) every object the schema
+/// refuses, so that a policy stored before a rule existed cannot slip through.
+#[test]
+fn the_operator_agrees_with_the_schema_on_every_example() {
+    for (name, _, object) in manifests(&repo_root().join("examples")) {
+        let policy: FailoverPolicy =
+            serde_json::from_value(object).unwrap_or_else(|e| panic!("examples/{name}: {e}"));
+        if let Err(e) = policy::validate(&policy.spec) {
+            panic!("examples/{name} is admitted by the schema but refused by policy::validate: {e}");
+        }
+    }
+    for (name, text, object) in manifests(&repo_root().join("examples/invalid")) {
+        if text.lines().any(|line| line.starts_with("# rust-accepts: ")) {
+            continue;
+        }
+        let refused = match serde_json::from_value::<FailoverPolicy>(object) {
+            Err(_) => true,
+            Ok(policy) => policy::validate(&policy.spec).is_err(),
+        };
+        assert!(
+            refused,
+            "examples/invalid/{name} is refused by the schema but accepted by policy::validate"
+        );
+    }
+}
+
+/// `kubectl get -o yaml` shows the schema's defaults; the operator fills in serde's. They must be
+/// the same values, or the operator would run a policy other than the one users read.
+#[test]
+fn schema_defaults_and_serde_defaults_agree() {
+    let schema = schema();
+    for (name, _, object) in manifests(&repo_root().join("examples")) {
+        let defaulted = kube_cel::apply_defaults(&schema, &object);
+        let policy: FailoverPolicy =
+            serde_json::from_value(object).unwrap_or_else(|e| panic!("examples/{name}: {e}"));
+        let from_serde = serde_json::to_value(&policy.spec).expect("spec serializes");
+        assert_eq!(
+            from_serde, defaulted["spec"],
+            "examples/{name}: serde and schema defaults differ"
+        );
+    }
+}
+
+#[test]
+fn every_cel_rule_in_the_schema_compiles() {
+    // Rules on optional fields run only when the field is set; compile them all regardless.
+    let compiled = kube_cel::compile_schema(&schema());
+    let errors: Vec<String> = compiled
+        .compilation_errors()
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert!(
+        errors.is_empty(),
+        "CEL rules that do not compile:\n  {}",
+        errors.join("\n  ")
+    );
+}
+
+#[test]
+fn the_committed_crd_matches_the_generated_one() {
+    let path = repo_root().join("crds/failoverpolicy.yaml");
+    let committed = fs::read_to_string(&path).unwrap_or_default();
+    let generated = serde_yaml::to_string(&FailoverPolicy::crd()).expect("CRD serializes");
+    assert!(
+        committed == generated,
+        "crds/failoverpolicy.yaml is out of date; regenerate it with\n  \
+         cargo run -q -p understudy-operator --bin crdgen > crds/failoverpolicy.yaml"
+    );
+}
+
+#[test]
+fn the_crd_has_the_names_columns_and_status_users_rely_on() {
+    let crd = serde_json::to_value(FailoverPolicy::crd()).expect("CRD serializes");
+    assert_eq!(crd["metadata"]["name"], "failoverpolicies.understudy.dev");
+    assert_eq!(crd["spec"]["scope"], "Namespaced");
+    assert_eq!(crd["spec"]["names"]["shortNames"], serde_json::json!(["fpol"]));
+    let version = &crd["spec"]["versions"][0];
+    assert_eq!(version["name"], "v1alpha1");
+    assert!(
+        version["subresources"]["status"].is_object(),
+        "status is a subresource"
+    );
+    let columns: Vec<(String, String)> = version["additionalPrinterColumns"]
+        .as_array()
+        .expect("printer columns")
+        .iter()
+        .map(|c| {
+            (
+                c["name"].as_str().unwrap_or_default().to_owned(),
+                c["jsonPath"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
+    let expected = [
+        ("Primary", ".status.primaryPool"),
+        ("Epoch", ".status.epoch"),
+        ("State", ".status.state"),
+        ("Age", ".metadata.creationTimestamp"),
+    ];
+    assert_eq!(columns, expected.map(|(n, p)| (n.to_owned(), p.to_owned())));
+    let failover = &version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]["failover"];
+    assert_eq!(
+        failover["x-kubernetes-preserve-unknown-fields"], true,
+        "status.failover keeps any shape"
+    );
+}
+
+/// The structural checker must refuse what it claims to check; otherwise every "admitted" above
+/// means nothing.
+#[test]
+fn the_structural_checker_refuses_what_the_apiserver_refuses() {
+    let schema = serde_json::json!({
+        "type": "object",
+        "required": ["count"],
+        "properties": {
+            "count": {"type": "integer", "minimum": 1.0, "maximum": 3.0},
+            "mode": {"type": "string", "enum": ["a", "b"], "maxLength": 1},
+            "list": {"type": "array", "minItems": 1, "maxItems": 2, "items": {"type": "boolean"}},
+            "map": {"type": "object", "additionalProperties": {"type": "number", "nullable": true}},
+            "free": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
+        },
+    });
+    let check = |object: Value| {
+        let mut errors = Vec::new();
+        structural::check(&schema, &object, "", false, &mut errors);
+        errors
+    };
+    assert!(
+        check(serde_json::json!({"count": 2, "mode": "a", "list": [true], "map": {"x": 1.5, "y": null}, "free": {"any": [1]}}))
+            .is_empty()
+    );
+    let cases = [
+        (serde_json::json!({}), "count: Required value"),
+        (
+            serde_json::json!({"count": 0}),
+            "count in body should be greater than or equal to 1",
+        ),
+        (
+            serde_json::json!({"count": 4}),
+            "count in body should be less than or equal to 3",
+        ),
+        (
+            serde_json::json!({"count": 1.5}),
+            "count in body must be of type integer",
+        ),
+        (
+            serde_json::json!({"count": "1"}),
+            "count in body must be of type integer",
+        ),
+        (
+            serde_json::json!({"count": 1, "mode": "c"}),
+            "mode: Unsupported value: \"c\"",
+        ),
+        (
+            serde_json::json!({"count": 1, "list": []}),
+            "list in body should have at least 1 items",
+        ),
+        (
+            serde_json::json!({"count": 1, "list": [true, true, true]}),
+            "list: Too many: 3: must have at most 2 items",
+        ),
+        (
+            serde_json::json!({"count": 1, "list": ["yes"]}),
+            "list[0] in body must be of type boolean",
+        ),
+        (
+            serde_json::json!({"count": 1, "map": {"x": "1"}}),
+            "map.x in body must be of type number",
+        ),
+        (
+            serde_json::json!({"count": 1, "extra": true}),
+            "unknown field \"extra\"",
+        ),
+        (
+            serde_json::json!({"count": null}),
+            "count in body must be of type integer",
+        ),
+    ];
+    for (object, expected) in cases {
+        let errors = check(object.clone());
+        assert!(
+            errors.iter().any(|e| e.contains(expected)),
+            "{object}: expected {expected:?}, got {errors:?}"
+        );
+    }
+}
+
+/// The subset of OpenAPI v3 structural validation that the FailoverPolicy schema uses, with the
+/// apiserver's wording. It refuses to run on a schema that uses a keyword it does not know, so
+/// the schema cannot grow a rule this test silently ignores.
+mod structural {
+    use serde_json::Value;
+
+    /// Keywords that constrain values, all checked below.
+    const CHECKED: &[&str] = &[
+        "type",
+        "enum",
+        "required",
+        "minimum",
+        "maximum",
+        "minLength",
+        "maxLength",
+        "minItems",
+        "maxItems",
+        "properties",
+        "additionalProperties",
+        "items",
+        "nullable",
+        "x-kubernetes-preserve-unknown-fields",
+    ];
+    /// Keywords that constrain nothing here: documentation, defaults (applied before the check),
+    /// CEL rules (kube-cel evaluates them), and formats the apiserver does not enforce
+    /// (`uint32` and friends) or does not need to (`double`, `int64`).
+    const NOT_CHECKED: &[&str] = &[
+        "description",
+        "title",
+        "default",
+        "format",
+        "x-kubernetes-validations",
+    ];
+
+    /// Appends to `errors` what the apiserver would say about `value` at `path`. At the root of a
+    /// resource, `apiVersion`, `kind` and `metadata` are the apiserver's own business.
+    pub fn check(schema: &Value, value: &Value, path: &str, resource_root: bool, errors: &mut Vec<String>) {
+        let schema = schema.as_object().expect("a schema is an object");
+        for keyword in schema.keys() {
+            assert!(
+                CHECKED.contains(&keyword.as_str()) || NOT_CHECKED.contains(&keyword.as_str()),
+                "the schema at {path:?} uses {keyword:?}, which this checker does not understand; teach it"
+            );
+        }
+        let at = |path: &str| {
+            if path.is_empty() {
+                "<root>".to_owned()
+            } else {
+                path.to_owned()
+            }
+        };
+
+        if value.is_null() {
+            if schema.get("nullable") != Some(&Value::Bool(true)) {
+                let expected = schema.get("type").and_then(Value::as_str).unwrap_or("object");
+                errors.push(format!(
+                    "{}: Invalid value: \"null\": {} in body must be of type {expected}: \"null\"",
+                    at(path),
+                    at(path)
+                ));
+            }
+            return;
+        }
+        if let Some(expected) = schema.get("type").and_then(Value::as_str) {
+            let actual = type_of(value);
+            let fits = actual == expected || (expected == "number" && actual == "integer");
+            if !fits {
+                errors.push(format!(
+                    "{}: Invalid value: \"{actual}\": {} in body must be of type {expected}: \"{actual}\"",
+                    at(path),
+                    at(path)
+                ));
+                return;
+            }
+        }
+        if let Some(allowed) = schema.get("enum").and_then(Value::as_array)
+            && !allowed.contains(value)
+        {
+            let listed: Vec<String> = allowed.iter().map(Value::to_string).collect();
+            errors.push(format!(
+                "{}: Unsupported value: {value}: supported values: {}",
+                at(path),
+                listed.join(", ")
+            ));
+        }
+        if let Some(number) = value.as_f64() {
+            if let Some(minimum) = schema.get("minimum").and_then(Value::as_f64)
+                && number < minimum
+            {
+                errors.push(format!(
+                    "{}: Invalid value: {value}: {} in body should be greater than or equal to {minimum}",
+                    at(path),
+                    at(path)
+                ));
+            }
+            if let Some(maximum) = schema.get("maximum").and_then(Value::as_f64)
+                && number > maximum
+            {
+                errors.push(format!(
+                    "{}: Invalid value: {value}: {} in body should be less than or equal to {maximum}",
+                    at(path),
+                    at(path)
+                ));
+            }
+        }
+        if let Some(text) = value.as_str() {
+            let len = text.chars().count() as u64;
+            if let Some(min) = schema.get("minLength").and_then(Value::as_u64)
+                && len < min
+            {
+                errors.push(format!(
+                    "{}: Invalid value: {value}: {} in body should be at least {min} chars long",
+                    at(path),
+                    at(path)
+                ));
+            }
+            if let Some(max) = schema.get("maxLength").and_then(Value::as_u64)
+                && len > max
+            {
+                errors.push(format!(
+                    "{}: Too long: may not be more than {max} bytes",
+                    at(path)
+                ));
+            }
+        }
+        if let Some(items) = value.as_array() {
+            let len = items.len() as u64;
+            if let Some(min) = schema.get("minItems").and_then(Value::as_u64)
+                && len < min
+            {
+                errors.push(format!(
+                    "{}: Invalid value: {len}: {} in body should have at least {min} items",
+                    at(path),
+                    at(path)
+                ));
+            }
+            if let Some(max) = schema.get("maxItems").and_then(Value::as_u64)
+                && len > max
+            {
+                errors.push(format!(
+                    "{}: Too many: {len}: must have at most {max} items",
+                    at(path)
+                ));
+            }
+            if let Some(item_schema) = schema.get("items") {
+                for (index, item) in items.iter().enumerate() {
+                    check(item_schema, item, &format!("{path}[{index}]"), false, errors);
+                }
+            }
+        }
+        if let Some(fields) = value.as_object() {
+            for required in schema
+                .get("required")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
+                let required = required.as_str().expect("required names are strings");
+                if !fields.contains_key(required) {
+                    errors.push(format!("{}: Required value", join(path, required)));
+                }
+            }
+            let properties = schema.get("properties").and_then(Value::as_object);
+            let additional = schema.get("additionalProperties");
+            let preserve = schema.get("x-kubernetes-preserve-unknown-fields") == Some(&Value::Bool(true));
+            for (key, field) in fields {
+                let field_path = join(path, key);
+                if let Some(field_schema) = properties.and_then(|p| p.get(key)) {
+                    check(field_schema, field, &field_path, false, errors);
+                } else if let Some(value_schema) = additional.filter(|a| a.is_object()) {
+                    check(value_schema, field, &field_path, false, errors);
+                } else if resource_root && ["apiVersion", "kind", "metadata"].contains(&key.as_str()) {
+                    // Validated by the apiserver itself, not by the CRD's schema.
+                } else if !preserve {
+                    errors.push(format!("unknown field \"{field_path}\""));
+                }
+            }
+        }
+    }
+
+    fn type_of(value: &Value) -> &'static str {
+        match value {
+            Value::Null => "null",
+            Value::Bool(_) => "boolean",
+            Value::Number(n) if n.is_i64() || n.is_u64() => "integer",
+            Value::Number(_) => "number",
+            Value::String(_) => "string",
+            Value::Array(_) => "array",
+            Value::Object(_) => "object",
+        }
+    }
+
+    fn join(path: &str, key: &str) -> String {
+        if path.is_empty() {
+            key.to_owned()
+        } else {
+            format!("{path}.{key}")
+        }
+    }
+}
