@@ -1,3 +1,5 @@
 //! operator
 pub mod crd;
+pub mod leader;
+pub mod lease;
 pub mod policy;
