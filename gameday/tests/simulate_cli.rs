@@ -89,3 +89,31 @@ fn a_bad_schedule_is_refused_with_the_reason_and_a_failing_status() {
         "{stderr}"
     );
 }
+
+#[test]
+fn a_failover_policy_manifest_supplies_the_rules() {
+    let report = json_of(&simulate(&[
+        "examples/schedules/seed-002.yaml",
+        "--policy",
+        "examples/failoverpolicy-70b-five-minutes.yaml",
+        "--json",
+    ]));
+    // Its hard-failure threshold (2) catches the first stop at round 31; half an hour of health
+    // before failback is longer than the whole schedule, so B keeps serving.
+    assert_eq!((report["failovers"].as_u64(), report["failbacks"].as_u64()), (Some(1), Some(0)));
+    assert_eq!(report["transitions"][0]["decided"], 31);
+    let description = report["schedule"].as_str().unwrap_or_default();
+    assert!(description.contains("130 rounds of 10s"), "{description}");
+}
+
+#[test]
+fn an_invalid_failover_policy_is_refused_with_its_field() {
+    let output = simulate(&[
+        "examples/schedules/seed-002.yaml",
+        "--policy",
+        "examples/invalid/timeout-not-shorter-than-interval.yaml",
+    ]);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("spec.probe.timeout"), "{stderr}");
+}

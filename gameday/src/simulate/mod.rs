@@ -22,11 +22,52 @@ use understudy_core::failover::{
     StepFailure, TransitionKind,
 };
 use understudy_core::{Epoch, Pool};
+use understudy_operator::crd::FailoverPolicySpec;
 
 pub use schedule::{CheckKind, Condition, Faults, Schedule, ScheduleError, SimFailback, SimPolicy};
 
-/// A round is one check interval; its length only matters for the state machine's clock.
+/// A schedule's own policy counts in rounds; a round then lasts a second on the machine's clock.
 const ROUND: Duration = Duration::from_secs(1);
+
+/// The policy a schedule runs under, as the simulator needs it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rules {
+    /// What the state machine runs on.
+    pub config: FailoverConfig,
+    /// How long a round (one check interval) lasts on the state machine's clock.
+    pub round: Duration,
+    /// What the check asks replica A.
+    pub check: CheckKind,
+    /// Rounds a promotion takes from decision to serving.
+    pub promotion_rounds: u32,
+}
+
+impl Rules {
+    /// The rules of a FailoverPolicy a user would apply: its trigger, dwell and failback, a
+    /// round lasting its probe interval, and its generating probes as the check.
+    pub fn from_failover_policy(
+        spec: &FailoverPolicySpec,
+        promotion_rounds: u32,
+    ) -> Result<Rules, understudy_operator::policy::PolicyError> {
+        let policy = understudy_operator::policy::validate(spec)?;
+        Ok(Rules {
+            config: policy.failover,
+            round: policy.probe.interval,
+            check: CheckKind::Generating,
+            promotion_rounds,
+        })
+    }
+
+    /// The rules of a schedule's own `policy:` section.
+    pub fn from_schedule(policy: &SimPolicy) -> Rules {
+        Rules {
+            config: failover_config(policy),
+            round: ROUND,
+            check: policy.check,
+            promotion_rounds: policy.promotion_rounds,
+        }
+    }
+}
 
 /// What a schedule cost under its policy.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -62,9 +103,15 @@ pub struct Transition {
     pub finished: Option<u32>,
 }
 
-/// Runs a checked schedule through the failover state machine.
-pub fn simulate(schedule: &Schedule) -> Outcome {
-    Simulation::new(schedule).run()
+/// Runs a checked schedule through the failover state machine under its own policy.
+pub fn simulate(schedule: &Schedule) -> Result<Outcome, ScheduleError> {
+    let policy = schedule.policy.as_ref().ok_or(ScheduleError::NoPolicy)?;
+    Ok(simulate_with(schedule, &Rules::from_schedule(policy)))
+}
+
+/// Runs a checked schedule through the failover state machine under the given rules.
+pub fn simulate_with(schedule: &Schedule, rules: &Rules) -> Outcome {
+    Simulation::new(schedule, rules).run()
 }
 
 /// What replica A would do with no failover at all: the baseline a policy improves on.
@@ -100,7 +147,7 @@ pub fn failover_config(policy: &SimPolicy) -> FailoverConfig {
 
 struct Simulation<'a> {
     schedule: &'a Schedule,
-    config: FailoverConfig,
+    rules: &'a Rules,
     state: FailoverState,
     /// The lease: holder and epoch. The simulator is its only writer.
     lease: (Pool, Epoch),
@@ -110,10 +157,10 @@ struct Simulation<'a> {
 }
 
 impl<'a> Simulation<'a> {
-    fn new(schedule: &'a Schedule) -> Self {
+    fn new(schedule: &'a Schedule, rules: &'a Rules) -> Self {
         Simulation {
             schedule,
-            config: failover_config(&schedule.policy),
+            rules,
             state: FailoverState::new(),
             lease: (Pool::A, Epoch(0)),
             serving_due: None,
@@ -159,7 +206,7 @@ impl<'a> Simulation<'a> {
         if pool == Pool::B {
             return CheckResult::Pass;
         }
-        match (self.schedule.replica_a.condition(t), self.schedule.policy.check) {
+        match (self.schedule.replica_a.condition(t), self.rules.check) {
             (Condition::Up, _) | (Condition::HalfFailed, CheckKind::Shallow) => CheckResult::Pass,
             (Condition::HalfFailed, CheckKind::Generating) | (Condition::Unresponsive, _) => {
                 CheckResult::SoftFail
@@ -172,8 +219,8 @@ impl<'a> Simulation<'a> {
     fn feed(&mut self, t: u32, input: Input) {
         let mut inputs = vec![input];
         while let Some(input) = inputs.pop() {
-            let now = ROUND * t;
-            let (next, actions) = self.state.step(&self.config, now, &input);
+            let now = self.rules.round * t;
+            let (next, actions) = self.state.step(&self.rules.config, now, &input);
             self.state = next;
             for action in actions {
                 if let Some(report) = self.execute(t, &input, action) {
@@ -213,9 +260,7 @@ impl<'a> Simulation<'a> {
             Action::Wake { epoch, .. } => done(epoch, Step::Wake),
             Action::Scale { epoch, .. } => done(epoch, Step::Scale),
             Action::AwaitServing { epoch, .. } => {
-                let due = *self
-                    .serving_due
-                    .get_or_insert(t + self.schedule.policy.promotion_rounds);
+                let due = *self.serving_due.get_or_insert(t + self.rules.promotion_rounds);
                 // Pools become ready only at the end of a round, after its checks.
                 if *cause == Input::Tick && t >= due {
                     self.serving_due = None;

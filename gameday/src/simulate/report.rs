@@ -5,7 +5,10 @@ use std::ops::RangeInclusive;
 
 use serde::Serialize;
 
-use super::{CheckKind, Outcome, Schedule, ScheduleError, SimFailback, simulate, without_failover};
+use understudy_core::duration;
+use understudy_core::failover::FailbackPolicy;
+
+use super::{CheckKind, Outcome, Rules, Schedule, simulate_with, without_failover};
 
 /// The outcome of one schedule, or of the same schedule over a range of thresholds.
 #[derive(Debug, Serialize)]
@@ -37,48 +40,52 @@ pub struct Run {
 }
 
 impl Report {
-    /// The schedule under its own policy.
-    pub fn single(schedule: &Schedule) -> Report {
-        let mut report = Report::build(schedule, Vec::new());
+    /// The schedule under one set of rules.
+    pub fn single(schedule: &Schedule, rules: &Rules) -> Report {
+        let mut report = Report::build(schedule, rules, Vec::new());
+        let promote_after = rules.config.promote_after;
         report.run = Some(Run {
-            promote_after: schedule.policy.promote_after,
-            outcome: simulate(schedule),
+            promote_after,
+            outcome: simulate_with(schedule, rules),
         });
         report
     }
 
-    /// The schedule once per `promote_after` in `range`, everything else as written.
-    pub fn sweep(schedule: &Schedule, range: RangeInclusive<u32>) -> Result<Report, ScheduleError> {
-        let variants = range
+    /// The schedule once per `promote_after` in `range`, everything else as in `rules`.
+    pub fn sweep(schedule: &Schedule, rules: &Rules, range: RangeInclusive<u32>) -> Report {
+        let sweep = range
             .map(|promote_after| {
-                let mut variant = schedule.clone();
-                variant.policy.promote_after = promote_after;
-                variant.policy.suspect_after = variant.policy.suspect_after.min(promote_after);
-                variant.policy.hard_promote_after =
-                    variant.policy.hard_promote_after.map(|h| h.min(promote_after));
-                variant.check().map(|()| variant)
+                let mut variant = rules.clone();
+                let config = &mut variant.config;
+                // Hard failures that promoted with the soft threshold keep doing so.
+                let hard_follows = config.hard_promote_after == config.promote_after;
+                config.promote_after = promote_after;
+                config.suspect_after = config.suspect_after.min(promote_after);
+                config.hard_promote_after = if hard_follows {
+                    promote_after
+                } else {
+                    config.hard_promote_after.min(promote_after)
+                };
+                Run {
+                    promote_after,
+                    outcome: simulate_with(schedule, &variant),
+                }
             })
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(Report::build(schedule, variants))
+            .collect();
+        Report::build(schedule, rules, sweep)
     }
 
-    fn build(schedule: &Schedule, variants: Vec<Schedule>) -> Report {
+    fn build(schedule: &Schedule, rules: &Rules, sweep: Vec<Run>) -> Report {
         let baseline = without_failover(schedule);
         Report {
-            schedule: describe(schedule),
+            schedule: describe(schedule, rules),
             without_failover: Baseline {
                 served: baseline.served,
                 dropped: baseline.dropped,
                 silent_lost: baseline.silent_lost,
             },
             run: None,
-            sweep: variants
-                .iter()
-                .map(|variant| Run {
-                    promote_after: variant.policy.promote_after,
-                    outcome: simulate(variant),
-                })
-                .collect(),
+            sweep,
         }
     }
 
@@ -132,28 +139,32 @@ impl Report {
     }
 }
 
-fn describe(schedule: &Schedule) -> String {
+fn describe(schedule: &Schedule, rules: &Rules) -> String {
     let length = |list: &[[u32; 2]]| list.iter().map(|[first, last]| last - first + 1).sum::<u32>();
     let faults = &schedule.replica_a;
-    let policy = &schedule.policy;
-    let check = match policy.check {
+    let config = &rules.config;
+    let check = match rules.check {
         CheckKind::Shallow => "shallow",
         CheckKind::Generating => "generating",
     };
-    let failback = match policy.failback {
-        SimFailback::Manual => "manual failback".to_owned(),
-        SimFailback::Automatic { healthy_rounds } => {
-            format!("automatic failback after {healthy_rounds} healthy rounds")
+    let failback = match config.failback {
+        FailbackPolicy::Manual => "manual failback".to_owned(),
+        FailbackPolicy::Automatic { healthy_checks } => {
+            format!("automatic failback after {healthy_checks} healthy rounds")
         }
     };
     format!(
-        "{} rounds. Replica A: {} rounds unresponsive, {} stopped, {} half-failed; B always up.\n\
-         Policy: {check} checks, promote after {} failed, promotion takes {} round(s), {failback}.",
+        "{} rounds of {}. Replica A: {} rounds unresponsive, {} stopped, {} half-failed; B always up.\n\
+         Policy: {check} checks, promote after {} failed ({} if refused), promotion takes {} round(s), \
+         {failback}, dwell {}.",
         schedule.rounds,
+        duration::format(rules.round),
         length(&faults.unresponsive),
         length(&faults.stopped),
         length(&faults.half_failed),
-        policy.promote_after,
-        policy.promotion_rounds,
+        config.promote_after,
+        config.hard_promote_after,
+        rules.promotion_rounds,
+        duration::format(config.min_dwell),
     )
 }

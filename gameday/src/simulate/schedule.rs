@@ -11,7 +11,9 @@ pub struct Schedule {
     pub rounds: u32,
     #[serde(default)]
     pub replica_a: Faults,
-    pub policy: SimPolicy,
+    /// The policy, in rounds. May be left out when a FailoverPolicy supplies it instead.
+    #[serde(default)]
+    pub policy: Option<SimPolicy>,
 }
 
 /// When replica A misbehaves, as inclusive `[first, last]` round intervals.
@@ -95,6 +97,8 @@ pub enum ScheduleError {
     Yaml(#[from] serde_yaml::Error),
     #[error("rounds must be at least 1")]
     NoRounds,
+    #[error("the schedule has no policy: add a `policy:` section or pass a FailoverPolicy")]
+    NoPolicy,
     #[error("policy.{field} must be at least 1")]
     Zero { field: &'static str },
     #[error("replica_a.{kind} interval [{first}, {last}] is empty: the first round comes after the last")]
@@ -142,7 +146,17 @@ impl Schedule {
         if self.rounds == 0 {
             return Err(ScheduleError::NoRounds);
         }
-        let policy = &self.policy;
+        if let Some(policy) = &self.policy {
+            policy.check()?;
+        }
+        self.replica_a.check(self.rounds)
+    }
+}
+
+impl SimPolicy {
+    /// Refuses thresholds the state machine could not run.
+    pub fn check(&self) -> Result<(), ScheduleError> {
+        let policy = self;
         for (field, value) in [
             ("promote_after", policy.promote_after),
             ("suspect_after", policy.suspect_after),
@@ -176,17 +190,23 @@ impl Schedule {
                 promote_after: policy.promote_after,
             });
         }
-        let intervals = self.replica_a.intervals();
+        Ok(())
+    }
+}
+
+impl Faults {
+    fn check(&self, rounds: u32) -> Result<(), ScheduleError> {
+        let intervals = self.intervals();
         for &(kind, [first, last]) in &intervals {
             if first > last {
                 return Err(ScheduleError::Reversed { kind, first, last });
             }
-            if first < 1 || last > self.rounds {
+            if first < 1 || last > rounds {
                 return Err(ScheduleError::OutOfRange {
                     kind,
                     first,
                     last,
-                    rounds: self.rounds,
+                    rounds,
                 });
             }
         }
@@ -206,9 +226,7 @@ impl Schedule {
         }
         Ok(())
     }
-}
 
-impl Faults {
     fn intervals(&self) -> Vec<(&'static str, [u32; 2])> {
         let named = [
             ("unresponsive", &self.unresponsive),

@@ -3,6 +3,13 @@ use proptest::prelude::*;
 use super::seed_model::{self, SeedParams};
 use super::*;
 
+fn simulate(schedule: &Schedule) -> Outcome {
+    match super::simulate(schedule) {
+        Ok(outcome) => outcome,
+        Err(error) => panic!("{error}"),
+    }
+}
+
 /// Seed 002's schedule, with a policy filled in.
 fn seed_schedule(promote_after: u32, failback: &str, check: &str) -> Schedule {
     let text = format!(
@@ -196,7 +203,7 @@ proptest! {
         let schedule = Schedule {
             rounds,
             replica_a,
-            policy: SimPolicy {
+            policy: Some(SimPolicy {
                 promote_after: threshold,
                 suspect_after: 1,
                 hard_promote_after: None,
@@ -209,7 +216,7 @@ proptest! {
                     SimFailback::Manual
                 },
                 check: CheckKind::Shallow,
-            },
+            }),
         };
         prop_assert!(schedule.check().is_ok());
         let params = SeedParams { rounds, threshold, automatic_failback: automatic, promotion, failback_threshold };
@@ -227,7 +234,7 @@ proptest! {
         let schedule = Schedule {
             rounds: 120,
             replica_a: Faults { half_failed: vec![[first, last]], ..Faults::default() },
-            policy: SimPolicy {
+            policy: Some(SimPolicy {
                 promote_after: threshold,
                 suspect_after: 1,
                 hard_promote_after: None,
@@ -236,7 +243,7 @@ proptest! {
                 min_dwell_rounds: 0,
                 failback: SimFailback::Automatic { healthy_rounds: 3 },
                 check: CheckKind::Generating,
-            },
+            }),
         };
         let outcome = simulate(&schedule);
         prop_assert!(outcome.silent_lost <= threshold, "{outcome:?}");
