@@ -1,1 +1,1 @@
-//! The understudy end-to-end test crate; its tests live in `tests/`.
+//! understudy's end-to-end tests, which cross crates. The tests live in `tests/tests/`.
