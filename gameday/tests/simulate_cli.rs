@@ -100,7 +100,10 @@ fn a_failover_policy_manifest_supplies_the_rules() {
     ]));
     // Its hard-failure threshold (2) catches the first stop at round 31; half an hour of health
     // before failback is longer than the whole schedule, so B keeps serving.
-    assert_eq!((report["failovers"].as_u64(), report["failbacks"].as_u64()), (Some(1), Some(0)));
+    assert_eq!(
+        (report["failovers"].as_u64(), report["failbacks"].as_u64()),
+        (Some(1), Some(0))
+    );
     assert_eq!(report["transitions"][0]["decided"], 31);
     let description = report["schedule"].as_str().unwrap_or_default();
     assert!(description.contains("130 rounds of 10s"), "{description}");
