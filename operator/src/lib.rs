@@ -1,5 +1,8 @@
 //! operator
+pub mod admin;
+pub mod controller;
 pub mod crd;
 pub mod leader;
 pub mod lease;
+pub mod metrics;
 pub mod policy;

@@ -1,1 +1,120 @@
-fn main() {}
+//! The understudy operator: parses its configuration, serves the admin port, contends for
+//! leadership, and runs the FailoverPolicy controller while it leads.
+//!
+//! Losing leadership ends the process with an error, as client-go controllers do: Kubernetes
+//! restarts it, and the fresh process contends again with nothing left over from its time as
+//! leader.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::{Context as _, bail};
+use clap::Parser;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::{Api, Client};
+use tracing_subscriber::EnvFilter;
+use understudy_operator::admin::{self, Readiness, Role};
+use understudy_operator::controller::{self, Context};
+use understudy_operator::leader::{LeaderConfig, LeaderElector};
+use understudy_operator::lease::KubeLease;
+use understudy_operator::metrics::Metrics;
+
+/// Fails LLM serving over from an active GPU pool to a standby pool, with a fencing epoch.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Args {
+    /// Address of the admin server (/live, /ready, /metrics).
+    #[arg(long, env = "UNDERSTUDY_ADMIN_ADDR", default_value = "0.0.0.0:9090")]
+    admin_addr: SocketAddr,
+
+    /// Watch FailoverPolicies in this namespace only; all namespaces when unset.
+    #[arg(long, env = "UNDERSTUDY_NAMESPACE")]
+    namespace: Option<String>,
+
+    /// The Lease replicas of the operator elect their leader through.
+    #[arg(
+        long,
+        env = "UNDERSTUDY_LEADER_LEASE_NAME",
+        default_value = "understudy-operator"
+    )]
+    leader_lease_name: String,
+
+    /// Namespace of the leader Lease; the watched namespace, else the client's default.
+    #[arg(long, env = "UNDERSTUDY_LEADER_LEASE_NAMESPACE")]
+    leader_lease_namespace: Option<String>,
+
+    /// This replica's name in the election, normally the pod name.
+    #[arg(long, env = "POD_NAME")]
+    identity: String,
+
+    /// Log filter, in `tracing_subscriber::EnvFilter` syntax.
+    #[arg(long, env = "RUST_LOG", default_value = "info")]
+    log_filter: String,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::try_new(&args.log_filter).context("--log-filter")?)
+        .init();
+
+    let client = Client::try_default()
+        .await
+        .context("building the Kubernetes client")?;
+    let metrics = Arc::new(Metrics::new());
+    let readiness = Readiness::default();
+
+    let listener = tokio::net::TcpListener::bind(args.admin_addr)
+        .await
+        .with_context(|| format!("binding the admin server to {}", args.admin_addr))?;
+    let admin = tokio::spawn(admin::serve(listener, metrics.clone(), readiness.clone()));
+
+    let lease_namespace = args
+        .leader_lease_namespace
+        .clone()
+        .or_else(|| args.namespace.clone())
+        .unwrap_or_else(|| client.default_namespace().to_owned());
+    let lock = KubeLease::new(
+        Api::<Lease>::namespaced(client.clone(), &lease_namespace),
+        &args.leader_lease_name,
+    );
+    let elector = LeaderElector::new(lock, &args.identity, LeaderConfig::default())
+        .context("configuring leader election")?;
+    let mut leading = elector.is_leader();
+    let election = tokio::spawn(elector.run());
+    readiness.set(Role::StandingBy);
+    tracing::info!(identity = %args.identity, lease = %args.leader_lease_name, %lease_namespace, "contending for leadership");
+
+    tokio::select! {
+        elected = leading.wait_for(|leads| *leads) => { elected.context("the leader elector stopped")?; }
+        _ = tokio::signal::ctrl_c() => {
+            readiness.set(Role::Stopping);
+            return Ok(());
+        }
+    }
+    readiness.set(Role::Elected);
+    tracing::info!(identity = %args.identity, namespace = ?args.namespace, "leading: starting the controller");
+
+    let ctx = Arc::new(Context::new(client, metrics, Some(args.identity.clone())));
+    readiness.set(Role::Leading);
+    let outcome = tokio::select! {
+        () = controller::run(ctx, args.namespace.as_deref()) => Ok(()),
+        lost = leading.wait_for(|leads| !*leads) => {
+            lost.context("the leader elector stopped")?;
+            Err(anyhow::anyhow!("lost leadership; exiting so that a fresh process contends again"))
+        }
+        served = admin => match served {
+            Ok(Ok(())) => Err(anyhow::anyhow!("the admin server stopped")),
+            Ok(Err(error)) => Err(anyhow::Error::new(error).context("the admin server failed")),
+            Err(error) => Err(anyhow::Error::new(error).context("the admin server panicked")),
+        },
+    };
+    readiness.set(Role::Stopping);
+    election.abort();
+    if let Err(error) = outcome {
+        bail!(error);
+    }
+    tracing::info!("controller stopped");
+    Ok(())
+}

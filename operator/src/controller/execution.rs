@@ -1,0 +1,235 @@
+//! How the controller carries out promotion steps, and where its observations and time come from.
+//!
+//! The lease step is done in the reconciler through [`crate::lease::EpochLease`]; scaling and
+//! waiting for replicas to serve are done here against the workload's scale subresource and
+//! status. Fencing, waking, routing and opening admission belong to components that land in later
+//! issues (the fence sidecar, the prober, the router); until then [`HandOffToComponents`] marks
+//! them done with an Event that says which component carries each out and that this operator made
+//! no call. It must never claim a call it did not make.
+
+use std::fmt;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures::future::BoxFuture;
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
+use kube::runtime::reflector::ObjectRef;
+use understudy_core::failover::{CheckResult, Input, PassiveSignal, Step};
+use understudy_core::{Epoch, Pool};
+
+use crate::crd::{FailoverPolicy, PoolSpec, WorkloadKind, WorkloadRef};
+use crate::lease::FIELD_MANAGER;
+
+/// The controller's clock: time since the Unix epoch, so that times recorded in status mean the
+/// same thing to a restarted operator.
+pub trait Clock: Send + Sync + fmt::Debug {
+    fn now(&self) -> Duration;
+}
+
+/// The system's wall clock.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> Duration {
+        // A clock before 1970 is a broken node; zero keeps the machine's arithmetic sound.
+        SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default()
+    }
+}
+
+/// One observation about a policy's pools, as the prober or the router's data path reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Observation {
+    Check { pool: Pool, result: CheckResult },
+    Passive { pool: Pool, signal: PassiveSignal },
+    Parity { holds: bool },
+}
+
+impl From<Observation> for Input {
+    fn from(observation: Observation) -> Input {
+        match observation {
+            Observation::Check { pool, result } => Input::Check { pool, result },
+            Observation::Passive { pool, signal } => Input::Passive { pool, signal },
+            Observation::Parity { holds } => Input::Parity { holds },
+        }
+    }
+}
+
+/// Where probe results and data-path signals come from. Observations only: commands and the
+/// Lease reach the state machine through the reconciler, never through here.
+pub trait ObservationSource: Send + Sync + fmt::Debug {
+    /// Everything observed about `policy` since the last call, oldest first.
+    fn drain(&self, policy: &ObjectRef<FailoverPolicy>) -> Vec<Observation>;
+}
+
+/// Observes nothing. The prober that sends generating probes lands in a later issue; until then
+/// the state machine sees no check results, so it never promotes on its own, and failover happens
+/// only on a command.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NoObservations;
+
+impl ObservationSource for NoObservations {
+    fn drain(&self, _: &ObjectRef<FailoverPolicy>) -> Vec<Observation> {
+        Vec::new()
+    }
+}
+
+/// A step the controller hands to another component.
+#[derive(Clone, Copy, Debug)]
+pub struct StepRequest<'a> {
+    pub policy: &'a FailoverPolicy,
+    pub step: Step,
+    /// The pool the step acts on: the old primary for fencing, the new one otherwise.
+    pub pool: &'a PoolSpec,
+    pub epoch: Epoch,
+}
+
+/// What became of a handed-off step.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StepReport {
+    /// The step is done, or owned by `carried_by` from here on.
+    Done { carried_by: &'static str, note: String },
+    /// Not done yet; the promotion waits at this step and the reconciler comes back.
+    NotYet { reason: String },
+}
+
+/// Carries out fencing, waking, routing and opening admission.
+pub trait StepExecutor: Send + Sync + fmt::Debug {
+    fn carry_out<'a>(&'a self, request: StepRequest<'a>) -> BoxFuture<'a, StepReport>;
+}
+
+/// The Kubernetes-side executor of this version: it records which component carries each step
+/// out, and calls nothing. The fence sidecar reads the epoch Lease itself, so fencing is real once
+/// the Lease moved; waking and routing wait for the prober and the router (later issues).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct HandOffToComponents;
+
+impl StepExecutor for HandOffToComponents {
+    fn carry_out<'a>(&'a self, request: StepRequest<'a>) -> BoxFuture<'a, StepReport> {
+        let (pool, epoch) = (&request.pool.name, request.epoch);
+        let (carried_by, note) = match request.step {
+            Step::FenceOld => (
+                "fence-sidecar",
+                format!(
+                    "{pool} is fenced by the epoch Lease: its fence sidecars refuse work below epoch \
+                     {epoch}; the operator makes no call"
+                ),
+            ),
+            Step::Wake => (
+                "prober",
+                format!(
+                    "waking {pool}'s sleeping replicas (POST /wake_up) belongs to the prober, which \
+                     is not part of this version; no replica was woken"
+                ),
+            ),
+            Step::Route => (
+                "router",
+                format!(
+                    "the route to {pool} at epoch {epoch} is pushed by the router's admin API, which \
+                     is not part of this version; no route was pushed"
+                ),
+            ),
+            Step::OpenAdmission => (
+                "router",
+                format!(
+                    "the admission window on {pool} is opened by the router, which is not part of \
+                     this version; no window was opened"
+                ),
+            ),
+            Step::AcquireLease | Step::Scale | Step::AwaitServing => (
+                "operator",
+                format!("{:?} is carried out by the operator itself", request.step),
+            ),
+        };
+        Box::pin(async move { StepReport::Done { carried_by, note } })
+    }
+}
+
+/// The replicas of a pool serve once more than half of them are ready. Waiting for the last
+/// pilot-light replica's cold start would stretch the outage, and the admission window shields a
+/// partly grown primary.
+#[must_use]
+pub fn serving_quorum(replicas: u32) -> u32 {
+    replicas / 2 + 1
+}
+
+/// A pool's workload, through its scale subresource and status.
+#[derive(Clone)]
+pub struct Workload {
+    api: Api<DynamicObject>,
+    name: String,
+}
+
+impl fmt::Debug for Workload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Workload")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Workload {
+    /// The workload `workload` names in `namespace`.
+    #[must_use]
+    pub fn new(client: kube::Client, namespace: &str, workload: &WorkloadRef) -> Self {
+        let (group, version, plural) = match workload.kind {
+            WorkloadKind::Deployment => ("apps", "v1", "deployments"),
+            WorkloadKind::StatefulSet => ("apps", "v1", "statefulsets"),
+            WorkloadKind::LeaderWorkerSet => ("leaderworkerset.x-k8s.io", "v1", "leaderworkersets"),
+        };
+        let kind = format!("{:?}", workload.kind);
+        let resource =
+            ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, &kind), plural);
+        Workload {
+            api: Api::namespaced_with(client, namespace, &resource),
+            name: workload.name.clone(),
+        }
+    }
+
+    /// Raise the desired replicas to `replicas`; never lowers them. Returns whether it wrote.
+    ///
+    /// A JSON merge patch on the scale subresource, as `kubectl scale` sends, rather than
+    /// server-side apply: applying would take ownership of `spec.replicas` away from whoever
+    /// deploys the workload, and their next apply would either conflict or scale the new primary
+    /// back down.
+    pub async fn scale_up_to(&self, replicas: u32) -> Result<bool, kube::Error> {
+        let scale = self.api.get_scale(&self.name).await?;
+        let desired = scale.spec.and_then(|s| s.replicas).unwrap_or(0);
+        if i64::from(desired) >= i64::from(replicas) {
+            return Ok(false);
+        }
+        let patch = serde_json::json!({ "spec": { "replicas": replicas } });
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.to_owned()),
+            ..PatchParams::default()
+        };
+        self.api
+            .patch_scale(&self.name, &params, &Patch::Merge(&patch))
+            .await?;
+        Ok(true)
+    }
+
+    /// How many replicas are ready, from the workload's `status.readyReplicas`.
+    pub async fn ready_replicas(&self) -> Result<u32, kube::Error> {
+        let object = self.api.get(&self.name).await?;
+        Ok(object
+            .data
+            .get("status")
+            .and_then(|s| s.get("readyReplicas"))
+            .and_then(serde_json::Value::as_u64)
+            .and_then(|n| u32::try_from(n).ok())
+            .unwrap_or(0))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pool_serves_once_a_majority_of_its_replicas_is_ready() {
+        assert_eq!(serving_quorum(1), 1);
+        assert_eq!(serving_quorum(2), 2);
+        assert_eq!(serving_quorum(4), 3);
+        assert_eq!(serving_quorum(5), 3);
+    }
+}

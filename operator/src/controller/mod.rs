@@ -1,0 +1,960 @@
+//! The FailoverPolicy controller: drives the failover state machine from Kubernetes.
+//!
+//! Each reconcile is a typed pipeline: validate the spec (pure, [`crate::policy`]) → read the
+//! policy's epoch Lease, creating it when missing → load the state machine from
+//! `status.failover` → feed it the Lease, a command from the annotation, observations and a tick →
+//! carry out the promotion step it asks for, one after the other → apply the status → publish its
+//! events → requeue.
+//!
+//! What this controller must never do:
+//! - write anything after losing a compare-and-set on the epoch Lease: the loser acts on nothing,
+//!   not even its own status, until it has read the Lease again;
+//! - fail over because the Lease cannot be read: an unreachable API server pauses control actions
+//!   and commands wait, while the data path keeps its primary;
+//! - crash-loop on a policy it cannot read: a malformed object or spec is reported as a Warning
+//!   Event and `Ready=False` (reason `InvalidSpec`), and nothing else is touched;
+//! - scale a pool down, or stop serving when a policy is deleted.
+
+mod command;
+mod execution;
+mod status;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
+use kube::core::DeserializeGuard;
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
+use kube::runtime::finalizer::{self, Event as FinalizerEvent, finalizer};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use kube::{Client, Resource, ResourceExt};
+use understudy_core::failover::{
+    Action as MachineAction, ControlPlane, Event as MachineEvent, FailoverConfig, FailoverState, Input,
+    Phase, Promotion, Step, StepFailure, TransitionKind,
+};
+use understudy_core::{Epoch, Pool};
+
+pub use self::command::{COMMAND_ANNOTATION, CommandRequest, HandledCommand, pending_command};
+pub use self::execution::{
+    Clock, HandOffToComponents, NoObservations, Observation, ObservationSource, StepExecutor, StepReport,
+    StepRequest, SystemClock, Workload, serving_quorum,
+};
+pub use self::status::{
+    OperatorRecord, StatusFacts, desired_status, invalid_spec_patch, load_record, merge_conditions,
+    phase_name, rfc3339, step_name, timeline,
+};
+use crate::crd::{FailoverPolicy, FailoverPolicySpec, FailoverPolicyStatus, condition_type};
+use crate::lease::{EpochLease, FIELD_MANAGER, KubeLease, LeaseError, LeaseRecord};
+use crate::metrics::Metrics;
+use crate::policy::{self, pool_by_name, pool_name};
+
+/// The finalizer the controller puts on every FailoverPolicy it runs.
+pub const FINALIZER: &str = "understudy.dev/cleanup";
+
+/// The name Events are reported under.
+pub const CONTROLLER_NAME: &str = "understudy-operator";
+
+/// How soon a policy is looked at again while a promotion is under way.
+const PROMOTING_REQUEUE: Duration = Duration::from_secs(2);
+
+/// The longest wait between retries of a failing reconcile.
+const MAX_BACKOFF: Duration = Duration::from_secs(300);
+
+/// Why a reconcile failed. One variant per phase of the pipeline.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The object lacks a namespace, name or uid; the API server always sets them.
+    #[error("the object has no {0}")]
+    MissingObjectKey(&'static str),
+    /// The epoch Lease is malformed or the API server refused a Lease request.
+    #[error("epoch lease: {0}")]
+    Lease(#[source] LeaseError),
+    /// The epoch Lease names a holder that is neither pool of the policy (a pool was renamed).
+    #[error("the epoch lease names {holder:?}, which is neither of the policy's pools")]
+    LeaseHolderUnknown { holder: String },
+    /// Somebody else moved the epoch Lease first. Nothing was written after it.
+    #[error("lost the compare-and-set on the epoch lease; acting on nothing until it is read again")]
+    LostRace,
+    /// The Lease could not be read or written: control actions are paused.
+    #[error("the control plane cannot be reached, control actions are paused: {0}")]
+    ControlPlaneUnreachable(#[source] LeaseError),
+    /// Scaling a pool's workload or reading its replicas failed.
+    #[error("{step:?} on workload {workload}: {source}")]
+    Workload {
+        step: Step,
+        workload: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// The status could not be written.
+    #[error("status patch: {0}")]
+    StatusPatch(#[source] kube::Error),
+    /// The status patch got no answer in time.
+    #[error("status patch got no answer within {0:?}")]
+    StatusTimeout(Duration),
+    /// The operator's record could not be serialized.
+    #[error("the operator's record cannot be serialized: {0}")]
+    Record(#[source] serde_json::Error),
+    /// Adding or removing the finalizer failed, or the wrapped reconcile did.
+    #[error("{0}")]
+    Finalizer(#[source] Box<finalizer::Error<Error>>),
+}
+
+impl Error {
+    /// The phase that failed, from a closed list: a metrics label and an Event reason.
+    #[must_use]
+    pub fn category(&self) -> &'static str {
+        match self {
+            Error::MissingObjectKey(_) => "object",
+            Error::Lease(_) => "lease",
+            Error::LeaseHolderUnknown { .. } => "lease_holder",
+            Error::LostRace => "lost_race",
+            Error::ControlPlaneUnreachable(_) => "control_plane_unreachable",
+            Error::Workload { .. } => "workload",
+            Error::StatusPatch(_) | Error::StatusTimeout(_) => "status",
+            Error::Record(_) => "record",
+            Error::Finalizer(inner) => match inner.as_ref() {
+                finalizer::Error::ApplyFailed(e) | finalizer::Error::CleanupFailed(e) => e.category(),
+                _ => "finalizer",
+            },
+        }
+    }
+}
+
+/// What every reconcile shares.
+pub struct Context {
+    pub client: Client,
+    pub recorder: Recorder,
+    pub metrics: Arc<Metrics>,
+    pub observations: Arc<dyn ObservationSource>,
+    pub steps: Arc<dyn StepExecutor>,
+    pub clock: Arc<dyn Clock>,
+    /// The longest a status patch or an Event may take.
+    pub write_timeout: Duration,
+    /// Consecutive failures per policy, for the error policy's backoff.
+    failures: Mutex<HashMap<(String, String), u32>>,
+}
+
+impl fmt::Debug for Context {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Context")
+            .field("observations", &self.observations)
+            .field("steps", &self.steps)
+            .field("clock", &self.clock)
+            .field("write_timeout", &self.write_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Context {
+    /// A context that observes nothing, hands steps to their components, and reads the wall clock.
+    #[must_use]
+    pub fn new(client: Client, metrics: Arc<Metrics>, instance: Option<String>) -> Self {
+        let reporter = Reporter {
+            controller: CONTROLLER_NAME.to_owned(),
+            instance,
+        };
+        Context {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            metrics,
+            observations: Arc::new(NoObservations),
+            steps: Arc::new(HandOffToComponents),
+            clock: Arc::new(SystemClock),
+            write_timeout: Duration::from_secs(10),
+            failures: Mutex::new(HashMap::new()),
+        }
+    }
+
+    #[must_use]
+    pub fn with_observations(mut self, observations: Arc<dyn ObservationSource>) -> Self {
+        self.observations = observations;
+        self
+    }
+
+    #[must_use]
+    pub fn with_steps(mut self, steps: Arc<dyn StepExecutor>) -> Self {
+        self.steps = steps;
+        self
+    }
+
+    #[must_use]
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    fn failures(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), u32>> {
+        // A poisoned map only loses backoff counts; carry on with it.
+        self.failures.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+fn policy_key(meta: &ObjectMeta) -> (String, String) {
+    (
+        meta.namespace.clone().unwrap_or_default(),
+        meta.name.clone().unwrap_or_default(),
+    )
+}
+
+/// Reconciles one FailoverPolicy, including ones that do not deserialize.
+pub async fn reconcile(
+    object: Arc<DeserializeGuard<FailoverPolicy>>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
+    let _timer = ctx.metrics.reconcile_started();
+    let result = reconcile_guarded(&object, &ctx).await;
+    if result.is_ok() {
+        ctx.failures().remove(&policy_key(object.meta()));
+    }
+    result
+}
+
+async fn reconcile_guarded(
+    object: &DeserializeGuard<FailoverPolicy>,
+    ctx: &Context,
+) -> Result<Action, Error> {
+    let namespace = object
+        .meta()
+        .namespace
+        .clone()
+        .ok_or(Error::MissingObjectKey("namespace"))?;
+    let policy = match &object.0 {
+        Ok(policy) => policy,
+        Err(invalid) => {
+            if invalid.metadata.deletion_timestamp.is_some() {
+                return release_unreadable(ctx, &invalid.metadata, &namespace).await;
+            }
+            return report_invalid(ctx, &invalid.metadata, &namespace, &invalid.error, None).await;
+        }
+    };
+    let api: Api<FailoverPolicy> = Api::namespaced(ctx.client.clone(), &namespace);
+    finalizer(&api, FINALIZER, Arc::new(policy.clone()), |event| async {
+        match event {
+            FinalizerEvent::Apply(policy) => apply(&policy, ctx, &namespace).await,
+            FinalizerEvent::Cleanup(policy) => cleanup(&policy, ctx, &namespace),
+        }
+    })
+    .await
+    .map_err(|e| Error::Finalizer(Box::new(e)))
+}
+
+/// Requeues a failed reconcile with exponential backoff and counts the failure.
+pub fn error_policy(
+    object: Arc<DeserializeGuard<FailoverPolicy>>,
+    error: &Error,
+    ctx: Arc<Context>,
+) -> Action {
+    ctx.metrics.reconcile_failed(error.category());
+    let key = policy_key(object.meta());
+    let failures = {
+        let mut map = ctx.failures();
+        let count = map.entry(key.clone()).or_insert(0);
+        *count = count.saturating_add(1);
+        *count
+    };
+    let delay = backoff(failures);
+    tracing::warn!(namespace = %key.0, policy = %key.1, category = error.category(), %error, ?delay, "reconcile failed");
+    Action::requeue(delay)
+}
+
+/// One second after the first failure, doubling up to [`MAX_BACKOFF`].
+#[must_use]
+pub fn backoff(consecutive_failures: u32) -> Duration {
+    let exponent = consecutive_failures.saturating_sub(1).min(16);
+    Duration::from_secs(1u64 << exponent).min(MAX_BACKOFF)
+}
+
+/// Runs the controller over one namespace or all of them until the stream ends.
+pub async fn run(ctx: Arc<Context>, namespace: Option<&str>) {
+    let policies: Api<DeserializeGuard<FailoverPolicy>> = match namespace {
+        Some(ns) => Api::namespaced(ctx.client.clone(), ns),
+        None => Api::all(ctx.client.clone()),
+    };
+    // The epoch Leases are not watched: a label-less watch on Leases would stream every node's
+    // heartbeat. The requeue at the probe interval reads each Lease instead.
+    Controller::new(policies, watcher::Config::default().any_semantic())
+        .shutdown_on_signal()
+        .run(reconcile, error_policy, ctx)
+        .for_each(|outcome| async move {
+            match outcome {
+                Ok((policy, _)) => tracing::debug!(%policy, "reconciled"),
+                Err(error) => tracing::debug!(%error, "reconcile attempt"),
+            }
+        })
+        .await;
+}
+
+/// Something the reconcile tells the user about, as an Event.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Notice {
+    Machine(MachineEvent),
+    LeaseCreated {
+        holder: String,
+        epoch: Epoch,
+    },
+    Handoff {
+        step: Step,
+        carried_by: &'static str,
+        note: String,
+    },
+    UnknownCommand {
+        value: String,
+    },
+}
+
+/// The working state of one reconcile of a valid policy.
+struct Run<'a> {
+    spec: &'a FailoverPolicySpec,
+    config: &'a FailoverConfig,
+    now: Duration,
+    machine: FailoverState,
+    notices: Vec<Notice>,
+    /// A promotion that finished during this reconcile.
+    finished: Option<Promotion>,
+}
+
+impl Run<'_> {
+    fn feed(&mut self, input: Input) {
+        let before = match &self.machine.phase {
+            Phase::Promoting(p) => Some(p.clone()),
+            _ => None,
+        };
+        let (next, actions) = self.machine.step(self.config, self.now, &input);
+        for action in actions {
+            let MachineAction::Emit(event) = action else {
+                continue; // the pending step's action; carried out from `pending_action`
+            };
+            if let (
+                MachineEvent::PromotionFinished { .. },
+                Some(mut promotion),
+                Input::StepDone { step, .. },
+            ) = (&event, before.clone(), &input)
+            {
+                promotion.done.push((*step, self.now));
+                promotion.step = *step;
+                self.finished = Some(promotion);
+            }
+            self.notices.push(Notice::Machine(event));
+        }
+        self.machine = next;
+    }
+
+    fn step_done(&mut self, epoch: Epoch, step: Step) {
+        self.feed(Input::StepDone { epoch, step });
+    }
+
+    fn step_retry(&mut self, epoch: Epoch, step: Step) {
+        self.feed(Input::StepFailed {
+            epoch,
+            step,
+            reason: StepFailure::Retry,
+        });
+    }
+
+    fn pool_spec(&self, pool: Pool) -> &crate::crd::PoolSpec {
+        // validate() guarantees two pools.
+        &self.spec.pools[pool.index()]
+    }
+}
+
+/// Reads the epoch Lease; creates it when it does not exist. A Lease created for a policy whose
+/// record already holds an epoch starts at that epoch, so that no epoch is ever reused.
+async fn observe_lease(
+    lease: &impl EpochLease,
+    spec: &FailoverPolicySpec,
+    stored: Option<&OperatorRecord>,
+) -> Result<(LeaseRecord, bool), LeaseError> {
+    if let Some(record) = lease.read().await? {
+        return Ok((record, false));
+    }
+    let (holder, epoch) = stored.map_or((Pool::A, Epoch(0)), |r| (r.machine.primary, r.machine.epoch));
+    match lease.create(pool_name(spec, holder), epoch).await {
+        Ok(record) => Ok((record, true)),
+        // Created by somebody else between our read and our create: read theirs.
+        Err(LeaseError::LostRace) => lease
+            .read()
+            .await?
+            .map(|r| (r, false))
+            .ok_or(LeaseError::LostRace),
+        Err(error) => Err(error),
+    }
+}
+
+async fn apply(policy: &FailoverPolicy, ctx: &Context, namespace: &str) -> Result<Action, Error> {
+    let name = policy.name_any();
+    let validated = match policy::validate(&policy.spec) {
+        Ok(validated) => validated,
+        Err(error) => {
+            return report_invalid(
+                ctx,
+                &policy.metadata,
+                namespace,
+                &error.to_string(),
+                policy.status.as_ref(),
+            )
+            .await;
+        }
+    };
+    let spec = &policy.spec;
+    let stored = load_record(policy.status.as_ref()).unwrap_or_else(|error| {
+        // A garbled record is rebuilt from the Lease, which is the authority on who is primary.
+        tracing::warn!(%namespace, policy = %name, %error, "status.failover unreadable; starting from the lease");
+        None
+    });
+    let owner = policy
+        .controller_owner_ref(&())
+        .ok_or(Error::MissingObjectKey("uid"))?;
+    let lease = KubeLease::for_policy(Api::namespaced(ctx.client.clone(), namespace), &name, owner);
+    let reference = policy.object_ref(&());
+    let mut run = Run {
+        spec,
+        config: &validated.failover,
+        now: ctx.clock.now(),
+        machine: stored
+            .as_ref()
+            .map_or_else(FailoverState::new, |r| r.machine.clone()),
+        notices: Vec::new(),
+        finished: None,
+    };
+    let mut handled_command = stored.as_ref().and_then(|r| r.handled_command.clone());
+
+    let mut lease_now = match observe_lease(&lease, spec, stored.as_ref()).await {
+        Ok((record, created)) => {
+            if created {
+                run.notices.push(Notice::LeaseCreated {
+                    holder: record.holder.clone(),
+                    epoch: record.epoch,
+                });
+            }
+            record
+        }
+        Err(error) if error.is_unreachable() => {
+            // Without a record there is nothing true to report: the epoch is unknown.
+            if stored.is_some() {
+                run.feed(Input::ControlPlane(ControlPlane::Unreachable));
+                run.feed(Input::Tick);
+                let record = OperatorRecord {
+                    machine: run.machine.clone(),
+                    handled_command,
+                };
+                // Best effort: the status write likely fails the same way, and the error that
+                // matters to the caller is that control is paused.
+                if let Err(error) = write_status(ctx, policy, namespace, &run, &record).await {
+                    tracing::warn!(%namespace, policy = %name, %error, "could not report the paused control plane");
+                }
+                publish(ctx, &reference, spec, &run.notices).await;
+            }
+            return Err(Error::ControlPlaneUnreachable(error));
+        }
+        Err(error) => {
+            if let LeaseError::Malformed(why) = &error {
+                let note = format!("the epoch Lease is malformed and is left as it is: {why}");
+                warn(ctx, &reference, "LeaseMalformed", note).await;
+            }
+            return Err(Error::Lease(error));
+        }
+    };
+    let Some(holder) = pool_by_name(spec, &lease_now.holder) else {
+        let note = format!(
+            "the epoch Lease names {:?}, which is neither of this policy's pools",
+            lease_now.holder
+        );
+        warn(ctx, &reference, "LeaseHolderUnknown", note).await;
+        return Err(Error::LeaseHolderUnknown {
+            holder: lease_now.holder,
+        });
+    };
+    if stored.is_none() {
+        run.machine = FailoverState::starting_at(holder, lease_now.epoch);
+    }
+
+    run.feed(Input::ControlPlane(ControlPlane::Reachable));
+    run.feed(Input::LeaseObserved {
+        holder,
+        epoch: lease_now.epoch,
+    });
+    let annotation = policy.annotations().get(COMMAND_ANNOTATION).map(String::as_str);
+    match pending_command(
+        annotation,
+        policy.metadata.generation.unwrap_or(0),
+        handled_command.as_ref(),
+    ) {
+        Some(CommandRequest::New { command, handled }) => {
+            run.feed(Input::Command(command));
+            handled_command = Some(handled);
+        }
+        Some(CommandRequest::Unknown { handled }) => {
+            run.notices.push(Notice::UnknownCommand {
+                value: handled.value.clone(),
+            });
+            handled_command = Some(handled);
+        }
+        None => {}
+    }
+    for observation in ctx.observations.drain(&ObjectRef::from_obj(policy)) {
+        run.feed(observation.into());
+    }
+    run.feed(Input::Tick);
+
+    // Carry out the promotion, step after step, until it finishes or has to wait.
+    let mut step_error = None;
+    for _ in 0..=Step::ALL.len() {
+        let Some(action) = run.machine.pending_action() else {
+            break;
+        };
+        match action {
+            MachineAction::CompareAndSetLease {
+                expected,
+                holder,
+                epoch,
+            } => {
+                let holder_name = pool_name(spec, holder).to_owned();
+                if lease_now.epoch == epoch && lease_now.holder == holder_name {
+                    run.step_done(epoch, Step::AcquireLease);
+                    continue;
+                }
+                if lease_now.epoch != expected {
+                    // The Lease is not where this promotion started from: somebody else moved it.
+                    return Err(Error::LostRace);
+                }
+                // Write ahead: the promotion is in status before the Lease moves, so an operator
+                // restarted after the write resumes it instead of adopting the new epoch and
+                // skipping the remaining steps.
+                if stored.as_ref().map(|r| &r.machine) != Some(&run.machine) {
+                    let record = OperatorRecord {
+                        machine: run.machine.clone(),
+                        handled_command: handled_command.clone(),
+                    };
+                    write_status(ctx, policy, namespace, &run, &record).await?;
+                }
+                match lease.compare_and_set(&lease_now, &holder_name, epoch).await {
+                    Ok(record) => {
+                        lease_now = record;
+                        run.step_done(epoch, Step::AcquireLease);
+                    }
+                    // The loser acts on nothing: no status, no events, no other write.
+                    Err(LeaseError::LostRace) => return Err(Error::LostRace),
+                    Err(error) if error.is_unreachable() => {
+                        // The write may or may not have landed; the next read of the Lease tells.
+                        run.step_retry(epoch, Step::AcquireLease);
+                        run.feed(Input::ControlPlane(ControlPlane::Unreachable));
+                        step_error = Some(Error::ControlPlaneUnreachable(error));
+                        break;
+                    }
+                    Err(error) => {
+                        run.step_retry(epoch, Step::AcquireLease);
+                        step_error = Some(Error::Lease(error));
+                        break;
+                    }
+                }
+            }
+            MachineAction::Scale { pool, epoch } => {
+                let target = run.pool_spec(pool);
+                let workload = Workload::new(ctx.client.clone(), namespace, &target.workload);
+                match workload.scale_up_to(target.replicas).await {
+                    Ok(_) => run.step_done(epoch, Step::Scale),
+                    Err(source) => {
+                        step_error = Some(Error::Workload {
+                            step: Step::Scale,
+                            workload: target.workload.name.clone(),
+                            source,
+                        });
+                        run.step_retry(epoch, Step::Scale);
+                        break;
+                    }
+                }
+            }
+            MachineAction::AwaitServing { pool, epoch } => {
+                let target = run.pool_spec(pool);
+                let workload = Workload::new(ctx.client.clone(), namespace, &target.workload);
+                match workload.ready_replicas().await {
+                    Ok(ready) if ready >= serving_quorum(target.replicas) => {
+                        run.step_done(epoch, Step::AwaitServing);
+                    }
+                    Ok(_) => {
+                        run.step_retry(epoch, Step::AwaitServing);
+                        break;
+                    }
+                    Err(source) => {
+                        step_error = Some(Error::Workload {
+                            step: Step::AwaitServing,
+                            workload: target.workload.name.clone(),
+                            source,
+                        });
+                        run.step_retry(epoch, Step::AwaitServing);
+                        break;
+                    }
+                }
+            }
+            MachineAction::Fence { pool, epoch }
+            | MachineAction::Wake { pool, epoch }
+            | MachineAction::Route { pool, epoch }
+            | MachineAction::OpenAdmission { pool, epoch } => {
+                let step = match action {
+                    MachineAction::Fence { .. } => Step::FenceOld,
+                    MachineAction::Wake { .. } => Step::Wake,
+                    MachineAction::Route { .. } => Step::Route,
+                    _ => Step::OpenAdmission,
+                };
+                let request = StepRequest {
+                    policy,
+                    step,
+                    pool: run.pool_spec(pool),
+                    epoch,
+                };
+                match ctx.steps.carry_out(request).await {
+                    StepReport::Done { carried_by, note } => {
+                        run.notices.push(Notice::Handoff {
+                            step,
+                            carried_by,
+                            note,
+                        });
+                        run.step_done(epoch, step);
+                    }
+                    StepReport::NotYet { reason } => {
+                        tracing::debug!(%namespace, policy = %name, ?step, %reason, "step not done yet");
+                        run.step_retry(epoch, step);
+                        break;
+                    }
+                }
+            }
+            MachineAction::Emit(_) => break,
+        }
+    }
+
+    let record = OperatorRecord {
+        machine: run.machine.clone(),
+        handled_command,
+    };
+    let written = write_status(ctx, policy, namespace, &run, &record).await;
+    publish(ctx, &reference, spec, &run.notices).await;
+    ctx.metrics.set_epoch(namespace, &name, run.machine.epoch.0);
+    if let Some(done) = &run.finished {
+        ctx.metrics
+            .failover_finished(namespace, &name, kind_label(done.kind));
+    }
+    written?;
+    if let Some(error) = step_error {
+        return Err(error);
+    }
+    Ok(Action::requeue(match run.machine.phase {
+        Phase::Promoting(_) => PROMOTING_REQUEUE.min(validated.probe.interval),
+        _ => validated.probe.interval,
+    }))
+}
+
+fn kind_label(kind: TransitionKind) -> &'static str {
+    match kind {
+        TransitionKind::Failover => "failover",
+        TransitionKind::Failback => "failback",
+        TransitionKind::Manual => "manual",
+    }
+}
+
+/// A deleted policy leaves its pools as they are: its epoch Lease goes with it through its owner
+/// reference, and serving must not stop because a policy was removed.
+fn cleanup(policy: &FailoverPolicy, ctx: &Context, namespace: &str) -> Result<Action, Error> {
+    ctx.metrics.forget_policy(namespace, &policy.name_any());
+    Ok(Action::await_change())
+}
+
+/// Applies the status for `record` with server-side apply, under the write timeout.
+async fn write_status(
+    ctx: &Context,
+    policy: &FailoverPolicy,
+    namespace: &str,
+    run: &Run<'_>,
+    record: &OperatorRecord,
+) -> Result<(), Error> {
+    let status = desired_status(&StatusFacts {
+        spec: run.spec,
+        config: run.config,
+        generation: policy.metadata.generation,
+        previous: policy.status.as_ref(),
+        record,
+        finished: run.finished.as_ref(),
+        now: run.now,
+    })
+    .map_err(Error::Record)?;
+    apply_status(ctx, namespace, &policy.name_any(), &status).await
+}
+
+async fn apply_status(
+    ctx: &Context,
+    namespace: &str,
+    name: &str,
+    status: &FailoverPolicyStatus,
+) -> Result<(), Error> {
+    let api: Api<FailoverPolicy> = Api::namespaced(ctx.client.clone(), namespace);
+    let patch = serde_json::json!({
+        "apiVersion": FailoverPolicy::api_version(&()),
+        "kind": FailoverPolicy::kind(&()),
+        "status": status,
+    });
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    match tokio::time::timeout(
+        ctx.write_timeout,
+        api.patch_status(name, &params, &Patch::Apply(&patch)),
+    )
+    .await
+    {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(error)) => Err(Error::StatusPatch(error)),
+        Err(_) => Err(Error::StatusTimeout(ctx.write_timeout)),
+    }
+}
+
+/// Reports a policy that cannot be run: a Warning Event and `Ready=False` with reason
+/// `InvalidSpec`, by a JSON merge patch that needs nothing but the object's metadata. Nothing
+/// else is touched, and the policy waits for its next change.
+async fn report_invalid(
+    ctx: &Context,
+    meta: &ObjectMeta,
+    namespace: &str,
+    message: &str,
+    previous: Option<&FailoverPolicyStatus>,
+) -> Result<Action, Error> {
+    let name = meta.name.clone().ok_or(Error::MissingObjectKey("name"))?;
+    tracing::warn!(%namespace, policy = %name, %message, "invalid FailoverPolicy");
+    let previous_ready = previous.and_then(|s| s.conditions.get(condition_type::READY));
+    let patch = invalid_spec_patch(meta.generation, message, previous_ready, ctx.clock.now());
+    // Untyped: the answer is the object, which may not deserialize as a FailoverPolicy.
+    let api: Api<DynamicObject> = Api::namespaced_with(
+        ctx.client.clone(),
+        namespace,
+        &ApiResource::erase::<FailoverPolicy>(&()),
+    );
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_owned()),
+        ..PatchParams::default()
+    };
+    let written = match tokio::time::timeout(
+        ctx.write_timeout,
+        api.patch_status(&name, &params, &Patch::Merge(&patch)),
+    )
+    .await
+    {
+        Ok(result) => result.map(drop).map_err(Error::StatusPatch),
+        Err(_) => Err(Error::StatusTimeout(ctx.write_timeout)),
+    };
+    warn(
+        ctx,
+        &reference_from_meta(meta, namespace),
+        "InvalidSpec",
+        message.to_owned(),
+    )
+    .await;
+    written.map(|()| Action::await_change())
+}
+
+/// Removes the finalizer from a policy that is being deleted but no longer deserializes, so that
+/// an unreadable object can still go away. The resourceVersion in the patch makes it a
+/// compare-and-set: a concurrent change to the finalizers fails it, and it is retried.
+async fn release_unreadable(ctx: &Context, meta: &ObjectMeta, namespace: &str) -> Result<Action, Error> {
+    let name = meta.name.clone().ok_or(Error::MissingObjectKey("name"))?;
+    let finalizers = meta.finalizers.clone().unwrap_or_default();
+    if !finalizers.iter().any(|f| f == FINALIZER) {
+        return Ok(Action::await_change());
+    }
+    let remaining: Vec<&String> = finalizers.iter().filter(|f| *f != FINALIZER).collect();
+    let patch = serde_json::json!({
+        "metadata": { "resourceVersion": meta.resource_version, "finalizers": remaining }
+    });
+    let api: Api<FailoverPolicy> = Api::namespaced(ctx.client.clone(), namespace);
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_owned()),
+        ..PatchParams::default()
+    };
+    api.patch_metadata(&name, &params, &Patch::Merge(&patch))
+        .await
+        .map_err(|e| Error::Finalizer(Box::new(finalizer::Error::RemoveFinalizer(e))))?;
+    Ok(Action::await_change())
+}
+
+fn reference_from_meta(meta: &ObjectMeta, namespace: &str) -> ObjectReference {
+    ObjectReference {
+        api_version: Some(FailoverPolicy::api_version(&()).into_owned()),
+        kind: Some(FailoverPolicy::kind(&()).into_owned()),
+        name: meta.name.clone(),
+        namespace: Some(namespace.to_owned()),
+        uid: meta.uid.clone(),
+        resource_version: meta.resource_version.clone(),
+        ..ObjectReference::default()
+    }
+}
+
+/// Publishes one Warning Event, best effort.
+async fn warn(ctx: &Context, reference: &ObjectReference, reason: &str, note: String) {
+    let event = KubeEvent {
+        type_: EventType::Warning,
+        reason: reason.to_owned(),
+        note: Some(note),
+        action: "Reconcile".to_owned(),
+        secondary: None,
+    };
+    send(ctx, reference, &event).await;
+}
+
+/// Publishes the reconcile's notices as Events, best effort: an Event that cannot be written is
+/// logged, never a reason to fail a reconcile whose state is already recorded.
+async fn publish(ctx: &Context, reference: &ObjectReference, spec: &FailoverPolicySpec, notices: &[Notice]) {
+    for notice in notices {
+        send(ctx, reference, &describe(notice, spec)).await;
+    }
+}
+
+async fn send(ctx: &Context, reference: &ObjectReference, event: &KubeEvent) {
+    match tokio::time::timeout(ctx.write_timeout, ctx.recorder.publish(event, reference)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(error)) => tracing::warn!(reason = %event.reason, %error, "could not publish event"),
+        Err(_) => tracing::warn!(reason = %event.reason, "publishing an event timed out"),
+    }
+}
+
+/// The Event a notice becomes.
+fn describe(notice: &Notice, spec: &FailoverPolicySpec) -> KubeEvent {
+    let name = |pool: Pool| pool_name(spec, pool).to_owned();
+    let (type_, reason, note, action) = match notice {
+        Notice::LeaseCreated { holder, epoch } => (
+            EventType::Normal,
+            "LeaseCreated",
+            format!("created the epoch Lease: {holder} is primary at epoch {epoch}"),
+            "Lease",
+        ),
+        Notice::Handoff {
+            step,
+            carried_by,
+            note,
+        } => (
+            EventType::Normal,
+            "StepHandedOff",
+            format!("{}: carried out by {carried_by}; {note}", step_name(*step)),
+            "Promote",
+        ),
+        Notice::UnknownCommand { value } => (
+            EventType::Warning,
+            "UnknownCommand",
+            format!("{COMMAND_ANNOTATION}={value:?} names no command; use failover or failback"),
+            "Command",
+        ),
+        Notice::Machine(event) => match event {
+            MachineEvent::PrimarySuspect { pool, failures } => (
+                EventType::Warning,
+                "PrimarySuspect",
+                format!("{} failed {failures} checks in a row", name(*pool)),
+                "Check",
+            ),
+            MachineEvent::PrimaryRecovered { pool } => (
+                EventType::Normal,
+                "PrimaryRecovered",
+                format!("{} passes its checks again", name(*pool)),
+                "Check",
+            ),
+            MachineEvent::PromotionStarted {
+                kind,
+                from,
+                to,
+                epoch,
+            } => (
+                EventType::Normal,
+                "PromotionStarted",
+                format!(
+                    "{kind:?}: promoting {} over {} at epoch {epoch}",
+                    name(*to),
+                    name(*from)
+                ),
+                "Promote",
+            ),
+            MachineEvent::PromotionFinished { kind, to, epoch } => (
+                EventType::Normal,
+                "PromotionFinished",
+                format!("{kind:?}: {} is primary at epoch {epoch}", name(*to)),
+                "Promote",
+            ),
+            MachineEvent::PromotionBlocked { reason } => (
+                EventType::Warning,
+                "PromotionBlocked",
+                format!("the primary is failing and nothing can be promoted: {reason:?}"),
+                "Promote",
+            ),
+            MachineEvent::CommandRefused { command, reason } => (
+                EventType::Warning,
+                "CommandRefused",
+                format!("{command:?} refused: {reason:?}"),
+                "Command",
+            ),
+            MachineEvent::LostRace { epoch } => (
+                EventType::Warning,
+                "LostRace",
+                format!("another writer moved the epoch Lease before epoch {epoch} could be claimed"),
+                "Promote",
+            ),
+            MachineEvent::EpochAdopted { holder, epoch } => (
+                EventType::Normal,
+                "EpochAdopted",
+                format!(
+                    "the epoch Lease names {} at epoch {epoch}; adopted",
+                    name(*holder)
+                ),
+                "Lease",
+            ),
+            MachineEvent::ControlPlaneUnreachable => (
+                EventType::Warning,
+                "ControlPlaneUnreachable",
+                "the epoch Lease cannot be read; control actions are paused, the primary keeps serving"
+                    .to_owned(),
+                "Lease",
+            ),
+            MachineEvent::ControlPlaneRestored => (
+                EventType::Normal,
+                "ControlPlaneRestored",
+                "the epoch Lease can be read again".to_owned(),
+                "Lease",
+            ),
+            MachineEvent::StepRetried { step, epoch } => (
+                EventType::Normal,
+                "StepWaiting",
+                format!("{} at epoch {epoch} is not done yet; retrying", step_name(*step)),
+                "Promote",
+            ),
+        },
+    };
+    KubeEvent {
+        type_,
+        reason: reason.to_owned(),
+        note: Some(note),
+        action: action.to_owned(),
+        secondary: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_from_one_second_and_stops_at_five_minutes() {
+        assert_eq!(backoff(1), Duration::from_secs(1));
+        assert_eq!(backoff(2), Duration::from_secs(2));
+        assert_eq!(backoff(5), Duration::from_secs(16));
+        assert_eq!(backoff(9), Duration::from_secs(256));
+        assert_eq!(backoff(10), MAX_BACKOFF);
+        assert_eq!(backoff(u32::MAX), MAX_BACKOFF);
+    }
+
+    #[test]
+    fn a_failed_apply_is_counted_under_its_own_phase_not_the_finalizer() {
+        let wrapped = Error::Finalizer(Box::new(finalizer::Error::ApplyFailed(Error::LostRace)));
+        assert_eq!(wrapped.category(), "lost_race");
+        let unnamed = Error::Finalizer(Box::new(finalizer::Error::UnnamedObject));
+        assert_eq!(unnamed.category(), "finalizer");
+    }
+}

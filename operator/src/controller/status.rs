@@ -1,0 +1,502 @@
+//! What a FailoverPolicy's status says, computed from the state machine and the previous status.
+//!
+//! Pure: the reconciler gathers the facts, this module turns them into the status it applies.
+//! It must never invent what the operator has not observed: a condition nobody measured yet is
+//! `Unknown` with a reason saying so.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::jiff::Timestamp;
+use serde::{Deserialize, Serialize};
+use understudy_core::Pool;
+use understudy_core::failover::{ControlPlane, FailoverConfig, FailoverState, Phase, Promotion, Step};
+
+use super::command::HandledCommand;
+use crate::crd::{
+    Condition, ConditionStatus, FailoverPolicySpec, FailoverPolicyStatus, FailoverTimeline, TimelineStep,
+    TransitionKind, condition_type,
+};
+use crate::policy::pool_name;
+
+/// The operator's own record, kept in `status.failover`: the state machine and the last command
+/// handled. A restarted operator resumes from it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OperatorRecord {
+    pub machine: FailoverState,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handled_command: Option<HandledCommand>,
+}
+
+/// Reads the record back from a status, `None` when there is none yet.
+pub fn load_record(
+    status: Option<&FailoverPolicyStatus>,
+) -> Result<Option<OperatorRecord>, serde_json::Error> {
+    status
+        .and_then(|s| s.failover.clone())
+        .filter(|value| !value.is_null())
+        .map(serde_json::from_value)
+        .transpose()
+}
+
+/// RFC 3339 to the second, from a time since the Unix epoch (the controller's clock).
+#[must_use]
+pub fn rfc3339(since_unix_epoch: Duration) -> String {
+    let seconds = i64::try_from(since_unix_epoch.as_secs()).unwrap_or(i64::MAX);
+    Timestamp::from_second(seconds)
+        .unwrap_or(Timestamp::MAX)
+        .to_string()
+}
+
+/// The name status shows for a phase.
+#[must_use]
+pub fn phase_name(phase: &Phase) -> &'static str {
+    match phase {
+        Phase::Serving => "Serving",
+        Phase::Suspect => "Suspect",
+        Phase::Stranded => "Stranded",
+        Phase::Promoting(_) => "Promoting",
+    }
+}
+
+/// How a timeline names a finished step.
+#[must_use]
+pub fn step_name(step: Step) -> &'static str {
+    match step {
+        Step::AcquireLease => "LeaseClaimed",
+        Step::FenceOld => "Fenced",
+        Step::Wake => "Woken",
+        Step::Scale => "ScaledUp",
+        Step::AwaitServing => "Serving",
+        Step::Route => "Routed",
+        Step::OpenAdmission => "AdmissionOpened",
+    }
+}
+
+/// Everything the status is computed from.
+#[derive(Debug)]
+pub struct StatusFacts<'a> {
+    pub spec: &'a FailoverPolicySpec,
+    pub config: &'a FailoverConfig,
+    pub generation: Option<i64>,
+    pub previous: Option<&'a FailoverPolicyStatus>,
+    pub record: &'a OperatorRecord,
+    /// A promotion that finished during this reconcile, with every step recorded.
+    pub finished: Option<&'a Promotion>,
+    pub now: Duration,
+}
+
+/// The status to apply.
+pub fn desired_status(facts: &StatusFacts<'_>) -> Result<FailoverPolicyStatus, serde_json::Error> {
+    let machine = &facts.record.machine;
+    let previous = facts.previous.cloned().unwrap_or_default();
+    let last_failover = match (&machine.phase, facts.finished) {
+        (Phase::Promoting(p), _) => Some(timeline(facts.spec, p, None)),
+        (_, Some(done)) => Some(timeline(facts.spec, done, machine.last_transition_end)),
+        _ => previous.last_failover.clone(),
+    };
+    Ok(FailoverPolicyStatus {
+        primary_pool: Some(pool_name(facts.spec, machine.primary).to_owned()),
+        epoch: Some(machine.epoch.0),
+        state: Some(phase_name(&machine.phase).to_owned()),
+        observed_generation: facts.generation,
+        conditions: merge_conditions(
+            &previous.conditions,
+            conditions(facts.spec, facts.config, machine),
+            facts.now,
+        ),
+        last_failover,
+        // Cold-start breakdowns come from the prober; kept as they are until it lands.
+        cold_start: previous.cold_start,
+        failover: Some(serde_json::to_value(facts.record)?),
+    })
+}
+
+fn condition(status: ConditionStatus, reason: &str, message: String) -> Condition {
+    Condition {
+        status,
+        reason: reason.to_owned(),
+        message,
+        last_transition_time: None,
+    }
+}
+
+/// The conditions the machine's state implies, without transition times.
+fn conditions(
+    spec: &FailoverPolicySpec,
+    config: &FailoverConfig,
+    machine: &FailoverState,
+) -> BTreeMap<String, Condition> {
+    use ConditionStatus::{False, True, Unknown};
+    let primary = pool_name(spec, machine.primary);
+    let standby = pool_name(spec, machine.standby());
+    let ready = if machine.control_plane == ControlPlane::Unreachable {
+        condition(
+            False,
+            "ControlPlaneUnreachable",
+            format!(
+                "the epoch Lease cannot be read; control actions are paused and {primary} keeps its role"
+            ),
+        )
+    } else if !machine.lease_known {
+        condition(
+            False,
+            "LeaseUnknown",
+            "a compare-and-set on the epoch Lease was lost; waiting to read it again".to_owned(),
+        )
+    } else {
+        match &machine.phase {
+            Phase::Serving => condition(
+                True,
+                "Serving",
+                format!("{primary} serves at epoch {}", machine.epoch),
+            ),
+            Phase::Suspect => condition(
+                True,
+                "PrimarySuspect",
+                format!("{primary} serves but failed recent checks"),
+            ),
+            Phase::Stranded => condition(
+                False,
+                "Stranded",
+                format!("{primary} is failing and {standby} cannot be promoted now"),
+            ),
+            Phase::Promoting(p) => condition(
+                False,
+                "Promoting",
+                format!(
+                    "promoting {} at epoch {}, at step {:?}",
+                    pool_name(spec, p.to),
+                    p.epoch,
+                    p.step
+                ),
+            ),
+        }
+    };
+    let health = machine.health[machine.standby().index()];
+    let standby_proven = if health.failures > 0 {
+        condition(
+            False,
+            "StandbyFailing",
+            format!("{standby} failed its last {} checks", health.failures),
+        )
+    } else if health.passes >= config.standby_ready_after {
+        condition(
+            True,
+            "ChecksPass",
+            format!("{standby} passed its last {} checks", health.passes),
+        )
+    } else {
+        condition(
+            Unknown,
+            "NotProven",
+            format!(
+                "{standby} has passed {} of the {} checks that prove it",
+                health.passes, config.standby_ready_after
+            ),
+        )
+    };
+    let parity = if machine.parity_holds {
+        // The machine assumes parity until told otherwise; nothing in this operator measures it
+        // yet, so saying True would be a claim nobody checked.
+        condition(
+            Unknown,
+            "NotChecked",
+            "no parity check has reported drift; parity checks land with the prober".to_owned(),
+        )
+    } else {
+        condition(False, "Drift", format!("{standby} drifted from {primary}"))
+    };
+    let objective = condition(
+        Unknown,
+        "ColdStartNotMeasured",
+        "cold-start stages are not measured yet, so the recovery time per tier is unknown".to_owned(),
+    );
+    BTreeMap::from([
+        (condition_type::READY.to_owned(), ready),
+        (condition_type::STANDBY_PROVEN.to_owned(), standby_proven),
+        (condition_type::PARITY_HOLDS.to_owned(), parity),
+        (condition_type::OBJECTIVE_MET.to_owned(), objective),
+    ])
+}
+
+/// Stamps each condition with when its status last changed: kept from `previous` when the status
+/// is the same, `now` otherwise.
+#[must_use]
+pub fn merge_conditions(
+    previous: &BTreeMap<String, Condition>,
+    next: BTreeMap<String, Condition>,
+    now: Duration,
+) -> BTreeMap<String, Condition> {
+    next.into_iter()
+        .map(|(kind, mut condition)| {
+            let kept = previous
+                .get(&kind)
+                .filter(|old| old.status == condition.status)
+                .and_then(|old| old.last_transition_time.clone());
+            condition.last_transition_time = Some(kept.unwrap_or_else(|| rfc3339(now)));
+            (kind, condition)
+        })
+        .collect()
+}
+
+/// The timeline of a promotion, finished at `finished_at` when it is over.
+#[must_use]
+pub fn timeline(
+    spec: &FailoverPolicySpec,
+    promotion: &Promotion,
+    finished_at: Option<Duration>,
+) -> FailoverTimeline {
+    // Status knows two directions: away from home, and home again.
+    let kind = if promotion.to == Pool::A {
+        TransitionKind::Failback
+    } else {
+        TransitionKind::Failover
+    };
+    FailoverTimeline {
+        kind,
+        from_pool: pool_name(spec, promotion.from).to_owned(),
+        to_pool: pool_name(spec, promotion.to).to_owned(),
+        epoch: promotion.epoch.0,
+        started_at: rfc3339(promotion.started_at),
+        steps: promotion
+            .done
+            .iter()
+            .map(|(step, at)| TimelineStep {
+                step: step_name(*step).to_owned(),
+                at: rfc3339(*at),
+            })
+            .collect(),
+        finished_at: finished_at.map(rfc3339),
+    }
+}
+
+/// The JSON merge patch that reports a policy the operator cannot run: `Ready=False`,
+/// reason `InvalidSpec`. Used when the object does not even deserialize, so it names only fields
+/// that need no typed object.
+#[must_use]
+pub fn invalid_spec_patch(
+    generation: Option<i64>,
+    message: &str,
+    previous_ready: Option<&Condition>,
+    now: Duration,
+) -> serde_json::Value {
+    let mut ready = condition(ConditionStatus::False, "InvalidSpec", message.to_owned());
+    let same = previous_ready.is_some_and(|old| old.status == ready.status && old.reason == ready.reason);
+    ready.last_transition_time = Some(
+        previous_ready
+            .filter(|_| same)
+            .and_then(|old| old.last_transition_time.clone())
+            .unwrap_or_else(|| rfc3339(now)),
+    );
+    serde_json::json!({
+        "status": {
+            "observedGeneration": generation,
+            "state": "InvalidSpec",
+            "conditions": { condition_type::READY: ready },
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use understudy_core::Epoch;
+    use understudy_core::failover::{Input, TransitionKind as MachineKind};
+
+    use super::*;
+    use crate::policy::failover_config;
+
+    const NOW: Duration = Duration::from_secs(1_717_243_200); // 2024-06-01T12:00:00Z
+
+    fn spec() -> FailoverPolicySpec {
+        serde_yaml::from_str(
+            r"
+            recoveryObjective: 5m
+            pools:
+              - name: us-east
+                workload: {kind: Deployment, name: vllm-east}
+                replicas: 4
+              - name: us-west
+                workload: {kind: Deployment, name: vllm-west}
+                replicas: 4
+            ",
+        )
+        .unwrap()
+    }
+
+    fn status_of(record: &OperatorRecord, previous: Option<&FailoverPolicyStatus>) -> FailoverPolicyStatus {
+        let spec = spec();
+        let config = failover_config(&spec).unwrap();
+        desired_status(&StatusFacts {
+            spec: &spec,
+            config: &config,
+            generation: Some(3),
+            previous,
+            record,
+            finished: None,
+            now: NOW,
+        })
+        .unwrap()
+    }
+
+    fn record(machine: FailoverState) -> OperatorRecord {
+        OperatorRecord {
+            machine,
+            handled_command: None,
+        }
+    }
+
+    #[test]
+    fn a_new_policy_reports_its_home_pool_serving_at_epoch_zero() {
+        let status = status_of(&record(FailoverState::new()), None);
+        assert_eq!(status.primary_pool.as_deref(), Some("us-east"));
+        assert_eq!(status.epoch, Some(0));
+        assert_eq!(status.state.as_deref(), Some("Serving"));
+        assert_eq!(status.observed_generation, Some(3));
+        let ready = &status.conditions[condition_type::READY];
+        assert_eq!(
+            (ready.status, ready.reason.as_str()),
+            (ConditionStatus::True, "Serving")
+        );
+        assert_eq!(
+            ready.last_transition_time.as_deref(),
+            Some("2024-06-01T12:00:00Z")
+        );
+        assert_eq!(
+            status.conditions[condition_type::OBJECTIVE_MET].status,
+            ConditionStatus::Unknown
+        );
+    }
+
+    #[test]
+    fn the_record_round_trips_through_status() {
+        let rec = OperatorRecord {
+            machine: FailoverState::starting_at(Pool::B, Epoch(4)),
+            handled_command: Some(HandledCommand {
+                value: "failover".into(),
+                generation: 2,
+            }),
+        };
+        let status = status_of(&rec, None);
+        assert_eq!(load_record(Some(&status)).unwrap(), Some(rec));
+        assert_eq!(load_record(None).unwrap(), None);
+    }
+
+    #[test]
+    fn transition_time_is_kept_while_a_condition_holds_and_moves_when_it_changes() {
+        let earlier = "2024-05-01T00:00:00Z".to_owned();
+        let previous = BTreeMap::from([(
+            "Ready".to_owned(),
+            Condition {
+                status: ConditionStatus::True,
+                reason: "Serving".into(),
+                message: String::new(),
+                last_transition_time: Some(earlier.clone()),
+            },
+        )]);
+        let same = BTreeMap::from([(
+            "Ready".to_owned(),
+            condition(ConditionStatus::True, "PrimarySuspect", String::new()),
+        )]);
+        let merged = merge_conditions(&previous, same, NOW);
+        assert_eq!(merged["Ready"].last_transition_time.as_ref(), Some(&earlier));
+        let changed = BTreeMap::from([(
+            "Ready".to_owned(),
+            condition(ConditionStatus::False, "Stranded", String::new()),
+        )]);
+        let merged = merge_conditions(&previous, changed, NOW);
+        assert_eq!(
+            merged["Ready"].last_transition_time.as_deref(),
+            Some("2024-06-01T12:00:00Z")
+        );
+    }
+
+    #[test]
+    fn a_promotion_under_way_shows_its_timeline_and_is_not_ready() {
+        let spec = spec();
+        let config = failover_config(&spec).unwrap();
+        // A command promotes only a standby that proved itself.
+        let mut machine = FailoverState::new();
+        for _ in 0..config.standby_ready_after {
+            machine = machine
+                .step(
+                    &config,
+                    NOW,
+                    &Input::Check {
+                        pool: Pool::B,
+                        result: understudy_core::failover::CheckResult::Pass,
+                    },
+                )
+                .0;
+        }
+        let (machine, _) = machine.step(
+            &config,
+            NOW,
+            &Input::Command(understudy_core::failover::Command::Failover),
+        );
+        let (machine, _) = machine.step(
+            &config,
+            NOW + Duration::from_secs(1),
+            &Input::StepDone {
+                epoch: Epoch(1),
+                step: Step::AcquireLease,
+            },
+        );
+        let status = status_of(&record(machine), None);
+        assert_eq!(status.state.as_deref(), Some("Promoting"));
+        assert_eq!(status.epoch, Some(1));
+        assert_eq!(status.primary_pool.as_deref(), Some("us-west"));
+        assert_eq!(status.conditions["Ready"].status, ConditionStatus::False);
+        let timeline = status.last_failover.unwrap();
+        assert_eq!(timeline.kind, TransitionKind::Failover);
+        assert_eq!(
+            (timeline.from_pool.as_str(), timeline.to_pool.as_str()),
+            ("us-east", "us-west")
+        );
+        assert_eq!(timeline.steps.len(), 1);
+        assert_eq!(timeline.steps[0].step, "LeaseClaimed");
+        assert_eq!(timeline.steps[0].at, "2024-06-01T12:00:01Z");
+        assert_eq!(timeline.finished_at, None);
+    }
+
+    #[test]
+    fn a_finished_promotion_home_is_a_failback_with_a_finish_time() {
+        let promotion = Promotion {
+            kind: MachineKind::Manual,
+            from: Pool::B,
+            to: Pool::A,
+            epoch: Epoch(2),
+            step: Step::OpenAdmission,
+            started_at: NOW,
+            done: vec![(Step::AcquireLease, NOW)],
+        };
+        let timeline = timeline(&spec(), &promotion, Some(NOW + Duration::from_secs(30)));
+        assert_eq!(timeline.kind, TransitionKind::Failback);
+        assert_eq!(timeline.finished_at.as_deref(), Some("2024-06-01T12:00:30Z"));
+    }
+
+    #[test]
+    fn the_invalid_spec_patch_keeps_the_time_of_an_earlier_identical_report() {
+        let earlier = Condition {
+            status: ConditionStatus::False,
+            reason: "InvalidSpec".into(),
+            message: "old".into(),
+            last_transition_time: Some("2024-05-01T00:00:00Z".into()),
+        };
+        let patch = invalid_spec_patch(Some(2), "spec.pools: bad", Some(&earlier), NOW);
+        let ready = &patch["status"]["conditions"]["Ready"];
+        assert_eq!(ready["status"], "False");
+        assert_eq!(ready["reason"], "InvalidSpec");
+        assert_eq!(ready["message"], "spec.pools: bad");
+        assert_eq!(ready["lastTransitionTime"], "2024-05-01T00:00:00Z");
+        assert_eq!(patch["status"]["observedGeneration"], 2);
+        let fresh = invalid_spec_patch(Some(2), "spec.pools: bad", None, NOW);
+        assert_eq!(
+            fresh["status"]["conditions"]["Ready"]["lastTransitionTime"],
+            "2024-06-01T12:00:00Z"
+        );
+    }
+}

@@ -1,0 +1,226 @@
+//! The operator's Prometheus metrics and the registry that holds them.
+//!
+//! Served as text by [`crate::admin`] on `/metrics`. Labels are bounded: an error is counted by its
+//! [`crate::controller::Error::category`], never by its message, and per-policy series are keyed by
+//! namespace and name only. Nothing here talks to Kubernetes or decides anything.
+
+use std::fmt;
+use std::time::Instant;
+
+use prometheus_client::encoding::{EncodeLabelSet, text::encode};
+use prometheus_client::metrics::{
+    counter::Counter,
+    family::Family,
+    gauge::Gauge,
+    histogram::{Histogram, exponential_buckets},
+};
+use prometheus_client::registry::Registry;
+
+/// Labels of a reconcile error: its phase, from a closed list.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ErrorLabels {
+    pub category: &'static str,
+}
+
+/// Labels of a per-policy series.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PolicyLabels {
+    pub namespace: String,
+    pub policy: String,
+}
+
+/// Labels of a finished promotion.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FailoverLabels {
+    pub namespace: String,
+    pub policy: String,
+    /// `failover`, `failback` or `manual`.
+    pub kind: &'static str,
+}
+
+/// Every metric the operator exports, registered once.
+pub struct Metrics {
+    registry: Registry,
+    reconciliations: Counter,
+    errors: Family<ErrorLabels, Counter>,
+    duration: Histogram,
+    epoch: Family<PolicyLabels, Gauge>,
+    failovers: Family<FailoverLabels, Counter>,
+}
+
+impl fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    /// A fresh registry with every metric under the `understudy` prefix.
+    #[must_use]
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("understudy");
+        let reconciliations = Counter::default();
+        let errors = Family::<ErrorLabels, Counter>::default();
+        // 5 ms to about 40 s: a reconcile is a handful of API calls, a slow one waits on timeouts.
+        let duration = Histogram::new(exponential_buckets(0.005, 2.0, 14));
+        let epoch = Family::<PolicyLabels, Gauge>::default();
+        let failovers = Family::<FailoverLabels, Counter>::default();
+        registry.register(
+            "reconciliations",
+            "FailoverPolicy reconciliations started",
+            reconciliations.clone(),
+        );
+        registry.register(
+            "reconcile_errors",
+            "FailoverPolicy reconciliations that failed, by phase",
+            errors.clone(),
+        );
+        registry.register(
+            "reconcile_duration_seconds",
+            "Time one FailoverPolicy reconciliation took",
+            duration.clone(),
+        );
+        registry.register(
+            "epoch",
+            "The fencing epoch of each policy's primary, as last read from its Lease",
+            epoch.clone(),
+        );
+        registry.register(
+            "failovers",
+            "Promotions this operator finished, by kind",
+            failovers.clone(),
+        );
+        Metrics {
+            registry,
+            reconciliations,
+            errors,
+            duration,
+            epoch,
+            failovers,
+        }
+    }
+
+    /// Counts a reconciliation and returns a timer that records its duration when dropped, so
+    /// that early returns and errors are measured too.
+    #[must_use]
+    pub fn reconcile_started(&self) -> ReconcileTimer<'_> {
+        self.reconciliations.inc();
+        ReconcileTimer {
+            started: Instant::now(),
+            histogram: &self.duration,
+        }
+    }
+
+    /// Counts a failed reconciliation.
+    pub fn reconcile_failed(&self, category: &'static str) {
+        self.errors.get_or_create(&ErrorLabels { category }).inc();
+    }
+
+    /// Records the epoch a policy's primary holds.
+    pub fn set_epoch(&self, namespace: &str, policy: &str, epoch: u64) {
+        let labels = PolicyLabels {
+            namespace: namespace.to_owned(),
+            policy: policy.to_owned(),
+        };
+        self.epoch
+            .get_or_create(&labels)
+            .set(i64::try_from(epoch).unwrap_or(i64::MAX));
+    }
+
+    /// Counts a finished promotion.
+    pub fn failover_finished(&self, namespace: &str, policy: &str, kind: &'static str) {
+        let labels = FailoverLabels {
+            namespace: namespace.to_owned(),
+            policy: policy.to_owned(),
+            kind,
+        };
+        self.failovers.get_or_create(&labels).inc();
+    }
+
+    /// Forgets a deleted policy's series, so a gauge does not outlive its policy.
+    pub fn forget_policy(&self, namespace: &str, policy: &str) {
+        self.epoch.remove(&PolicyLabels {
+            namespace: namespace.to_owned(),
+            policy: policy.to_owned(),
+        });
+    }
+
+    /// The OpenMetrics text of every metric.
+    pub fn encode(&self) -> Result<String, fmt::Error> {
+        let mut text = String::new();
+        encode(&mut text, &self.registry)?;
+        Ok(text)
+    }
+}
+
+/// Records the time since [`Metrics::reconcile_started`] when dropped.
+#[derive(Debug)]
+pub struct ReconcileTimer<'a> {
+    started: Instant,
+    histogram: &'a Histogram,
+}
+
+impl Drop for ReconcileTimer<'_> {
+    fn drop(&mut self) {
+        self.histogram.observe(self.started.elapsed().as_secs_f64());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn a_dropped_timer_records_one_observation_even_on_an_early_return() {
+        let metrics = Metrics::new();
+        let run = |fail: bool| -> Result<(), ()> {
+            let _timer = metrics.reconcile_started();
+            if fail {
+                return Err(());
+            }
+            Ok(())
+        };
+        run(true).unwrap_err();
+        run(false).unwrap();
+        let text = metrics.encode().unwrap();
+        assert!(text.contains("understudy_reconciliations_total 2"), "{text}");
+        assert!(
+            text.contains("understudy_reconcile_duration_seconds_count 2"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn errors_are_counted_by_category_and_epochs_per_policy() {
+        let metrics = Metrics::new();
+        metrics.reconcile_failed("lease_unreachable");
+        metrics.reconcile_failed("lease_unreachable");
+        metrics.set_epoch("serving", "llama", 7);
+        metrics.failover_finished("serving", "llama", "manual");
+        let text = metrics.encode().unwrap();
+        assert!(
+            text.contains(r#"understudy_reconcile_errors_total{category="lease_unreachable"} 2"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"understudy_epoch{namespace="serving",policy="llama"} 7"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                r#"understudy_failovers_total{namespace="serving",policy="llama",kind="manual"} 1"#
+            ),
+            "{text}"
+        );
+        metrics.forget_policy("serving", "llama");
+        assert!(!metrics.encode().unwrap().contains("understudy_epoch{"));
+    }
+}

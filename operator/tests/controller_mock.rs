@@ -1,0 +1,789 @@
+//! The FailoverPolicy controller against a scripted API server.
+//!
+//! Each test hands `reconcile` a client whose transport is a `tower-test` mock, and runs an
+//! [`ApiServer`] that expects the requests of one scenario in order, checks their method, path
+//! and the body fields that matter, and answers with realistic objects. Events (POST or PATCH to
+//! `events.k8s.io`) are answered and collected on the side, so a scenario lists only the writes
+//! that carry state. A scenario that ends with [`ApiServer::expect_no_more`] also proves that the
+//! reconcile made no request beyond the script: the mock sees the client hang up first.
+//!
+//! The tests at the end marked `#[ignore]` need a real cluster:
+//!
+//! ```text
+//! kind create cluster
+//! cargo run -q -p understudy-operator --bin crdgen | kubectl apply -f -
+//! cargo test -p understudy-operator --test controller_mock -- --ignored
+//! ```
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use http::{Request, Response};
+use kube::Client;
+use kube::client::Body;
+use kube::core::DeserializeGuard;
+use kube::runtime::controller::{Action, Config, applier};
+use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::watcher;
+use serde_json::{Value, json};
+use tower_test::mock::{Handle, SendResponse};
+use understudy_core::failover::{
+    CheckResult, FailoverState, Phase, PoolHealth, Promotion, Step, TransitionKind,
+};
+use understudy_core::{Epoch, Pool};
+use understudy_operator::controller::{
+    Clock, Context, HandledCommand, Observation, ObservationSource, OperatorRecord, error_policy, reconcile,
+};
+use understudy_operator::crd::FailoverPolicy;
+use understudy_operator::metrics::Metrics;
+
+const NS: &str = "serving";
+const NAME: &str = "llama";
+const UID: &str = "0d5e8c42-6a55-4c3e-9a8e-1f2b3c4d5e6f";
+const POLICY_PATH: &str = "/apis/understudy.dev/v1alpha1/namespaces/serving/failoverpolicies/llama";
+const STATUS_PATH: &str = "/apis/understudy.dev/v1alpha1/namespaces/serving/failoverpolicies/llama/status";
+const LEASES_PATH: &str = "/apis/coordination.k8s.io/v1/namespaces/serving/leases";
+const LEASE_PATH: &str = "/apis/coordination.k8s.io/v1/namespaces/serving/leases/llama-epoch";
+const EVENTS_PATH: &str = "/apis/events.k8s.io/v1/namespaces/serving/events";
+const WEST_PATH: &str = "/apis/apps/v1/namespaces/serving/deployments/vllm-west";
+
+/// 2024-06-01T12:00:00Z
+const NOW: Duration = Duration::from_secs(1_717_243_200);
+
+const TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Debug)]
+struct FixedClock;
+
+impl Clock for FixedClock {
+    fn now(&self) -> Duration {
+        NOW
+    }
+}
+
+/// Hands out a fixed list of observations once, as a prober would after one round.
+#[derive(Debug, Default)]
+struct Scripted(Mutex<Vec<Observation>>);
+
+impl ObservationSource for Scripted {
+    fn drain(&self, _: &ObjectRef<FailoverPolicy>) -> Vec<Observation> {
+        std::mem::take(&mut *self.0.lock().unwrap())
+    }
+}
+
+/// A policy as the API server stores it, with every default spelled out.
+fn policy() -> Value {
+    json!({
+        "apiVersion": "understudy.dev/v1alpha1",
+        "kind": "FailoverPolicy",
+        "metadata": {
+            "name": NAME,
+            "namespace": NS,
+            "uid": UID,
+            "generation": 1,
+            "resourceVersion": "100",
+            "finalizers": ["understudy.dev/cleanup"],
+        },
+        "spec": {
+            "recoveryObjective": "5m",
+            "pools": [
+                {"name": "us-east", "workload": {"kind": "Deployment", "name": "vllm-east"}, "replicas": 4},
+                {"name": "us-west", "workload": {"kind": "Deployment", "name": "vllm-west"}, "replicas": 4},
+            ],
+        },
+    })
+}
+
+fn guard(object: &Value) -> Arc<DeserializeGuard<FailoverPolicy>> {
+    Arc::new(serde_json::from_value(object.clone()).unwrap())
+}
+
+fn lease(holder: &str, epoch: u64, version: &str) -> Value {
+    json!({
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {
+            "name": "llama-epoch",
+            "namespace": NS,
+            "resourceVersion": version,
+            "annotations": {"understudy.dev/epoch": epoch.to_string()},
+            "ownerReferences": [{
+                "apiVersion": "understudy.dev/v1alpha1", "kind": "FailoverPolicy", "name": NAME,
+                "uid": UID, "controller": true,
+            }],
+        },
+        "spec": {"holderIdentity": holder, "leaseTransitions": epoch},
+    })
+}
+
+fn status(code: u16, reason: &str, message: &str) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Status", "status": "Failure",
+        "code": code, "reason": reason, "message": message, "metadata": {},
+    })
+}
+
+fn with_record(mut object: Value, record: &OperatorRecord) -> Value {
+    object["status"] = json!({ "failover": serde_json::to_value(record).unwrap() });
+    object
+}
+
+fn context(observations: Vec<Observation>) -> (Arc<Context>, ApiServer) {
+    let (mock, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let ctx = Context::new(
+        Client::new(mock, NS),
+        Arc::new(Metrics::new()),
+        Some("test-0".into()),
+    )
+    .with_clock(Arc::new(FixedClock))
+    .with_observations(Arc::new(Scripted(Mutex::new(observations))));
+    let server = ApiServer {
+        handle,
+        events: Vec::new(),
+        event_answer: 201,
+    };
+    (Arc::new(ctx), server)
+}
+
+/// One request as the API server received it.
+struct Call {
+    method: String,
+    path: String,
+    query: String,
+    content_type: String,
+    body: Value,
+    reply: SendResponse<Response<Body>>,
+}
+
+impl Call {
+    fn answer(self, code: u16, body: &Value) {
+        let response = Response::builder()
+            .status(code)
+            .header("content-type", "application/json")
+            .body(Body::from(serde_json::to_vec(body).unwrap()))
+            .unwrap();
+        self.reply.send_response(response);
+    }
+}
+
+/// An Event as the operator published it.
+#[derive(Debug, Clone)]
+struct Published {
+    type_: String,
+    reason: String,
+    note: String,
+}
+
+struct ApiServer {
+    handle: Handle<Request<Body>, Response<Body>>,
+    events: Vec<Published>,
+    event_answer: u16,
+}
+
+impl ApiServer {
+    /// The next request that is not an Event; `None` once the client hung up.
+    async fn next(&mut self) -> Option<Call> {
+        loop {
+            let (request, reply) = self.handle.next_request().await?;
+            let (parts, body) = request.into_parts();
+            let bytes = body.collect_bytes().await.unwrap();
+            let call = Call {
+                method: parts.method.to_string(),
+                path: parts.uri.path().to_owned(),
+                query: parts.uri.query().unwrap_or_default().to_owned(),
+                content_type: parts
+                    .headers
+                    .get("content-type")
+                    .map(|v| v.to_str().unwrap().to_owned())
+                    .unwrap_or_default(),
+                body: if bytes.is_empty() {
+                    Value::Null
+                } else {
+                    serde_json::from_slice(&bytes).unwrap()
+                },
+                reply,
+            };
+            if call.path.starts_with(EVENTS_PATH) {
+                self.events.push(Published {
+                    type_: call.body["type"].as_str().unwrap_or_default().to_owned(),
+                    reason: call.body["reason"].as_str().unwrap_or_default().to_owned(),
+                    note: call.body["note"].as_str().unwrap_or_default().to_owned(),
+                });
+                let answer = if self.event_answer < 300 {
+                    call.body.clone()
+                } else {
+                    status(self.event_answer, "ServiceUnavailable", "etcd is down")
+                };
+                let code = self.event_answer;
+                call.answer(code, &answer);
+                continue;
+            }
+            return Some(call);
+        }
+    }
+
+    async fn expect(&mut self, method: &str, path: &str) -> Call {
+        let call = self
+            .next()
+            .await
+            .unwrap_or_else(|| panic!("expected {method} {path}, but the client hung up"));
+        assert_eq!(
+            (call.method.as_str(), call.path.as_str()),
+            (method, path),
+            "unexpected request; body: {}",
+            call.body
+        );
+        call
+    }
+
+    /// Asserts the client makes no further request before it hangs up, and returns the Events.
+    async fn expect_no_more(mut self) -> Vec<Published> {
+        if let Some(call) = self.next().await {
+            panic!("unexpected {} {} with body {}", call.method, call.path, call.body);
+        }
+        self.events
+    }
+}
+
+/// Answers a status apply with the policy carrying the applied status, as the API server does.
+fn answer_status(call: Call, object: &Value) -> Value {
+    assert!(
+        call.query.contains("fieldManager=understudy-operator"),
+        "{}",
+        call.query
+    );
+    let applied = call.body["status"].clone();
+    let mut stored = object.clone();
+    stored["status"] = applied.clone();
+    call.answer(200, &stored);
+    applied
+}
+
+/// Runs one reconcile against a scenario, each under a timeout.
+async fn run_scenario<F>(
+    object: &Value,
+    ctx: Arc<Context>,
+    scenario: impl FnOnce(ApiServer) -> F,
+    server: ApiServer,
+) -> (
+    Result<Action, understudy_operator::controller::Error>,
+    Vec<Published>,
+)
+where
+    F: Future<Output = Vec<Published>> + Send + 'static,
+{
+    let verifier = tokio::spawn(scenario(server));
+    let result = tokio::time::timeout(TIMEOUT, reconcile(guard(object), ctx))
+        .await
+        .expect("reconcile timed out");
+    let events = tokio::time::timeout(TIMEOUT, verifier)
+        .await
+        .expect("the scenario timed out")
+        .expect("the scenario failed");
+    (result, events)
+}
+
+#[tokio::test]
+async fn new_policy_gets_a_finalizer_a_lease_and_a_status() {
+    // First pass: no finalizer yet, so the only write is adding it.
+    let mut fresh = policy();
+    fresh["metadata"].as_object_mut().unwrap().remove("finalizers");
+    let (ctx, server) = context(Vec::new());
+    let object = fresh.clone();
+    let (result, _) = run_scenario(
+        &fresh,
+        ctx,
+        |mut server| async move {
+            let call = server.expect("PATCH", POLICY_PATH).await;
+            assert_eq!(call.content_type, "application/json-patch+json");
+            let added = call
+                .body
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|op| op["op"] == "add")
+                .unwrap();
+            assert_eq!(added["value"], json!(["understudy.dev/cleanup"]));
+            let mut stored = object;
+            stored["metadata"]["finalizers"] = json!(["understudy.dev/cleanup"]);
+            call.answer(200, &stored);
+            server.expect_no_more().await
+        },
+        server,
+    )
+    .await;
+    assert_eq!(result.unwrap(), Action::await_change());
+
+    // Second pass, finalizer in place: the epoch Lease is created for the home pool at epoch 0,
+    // owned by the policy, and the status says so.
+    let object = policy();
+    let (ctx, server) = context(Vec::new());
+    let stored = object.clone();
+    let (result, events) = run_scenario(
+        &object,
+        ctx,
+        |mut server| async move {
+            server
+                .expect("GET", LEASE_PATH)
+                .await
+                .answer(404, &status(404, "NotFound", "leases \"llama-epoch\" not found"));
+            let create = server.expect("POST", LEASES_PATH).await;
+            assert_eq!(create.body["metadata"]["name"], "llama-epoch");
+            assert_eq!(create.body["spec"]["holderIdentity"], "us-east");
+            assert_eq!(
+                create.body["metadata"]["annotations"]["understudy.dev/epoch"],
+                "0"
+            );
+            assert_eq!(create.body["metadata"]["ownerReferences"][0]["uid"], UID);
+            create.answer(201, &lease("us-east", 0, "41"));
+            let patch = server.expect("PATCH", STATUS_PATH).await;
+            assert!(patch.query.contains("force=true"), "{}", patch.query);
+            assert_eq!(patch.content_type, "application/apply-patch+yaml");
+            let applied = answer_status(patch, &stored);
+            assert_eq!(applied["primaryPool"], "us-east");
+            assert_eq!(applied["epoch"], 0);
+            assert_eq!(applied["state"], "Serving");
+            assert_eq!(applied["observedGeneration"], 1);
+            assert_eq!(applied["conditions"]["Ready"]["status"], "True");
+            assert_eq!(
+                applied["conditions"]["Ready"]["lastTransitionTime"],
+                "2024-06-01T12:00:00Z"
+            );
+            assert_eq!(applied["failover"]["machine"]["epoch"], 0);
+            server.expect_no_more().await
+        },
+        server,
+    )
+    .await;
+    // Requeued after the probe interval (10s by default) to read the Lease again.
+    assert_eq!(result.unwrap(), Action::requeue(Duration::from_secs(10)));
+    let reasons: Vec<&str> = events.iter().map(|e| e.reason.as_str()).collect();
+    assert_eq!(reasons, ["LeaseCreated"]);
+}
+
+#[tokio::test]
+async fn lost_compare_and_set_makes_no_further_writes() {
+    // One round of checks: the standby passes twice, the primary refuses connections twice.
+    let observations = vec![
+        Observation::Check {
+            pool: Pool::B,
+            result: CheckResult::Pass,
+        },
+        Observation::Check {
+            pool: Pool::B,
+            result: CheckResult::Pass,
+        },
+        Observation::Check {
+            pool: Pool::A,
+            result: CheckResult::HardFail,
+        },
+        Observation::Check {
+            pool: Pool::A,
+            result: CheckResult::HardFail,
+        },
+    ];
+    let record = OperatorRecord {
+        machine: FailoverState::starting_at(Pool::A, Epoch(0)),
+        handled_command: None,
+    };
+    let object = with_record(policy(), &record);
+    let (ctx, server) = context(observations);
+    let stored = object.clone();
+    let (result, events) = run_scenario(
+        &object,
+        ctx,
+        |mut server| async move {
+            server
+                .expect("GET", LEASE_PATH)
+                .await
+                .answer(200, &lease("us-east", 0, "41"));
+            // The promotion is recorded before the Lease is touched.
+            let intent = answer_status(server.expect("PATCH", STATUS_PATH).await, &stored);
+            assert_eq!(intent["state"], "Promoting");
+            assert_eq!(intent["failover"]["machine"]["phase"]["Promoting"]["epoch"], 1);
+            let put = server.expect("PUT", LEASE_PATH).await;
+            assert_eq!(put.body["metadata"]["resourceVersion"], "41");
+            assert_eq!(put.body["spec"]["holderIdentity"], "us-west");
+            assert_eq!(put.body["metadata"]["annotations"]["understudy.dev/epoch"], "1");
+            // Another operator moved the Lease first.
+            put.answer(409, &status(409, "Conflict", "the object has been modified"));
+            server.expect_no_more().await
+        },
+        server,
+    )
+    .await;
+    let error = result.unwrap_err();
+    assert_eq!(error.category(), "lost_race", "{error}");
+    assert!(events.is_empty(), "the loser published {events:?}");
+}
+
+#[tokio::test]
+async fn operator_restarted_mid_promotion_finishes_with_the_same_epoch() {
+    // The last operator claimed epoch 2 for us-west, fenced and woke, then died before scaling.
+    let at = |s: u64| NOW - Duration::from_secs(60) + Duration::from_secs(s);
+    let machine = FailoverState {
+        primary: Pool::B,
+        epoch: Epoch(2),
+        phase: Phase::Promoting(Promotion {
+            kind: TransitionKind::Manual,
+            from: Pool::A,
+            to: Pool::B,
+            epoch: Epoch(2),
+            step: Step::Scale,
+            started_at: at(0),
+            done: vec![
+                (Step::AcquireLease, at(1)),
+                (Step::FenceOld, at(1)),
+                (Step::Wake, at(2)),
+            ],
+        }),
+        health: [PoolHealth::default(); 2],
+        ..FailoverState::starting_at(Pool::A, Epoch(1))
+    };
+    let record = OperatorRecord {
+        machine,
+        handled_command: Some(HandledCommand {
+            value: "failover".into(),
+            generation: 1,
+        }),
+    };
+    let mut object = with_record(policy(), &record);
+    // The command that started it is still on the object; it must not be replayed.
+    object["metadata"]["annotations"] = json!({"understudy.dev/command": "failover"});
+    let (ctx, server) = context(Vec::new());
+    let stored = object.clone();
+    let (result, events) = run_scenario(
+        &object,
+        ctx,
+        |mut server| async move {
+            server
+                .expect("GET", LEASE_PATH)
+                .await
+                .answer(200, &lease("us-west", 2, "57"));
+            server.expect("GET", &format!("{WEST_PATH}/scale")).await.answer(
+                200,
+                &json!({
+                    "apiVersion": "autoscaling/v1", "kind": "Scale",
+                    "metadata": {"name": "vllm-west", "namespace": NS},
+                    "spec": {"replicas": 1}, "status": {"replicas": 1},
+                }),
+            );
+            let scale = server.expect("PATCH", &format!("{WEST_PATH}/scale")).await;
+            assert_eq!(scale.body["spec"]["replicas"], 4);
+            scale.answer(
+                200,
+                &json!({
+                    "apiVersion": "autoscaling/v1", "kind": "Scale",
+                    "metadata": {"name": "vllm-west", "namespace": NS},
+                    "spec": {"replicas": 4}, "status": {"replicas": 1},
+                }),
+            );
+            server.expect("GET", WEST_PATH).await.answer(
+                200,
+                &json!({
+                    "apiVersion": "apps/v1", "kind": "Deployment",
+                    "metadata": {"name": "vllm-west", "namespace": NS},
+                    "spec": {"replicas": 4},
+                    "status": {"replicas": 4, "readyReplicas": 3},
+                }),
+            );
+            let applied = answer_status(server.expect("PATCH", STATUS_PATH).await, &stored);
+            assert_eq!(applied["epoch"], 2);
+            assert_eq!(applied["primaryPool"], "us-west");
+            assert_eq!(applied["state"], "Serving");
+            assert_eq!(applied["failover"]["handledCommand"]["value"], "failover");
+            let timeline = &applied["lastFailover"];
+            assert_eq!(timeline["epoch"], 2);
+            assert_eq!(timeline["kind"], "failover");
+            assert_eq!(timeline["finishedAt"], "2024-06-01T12:00:00Z");
+            let steps: Vec<&str> = timeline["steps"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|s| s["step"].as_str().unwrap())
+                .collect();
+            assert_eq!(
+                steps,
+                [
+                    "LeaseClaimed",
+                    "Fenced",
+                    "Woken",
+                    "ScaledUp",
+                    "Serving",
+                    "Routed",
+                    "AdmissionOpened"
+                ]
+            );
+            server.expect_no_more().await
+        },
+        server,
+    )
+    .await;
+    assert_eq!(result.unwrap(), Action::requeue(Duration::from_secs(10)));
+    let reasons: Vec<&str> = events.iter().map(|e| e.reason.as_str()).collect();
+    assert!(reasons.contains(&"PromotionFinished"), "{reasons:?}");
+    assert!(
+        !reasons.contains(&"PromotionStarted"),
+        "promoted twice: {reasons:?}"
+    );
+    // The steps this version hands to later components say so.
+    let routed = events
+        .iter()
+        .find(|e| e.reason == "StepHandedOff" && e.note.starts_with("Routed"))
+        .unwrap();
+    assert!(routed.note.contains("no route was pushed"), "{}", routed.note);
+}
+
+#[tokio::test]
+async fn malformed_policy_is_reported_as_an_event_and_a_condition() {
+    let mut object = policy();
+    object["spec"]["pools"] = json!("us-east,us-west");
+    let guarded = guard(&object);
+    assert!(guarded.0.is_err(), "the fixture must not deserialize");
+    let (ctx, server) = context(Vec::new());
+    let (result, events) = run_scenario(
+        &object,
+        ctx,
+        |mut server| async move {
+            let patch = server.expect("PATCH", STATUS_PATH).await;
+            assert_eq!(patch.content_type, "application/merge-patch+json");
+            let ready = patch.body["status"]["conditions"]["Ready"].clone();
+            assert_eq!(ready["status"], "False");
+            assert_eq!(ready["reason"], "InvalidSpec");
+            let message = ready["message"].as_str().unwrap().to_lowercase();
+            assert!(message.contains("expected a sequence"), "{ready}");
+            assert_eq!(patch.body["status"]["state"], "InvalidSpec");
+            // The answer is the stored object, which still does not deserialize.
+            let mut stored = object_with_status(&patch.body);
+            stored["spec"]["pools"] = json!("us-east,us-west");
+            patch.answer(200, &stored);
+            server.expect_no_more().await
+        },
+        server,
+    )
+    .await;
+    assert_eq!(result.unwrap(), Action::await_change());
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(
+        (events[0].type_.as_str(), events[0].reason.as_str()),
+        ("Warning", "InvalidSpec")
+    );
+}
+
+fn object_with_status(patch: &Value) -> Value {
+    let mut stored = policy();
+    stored["status"] = patch["status"].clone();
+    stored
+}
+
+#[tokio::test]
+async fn policy_that_breaks_a_rule_is_reported_the_same_way_and_nothing_else_is_touched() {
+    let mut object = policy();
+    object["spec"]["trigger"] = json!({"suspectAfter": 5, "promoteAfter": 3});
+    let (ctx, server) = context(Vec::new());
+    let (result, events) = run_scenario(
+        &object,
+        ctx,
+        |mut server| async move {
+            let patch = server.expect("PATCH", STATUS_PATH).await;
+            let ready = patch.body["status"]["conditions"]["Ready"].clone();
+            assert_eq!(ready["reason"], "InvalidSpec");
+            assert!(
+                ready["message"].as_str().unwrap().contains("promoteAfter"),
+                "{ready}"
+            );
+            let stored = object_with_status(&patch.body);
+            patch.answer(200, &stored);
+            server.expect_no_more().await
+        },
+        server,
+    )
+    .await;
+    assert_eq!(result.unwrap(), Action::await_change());
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0].reason, "InvalidSpec");
+    assert!(events[0].note.contains("promoteAfter"), "{}", events[0].note);
+}
+
+#[tokio::test]
+async fn unreachable_api_server_pauses_control_and_never_fails_over() {
+    // The primary is failing and a failover command waits on the object, but the Lease
+    // cannot be read.
+    let mut machine = FailoverState::starting_at(Pool::A, Epoch(3));
+    machine.health[Pool::B.index()].passes = 5;
+    let record = OperatorRecord {
+        machine,
+        handled_command: None,
+    };
+    let mut object = with_record(policy(), &record);
+    object["metadata"]["annotations"] = json!({"understudy.dev/command": "failover"});
+    let (ctx, mut server) = context(Vec::new());
+    server.event_answer = 503;
+    let (result, events) = run_scenario(
+        &object,
+        ctx,
+        |mut server| async move {
+            server
+                .expect("GET", LEASE_PATH)
+                .await
+                .answer(503, &status(503, "ServiceUnavailable", "etcd is down"));
+            // A best-effort status saying control is paused; no Lease write anywhere.
+            let patch = server.expect("PATCH", STATUS_PATH).await;
+            let applied = patch.body["status"].clone();
+            patch.answer(503, &status(503, "ServiceUnavailable", "etcd is down"));
+            assert_eq!(applied["epoch"], 3);
+            assert_eq!(applied["primaryPool"], "us-east");
+            assert_eq!(applied["state"], "Serving");
+            assert_eq!(
+                applied["conditions"]["Ready"]["reason"],
+                "ControlPlaneUnreachable"
+            );
+            // The command is not consumed: it waits for the control plane to come back.
+            assert!(applied["failover"].get("handledCommand").is_none(), "{applied}");
+            server.expect_no_more().await
+        },
+        server,
+    )
+    .await;
+    let error = result.unwrap_err();
+    assert_eq!(error.category(), "control_plane_unreachable", "{error}");
+    let reasons: Vec<&str> = events.iter().map(|e| e.reason.as_str()).collect();
+    assert_eq!(reasons, ["ControlPlaneUnreachable"]);
+}
+
+#[tokio::test]
+async fn a_failed_reconcile_goes_through_the_error_policy_and_the_loop_carries_on() {
+    tokio::time::pause();
+    let object = policy();
+    let (ctx, server) = context(Vec::new());
+    let metrics = ctx.metrics.clone();
+    let stored = object.clone();
+    let verifier = tokio::spawn(async move {
+        let mut server = server;
+        // First attempt: the API server is overloaded.
+        server.expect("GET", LEASE_PATH).await.answer(
+            500,
+            &status(500, "InternalError", "etcdserver: request timed out"),
+        );
+        // The retry, after the error policy's backoff, goes through.
+        server
+            .expect("GET", LEASE_PATH)
+            .await
+            .answer(200, &lease("us-east", 0, "41"));
+        let applied = answer_status(server.expect("PATCH", STATUS_PATH).await, &stored);
+        assert_eq!(applied["state"], "Serving");
+        server
+    });
+
+    let (reader, mut writer) = reflector::store::<DeserializeGuard<FailoverPolicy>>();
+    let policy_object: DeserializeGuard<FailoverPolicy> = serde_json::from_value(object.clone()).unwrap();
+    // As a watcher's first list would: the loop waits for the store to be initialised.
+    writer.apply_watcher_event(&watcher::Event::Init);
+    writer.apply_watcher_event(&watcher::Event::InitApply(policy_object.clone()));
+    writer.apply_watcher_event(&watcher::Event::InitDone);
+    let (queue_tx, queue_rx) = futures::channel::mpsc::unbounded();
+    queue_tx
+        .unbounded_send(ObjectRef::from_obj(&policy_object))
+        .unwrap();
+    let outcomes: Vec<_> = tokio::time::timeout(
+        Duration::from_secs(60),
+        applier(
+            |object, ctx| Box::pin(reconcile(object, ctx)),
+            error_policy,
+            ctx,
+            reader,
+            queue_rx.map(Ok::<_, std::convert::Infallible>),
+            Config::default(),
+        )
+        .take(2)
+        .collect(),
+    )
+    .await
+    .expect("the loop stalled");
+    drop(queue_tx);
+
+    assert!(outcomes[0].is_err(), "{:?}", outcomes[0]);
+    let (reconciled, action) = outcomes[1].as_ref().unwrap();
+    assert_eq!(reconciled.name, NAME);
+    assert_eq!(*action, Action::requeue(Duration::from_secs(10)));
+    let _server = tokio::time::timeout(TIMEOUT, verifier).await.unwrap().unwrap();
+
+    let text = metrics.encode().unwrap();
+    assert!(text.contains("understudy_reconciliations_total 2"), "{text}");
+    assert!(
+        text.contains(r#"understudy_reconcile_errors_total{category="control_plane_unreachable"} 1"#),
+        "{text}"
+    );
+}
+
+/// Cluster tests: a real API server, the CRD installed, nothing else.
+mod cluster {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use kube::api::{Api, DeleteParams, PostParams};
+
+    use super::*;
+
+    #[tokio::test]
+    #[ignore = "needs a cluster: kind create cluster; kubectl apply -f crds/; cargo test -- --ignored"]
+    async fn applied_policy_gets_a_status_and_an_epoch_lease() {
+        let client = Client::try_default().await.unwrap();
+        let namespace = client.default_namespace().to_owned();
+        let policies: Api<FailoverPolicy> = Api::namespaced(client.clone(), &namespace);
+        let leases: Api<Lease> = Api::namespaced(client.clone(), &namespace);
+        let mut object = policy();
+        object["metadata"] = json!({"name": "understudy-cluster-test"});
+        let _ = policies
+            .delete("understudy-cluster-test", &DeleteParams::default())
+            .await;
+        policies
+            .create(&PostParams::default(), &serde_json::from_value(object).unwrap())
+            .await
+            .unwrap();
+
+        let ctx = Arc::new(Context::new(client, Arc::new(Metrics::new()), None));
+        let controller = tokio::spawn(async move {
+            understudy_operator::controller::run(ctx, Some(&namespace)).await;
+        });
+        let mut seen = None;
+        for _ in 0..60 {
+            let current = policies.get("understudy-cluster-test").await.unwrap();
+            if current.status.as_ref().and_then(|s| s.epoch).is_some() {
+                seen = Some(current);
+                break;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        controller.abort();
+        let current = seen.expect("no status within a minute");
+        let status = current.status.unwrap();
+        assert_eq!(status.primary_pool.as_deref(), Some("us-east"));
+        assert_eq!(status.epoch, Some(0));
+        let lease = leases.get("understudy-cluster-test-epoch").await.unwrap();
+        assert_eq!(
+            lease.spec.and_then(|s| s.holder_identity).as_deref(),
+            Some("us-east")
+        );
+        policies
+            .delete("understudy-cluster-test", &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+
+    #[tokio::test]
+    #[ignore = "needs a cluster: kind create cluster; kubectl apply -f crds/; cargo test -- --ignored"]
+    async fn a_policy_the_schema_refuses_never_reaches_the_controller() {
+        let client = Client::try_default().await.unwrap();
+        let policies: Api<FailoverPolicy> = Api::default_namespaced(client);
+        let mut object = policy();
+        object["metadata"] = json!({"name": "understudy-cluster-refused"});
+        object["spec"]["trigger"] = json!({"suspectAfter": 5, "promoteAfter": 3});
+        let refused = policies
+            .create(&PostParams::default(), &serde_json::from_value(object).unwrap())
+            .await
+            .unwrap_err();
+        assert!(refused.to_string().contains("promoteAfter"), "{refused}");
+    }
+}
