@@ -719,6 +719,149 @@ async fn a_failed_reconcile_goes_through_the_error_policy_and_the_loop_carries_o
     );
 }
 
+#[tokio::test]
+async fn a_command_promotes_a_proven_standby_and_waits_for_it_to_serve() {
+    // The prober saw the standby pass twice, which proves it; then a person asks for a failover.
+    let observations = vec![
+        Observation::Check {
+            pool: Pool::B,
+            result: CheckResult::Pass,
+        },
+        Observation::Check {
+            pool: Pool::B,
+            result: CheckResult::Pass,
+        },
+    ];
+    let record = OperatorRecord {
+        machine: FailoverState::starting_at(Pool::A, Epoch(0)),
+        handled_command: None,
+    };
+    let mut object = with_record(policy(), &record);
+    object["metadata"]["annotations"] = json!({"understudy.dev/command": "failover@drill-7"});
+    let (ctx, server) = context(observations);
+    let stored = object.clone();
+    let (result, events) = run_scenario(
+        &object,
+        ctx,
+        |mut server| async move {
+            server
+                .expect("GET", LEASE_PATH)
+                .await
+                .answer(200, &lease("us-east", 0, "41"));
+            let intent = answer_status(server.expect("PATCH", STATUS_PATH).await, &stored);
+            assert_eq!(intent["failover"]["handledCommand"]["value"], "failover@drill-7");
+            let put = server.expect("PUT", LEASE_PATH).await;
+            assert_eq!(put.body["metadata"]["annotations"]["understudy.dev/epoch"], "1");
+            put.answer(200, &lease("us-west", 1, "42"));
+            // Already at its serving size: nothing is written to the workload.
+            server.expect("GET", &format!("{WEST_PATH}/scale")).await.answer(
+                200,
+                &json!({
+                    "apiVersion": "autoscaling/v1", "kind": "Scale",
+                    "metadata": {"name": "vllm-west", "namespace": NS},
+                    "spec": {"replicas": 4}, "status": {"replicas": 4},
+                }),
+            );
+            // Two of four ready is not a majority: the promotion waits here.
+            server.expect("GET", WEST_PATH).await.answer(
+                200,
+                &json!({
+                    "apiVersion": "apps/v1", "kind": "Deployment",
+                    "metadata": {"name": "vllm-west", "namespace": NS},
+                    "status": {"replicas": 4, "readyReplicas": 2},
+                }),
+            );
+            let applied = answer_status(server.expect("PATCH", STATUS_PATH).await, &stored);
+            assert_eq!(applied["state"], "Promoting");
+            assert_eq!(applied["epoch"], 1);
+            assert_eq!(applied["primaryPool"], "us-west");
+            assert_eq!(applied["conditions"]["Ready"]["reason"], "Promoting");
+            let steps: Vec<&str> = applied["lastFailover"]["steps"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|s| s["step"].as_str().unwrap())
+                .collect();
+            assert_eq!(steps, ["LeaseClaimed", "Fenced", "Woken", "ScaledUp"]);
+            assert!(applied["lastFailover"].get("finishedAt").is_none());
+            server.expect_no_more().await
+        },
+        server,
+    )
+    .await;
+    // Looked at again soon, not after a whole probe interval.
+    assert_eq!(result.unwrap(), Action::requeue(Duration::from_secs(2)));
+    let reasons: Vec<&str> = events.iter().map(|e| e.reason.as_str()).collect();
+    assert!(reasons.contains(&"PromotionStarted"), "{reasons:?}");
+    assert!(reasons.contains(&"StepWaiting"), "{reasons:?}");
+    assert!(!reasons.contains(&"PromotionFinished"), "{reasons:?}");
+}
+
+#[tokio::test]
+async fn a_deleted_policy_only_releases_its_finalizer() {
+    let mut object = policy();
+    object["metadata"]["deletionTimestamp"] = json!("2024-06-01T11:59:00Z");
+    let (ctx, server) = context(Vec::new());
+    let stored = object.clone();
+    let (result, events) = run_scenario(
+        &object,
+        ctx,
+        |mut server| async move {
+            // No Lease write and no scaling: the pools keep serving, the Lease goes with its owner.
+            let call = server.expect("PATCH", POLICY_PATH).await;
+            assert_eq!(call.content_type, "application/json-patch+json");
+            assert!(
+                call.body
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|op| op["op"] == "remove"),
+                "{}",
+                call.body
+            );
+            let mut released = stored;
+            released["metadata"]["finalizers"] = json!([]);
+            call.answer(200, &released);
+            server.expect_no_more().await
+        },
+        server,
+    )
+    .await;
+    assert_eq!(result.unwrap(), Action::await_change());
+    assert!(events.is_empty(), "{events:?}");
+}
+
+#[tokio::test]
+async fn a_deleted_policy_that_no_longer_deserializes_can_still_go_away() {
+    let mut object = policy();
+    object["metadata"]["deletionTimestamp"] = json!("2024-06-01T11:59:00Z");
+    object["metadata"]["finalizers"] = json!(["example.com/other", "understudy.dev/cleanup"]);
+    object["spec"]["pools"] = json!(7);
+    let (ctx, server) = context(Vec::new());
+    let (result, _) = run_scenario(
+        &object,
+        ctx,
+        |mut server| async move {
+            let call = server.expect("PATCH", POLICY_PATH).await;
+            assert_eq!(call.content_type, "application/merge-patch+json");
+            // Compare-and-set on the version, keeping everybody else's finalizers.
+            assert_eq!(call.body["metadata"]["resourceVersion"], "100");
+            assert_eq!(call.body["metadata"]["finalizers"], json!(["example.com/other"]));
+            call.answer(
+                200,
+                &json!({
+                    "apiVersion": "understudy.dev/v1alpha1", "kind": "FailoverPolicy",
+                    "metadata": {"name": NAME, "namespace": NS, "finalizers": ["example.com/other"]},
+                }),
+            );
+            server.expect_no_more().await
+        },
+        server,
+    )
+    .await;
+    assert_eq!(result.unwrap(), Action::await_change());
+}
+
 /// Cluster tests: a real API server, the CRD installed, nothing else.
 mod cluster {
     use k8s_openapi::api::coordination::v1::Lease;

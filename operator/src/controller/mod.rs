@@ -2,7 +2,7 @@
 //!
 //! Each reconcile is a typed pipeline: validate the spec (pure, [`crate::policy`]) → read the
 //! policy's epoch Lease, creating it when missing → load the state machine from
-//! `status.failover` → feed it the Lease, a command from the annotation, observations and a tick →
+//! `status.failover` → feed it the Lease, observations, a command from the annotation and a tick →
 //! carry out the promotion step it asks for, one after the other → apply the status → publish its
 //! events → requeue.
 //!
@@ -481,6 +481,11 @@ async fn apply(policy: &FailoverPolicy, ctx: &Context, namespace: &str) -> Resul
         holder,
         epoch: lease_now.epoch,
     });
+    // Observations first: they happened before this reconcile, and a command is judged on the
+    // freshest view of both pools' health.
+    for observation in ctx.observations.drain(&ObjectRef::from_obj(policy)) {
+        run.feed(observation.into());
+    }
     let annotation = policy.annotations().get(COMMAND_ANNOTATION).map(String::as_str);
     match pending_command(
         annotation,
@@ -498,9 +503,6 @@ async fn apply(policy: &FailoverPolicy, ctx: &Context, namespace: &str) -> Resul
             handled_command = Some(handled);
         }
         None => {}
-    }
-    for observation in ctx.observations.drain(&ObjectRef::from_obj(policy)) {
-        run.feed(observation.into());
     }
     run.feed(Input::Tick);
 
