@@ -8,7 +8,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 use understudy_core::failover::{
     Action, CheckResult, Command, ControlPlane, Event, FailbackPolicy, FailoverConfig, FailoverState, Input,
-    PassiveSignal, Step, StepFailure, TransitionKind,
+    PassiveSignal, Phase, Step, StepFailure, TransitionKind,
 };
 use understudy_core::{Epoch, Pool};
 
@@ -283,7 +283,15 @@ proptest! {
                     continue;
                 }
                 Op::ReadLease => Input::LeaseObserved { holder: world.lease.0, epoch: world.lease.1 },
-                Op::StaleReport(step, epoch) => Input::StepDone { epoch: Epoch(epoch), step },
+                Op::StaleReport(step, epoch) => {
+                    // A report for the step under way at its own epoch is not stale: only the
+                    // executor that did the step may send it.
+                    let current = matches!(&world.state.phase, Phase::Promoting(p) if p.step == step && p.epoch == Epoch(epoch));
+                    if current {
+                        continue;
+                    }
+                    Input::StepDone { epoch: Epoch(epoch), step }
+                }
             };
             world.feed(input)?;
             prop_assert!(world.lease.1 >= *lease_epochs.last().unwrap_or(&Epoch(0)), "lease epoch went down");
