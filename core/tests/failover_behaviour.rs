@@ -111,6 +111,7 @@ impl Harness {
             pool: p,
             result: primary,
         });
+        self.feed(Input::Tick);
     }
 
     fn rounds(&mut self, n: usize, primary: CheckResult, standby: CheckResult) {
@@ -237,6 +238,8 @@ fn broken_parity_blocks_promotion_and_its_repair_releases_it() {
         reason: Blocked::ParityBroken
     }));
     h.feed(Input::Parity { holds: true });
+    assert_eq!(h.started(), 0, "only a tick decides");
+    h.feed(Input::Tick);
     assert_eq!(h.started(), 1);
 }
 
@@ -331,9 +334,16 @@ fn passive_refusals_count_as_hard_failures_and_timeouts_only_raise_suspicion() {
             pool: Pool::A,
             signal: PassiveSignal::Timeouts,
         });
+        h.feed(Input::Tick);
     }
     assert_eq!(h.state.phase, Phase::Suspect);
     assert_eq!(h.started(), 0, "timeouts alone never promote");
+    h.round(Pass, Pass);
+    assert_eq!(
+        h.state.phase,
+        Phase::Serving,
+        "a passing check clears the suspicion"
+    );
     h.feed(Input::Passive {
         pool: Pool::A,
         signal: PassiveSignal::AllRefused,
@@ -342,6 +352,8 @@ fn passive_refusals_count_as_hard_failures_and_timeouts_only_raise_suspicion() {
         pool: Pool::A,
         signal: PassiveSignal::AllRefused,
     });
+    assert_eq!(h.started(), 0, "only a tick decides");
+    h.feed(Input::Tick);
     assert_eq!(h.started(), 1);
 }
 
@@ -393,6 +405,14 @@ fn a_lost_compare_and_set_acts_on_nothing_until_the_lease_is_read_again() {
     assert_eq!(
         (h.state.primary, h.state.epoch, &h.state.phase),
         (Pool::B, Epoch(5), &Phase::Serving)
+    );
+    let routed = Action::Route {
+        pool: Pool::B,
+        epoch: Epoch(5),
+    };
+    assert!(
+        h.executed.contains(&routed),
+        "the lease's holder is routed at its epoch"
     );
 }
 
@@ -477,14 +497,28 @@ fn a_newer_epoch_in_the_lease_is_adopted_and_stops_our_promotion() {
         holder: Pool::A,
         epoch: Epoch(7),
     });
-    assert_eq!(
-        (h.state.primary, h.state.epoch, &h.state.phase),
-        (Pool::A, Epoch(7), &Phase::Serving)
-    );
     assert!(h.events.contains(&Event::EpochAdopted {
         holder: Pool::A,
         epoch: Epoch(7)
     }));
+    assert_eq!((h.state.primary, h.state.epoch), (Pool::A, Epoch(7)));
+    // The steps after the lease write are re-run for the lease's holder, so the pools match it.
+    let Phase::Promoting(p) = &h.state.phase else {
+        panic!("expected the adopted steps, got {:?}", h.state.phase)
+    };
+    assert_eq!(
+        (p.kind, p.to, p.epoch, p.step),
+        (TransitionKind::Adopted, Pool::A, Epoch(7), Step::Scale)
+    );
+    assert!(h.executed.contains(&Action::Fence {
+        pool: Pool::B,
+        epoch: Epoch(7)
+    }));
+    h.hold = None;
+    h.feed(Input::Tick);
+    assert_eq!(h.state.phase, Phase::Serving);
+    assert_eq!(h.state.routable(), Some((Pool::A, Epoch(7))));
+    assert_eq!(h.started(), 1, "adopting is not a promotion of ours");
 }
 
 #[test]
@@ -508,4 +542,82 @@ fn stale_step_reports_change_nothing() {
         reason: StepFailure::LostRace,
     });
     assert_eq!(h.state, before);
+}
+
+#[test]
+fn fresh_checks_fed_with_a_reconnect_are_judged_before_deciding() {
+    let mut h = Harness::new(config());
+    h.rounds(2, Pass, Pass);
+    h.feed(Input::ControlPlane(ControlPlane::Unreachable));
+    h.rounds(5, HardFail, Pass);
+    assert_eq!(h.state.phase, Phase::Stranded);
+    // The control plane comes back in the same batch as a check showing the primary recovered:
+    // the stale failures must not start a promotion.
+    h.now += INTERVAL;
+    h.feed(Input::ControlPlane(ControlPlane::Reachable));
+    h.feed(Input::Check {
+        pool: Pool::B,
+        result: Pass,
+    });
+    h.feed(Input::Check {
+        pool: Pool::A,
+        result: Pass,
+    });
+    h.feed(Input::Tick);
+    assert_eq!(h.started(), 0);
+    assert_eq!(h.state.phase, Phase::Serving);
+}
+
+#[test]
+fn a_forced_failover_skips_the_standby_proof_but_not_the_lease_or_dwell() {
+    let mut h = Harness::new(config());
+    h.feed(Input::Command(Command::Failover));
+    assert!(h.events.contains(&Event::CommandRefused {
+        command: Command::Failover,
+        reason: Blocked::StandbyNotEligible
+    }));
+    h.feed(Input::ControlPlane(ControlPlane::Unreachable));
+    h.feed(Input::Command(Command::ForceFailover));
+    assert!(h.events.contains(&Event::CommandRefused {
+        command: Command::ForceFailover,
+        reason: Blocked::ControlPlaneUnreachable
+    }));
+    h.feed(Input::ControlPlane(ControlPlane::Reachable));
+    h.feed(Input::Command(Command::ForceFailover));
+    assert_eq!((h.state.primary, h.state.epoch), (Pool::B, Epoch(1)));
+    h.feed(Input::Command(Command::ForceFailover));
+    assert!(h.events.contains(&Event::CommandRefused {
+        command: Command::ForceFailover,
+        reason: Blocked::Dwell
+    }));
+}
+
+#[test]
+fn a_dwell_too_long_for_the_clock_never_closes_and_never_panics() {
+    let mut h = Harness::new(FailoverConfig {
+        min_dwell: Duration::MAX,
+        ..config()
+    });
+    h.rounds(2, Pass, Pass);
+    h.rounds(2, HardFail, Pass);
+    assert_eq!(h.started(), 1);
+    h.rounds(3, Pass, Pass);
+    h.rounds(3, HardFail, Pass);
+    assert_eq!(h.started(), 1);
+    assert!(h.events.contains(&Event::PromotionBlocked {
+        reason: Blocked::Dwell
+    }));
+}
+
+#[test]
+fn an_exhausted_epoch_blocks_promotion_instead_of_wrapping() {
+    let mut h = Harness::new(config());
+    h.state = FailoverState::starting_at(Pool::A, Epoch(u64::MAX));
+    h.lease = (Pool::A, Epoch(u64::MAX));
+    h.rounds(2, Pass, Pass);
+    h.rounds(3, HardFail, Pass);
+    assert_eq!(h.started(), 0);
+    assert!(h.events.contains(&Event::PromotionBlocked {
+        reason: Blocked::EpochExhausted
+    }));
 }

@@ -54,7 +54,8 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (pool(), prop_oneof![Just(PassiveSignal::AllRefused), Just(PassiveSignal::Timeouts)])
             .prop_map(|(p, s)| Op::Passive(p, s)),
         1 => any::<bool>().prop_map(Op::Parity),
-        1 => prop_oneof![Just(Command::Failover), Just(Command::Failback)].prop_map(Op::Command),
+        1 => prop_oneof![Just(Command::Failover), Just(Command::Failback), Just(Command::ForceFailover)]
+            .prop_map(Op::Command),
         1 => prop_oneof![Just(ControlPlane::Reachable), Just(ControlPlane::Unreachable)].prop_map(Op::ControlPlane),
         6 => (0u64..120).prop_map(Op::Wait),
         1 => pool().prop_map(Op::RivalWrite),
@@ -170,12 +171,21 @@ impl World {
                     "promotion inside the dwell window"
                 );
             }
-            let standby = next.health[to.index()];
-            prop_assert!(
-                standby.failures == 0 && standby.passes >= self.config.standby_ready_after,
-                "promoted a standby that is not eligible: {standby:?}"
+            prop_assert!(before.lease_known, "promoted without knowing the lease");
+            prop_assert_eq!(
+                before.control_plane,
+                ControlPlane::Reachable,
+                "promoted with the control plane down"
             );
-            prop_assert!(next.parity_holds, "promoted with parity broken");
+            // Only a person's explicit force skips the standby's own proof.
+            if *kind != TransitionKind::Forced {
+                let standby = next.health[to.index()];
+                prop_assert!(
+                    standby.failures == 0 && standby.passes >= self.config.standby_ready_after,
+                    "promoted a standby that is not eligible: {standby:?}"
+                );
+                prop_assert!(next.parity_holds, "promoted with parity broken");
+            }
             if *kind == TransitionKind::Failover {
                 prop_assert!(!self.config.paused, "automatic failover while paused");
             }

@@ -37,6 +37,10 @@ pub enum Command {
     Failover,
     /// Give the primary role back to the home pool (pool A).
     Failback,
+    /// Promote the standby now even though it has not proven itself (no passing checks, parity
+    /// unknown or broken): the last resort when the primary is gone and nothing vouches for the
+    /// standby. The lease, the control plane and the dwell still rule.
+    ForceFailover,
 }
 
 /// Why an executor could not finish a promotion step.
@@ -131,6 +135,24 @@ pub enum TransitionKind {
     Failback,
     /// A person or a game day asked for it.
     Manual,
+    /// A person forced it past the standby's eligibility.
+    Forced,
+    /// The lease moved to a newer epoch we did not write (another operator, a person): the
+    /// remaining steps are re-run, idempotently, so the pools match the lease.
+    Adopted,
+}
+
+impl TransitionKind {
+    /// The kind's name, as metrics labels and reports print it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TransitionKind::Failover => "failover",
+            TransitionKind::Failback => "failback",
+            TransitionKind::Manual => "manual",
+            TransitionKind::Forced => "forced",
+            TransitionKind::Adopted => "adopted",
+        }
+    }
 }
 
 /// A promotion under way: where it goes, at which epoch, and how far it got.
@@ -168,6 +190,10 @@ pub struct PoolHealth {
     pub failures: u32,
     pub hard_failures: u32,
     pub passes: u32,
+    /// The data path saw timeouts since the last passing check: weak evidence that makes the
+    /// primary suspect but never promotes on its own.
+    #[serde(default)]
+    pub suspect: bool,
 }
 
 impl PoolHealth {
@@ -183,6 +209,7 @@ impl PoolHealth {
                     failures: 0,
                     hard_failures: 0,
                     passes: self.passes.saturating_add(1),
+                    suspect: false,
                 }
             }
             Some(hard) => {
@@ -309,6 +336,8 @@ pub enum Blocked {
     LeaseUnknown,
     AlreadyPromoting,
     AlreadyHome,
+    /// The epoch has reached its largest value (a hand-edited lease): no promotion can raise it.
+    EpochExhausted,
 }
 
 /// Everything the state machine remembers. Serializable, so the operator keeps it in the
@@ -412,33 +441,18 @@ impl FailoverState {
                     Role::Standby
                 };
                 self.health[pool.index()].record(result, role);
-                self.evaluate(config, now, out);
             }
             Input::Passive { pool, signal } => {
                 if pool != self.primary || matches!(self.phase, Phase::Promoting(_)) {
                     return;
                 }
+                let health = &mut self.health[pool.index()];
                 match signal {
-                    PassiveSignal::AllRefused => {
-                        self.health[pool.index()].record(CheckResult::HardFail, Role::Primary);
-                    }
-                    PassiveSignal::Timeouts => {
-                        if self.phase == Phase::Serving {
-                            self.phase = Phase::Suspect;
-                            out.push(Action::Emit(Event::PrimarySuspect {
-                                pool,
-                                failures: self.health(pool).failures,
-                            }));
-                        }
-                        return;
-                    }
+                    PassiveSignal::AllRefused => health.record(CheckResult::HardFail, Role::Primary),
+                    PassiveSignal::Timeouts => health.suspect = true,
                 }
-                self.evaluate(config, now, out);
             }
-            Input::Parity { holds } => {
-                self.parity_holds = holds;
-                self.evaluate(config, now, out);
-            }
+            Input::Parity { holds } => self.parity_holds = holds,
             Input::LeaseObserved { holder, epoch } => self.observe_lease(holder, epoch, now, out),
             Input::ControlPlane(reach) => {
                 if reach != self.control_plane {
@@ -448,7 +462,6 @@ impl FailoverState {
                         ControlPlane::Unreachable => Event::ControlPlaneUnreachable,
                     }));
                 }
-                self.evaluate(config, now, out);
             }
             Input::Command(command) => self.command(config, now, command, out),
             Input::StepDone { epoch, step } => self.step_done(epoch, step, now, out),
@@ -471,17 +484,29 @@ impl FailoverState {
         }
     }
 
-    /// Decides, from the current counters, whether the phase changes.
+    /// Decides, from everything observed so far, whether the phase changes. Only a tick
+    /// decides: observations fed together are judged together, so a stale failure count is
+    /// never acted on before the fresh checks that arrived with it have been counted.
     fn evaluate(&mut self, config: &FailoverConfig, now: Duration, out: &mut Vec<Action>) {
         if matches!(self.phase, Phase::Promoting(_)) {
             return;
         }
         let primary = *self.health(self.primary);
-        let failing = primary.failures > 0;
-        if !failing {
-            if self.phase != Phase::Serving {
-                self.phase = Phase::Serving;
-                out.push(Action::Emit(Event::PrimaryRecovered { pool: self.primary }));
+        if primary.failures == 0 {
+            let next = if primary.suspect {
+                Phase::Suspect
+            } else {
+                Phase::Serving
+            };
+            if self.phase != next {
+                out.push(Action::Emit(match next {
+                    Phase::Suspect => Event::PrimarySuspect {
+                        pool: self.primary,
+                        failures: 0,
+                    },
+                    _ => Event::PrimaryRecovered { pool: self.primary },
+                }));
+                self.phase = next;
             }
             self.consider_failback(config, now, out);
             return;
@@ -489,7 +514,8 @@ impl FailoverState {
         let promote =
             primary.failures >= config.promote_after || primary.hard_failures >= config.hard_promote_after;
         if !promote {
-            if primary.failures >= config.suspect_after && self.phase == Phase::Serving {
+            let suspect = primary.failures >= config.suspect_after || primary.suspect;
+            if suspect && self.phase == Phase::Serving {
                 self.phase = Phase::Suspect;
                 out.push(Action::Emit(Event::PrimarySuspect {
                     pool: self.primary,
@@ -523,10 +549,16 @@ impl FailoverState {
 
     /// Why promoting the standby now is not allowed, if it is not.
     fn blocked(&self, config: &FailoverConfig, now: Duration, automatic: bool) -> Option<Blocked> {
+        self.blocked_by_control(config, now, automatic)
+            .or_else(|| self.blocked_by_standby(config))
+    }
+
+    /// What forbids any promotion, forced or not: the lease, the control plane, pause, dwell.
+    fn blocked_by_control(&self, config: &FailoverConfig, now: Duration, automatic: bool) -> Option<Blocked> {
+        // A dwell so long that it overflows the clock never closes.
         let dwell_open = self
             .last_transition_end
-            .is_some_and(|end| now < end + config.min_dwell);
-        let standby = self.health(self.standby());
+            .is_some_and(|end| end.checked_add(config.min_dwell).is_none_or(|until| now < until));
         if matches!(self.phase, Phase::Promoting(_)) {
             Some(Blocked::AlreadyPromoting)
         } else if !self.lease_known {
@@ -537,7 +569,17 @@ impl FailoverState {
             Some(Blocked::Paused)
         } else if dwell_open {
             Some(Blocked::Dwell)
-        } else if !self.parity_holds {
+        } else if self.epoch == Epoch(u64::MAX) {
+            Some(Blocked::EpochExhausted)
+        } else {
+            None
+        }
+    }
+
+    /// What makes the standby unfit to serve: broken parity, failing checks, too few passes.
+    fn blocked_by_standby(&self, config: &FailoverConfig) -> Option<Blocked> {
+        let standby = self.health(self.standby());
+        if !self.parity_holds {
             Some(Blocked::ParityBroken)
         } else if standby.failures > 0 || standby.passes < config.standby_ready_after {
             Some(Blocked::StandbyNotEligible)
@@ -549,13 +591,15 @@ impl FailoverState {
     fn command(&mut self, config: &FailoverConfig, now: Duration, command: Command, out: &mut Vec<Action>) {
         let refusal = match command {
             Command::Failback if self.primary == Pool::A => Some(Blocked::AlreadyHome),
-            _ => self.blocked(config, now, false),
+            Command::ForceFailover => self.blocked_by_control(config, now, false),
+            Command::Failover | Command::Failback => self.blocked(config, now, false),
         };
         match refusal {
             Some(reason) => out.push(Action::Emit(Event::CommandRefused { command, reason })),
             None => {
                 let kind = match command {
                     Command::Failover => TransitionKind::Manual,
+                    Command::ForceFailover => TransitionKind::Forced,
                     Command::Failback => TransitionKind::Failback,
                 };
                 self.start(kind, now, out);
@@ -627,18 +671,23 @@ impl FailoverState {
             }
         }
         if epoch > self.epoch || (epoch == self.epoch && holder != self.primary) {
-            // A newer epoch than ours: someone else promoted. Adopt it and stop whatever we did.
+            // Someone else moved the lease. Stop whatever we did, take the lease as the truth,
+            // and re-run the steps after the lease write for its holder: each is idempotent, so
+            // pools the other writer already woke, scaled and routed are left as they are, and
+            // steps it never finished get done.
+            out.push(Action::Emit(Event::EpochAdopted { holder, epoch }));
             self.primary = holder;
             self.epoch = epoch;
-            if matches!(self.phase, Phase::Promoting(_)) {
-                self.finish(now);
-            } else {
-                self.phase = Phase::Serving;
-                self.health = [PoolHealth::default(); 2];
-            }
-            out.push(Action::Emit(Event::EpochAdopted { holder, epoch }));
-        } else if self.phase == Phase::Stranded && self.health(self.primary).failures == 0 {
-            self.phase = Phase::Serving;
+            self.health = [PoolHealth::default(); 2];
+            self.phase = Phase::Promoting(Promotion {
+                kind: TransitionKind::Adopted,
+                from: holder.other(),
+                to: holder,
+                epoch,
+                step: Step::FenceOld,
+                started_at: now,
+                done: vec![(Step::AcquireLease, now)],
+            });
         }
     }
 }

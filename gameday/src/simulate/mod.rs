@@ -284,11 +284,14 @@ impl<'a> Simulation<'a> {
             } => {
                 let outcome = &mut self.outcome;
                 match kind {
-                    TransitionKind::Failover | TransitionKind::Manual => outcome.failovers += 1,
+                    TransitionKind::Failover | TransitionKind::Manual | TransitionKind::Forced => {
+                        outcome.failovers += 1;
+                    }
                     TransitionKind::Failback => outcome.failbacks += 1,
+                    TransitionKind::Adopted => {}
                 }
                 outcome.transitions.push(Transition {
-                    kind: kind_name(kind),
+                    kind: kind.as_str(),
                     from,
                     to,
                     epoch,
@@ -315,14 +318,6 @@ impl<'a> Simulation<'a> {
             }
             _ => {}
         }
-    }
-}
-
-fn kind_name(kind: TransitionKind) -> &'static str {
-    match kind {
-        TransitionKind::Failover => "failover",
-        TransitionKind::Failback => "failback",
-        TransitionKind::Manual => "manual",
     }
 }
 
