@@ -2,8 +2,11 @@
 //!
 //! It is pure and deterministic. Nothing here reads a clock, a socket or the Kubernetes API:
 //! the caller passes the time with every input, executes the [`Action`]s it gets back, and
-//! reports each promotion step's outcome as another input. The operator drives it from
-//! reconcile loops, the simulator from a failure schedule, and tests from random sequences.
+//! reports each promotion step's outcome as another input. Observations (checks, passive
+//! signals, parity, the lease, the control plane) only update what it knows; it decides on
+//! [`Input::Tick`] and on commands, so observations fed together are judged together. The
+//! operator drives it from reconcile loops, the simulator from a failure schedule, and tests
+//! from random sequences.
 //!
 //! What it guarantees, and what the property tests check:
 //! - the epoch only grows, and only through a compare-and-set of the lease;
