@@ -641,7 +641,7 @@ async fn apply(policy: &FailoverPolicy, ctx: &Context, namespace: &str) -> Resul
     ctx.metrics.set_epoch(namespace, &name, run.machine.epoch.0);
     if let Some(done) = &run.finished {
         ctx.metrics
-            .failover_finished(namespace, &name, kind_label(done.kind));
+            .failover_finished(namespace, &name, TransitionKind::as_str(done.kind));
     }
     written?;
     if let Some(error) = step_error {
@@ -651,14 +651,6 @@ async fn apply(policy: &FailoverPolicy, ctx: &Context, namespace: &str) -> Resul
         Phase::Promoting(_) => PROMOTING_REQUEUE.min(validated.probe.interval),
         _ => validated.probe.interval,
     }))
-}
-
-fn kind_label(kind: TransitionKind) -> &'static str {
-    match kind {
-        TransitionKind::Failover => "failover",
-        TransitionKind::Failback => "failback",
-        TransitionKind::Manual => "manual",
-    }
 }
 
 /// A deleted policy leaves its pools as they are: its epoch Lease goes with it through its owner
