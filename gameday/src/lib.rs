@@ -2,6 +2,8 @@
 //!
 //! Today this crate holds the policy simulator ([`simulate`]), which runs a failure schedule
 //! through the real failover state machine so a user can see what a policy would do before
-//! trusting it. Fault injection, load generation, reports and the vLLM emulator come next.
+//! trusting it. It also holds the vLLM-compatible [`emulator`] that every other part is tested against.
+//! Fault injection, load generation and reports come next.
 
+pub mod emulator;
 pub mod simulate;
