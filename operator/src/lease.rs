@@ -7,6 +7,9 @@
 //! `kubectl get lease` shows something sensible. A promotion is a single write that names the new
 //! holder and raises the epoch, so no reader can ever see a new primary under an old epoch.
 //!
+//! The Lease has no owner reference: epochs must never go back, so it outlives its policy, and a
+//! policy deleted and created again carries on from the epoch its Lease holds.
+//!
 //! Writes are PUTs carrying `metadata.resourceVersion`, not server-side apply: apply merges, and
 //! fencing needs the write to fail when anyone wrote in between. The same plumbing (holder plus
 //! `resourceVersion` compare-and-set) carries the operator's own leader election in
@@ -28,7 +31,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
 use understudy_core::Epoch;
@@ -190,7 +193,6 @@ fn transitions_mirror(epoch: Epoch) -> i32 {
 pub struct KubeLease {
     api: Api<Lease>,
     name: String,
-    owner: Option<OwnerReference>,
     request_timeout: Duration,
 }
 
@@ -199,7 +201,6 @@ impl std::fmt::Debug for KubeLease {
         f.debug_struct("KubeLease")
             .field("namespace", &self.api.namespace())
             .field("name", &self.name)
-            .field("owner", &self.owner.as_ref().map(|o| (&o.kind, &o.name)))
             .field("request_timeout", &self.request_timeout)
             .finish()
     }
@@ -220,23 +221,20 @@ impl KubeLease {
         KubeLease {
             api,
             name: name.into(),
-            owner: None,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
         }
     }
 
-    /// The fencing Lease of the FailoverPolicy `policy_name`, owned by it so that deleting the
-    /// policy deletes the Lease.
+    /// The fencing Lease of the FailoverPolicy `policy_name`.
+    ///
+    /// It carries no owner reference, so deleting the policy leaves it: routers and fence sidecars
+    /// refuse anything below the highest epoch they have seen, and a policy created again under
+    /// the same name must carry on from this epoch rather than start again at 0. A Lease written
+    /// by an older operator with an owner reference loses it on its next compare-and-set, which
+    /// replaces the whole object.
     #[must_use]
-    pub fn for_policy(api: Api<Lease>, policy_name: &str, owner: OwnerReference) -> Self {
-        KubeLease::new(api, epoch_lease_name(policy_name)).with_owner(owner)
-    }
-
-    /// Set this owner reference on every write.
-    #[must_use]
-    pub fn with_owner(mut self, owner: OwnerReference) -> Self {
-        self.owner = Some(owner);
-        self
+    pub fn for_policy(api: Api<Lease>, policy_name: &str) -> Self {
+        KubeLease::new(api, epoch_lease_name(policy_name))
     }
 
     /// How long one request may take before it counts as unreachable.
@@ -265,7 +263,6 @@ impl KubeLease {
             name: Some(self.name.clone()),
             namespace: self.api.namespace().map(str::to_owned),
             resource_version: version.map(str::to_owned),
-            owner_references: self.owner.clone().map(|o| vec![o]),
             annotations: (!annotations.is_empty()).then_some(annotations),
             ..ObjectMeta::default()
         }

@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use http::{Method, Request, Response, StatusCode};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::client::Body;
 use kube::{Api, Client};
 use serde_json::{Value, json};
@@ -109,17 +108,6 @@ fn epoch_lease_json(holder: &str, epoch: &str, version: &str) -> Value {
     })
 }
 
-fn owner() -> OwnerReference {
-    OwnerReference {
-        api_version: "understudy.dev/v1alpha1".into(),
-        kind: "FailoverPolicy".into(),
-        name: "chat".into(),
-        uid: "5b0c2c53-0d52-4a8e-a2a5-35d2b8e4b7b1".into(),
-        controller: Some(true),
-        block_owner_deletion: Some(true),
-    }
-}
-
 fn api_and_verifier() -> (Api<Lease>, ApiServerVerifier) {
     let (mock, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let client = Client::new(mock, "default");
@@ -128,7 +116,7 @@ fn api_and_verifier() -> (Api<Lease>, ApiServerVerifier) {
 
 fn fencing_lease() -> (KubeLease, ApiServerVerifier) {
     let (api, verifier) = api_and_verifier();
-    (KubeLease::for_policy(api, "chat", owner()), verifier)
+    (KubeLease::for_policy(api, "chat"), verifier)
 }
 
 fn record(holder: &str, epoch: u64, version: &str) -> LeaseRecord {
@@ -158,7 +146,7 @@ fn the_fencing_lease_is_named_after_its_policy() {
 }
 
 #[tokio::test]
-async fn create_posts_a_lease_naming_the_holder_with_the_epoch_annotation_and_owner() {
+async fn create_posts_a_lease_naming_the_holder_with_the_epoch_annotation_and_no_owner() {
     let (lease, mut verifier) = fencing_lease();
     let server = tokio::spawn(async move {
         let (seen, send) = verifier.next().await;
@@ -176,9 +164,8 @@ async fn create_posts_a_lease_naming_the_holder_with_the_epoch_annotation_and_ow
             body["metadata"].get("resourceVersion").is_none(),
             "a create has no precondition"
         );
-        assert_eq!(body["metadata"]["ownerReferences"][0]["kind"], "FailoverPolicy");
-        assert_eq!(body["metadata"]["ownerReferences"][0]["name"], "chat");
-        assert_eq!(body["metadata"]["ownerReferences"][0]["controller"], true);
+        // Owned by nobody: deleting the policy must not delete the epoch with it.
+        assert!(body["metadata"].get("ownerReferences").is_none(), "{body}");
         assert_eq!(body["spec"]["holderIdentity"], "pool-a");
         assert_eq!(body["spec"]["leaseTransitions"], 0);
         assert!(body["spec"]["acquireTime"].is_string() && body["spec"]["renewTime"].is_string());
@@ -277,7 +264,8 @@ async fn compare_and_set_puts_the_expected_version_the_new_holder_and_the_raised
         assert_eq!(body["metadata"]["name"], "chat-epoch");
         assert_eq!(body["metadata"]["resourceVersion"], "101", "the precondition");
         assert_eq!(body["metadata"]["annotations"][EPOCH_ANNOTATION], "8");
-        assert_eq!(body["metadata"]["ownerReferences"][0]["uid"], owner().uid);
+        // A replace carries the whole object: an owner reference an older operator set is dropped.
+        assert!(body["metadata"].get("ownerReferences").is_none(), "{body}");
         assert_eq!(body["spec"]["holderIdentity"], "pool-b");
         assert_eq!(body["spec"]["leaseTransitions"], 8);
         assert!(body["spec"]["acquireTime"].is_string() && body["spec"]["renewTime"].is_string());

@@ -6,6 +6,10 @@
 //! carry out the promotion step it asks for, one after the other → apply the status → publish its
 //! events → requeue.
 //!
+//! The epoch Lease has no owner reference and outlives its policy: routers and fence sidecars
+//! refuse anything below the highest epoch they have seen, so a policy deleted and created again
+//! must carry on from the Lease's epoch, never start again at 0.
+//!
 //! What this controller must never do:
 //! - write anything after losing a compare-and-set on the epoch Lease: the loser acts on nothing,
 //!   not even its own status, until it has read the Lease again;
@@ -409,10 +413,8 @@ async fn apply(policy: &FailoverPolicy, ctx: &Context, namespace: &str) -> Resul
         tracing::warn!(%namespace, policy = %name, %error, "status.failover unreadable; starting from the lease");
         None
     });
-    let owner = policy
-        .controller_owner_ref(&())
-        .ok_or(Error::MissingObjectKey("uid"))?;
-    let lease = KubeLease::for_policy(Api::namespaced(ctx.client.clone(), namespace), &name, owner);
+    // No owner reference: the epoch Lease outlives its policy (see the module doc).
+    let lease = KubeLease::for_policy(Api::namespaced(ctx.client.clone(), namespace), &name);
     let reference = policy.object_ref(&());
     let mut run = Run {
         spec,
@@ -653,8 +655,9 @@ async fn apply(policy: &FailoverPolicy, ctx: &Context, namespace: &str) -> Resul
     }))
 }
 
-/// A deleted policy leaves its pools as they are: its epoch Lease goes with it through its owner
-/// reference, and serving must not stop because a policy was removed.
+/// A deleted policy leaves its pools as they are, and its epoch Lease too: serving must not stop
+/// because a policy was removed, and a policy created again under the same name must carry on
+/// from the Lease's epoch rather than start again at 0.
 fn cleanup(policy: &FailoverPolicy, ctx: &Context, namespace: &str) -> Result<Action, Error> {
     ctx.metrics.forget_policy(namespace, &policy.name_any());
     Ok(Action::await_change())
