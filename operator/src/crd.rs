@@ -793,6 +793,14 @@ pub struct TimelineStep {
     pub step: String,
     /// RFC 3339.
     pub at: String,
+    /// True when the operator made no call for this step and left it to another component (the
+    /// fence sidecar, the prober, the router): the promotion moved on, but the step is not
+    /// known to be done. `note` says who carries it and what happened.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub handed_off: bool,
+    /// What happened, where the step's name alone would claim more than is true.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 /// Where one replica's start went.

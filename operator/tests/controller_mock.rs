@@ -35,7 +35,8 @@ use understudy_core::failover::{
 };
 use understudy_core::{Epoch, Pool};
 use understudy_operator::controller::{
-    Clock, Context, HandledCommand, Observation, ObservationSource, OperatorRecord, error_policy, reconcile,
+    Clock, Context, HandedOffStep, HandledCommand, Observation, ObservationSource, OperatorRecord,
+    error_policy, reconcile,
 };
 use understudy_operator::crd::FailoverPolicy;
 use understudy_operator::metrics::Metrics;
@@ -125,6 +126,61 @@ fn status(code: u16, reason: &str, message: &str) -> Value {
 fn with_record(mut object: Value, record: &OperatorRecord) -> Value {
     object["status"] = json!({ "failover": serde_json::to_value(record).unwrap() });
     object
+}
+
+fn record(machine: FailoverState, handled: Option<&str>) -> OperatorRecord {
+    OperatorRecord {
+        machine,
+        handled_command: handled.map(|value| HandledCommand { value: value.into() }),
+        handed_off: Vec::new(),
+    }
+}
+
+/// Two passing checks of the standby: enough to prove it under the default trigger.
+fn standby_proven() -> Vec<Observation> {
+    vec![
+        Observation::Check {
+            pool: Pool::B,
+            result: CheckResult::Pass,
+        };
+        2
+    ]
+}
+
+fn west_scale(replicas: u32) -> Value {
+    json!({
+        "apiVersion": "autoscaling/v1", "kind": "Scale",
+        "metadata": {"name": "vllm-west", "namespace": NS},
+        "spec": {"replicas": replicas}, "status": {"replicas": replicas},
+    })
+}
+
+fn west_deployment(ready: u32) -> Value {
+    json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "vllm-west", "namespace": NS},
+        "spec": {"replicas": 4},
+        "status": {"replicas": 4, "readyReplicas": ready},
+    })
+}
+
+/// The names of a timeline's steps, each with whether it was handed off.
+fn steps_of(timeline: &Value) -> Vec<(String, bool)> {
+    timeline["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["step"].as_str().unwrap().to_owned(),
+                s["handedOff"].as_bool().unwrap_or(false),
+            )
+        })
+        .collect()
+}
+
+fn reasons(events: &[Published]) -> Vec<&str> {
+    events.iter().map(|e| e.reason.as_str()).collect()
 }
 
 fn context(observations: Vec<Observation>) -> (Arc<Context>, ApiServer) {
@@ -347,6 +403,7 @@ async fn new_policy_gets_a_finalizer_a_lease_and_a_status() {
             assert_eq!(applied["state"], "Serving");
             assert_eq!(applied["observedGeneration"], 1);
             assert_eq!(applied["conditions"]["Ready"]["status"], "True");
+            assert_eq!(applied["conditions"]["Ready"]["reason"], "LeaseHeld");
             assert_eq!(
                 applied["conditions"]["Ready"]["lastTransitionTime"],
                 "2024-06-01T12:00:00Z"
@@ -384,11 +441,10 @@ async fn lost_compare_and_set_makes_no_further_writes() {
             result: CheckResult::HardFail,
         },
     ];
-    let record = OperatorRecord {
-        machine: FailoverState::starting_at(Pool::A, Epoch(0)),
-        handled_command: None,
-    };
-    let object = with_record(policy(), &record);
+    let object = with_record(
+        policy(),
+        &record(FailoverState::starting_at(Pool::A, Epoch(0)), None),
+    );
     let (ctx, server) = context(observations);
     let stored = object.clone();
     let (result, events) = run_scenario(
@@ -419,9 +475,9 @@ async fn lost_compare_and_set_makes_no_further_writes() {
     assert!(events.is_empty(), "the loser published {events:?}");
 }
 
-#[tokio::test]
-async fn operator_restarted_mid_promotion_finishes_with_the_same_epoch() {
-    // The last operator claimed epoch 2 for us-west, fenced and woke, then died before scaling.
+/// The record an operator leaves when it dies after claiming epoch 2 for us-west, fencing and
+/// waking (both handed off), before scaling.
+fn record_stopped_at_scale() -> OperatorRecord {
     let at = |s: u64| NOW - Duration::from_secs(60) + Duration::from_secs(s);
     let machine = FailoverState {
         primary: Pool::B,
@@ -442,17 +498,25 @@ async fn operator_restarted_mid_promotion_finishes_with_the_same_epoch() {
         health: [PoolHealth::default(); 2],
         ..FailoverState::starting_at(Pool::A, Epoch(1))
     };
-    let record = OperatorRecord {
-        machine,
-        handled_command: Some(HandledCommand {
-            value: "failover".into(),
-            generation: 1,
-        }),
-    };
-    let mut object = with_record(policy(), &record);
+    let mut record = record(machine, Some("failover"));
+    record.handed_off = [Step::FenceOld, Step::Wake]
+        .into_iter()
+        .map(|step| HandedOffStep {
+            epoch: Epoch(2),
+            step,
+            note: "no call was made".into(),
+        })
+        .collect();
+    record
+}
+
+#[tokio::test]
+async fn operator_restarted_mid_promotion_finishes_with_the_same_epoch() {
+    let mut object = with_record(policy(), &record_stopped_at_scale());
     // The command that started it is still on the object; it must not be replayed.
     object["metadata"]["annotations"] = json!({"understudy.dev/command": "failover"});
     let (ctx, server) = context(Vec::new());
+    let metrics = ctx.metrics.clone();
     let stored = object.clone();
     let (result, events) = run_scenario(
         &object,
@@ -462,67 +526,52 @@ async fn operator_restarted_mid_promotion_finishes_with_the_same_epoch() {
                 .expect("GET", LEASE_PATH)
                 .await
                 .answer(200, &lease("us-west", 2, "57"));
-            server.expect("GET", &format!("{WEST_PATH}/scale")).await.answer(
-                200,
-                &json!({
-                    "apiVersion": "autoscaling/v1", "kind": "Scale",
-                    "metadata": {"name": "vllm-west", "namespace": NS},
-                    "spec": {"replicas": 1}, "status": {"replicas": 1},
-                }),
-            );
+            server
+                .expect("GET", &format!("{WEST_PATH}/scale"))
+                .await
+                .answer(200, &west_scale(1));
             let scale = server.expect("PATCH", &format!("{WEST_PATH}/scale")).await;
             assert_eq!(scale.body["spec"]["replicas"], 4);
-            scale.answer(
-                200,
-                &json!({
-                    "apiVersion": "autoscaling/v1", "kind": "Scale",
-                    "metadata": {"name": "vllm-west", "namespace": NS},
-                    "spec": {"replicas": 4}, "status": {"replicas": 1},
-                }),
-            );
-            server.expect("GET", WEST_PATH).await.answer(
-                200,
-                &json!({
-                    "apiVersion": "apps/v1", "kind": "Deployment",
-                    "metadata": {"name": "vllm-west", "namespace": NS},
-                    "spec": {"replicas": 4},
-                    "status": {"replicas": 4, "readyReplicas": 3},
-                }),
-            );
+            scale.answer(200, &west_scale(4));
+            server
+                .expect("GET", WEST_PATH)
+                .await
+                .answer(200, &west_deployment(3));
             let applied = answer_status(server.expect("PATCH", STATUS_PATH).await, &stored);
             assert_eq!(applied["epoch"], 2);
             assert_eq!(applied["primaryPool"], "us-west");
             assert_eq!(applied["state"], "Serving");
             assert_eq!(applied["failover"]["handledCommand"]["value"], "failover");
+            // Ready claims the Lease, not a route nobody pushed.
+            assert_eq!(applied["conditions"]["Ready"]["reason"], "LeaseHeld");
+            let message = applied["conditions"]["Ready"]["message"].as_str().unwrap();
+            assert!(message.contains("route was pushed"), "{message}");
             let timeline = &applied["lastFailover"];
             assert_eq!(timeline["epoch"], 2);
             assert_eq!(timeline["kind"], "failover");
             assert_eq!(timeline["finishedAt"], "2024-06-01T12:00:00Z");
-            let steps: Vec<&str> = timeline["steps"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|s| s["step"].as_str().unwrap())
-                .collect();
-            assert_eq!(
-                steps,
-                [
-                    "LeaseClaimed",
-                    "Fenced",
-                    "Woken",
-                    "ScaledUp",
-                    "Serving",
-                    "Routed",
-                    "AdmissionOpened"
-                ]
-            );
+            // The steps no call was made for say so, those of the last operator included.
+            let steps = steps_of(timeline);
+            let expected = [
+                ("LeaseClaimed", false),
+                ("Fenced", true),
+                ("Woken", true),
+                ("ScaledUp", false),
+                ("Serving", false),
+                ("Routed", true),
+                ("AdmissionOpened", true),
+            ]
+            .map(|(s, h)| (s.to_owned(), h));
+            assert_eq!(steps, expected);
+            let routed = timeline["steps"][5]["note"].as_str().unwrap();
+            assert!(routed.contains("no route was pushed"), "{routed}");
             server.expect_no_more().await
         },
         server,
     )
     .await;
     assert_eq!(result.unwrap(), Action::requeue(Duration::from_secs(10)));
-    let reasons: Vec<&str> = events.iter().map(|e| e.reason.as_str()).collect();
+    let reasons = reasons(&events);
     assert!(reasons.contains(&"PromotionFinished"), "{reasons:?}");
     assert!(
         !reasons.contains(&"PromotionStarted"),
@@ -534,6 +583,141 @@ async fn operator_restarted_mid_promotion_finishes_with_the_same_epoch() {
         .find(|e| e.reason == "StepHandedOff" && e.note.starts_with("Routed"))
         .unwrap();
     assert!(routed.note.contains("no route was pushed"), "{}", routed.note);
+    let text = metrics.encode().unwrap();
+    assert!(
+        text.contains(r#"understudy_failovers_total{namespace="serving",policy="llama",kind="manual"} 1"#),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn operator_restarted_after_its_lease_write_resumes_without_a_second_compare_and_set() {
+    // The write-ahead record says epoch 3 for us-west at the lease step; the operator died after
+    // its compare-and-set landed but before it could record it.
+    let machine = FailoverState {
+        phase: Phase::Promoting(Promotion {
+            kind: TransitionKind::Manual,
+            from: Pool::A,
+            to: Pool::B,
+            epoch: Epoch(3),
+            step: Step::AcquireLease,
+            started_at: NOW - Duration::from_secs(5),
+            done: Vec::new(),
+        }),
+        ..FailoverState::starting_at(Pool::A, Epoch(2))
+    };
+    let object = with_record(policy(), &record(machine, Some("failover")));
+    let (ctx, server) = context(Vec::new());
+    let stored = object.clone();
+    let (result, events) = run_scenario(
+        &object,
+        ctx,
+        |mut server| async move {
+            server
+                .expect("GET", LEASE_PATH)
+                .await
+                .answer(200, &lease("us-west", 3, "58"));
+            // No PUT to the Lease: the next request is the workload, not a compare-and-set.
+            server
+                .expect("GET", &format!("{WEST_PATH}/scale"))
+                .await
+                .answer(200, &west_scale(4));
+            server
+                .expect("GET", WEST_PATH)
+                .await
+                .answer(200, &west_deployment(4));
+            let applied = answer_status(server.expect("PATCH", STATUS_PATH).await, &stored);
+            assert_eq!(applied["epoch"], 3);
+            assert_eq!(applied["primaryPool"], "us-west");
+            assert_eq!(applied["state"], "Serving");
+            assert_eq!(applied["lastFailover"]["epoch"], 3);
+            server.expect_no_more().await
+        },
+        server,
+    )
+    .await;
+    assert_eq!(result.unwrap(), Action::requeue(Duration::from_secs(10)));
+    let reasons = reasons(&events);
+    assert!(reasons.contains(&"PromotionFinished"), "{reasons:?}");
+    assert!(!reasons.contains(&"EpochAdopted"), "{reasons:?}");
+}
+
+#[tokio::test]
+async fn a_failed_final_status_write_tells_and_counts_nothing_that_will_run_again() {
+    let object = with_record(policy(), &record_stopped_at_scale());
+    let (ctx, server) = context(Vec::new());
+    let metrics = ctx.metrics.clone();
+    let (result, events) = run_scenario(
+        &object,
+        ctx,
+        |mut server| async move {
+            server
+                .expect("GET", LEASE_PATH)
+                .await
+                .answer(200, &lease("us-west", 2, "57"));
+            server
+                .expect("GET", &format!("{WEST_PATH}/scale"))
+                .await
+                .answer(200, &west_scale(4));
+            server
+                .expect("GET", WEST_PATH)
+                .await
+                .answer(200, &west_deployment(4));
+            // The promotion finished, but the status that records it is refused.
+            server.expect("PATCH", STATUS_PATH).await.answer(
+                500,
+                &status(500, "InternalError", "etcdserver: request timed out"),
+            );
+            server.expect_no_more().await
+        },
+        server,
+    )
+    .await;
+    let error = result.unwrap_err();
+    assert_eq!(error.category(), "status", "{error}");
+    // The next reconcile resumes from the same record and finishes again: it tells and counts it
+    // then, once.
+    assert!(events.is_empty(), "{events:?}");
+    let text = metrics.encode().unwrap();
+    assert!(!text.contains("understudy_failovers_total{"), "{text}");
+}
+
+#[tokio::test]
+async fn an_unreachable_lease_write_is_counted_as_the_control_plane_not_the_status() {
+    let mut object = with_record(
+        policy(),
+        &record(FailoverState::starting_at(Pool::A, Epoch(0)), None),
+    );
+    object["metadata"]["annotations"] = json!({"understudy.dev/command": "failover"});
+    let (ctx, server) = context(standby_proven());
+    let stored = object.clone();
+    let (result, events) = run_scenario(
+        &object,
+        ctx,
+        |mut server| async move {
+            server
+                .expect("GET", LEASE_PATH)
+                .await
+                .answer(200, &lease("us-east", 0, "41"));
+            answer_status(server.expect("PATCH", STATUS_PATH).await, &stored);
+            // The API server goes away between the write-ahead and the compare-and-set.
+            server
+                .expect("PUT", LEASE_PATH)
+                .await
+                .answer(503, &status(503, "ServiceUnavailable", "etcd is down"));
+            server
+                .expect("PATCH", STATUS_PATH)
+                .await
+                .answer(503, &status(503, "ServiceUnavailable", "etcd is down"));
+            server.expect_no_more().await
+        },
+        server,
+    )
+    .await;
+    let error = result.unwrap_err();
+    assert_eq!(error.category(), "control_plane_unreachable", "{error}");
+    // What the write-ahead recorded is told; what only the failed write held is not.
+    assert_eq!(reasons(&events), ["PromotionStarted"]);
 }
 
 #[tokio::test]
@@ -543,10 +727,13 @@ async fn malformed_policy_is_reported_as_an_event_and_a_condition() {
     let guarded = guard(&object);
     assert!(guarded.0.is_err(), "the fixture must not deserialize");
     let (ctx, server) = context(Vec::new());
+    let raw = object.clone();
     let (result, events) = run_scenario(
         &object,
         ctx,
         |mut server| async move {
+            // The stored object is read for its Ready condition; it has none yet.
+            server.expect("GET", POLICY_PATH).await.answer(200, &raw);
             let patch = server.expect("PATCH", STATUS_PATH).await;
             assert_eq!(patch.content_type, "application/merge-patch+json");
             let ready = patch.body["status"]["conditions"]["Ready"].clone();
@@ -554,6 +741,7 @@ async fn malformed_policy_is_reported_as_an_event_and_a_condition() {
             assert_eq!(ready["reason"], "InvalidSpec");
             let message = ready["message"].as_str().unwrap().to_lowercase();
             assert!(message.contains("expected a sequence"), "{ready}");
+            assert_eq!(ready["lastTransitionTime"], "2024-06-01T12:00:00Z");
             assert_eq!(patch.body["status"]["state"], "InvalidSpec");
             // The answer is the stored object, which still does not deserialize.
             let mut stored = object_with_status(&patch.body);
@@ -570,6 +758,36 @@ async fn malformed_policy_is_reported_as_an_event_and_a_condition() {
         (events[0].type_.as_str(), events[0].reason.as_str()),
         ("Warning", "InvalidSpec")
     );
+}
+
+#[tokio::test]
+async fn a_malformed_policy_reported_again_keeps_the_time_it_became_invalid() {
+    let mut object = policy();
+    object["spec"]["pools"] = json!(7);
+    object["status"] = json!({"conditions": {"Ready": {
+        "status": "False", "reason": "InvalidSpec", "message": "spec.pools: invalid type",
+        "lastTransitionTime": "2024-06-01T11:00:00Z",
+    }}});
+    let (ctx, server) = context(Vec::new());
+    let raw = object.clone();
+    let (result, _) = run_scenario(
+        &object,
+        ctx,
+        |mut server| async move {
+            server.expect("GET", POLICY_PATH).await.answer(200, &raw);
+            let patch = server.expect("PATCH", STATUS_PATH).await;
+            let ready = patch.body["status"]["conditions"]["Ready"].clone();
+            assert_eq!(ready["reason"], "InvalidSpec");
+            // Invalid all along: the time it became so stays, and a report that repeats itself
+            // does not move the object on every reconcile.
+            assert_eq!(ready["lastTransitionTime"], "2024-06-01T11:00:00Z");
+            patch.answer(200, &raw);
+            server.expect_no_more().await
+        },
+        server,
+    )
+    .await;
+    assert_eq!(result.unwrap(), Action::await_change());
 }
 
 fn object_with_status(patch: &Value) -> Value {
@@ -609,15 +827,18 @@ async fn policy_that_breaks_a_rule_is_reported_the_same_way_and_nothing_else_is_
 
 #[tokio::test]
 async fn unreachable_api_server_pauses_control_and_never_fails_over() {
-    // The primary is failing and a failover command waits on the object, but the Lease
-    // cannot be read.
+    // The primary has failed its checks past the trigger (four in a row), the standby is proven,
+    // and a failover command waits on the object: everything a promotion needs, except the
+    // Lease, which cannot be read.
     let mut machine = FailoverState::starting_at(Pool::A, Epoch(3));
-    machine.health[Pool::B.index()].passes = 5;
-    let record = OperatorRecord {
-        machine,
-        handled_command: None,
+    machine.phase = Phase::Suspect;
+    machine.health[Pool::A.index()] = PoolHealth {
+        failures: 4,
+        ..PoolHealth::default()
     };
-    let mut object = with_record(policy(), &record);
+    machine.health[Pool::B.index()].passes = 5;
+    let recorded = with_record(policy(), &record(machine, None));
+    let mut object = recorded.clone();
     object["metadata"]["annotations"] = json!({"understudy.dev/command": "failover"});
     let (ctx, mut server) = context(Vec::new());
     server.event_answer = 503;
@@ -635,7 +856,8 @@ async fn unreachable_api_server_pauses_control_and_never_fails_over() {
             patch.answer(503, &status(503, "ServiceUnavailable", "etcd is down"));
             assert_eq!(applied["epoch"], 3);
             assert_eq!(applied["primaryPool"], "us-east");
-            assert_eq!(applied["state"], "Serving");
+            // Stranded, not Promoting: the failing primary keeps its role.
+            assert_eq!(applied["state"], "Stranded");
             assert_eq!(
                 applied["conditions"]["Ready"]["reason"],
                 "ControlPlaneUnreachable"
@@ -649,8 +871,42 @@ async fn unreachable_api_server_pauses_control_and_never_fails_over() {
     .await;
     let error = result.unwrap_err();
     assert_eq!(error.category(), "control_plane_unreachable", "{error}");
-    let reasons: Vec<&str> = events.iter().map(|e| e.reason.as_str()).collect();
-    assert_eq!(reasons, ["ControlPlaneUnreachable"]);
+    assert_eq!(reasons(&events), ["ControlPlaneUnreachable", "PromotionBlocked"]);
+    let blocked = &events[1];
+    assert!(
+        blocked.note.contains("ControlPlaneUnreachable"),
+        "{}",
+        blocked.note
+    );
+
+    // The API server is back; the command was withdrawn meanwhile, and the prober's fresh round
+    // finds the primary passing. The failure count in the record is stale: judged together with
+    // the fresh check, nothing is promoted.
+    let (ctx, server) = context(vec![Observation::Check {
+        pool: Pool::A,
+        result: CheckResult::Pass,
+    }]);
+    let stored = recorded.clone();
+    let (result, events) = run_scenario(
+        &recorded,
+        ctx,
+        |mut server| async move {
+            server
+                .expect("GET", LEASE_PATH)
+                .await
+                .answer(200, &lease("us-east", 3, "77"));
+            let applied = answer_status(server.expect("PATCH", STATUS_PATH).await, &stored);
+            assert_eq!(applied["state"], "Serving");
+            assert_eq!(applied["epoch"], 3);
+            assert_eq!(applied["primaryPool"], "us-east");
+            // Nothing after the status: no write-ahead, no compare-and-set.
+            server.expect_no_more().await
+        },
+        server,
+    )
+    .await;
+    assert_eq!(result.unwrap(), Action::requeue(Duration::from_secs(10)));
+    assert_eq!(reasons(&events), ["PrimaryRecovered"]);
 }
 
 #[tokio::test]
@@ -731,11 +987,10 @@ async fn a_command_promotes_a_proven_standby_and_waits_for_it_to_serve() {
             result: CheckResult::Pass,
         },
     ];
-    let record = OperatorRecord {
-        machine: FailoverState::starting_at(Pool::A, Epoch(0)),
-        handled_command: None,
-    };
-    let mut object = with_record(policy(), &record);
+    let mut object = with_record(
+        policy(),
+        &record(FailoverState::starting_at(Pool::A, Epoch(0)), None),
+    );
     object["metadata"]["annotations"] = json!({"understudy.dev/command": "failover@drill-7"});
     let (ctx, server) = context(observations);
     let stored = object.clone();
@@ -794,6 +1049,364 @@ async fn a_command_promotes_a_proven_standby_and_waits_for_it_to_serve() {
     assert!(reasons.contains(&"PromotionStarted"), "{reasons:?}");
     assert!(reasons.contains(&"StepWaiting"), "{reasons:?}");
     assert!(!reasons.contains(&"PromotionFinished"), "{reasons:?}");
+}
+
+#[tokio::test]
+async fn a_failover_command_is_refused_for_a_standby_never_seen_to_pass() {
+    let mut object = with_record(
+        policy(),
+        &record(FailoverState::starting_at(Pool::A, Epoch(0)), None),
+    );
+    object["metadata"]["annotations"] = json!({"understudy.dev/command": "failover"});
+    // No prober: no observation ever came.
+    let (ctx, server) = context(Vec::new());
+    let stored = object.clone();
+    let (result, events) = run_scenario(
+        &object,
+        ctx,
+        |mut server| async move {
+            server
+                .expect("GET", LEASE_PATH)
+                .await
+                .answer(200, &lease("us-east", 0, "41"));
+            let applied = answer_status(server.expect("PATCH", STATUS_PATH).await, &stored);
+            assert_eq!(applied["state"], "Serving");
+            assert_eq!(applied["epoch"], 0);
+            // Refused is handled: it is not tried again on every reconcile.
+            assert_eq!(applied["failover"]["handledCommand"]["value"], "failover");
+            server.expect_no_more().await
+        },
+        server,
+    )
+    .await;
+    assert_eq!(result.unwrap(), Action::requeue(Duration::from_secs(10)));
+    assert_eq!(reasons(&events), ["CommandRefused"]);
+    assert_eq!(events[0].type_, "Warning");
+    assert!(
+        events[0].note.contains("StandbyNotEligible"),
+        "{}",
+        events[0].note
+    );
+}
+
+#[tokio::test]
+async fn force_failover_promotes_a_standby_nothing_vouches_for() {
+    let mut object = with_record(
+        policy(),
+        &record(FailoverState::starting_at(Pool::A, Epoch(0)), Some("failover")),
+    );
+    object["metadata"]["annotations"] = json!({"understudy.dev/command": "force-failover"});
+    let (ctx, server) = context(Vec::new());
+    let metrics = ctx.metrics.clone();
+    let stored = object.clone();
+    let (result, events) = run_scenario(
+        &object,
+        ctx,
+        |mut server| async move {
+            server
+                .expect("GET", LEASE_PATH)
+                .await
+                .answer(200, &lease("us-east", 0, "41"));
+            let intent = answer_status(server.expect("PATCH", STATUS_PATH).await, &stored);
+            assert_eq!(
+                intent["failover"]["machine"]["phase"]["Promoting"]["kind"],
+                "Forced"
+            );
+            let put = server.expect("PUT", LEASE_PATH).await;
+            assert_eq!(put.body["metadata"]["resourceVersion"], "41");
+            assert_eq!(put.body["spec"]["holderIdentity"], "us-west");
+            assert_eq!(put.body["metadata"]["annotations"]["understudy.dev/epoch"], "1");
+            put.answer(200, &lease("us-west", 1, "42"));
+            server
+                .expect("GET", &format!("{WEST_PATH}/scale"))
+                .await
+                .answer(200, &west_scale(4));
+            server
+                .expect("GET", WEST_PATH)
+                .await
+                .answer(200, &west_deployment(4));
+            let applied = answer_status(server.expect("PATCH", STATUS_PATH).await, &stored);
+            assert_eq!(applied["epoch"], 1);
+            assert_eq!(applied["primaryPool"], "us-west");
+            assert_eq!(applied["state"], "Serving");
+            assert_eq!(applied["failover"]["handledCommand"]["value"], "force-failover");
+            server.expect_no_more().await
+        },
+        server,
+    )
+    .await;
+    assert_eq!(result.unwrap(), Action::requeue(Duration::from_secs(10)));
+    let reasons = reasons(&events);
+    assert!(reasons.contains(&"PromotionStarted"), "{reasons:?}");
+    assert!(reasons.contains(&"PromotionFinished"), "{reasons:?}");
+    let text = metrics.encode().unwrap();
+    assert!(
+        text.contains(r#"understudy_failovers_total{namespace="serving",policy="llama",kind="forced"} 1"#),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn a_spec_edit_does_not_replay_a_command_left_on_the_object() {
+    // The command ran at generation 1 (recorded by an operator that still wrote the generation);
+    // then someone edited the spec. The standby is proven, so a replay would promote it.
+    let mut object = with_record(
+        policy(),
+        &record(FailoverState::starting_at(Pool::A, Epoch(0)), None),
+    );
+    object["status"]["failover"]["handledCommand"] = json!({"value": "failover", "generation": 1});
+    object["metadata"]["generation"] = json!(2);
+    object["metadata"]["annotations"] = json!({"understudy.dev/command": "failover"});
+    let (ctx, server) = context(standby_proven());
+    let stored = object.clone();
+    let (result, events) = run_scenario(
+        &object,
+        ctx,
+        |mut server| async move {
+            server
+                .expect("GET", LEASE_PATH)
+                .await
+                .answer(200, &lease("us-east", 0, "41"));
+            let applied = answer_status(server.expect("PATCH", STATUS_PATH).await, &stored);
+            assert_eq!(applied["state"], "Serving");
+            assert_eq!(applied["observedGeneration"], 2);
+            assert_eq!(applied["failover"]["handledCommand"]["value"], "failover");
+            server.expect_no_more().await
+        },
+        server,
+    )
+    .await;
+    assert_eq!(result.unwrap(), Action::requeue(Duration::from_secs(10)));
+    assert!(!reasons(&events).contains(&"PromotionStarted"), "{events:?}");
+}
+
+#[tokio::test]
+async fn removing_the_command_annotation_forgets_it_so_the_same_value_can_be_given_again() {
+    let object = with_record(
+        policy(),
+        &record(FailoverState::starting_at(Pool::A, Epoch(0)), Some("failover")),
+    );
+    let (ctx, server) = context(Vec::new());
+    let stored = object.clone();
+    let (result, _) = run_scenario(
+        &object,
+        ctx,
+        |mut server| async move {
+            server
+                .expect("GET", LEASE_PATH)
+                .await
+                .answer(200, &lease("us-east", 0, "41"));
+            let applied = answer_status(server.expect("PATCH", STATUS_PATH).await, &stored);
+            assert!(applied["failover"].get("handledCommand").is_none(), "{applied}");
+            server.expect_no_more().await
+        },
+        server,
+    )
+    .await;
+    assert!(result.is_ok(), "{result:?}");
+}
+
+#[tokio::test]
+async fn a_garbled_machine_record_does_not_replay_the_handled_command() {
+    let mut object = policy();
+    object["status"] = json!({
+        "epoch": 0,
+        "primaryPool": "us-east",
+        "failover": {"machine": {"primary": "nobody"}, "handledCommand": {"value": "failover"}},
+    });
+    object["metadata"]["annotations"] = json!({"understudy.dev/command": "failover"});
+    let (ctx, server) = context(standby_proven());
+    let stored = object.clone();
+    let (result, events) = run_scenario(
+        &object,
+        ctx,
+        |mut server| async move {
+            server
+                .expect("GET", LEASE_PATH)
+                .await
+                .answer(200, &lease("us-east", 0, "41"));
+            // The machine starts afresh from the Lease and the record is whole again.
+            let applied = answer_status(server.expect("PATCH", STATUS_PATH).await, &stored);
+            assert_eq!(applied["state"], "Serving");
+            assert_eq!(applied["failover"]["machine"]["epoch"], 0);
+            assert_eq!(applied["failover"]["machine"]["primary"], "A");
+            assert_eq!(applied["failover"]["handledCommand"]["value"], "failover");
+            server.expect_no_more().await
+        },
+        server,
+    )
+    .await;
+    assert_eq!(result.unwrap(), Action::requeue(Duration::from_secs(10)));
+    assert!(!reasons(&events).contains(&"PromotionStarted"), "{events:?}");
+}
+
+#[tokio::test]
+async fn a_command_whose_record_is_unreadable_is_not_run_and_says_so() {
+    let mut object = with_record(
+        policy(),
+        &record(FailoverState::starting_at(Pool::A, Epoch(0)), None),
+    );
+    object["status"]["failover"]["handledCommand"] = json!(["fail", "over"]);
+    object["metadata"]["annotations"] = json!({"understudy.dev/command": "failover"});
+    let (ctx, server) = context(standby_proven());
+    let stored = object.clone();
+    let (result, events) = run_scenario(
+        &object,
+        ctx,
+        |mut server| async move {
+            server
+                .expect("GET", LEASE_PATH)
+                .await
+                .answer(200, &lease("us-east", 0, "41"));
+            let applied = answer_status(server.expect("PATCH", STATUS_PATH).await, &stored);
+            assert_eq!(applied["state"], "Serving");
+            assert_eq!(applied["failover"]["handledCommand"]["value"], "failover");
+            server.expect_no_more().await
+        },
+        server,
+    )
+    .await;
+    assert!(result.is_ok(), "{result:?}");
+    assert_eq!(reasons(&events), ["CommandNotRun"]);
+    assert!(events[0].note.contains("@token"), "{}", events[0].note);
+}
+
+#[tokio::test]
+async fn a_recreated_policy_adopts_its_surviving_lease_and_reruns_the_steps_after_it() {
+    // The policy was deleted and created again: no status at all, but its epoch Lease outlived it
+    // and names us-west at epoch 4.
+    let object = policy();
+    let (ctx, server) = context(Vec::new());
+    let stored = object.clone();
+    let (result, events) = run_scenario(
+        &object,
+        ctx,
+        |mut server| async move {
+            server
+                .expect("GET", LEASE_PATH)
+                .await
+                .answer(200, &lease("us-west", 4, "90"));
+            // No new Lease and no compare-and-set: the steps after the lease write, for its holder.
+            server
+                .expect("GET", &format!("{WEST_PATH}/scale"))
+                .await
+                .answer(200, &west_scale(4));
+            server
+                .expect("GET", WEST_PATH)
+                .await
+                .answer(200, &west_deployment(4));
+            let applied = answer_status(server.expect("PATCH", STATUS_PATH).await, &stored);
+            assert_eq!(applied["epoch"], 4);
+            assert_eq!(applied["primaryPool"], "us-west");
+            assert_eq!(applied["state"], "Serving");
+            let timeline = &applied["lastFailover"];
+            assert_eq!(timeline["epoch"], 4);
+            let steps: Vec<String> = steps_of(timeline).into_iter().map(|(s, _)| s).collect();
+            assert_eq!(
+                steps,
+                [
+                    "LeaseClaimed",
+                    "Fenced",
+                    "Woken",
+                    "ScaledUp",
+                    "Serving",
+                    "Routed",
+                    "AdmissionOpened"
+                ]
+            );
+            let claimed = timeline["steps"][0]["note"].as_str().unwrap();
+            assert!(claimed.contains("another writer"), "{claimed}");
+            server.expect_no_more().await
+        },
+        server,
+    )
+    .await;
+    assert_eq!(result.unwrap(), Action::requeue(Duration::from_secs(10)));
+    let reasons = reasons(&events);
+    assert!(reasons.contains(&"EpochAdopted"), "{reasons:?}");
+    assert!(reasons.contains(&"PromotionFinished"), "{reasons:?}");
+}
+
+#[tokio::test]
+async fn a_lease_below_the_recorded_epoch_is_reported_and_nothing_is_acted_on() {
+    // Status says us-west at epoch 5; somebody recreated the Lease by hand at epoch 2. A proven
+    // standby and a command are there too: neither may act on the lower epoch.
+    let mut object = with_record(
+        policy(),
+        &record(FailoverState::starting_at(Pool::B, Epoch(5)), None),
+    );
+    object["metadata"]["annotations"] = json!({"understudy.dev/command": "failback"});
+    let (ctx, server) = context(vec![
+        Observation::Check {
+            pool: Pool::A,
+            result: CheckResult::Pass,
+        };
+        2
+    ]);
+    let stored = object.clone();
+    let (result, events) = run_scenario(
+        &object,
+        ctx,
+        |mut server| async move {
+            server
+                .expect("GET", LEASE_PATH)
+                .await
+                .answer(200, &lease("us-east", 2, "12"));
+            let applied = answer_status(server.expect("PATCH", STATUS_PATH).await, &stored);
+            let ready = &applied["conditions"]["Ready"];
+            assert_eq!(ready["status"], "False");
+            assert_eq!(ready["reason"], "LeaseRegressed");
+            let message = ready["message"].as_str().unwrap();
+            assert!(
+                message.contains("epoch 2") && message.contains("epoch 5"),
+                "{message}"
+            );
+            assert_eq!(applied["epoch"], 5);
+            assert_eq!(applied["primaryPool"], "us-west");
+            // The command waits for a Lease that can be trusted.
+            assert!(applied["failover"].get("handledCommand").is_none(), "{applied}");
+            server.expect_no_more().await
+        },
+        server,
+    )
+    .await;
+    assert_eq!(result.unwrap(), Action::requeue(Duration::from_secs(10)));
+    assert_eq!(reasons(&events), ["LeaseRegressed"]);
+    assert_eq!(events[0].type_, "Warning");
+    assert!(
+        events[0].note.contains("epoch 2") && events[0].note.contains("epoch 5"),
+        "{}",
+        events[0].note
+    );
+
+    // Reported once: the next reconcile keeps the condition without another Event.
+    let mut reported = object.clone();
+    reported["status"]["conditions"] = json!({"Ready": {
+        "status": "False", "reason": "LeaseRegressed", "message": "",
+        "lastTransitionTime": "2024-06-01T11:00:00Z",
+    }});
+    let (ctx, server) = context(Vec::new());
+    let stored = reported.clone();
+    let (result, events) = run_scenario(
+        &reported,
+        ctx,
+        |mut server| async move {
+            server
+                .expect("GET", LEASE_PATH)
+                .await
+                .answer(200, &lease("us-east", 2, "12"));
+            let applied = answer_status(server.expect("PATCH", STATUS_PATH).await, &stored);
+            assert_eq!(
+                applied["conditions"]["Ready"]["lastTransitionTime"],
+                "2024-06-01T11:00:00Z"
+            );
+            server.expect_no_more().await
+        },
+        server,
+    )
+    .await;
+    assert!(result.is_ok(), "{result:?}");
+    assert!(events.is_empty(), "{events:?}");
 }
 
 #[tokio::test]

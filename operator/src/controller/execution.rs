@@ -3,9 +3,10 @@
 //! The lease step is done in the reconciler through [`crate::lease::EpochLease`]; scaling and
 //! waiting for replicas to serve are done here against the workload's scale subresource and
 //! status. Fencing, waking, routing and opening admission belong to components that land in later
-//! issues (the fence sidecar, the prober, the router); until then [`HandOffToComponents`] marks
-//! them done with an Event that says which component carries each out and that this operator made
-//! no call. It must never claim a call it did not make.
+//! issues (the fence sidecar, the prober, the router); until then [`HandOffToComponents`] reports
+//! them handed off, never done: the promotion moves on, and an Event and the status timeline say
+//! which component carries each out and that this operator made no call. It must never claim a
+//! call it did not make.
 
 use std::fmt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -83,11 +84,15 @@ pub struct StepRequest<'a> {
     pub epoch: Epoch,
 }
 
-/// What became of a handed-off step.
+/// What became of a step given to the executor.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum StepReport {
-    /// The step is done, or owned by `carried_by` from here on.
-    Done { carried_by: &'static str, note: String },
+    /// `carried_by` made the call and it is done.
+    Done { carried_by: &'static str },
+    /// Nobody was called: the step is left to `carried_by`, which acts on its own or is not part
+    /// of this version. The promotion moves on; `note` says what that means, in a sentence that
+    /// status and Events show as it is.
+    HandedOff { carried_by: &'static str, note: String },
     /// Not done yet; the promotion waits at this step and the reconciler comes back.
     NotYet { reason: String },
 }
@@ -97,9 +102,9 @@ pub trait StepExecutor: Send + Sync + fmt::Debug {
     fn carry_out<'a>(&'a self, request: StepRequest<'a>) -> BoxFuture<'a, StepReport>;
 }
 
-/// The Kubernetes-side executor of this version: it records which component carries each step
-/// out, and calls nothing. The fence sidecar reads the epoch Lease itself, so fencing is real once
-/// the Lease moved; waking and routing wait for the prober and the router (later issues).
+/// The Kubernetes-side executor of this version: it hands every step off and calls nothing. The
+/// fence sidecar reads the epoch Lease itself, so fencing follows the Lease on its own; waking and
+/// routing wait for the prober and the router (later issues).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct HandOffToComponents;
 
@@ -110,37 +115,33 @@ impl StepExecutor for HandOffToComponents {
             Step::FenceOld => (
                 "fence-sidecar",
                 format!(
-                    "{pool} is fenced by the epoch Lease: its fence sidecars refuse work below epoch \
-                     {epoch}; the operator makes no call"
+                    "left to {pool}'s fence sidecars, which refuse work below epoch {epoch} once they \
+                     read the Lease; no call was made"
                 ),
             ),
             Step::Wake => (
                 "prober",
                 format!(
-                    "waking {pool}'s sleeping replicas (POST /wake_up) belongs to the prober, which \
-                     is not part of this version; no replica was woken"
+                    "waking {pool} belongs to the prober, not part of this version; no replica was woken"
                 ),
             ),
             Step::Route => (
                 "router",
-                format!(
-                    "the route to {pool} at epoch {epoch} is pushed by the router's admin API, which \
-                     is not part of this version; no route was pushed"
-                ),
+                format!("no router is wired yet; no route was pushed to {pool} at epoch {epoch}"),
             ),
             Step::OpenAdmission => (
                 "router",
-                format!(
-                    "the admission window on {pool} is opened by the router, which is not part of \
-                     this version; no window was opened"
-                ),
+                format!("no router is wired yet; no admission window was opened on {pool}"),
             ),
             Step::AcquireLease | Step::Scale | Step::AwaitServing => (
                 "operator",
-                format!("{:?} is carried out by the operator itself", request.step),
+                format!(
+                    "{:?} is the operator's own step and was not carried out here",
+                    request.step
+                ),
             ),
         };
-        Box::pin(async move { StepReport::Done { carried_by, note } })
+        Box::pin(async move { StepReport::HandedOff { carried_by, note } })
     }
 }
 

@@ -2,17 +2,22 @@
 //!
 //! Each reconcile is a typed pipeline: validate the spec (pure, [`crate::policy`]) → read the
 //! policy's epoch Lease, creating it when missing → load the state machine from
-//! `status.failover` → feed it the Lease, observations, a command from the annotation and a tick →
-//! carry out the promotion step it asks for, one after the other → apply the status → publish its
-//! events → requeue.
+//! `status.failover` (or start afresh, and let the Lease's epoch be adopted) → feed it the Lease,
+//! observations, a command from the annotation and a tick → carry out the promotion step it asks
+//! for, one after the other → apply the status → publish its events and count what finished →
+//! requeue.
 //!
 //! The epoch Lease has no owner reference and outlives its policy: routers and fence sidecars
 //! refuse anything below the highest epoch they have seen, so a policy deleted and created again
 //! must carry on from the Lease's epoch, never start again at 0.
 //!
 //! What this controller must never do:
+//! - let an epoch go back: a Lease found below the recorded epoch is reported (`Ready=False`,
+//!   reason `LeaseRegressed`) and nothing is acted on until it is restored;
 //! - write anything after losing a compare-and-set on the epoch Lease: the loser acts on nothing,
 //!   not even its own status, until it has read the Lease again;
+//! - tell or count what no status records: Events and the failover counter follow a successful
+//!   status write, so a reconcile that fails and runs again does not report a step twice;
 //! - fail over because the Lease cannot be read: an unreachable API server pauses control actions
 //!   and commands wait, while the data path keeps its primary;
 //! - crash-loop on a policy it cannot read: a malformed object or spec is reported as a Warning
@@ -45,16 +50,16 @@ use understudy_core::failover::{
 };
 use understudy_core::{Epoch, Pool};
 
-pub use self::command::{COMMAND_ANNOTATION, CommandRequest, HandledCommand, pending_command};
+pub use self::command::{COMMAND_ANNOTATION, COMMAND_WORDS, CommandRequest, HandledCommand, pending_command};
 pub use self::execution::{
     Clock, HandOffToComponents, NoObservations, Observation, ObservationSource, StepExecutor, StepReport,
     StepRequest, SystemClock, Workload, serving_quorum,
 };
 pub use self::status::{
-    OperatorRecord, StatusFacts, desired_status, invalid_spec_patch, load_record, merge_conditions,
-    phase_name, rfc3339, step_name, timeline,
+    HandedOffStep, OperatorRecord, StatusFacts, StoredRecord, desired_status, invalid_spec_patch,
+    load_record, merge_conditions, phase_name, rfc3339, step_name, timeline,
 };
-use crate::crd::{FailoverPolicy, FailoverPolicySpec, FailoverPolicyStatus, condition_type};
+use crate::crd::{Condition, FailoverPolicy, FailoverPolicySpec, FailoverPolicyStatus, condition_type};
 use crate::lease::{EpochLease, FIELD_MANAGER, KubeLease, LeaseError, LeaseRecord};
 use crate::metrics::Metrics;
 use crate::policy::{self, pool_by_name, pool_name};
@@ -68,8 +73,12 @@ pub const CONTROLLER_NAME: &str = "understudy-operator";
 /// How soon a policy is looked at again while a promotion is under way.
 const PROMOTING_REQUEUE: Duration = Duration::from_secs(2);
 
-/// The longest wait between retries of a failing reconcile.
+/// The longest wait between retries of a failing reconcile of a policy that cannot run (its spec
+/// does not validate), so that nothing shorter bounds it.
 const MAX_BACKOFF: Duration = Duration::from_secs(300);
+
+/// The `Ready` reason for a Lease whose epoch went below the recorded one.
+const LEASE_REGRESSED: &str = "LeaseRegressed";
 
 /// Why a reconcile failed. One variant per phase of the pipeline.
 #[derive(Debug, thiserror::Error)]
@@ -236,7 +245,17 @@ async fn reconcile_guarded(
             if invalid.metadata.deletion_timestamp.is_some() {
                 return release_unreadable(ctx, &invalid.metadata, &namespace).await;
             }
-            return report_invalid(ctx, &invalid.metadata, &namespace, &invalid.error, None).await;
+            // The guard keeps only the metadata; the stored Ready condition is read on its own so
+            // that its transition time holds while the object stays unreadable.
+            let previous_ready = stored_ready(ctx, &invalid.metadata, &namespace).await;
+            return report_invalid(
+                ctx,
+                &invalid.metadata,
+                &namespace,
+                &invalid.error,
+                previous_ready.as_ref(),
+            )
+            .await;
         }
     };
     let api: Api<FailoverPolicy> = Api::namespaced(ctx.client.clone(), &namespace);
@@ -264,16 +283,37 @@ pub fn error_policy(
         *count = count.saturating_add(1);
         *count
     };
-    let delay = backoff(failures);
+    let delay = backoff(failures, retry_cap(&object));
     tracing::warn!(namespace = %key.0, policy = %key.1, category = error.category(), %error, ?delay, "reconcile failed");
     Action::requeue(delay)
 }
 
-/// One second after the first failure, doubling up to [`MAX_BACKOFF`].
+/// One second after the first failure, doubling up to `cap`.
 #[must_use]
-pub fn backoff(consecutive_failures: u32) -> Duration {
+pub fn backoff(consecutive_failures: u32, cap: Duration) -> Duration {
     let exponent = consecutive_failures.saturating_sub(1).min(16);
-    Duration::from_secs(1u64 << exponent).min(MAX_BACKOFF)
+    Duration::from_secs(1u64 << exponent).min(cap)
+}
+
+/// The longest a failed reconcile of `object` waits before it is tried again: no longer than a
+/// successful one would, so that a promotion under way is not left for minutes at a step (the
+/// promoting requeue while the recorded phase is Promoting, the probe interval otherwise).
+#[must_use]
+pub fn retry_cap(object: &DeserializeGuard<FailoverPolicy>) -> Duration {
+    let Ok(policy) = &object.0 else {
+        return MAX_BACKOFF;
+    };
+    let Ok(validated) = policy::validate(&policy.spec) else {
+        return MAX_BACKOFF;
+    };
+    let interval = validated.probe.interval;
+    match load_record(policy.status.as_ref()).machine {
+        Ok(Some(FailoverState {
+            phase: Phase::Promoting(_),
+            ..
+        })) => PROMOTING_REQUEUE.min(interval),
+        _ => interval,
+    }
 }
 
 /// Runs the controller over one namespace or all of them until the stream ends.
@@ -312,6 +352,10 @@ enum Notice {
     UnknownCommand {
         value: String,
     },
+    /// The record of handled commands could not be read, so the annotation was not run.
+    CommandNotRun {
+        value: String,
+    },
 }
 
 /// The working state of one reconcile of a valid policy.
@@ -323,6 +367,8 @@ struct Run<'a> {
     notices: Vec<Notice>,
     /// A promotion that finished during this reconcile.
     finished: Option<Promotion>,
+    /// The latest promotion's steps that were left to other components.
+    handed_off: Vec<HandedOffStep>,
 }
 
 impl Run<'_> {
@@ -355,6 +401,22 @@ impl Run<'_> {
         self.feed(Input::StepDone { epoch, step });
     }
 
+    fn step_handed_off(&mut self, epoch: Epoch, step: Step, carried_by: &'static str, note: String) {
+        // Only the latest promotion's hand-offs are shown; older ones are history.
+        self.handed_off.retain(|h| h.epoch == epoch && h.step != step);
+        self.handed_off.push(HandedOffStep {
+            epoch,
+            step,
+            note: note.clone(),
+        });
+        self.notices.push(Notice::Handoff {
+            step,
+            carried_by,
+            note,
+        });
+        self.step_done(epoch, step);
+    }
+
     fn step_retry(&mut self, epoch: Epoch, step: Step) {
         self.feed(Input::StepFailed {
             epoch,
@@ -367,19 +429,27 @@ impl Run<'_> {
         // validate() guarantees two pools.
         &self.spec.pools[pool.index()]
     }
+
+    fn record(&self, handled_command: Option<HandledCommand>) -> OperatorRecord {
+        OperatorRecord {
+            machine: self.machine.clone(),
+            handled_command,
+            handed_off: self.handed_off.clone(),
+        }
+    }
 }
 
-/// Reads the epoch Lease; creates it when it does not exist. A Lease created for a policy whose
-/// record already holds an epoch starts at that epoch, so that no epoch is ever reused.
+/// Reads the epoch Lease; creates it when it does not exist, naming `recorded`: the primary and
+/// epoch the policy's status last recorded, so that no epoch is ever reused.
 async fn observe_lease(
     lease: &impl EpochLease,
     spec: &FailoverPolicySpec,
-    stored: Option<&OperatorRecord>,
+    recorded: (Pool, Epoch),
 ) -> Result<(LeaseRecord, bool), LeaseError> {
     if let Some(record) = lease.read().await? {
         return Ok((record, false));
     }
-    let (holder, epoch) = stored.map_or((Pool::A, Epoch(0)), |r| (r.machine.primary, r.machine.epoch));
+    let (holder, epoch) = recorded;
     match lease.create(pool_name(spec, holder), epoch).await {
         Ok(record) => Ok((record, true)),
         // Created by somebody else between our read and our create: read theirs.
@@ -392,27 +462,57 @@ async fn observe_lease(
     }
 }
 
+/// The primary and epoch the status last recorded: the machine's when it reads, else the plain
+/// `primaryPool` and `epoch` fields, else the home pool at epoch 0.
+fn recorded_position(
+    machine: Option<&FailoverState>,
+    status: Option<&FailoverPolicyStatus>,
+    spec: &FailoverPolicySpec,
+) -> (Pool, Epoch) {
+    if let Some(machine) = machine {
+        return (machine.primary, machine.epoch);
+    }
+    let from_status = status.and_then(|s| {
+        let pool = pool_by_name(spec, s.primary_pool.as_deref()?)?;
+        Some((pool, Epoch(s.epoch?)))
+    });
+    from_status.unwrap_or((Pool::A, Epoch(0)))
+}
+
 async fn apply(policy: &FailoverPolicy, ctx: &Context, namespace: &str) -> Result<Action, Error> {
     let name = policy.name_any();
     let validated = match policy::validate(&policy.spec) {
         Ok(validated) => validated,
         Err(error) => {
+            let previous_ready = policy
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.get(condition_type::READY));
             return report_invalid(
                 ctx,
                 &policy.metadata,
                 namespace,
                 &error.to_string(),
-                policy.status.as_ref(),
+                previous_ready,
             )
             .await;
         }
     };
     let spec = &policy.spec;
-    let stored = load_record(policy.status.as_ref()).unwrap_or_else(|error| {
-        // A garbled record is rebuilt from the Lease, which is the authority on who is primary.
-        tracing::warn!(%namespace, policy = %name, %error, "status.failover unreadable; starting from the lease");
+    let stored = load_record(policy.status.as_ref());
+    let stored_machine = stored.machine.unwrap_or_else(|error| {
+        // Start afresh at the home pool and epoch 0: the Lease, fed below, is the authority, and a
+        // newer epoch in it is adopted by re-running the steps after the lease write.
+        tracing::warn!(%namespace, policy = %name, %error, "status.failover.machine unreadable; adopting the lease");
         None
     });
+    let (mut handled_command, command_record_readable) = match stored.handled_command {
+        Ok(handled) => (handled, true),
+        Err(error) => {
+            tracing::warn!(%namespace, policy = %name, %error, "status.failover.handledCommand unreadable");
+            (None, false)
+        }
+    };
     // No owner reference: the epoch Lease outlives its policy (see the module doc).
     let lease = KubeLease::for_policy(Api::namespaced(ctx.client.clone(), namespace), &name);
     let reference = policy.object_ref(&());
@@ -420,15 +520,14 @@ async fn apply(policy: &FailoverPolicy, ctx: &Context, namespace: &str) -> Resul
         spec,
         config: &validated.failover,
         now: ctx.clock.now(),
-        machine: stored
-            .as_ref()
-            .map_or_else(FailoverState::new, |r| r.machine.clone()),
+        machine: stored_machine.clone().unwrap_or_default(),
         notices: Vec::new(),
         finished: None,
+        handed_off: stored.handed_off,
     };
-    let mut handled_command = stored.as_ref().and_then(|r| r.handled_command.clone());
 
-    let mut lease_now = match observe_lease(&lease, spec, stored.as_ref()).await {
+    let recorded = recorded_position(stored_machine.as_ref(), policy.status.as_ref(), spec);
+    let mut lease_now = match observe_lease(&lease, spec, recorded).await {
         Ok((record, created)) => {
             if created {
                 run.notices.push(Notice::LeaseCreated {
@@ -440,16 +539,13 @@ async fn apply(policy: &FailoverPolicy, ctx: &Context, namespace: &str) -> Resul
         }
         Err(error) if error.is_unreachable() => {
             // Without a record there is nothing true to report: the epoch is unknown.
-            if stored.is_some() {
+            if stored_machine.is_some() {
                 run.feed(Input::ControlPlane(ControlPlane::Unreachable));
                 run.feed(Input::Tick);
-                let record = OperatorRecord {
-                    machine: run.machine.clone(),
-                    handled_command,
-                };
+                let record = run.record(handled_command);
                 // Best effort: the status write likely fails the same way, and the error that
                 // matters to the caller is that control is paused.
-                if let Err(error) = write_status(ctx, policy, namespace, &run, &record).await {
+                if let Err(error) = write_status(ctx, policy, namespace, &run, &record, None).await {
                     tracing::warn!(%namespace, policy = %name, %error, "could not report the paused control plane");
                 }
                 publish(ctx, &reference, spec, &run.notices).await;
@@ -474,9 +570,6 @@ async fn apply(policy: &FailoverPolicy, ctx: &Context, namespace: &str) -> Resul
             holder: lease_now.holder,
         });
     };
-    if stored.is_none() {
-        run.machine = FailoverState::starting_at(holder, lease_now.epoch);
-    }
 
     run.feed(Input::ControlPlane(ControlPlane::Reachable));
     run.feed(Input::LeaseObserved {
@@ -488,28 +581,52 @@ async fn apply(policy: &FailoverPolicy, ctx: &Context, namespace: &str) -> Resul
     for observation in ctx.observations.drain(&ObjectRef::from_obj(policy)) {
         run.feed(observation.into());
     }
-    let annotation = policy.annotations().get(COMMAND_ANNOTATION).map(String::as_str);
-    match pending_command(
-        annotation,
-        policy.metadata.generation.unwrap_or(0),
-        handled_command.as_ref(),
-    ) {
-        Some(CommandRequest::New { command, handled }) => {
-            run.feed(Input::Command(command));
-            handled_command = Some(handled);
-        }
-        Some(CommandRequest::Unknown { handled }) => {
-            run.notices.push(Notice::UnknownCommand {
-                value: handled.value.clone(),
+    if lease_now.epoch < run.machine.epoch {
+        // The machine ignores a lower epoch; without this, every promotion would lose its
+        // compare-and-set and the policy would be stuck without a word.
+        let record = run.record(handled_command);
+        return report_lease_regressed(ctx, policy, namespace, &run, &record, lease_now.epoch)
+            .await
+            .map(|()| Action::requeue(validated.probe.interval));
+    }
+    let annotation = policy
+        .annotations()
+        .get(COMMAND_ANNOTATION)
+        .map(|value| value.trim())
+        .filter(|value| !value.is_empty());
+    match annotation {
+        // Removing the annotation forgets the command, so the same value given later is new.
+        None => handled_command = None,
+        Some(value) if !command_record_readable => {
+            // Whether this value ran already is unknown: never risk running it twice.
+            run.notices.push(Notice::CommandNotRun {
+                value: value.to_owned(),
             });
-            handled_command = Some(handled);
+            handled_command = Some(HandledCommand {
+                value: value.to_owned(),
+            });
         }
-        None => {}
+        Some(value) => match pending_command(Some(value), handled_command.as_ref()) {
+            Some(CommandRequest::New { command, handled }) => {
+                run.feed(Input::Command(command));
+                handled_command = Some(handled);
+            }
+            Some(CommandRequest::Unknown { handled }) => {
+                run.notices.push(Notice::UnknownCommand {
+                    value: handled.value.clone(),
+                });
+                handled_command = Some(handled);
+            }
+            None => {}
+        },
     }
     run.feed(Input::Tick);
 
     // Carry out the promotion, step after step, until it finishes or has to wait.
     let mut step_error = None;
+    // How many notices a status write has recorded: the write-ahead makes its notices true even
+    // when the final write fails.
+    let mut recorded_notices = 0;
     for _ in 0..=Step::ALL.len() {
         let Some(action) = run.machine.pending_action() else {
             break;
@@ -532,12 +649,10 @@ async fn apply(policy: &FailoverPolicy, ctx: &Context, namespace: &str) -> Resul
                 // Write ahead: the promotion is in status before the Lease moves, so an operator
                 // restarted after the write resumes it instead of adopting the new epoch and
                 // skipping the remaining steps.
-                if stored.as_ref().map(|r| &r.machine) != Some(&run.machine) {
-                    let record = OperatorRecord {
-                        machine: run.machine.clone(),
-                        handled_command: handled_command.clone(),
-                    };
-                    write_status(ctx, policy, namespace, &run, &record).await?;
+                if stored_machine.as_ref() != Some(&run.machine) {
+                    let record = run.record(handled_command.clone());
+                    write_status(ctx, policy, namespace, &run, &record, None).await?;
+                    recorded_notices = run.notices.len();
                 }
                 match lease.compare_and_set(&lease_now, &holder_name, epoch).await {
                     Ok(record) => {
@@ -615,13 +730,12 @@ async fn apply(policy: &FailoverPolicy, ctx: &Context, namespace: &str) -> Resul
                     epoch,
                 };
                 match ctx.steps.carry_out(request).await {
-                    StepReport::Done { carried_by, note } => {
-                        run.notices.push(Notice::Handoff {
-                            step,
-                            carried_by,
-                            note,
-                        });
+                    StepReport::Done { carried_by } => {
+                        tracing::debug!(%namespace, policy = %name, ?step, carried_by, "step done");
                         run.step_done(epoch, step);
+                    }
+                    StepReport::HandedOff { carried_by, note } => {
+                        run.step_handed_off(epoch, step, carried_by, note);
                     }
                     StepReport::NotYet { reason } => {
                         tracing::debug!(%namespace, policy = %name, ?step, %reason, "step not done yet");
@@ -634,25 +748,68 @@ async fn apply(policy: &FailoverPolicy, ctx: &Context, namespace: &str) -> Resul
         }
     }
 
-    let record = OperatorRecord {
-        machine: run.machine.clone(),
-        handled_command,
+    let record = run.record(handled_command);
+    let written = write_status(ctx, policy, namespace, &run, &record, None).await;
+    // Events and counts follow the status that records them: after a failed write the next
+    // reconcile runs the same steps again, and would tell and count them twice.
+    let recorded = if written.is_ok() {
+        run.notices.len()
+    } else {
+        recorded_notices
     };
-    let written = write_status(ctx, policy, namespace, &run, &record).await;
-    publish(ctx, &reference, spec, &run.notices).await;
-    ctx.metrics.set_epoch(namespace, &name, run.machine.epoch.0);
-    if let Some(done) = &run.finished {
-        ctx.metrics
-            .failover_finished(namespace, &name, TransitionKind::as_str(done.kind));
+    publish(ctx, &reference, spec, &run.notices[..recorded]).await;
+    if written.is_ok() {
+        ctx.metrics.set_epoch(namespace, &name, run.machine.epoch.0);
+        if let Some(done) = &run.finished {
+            ctx.metrics
+                .failover_finished(namespace, &name, TransitionKind::as_str(done.kind));
+        }
     }
-    written?;
-    if let Some(error) = step_error {
-        return Err(error);
+    match (written, step_error) {
+        // The step's failure is the cause (an unreachable Lease usually fails the status write
+        // too); the status error is only logged, so the error counts under the step's category.
+        (written, Some(error)) => {
+            if let Err(status_error) = written {
+                tracing::warn!(%namespace, policy = %name, error = %status_error, "status not written");
+            }
+            Err(error)
+        }
+        (Err(error), None) => Err(error),
+        (Ok(()), None) => Ok(Action::requeue(match run.machine.phase {
+            Phase::Promoting(_) => PROMOTING_REQUEUE.min(validated.probe.interval),
+            _ => validated.probe.interval,
+        })),
     }
-    Ok(Action::requeue(match run.machine.phase {
-        Phase::Promoting(_) => PROMOTING_REQUEUE.min(validated.probe.interval),
-        _ => validated.probe.interval,
-    }))
+}
+
+/// Reports a Lease whose epoch went below the recorded one (deleted and recreated by hand,
+/// restored from a backup): a Warning Event when the condition is new, and `Ready=False` with
+/// reason `LeaseRegressed`. No command is taken, nothing is decided, nothing else is written.
+async fn report_lease_regressed(
+    ctx: &Context,
+    policy: &FailoverPolicy,
+    namespace: &str,
+    run: &Run<'_>,
+    record: &OperatorRecord,
+    lease_epoch: Epoch,
+) -> Result<(), Error> {
+    let already_reported = policy
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.get(condition_type::READY))
+        .is_some_and(|ready| ready.reason == LEASE_REGRESSED);
+    write_status(ctx, policy, namespace, run, record, Some(lease_epoch)).await?;
+    let reference = policy.object_ref(&());
+    if !already_reported {
+        let note = format!(
+            "the epoch Lease is at epoch {lease_epoch}, below the recorded epoch {}; no control action \
+             is taken until the Lease is back at epoch {} or higher",
+            run.machine.epoch, run.machine.epoch
+        );
+        warn(ctx, &reference, LEASE_REGRESSED, note).await;
+    }
+    publish(ctx, &reference, run.spec, &run.notices).await;
+    Ok(())
 }
 
 /// A deleted policy leaves its pools as they are, and its epoch Lease too: serving must not stop
@@ -670,6 +827,7 @@ async fn write_status(
     namespace: &str,
     run: &Run<'_>,
     record: &OperatorRecord,
+    lease_behind: Option<Epoch>,
 ) -> Result<(), Error> {
     let status = desired_status(&StatusFacts {
         spec: run.spec,
@@ -678,6 +836,7 @@ async fn write_status(
         previous: policy.status.as_ref(),
         record,
         finished: run.finished.as_ref(),
+        lease_behind,
         now: run.now,
     })
     .map_err(Error::Record)?;
@@ -717,18 +876,12 @@ async fn report_invalid(
     meta: &ObjectMeta,
     namespace: &str,
     message: &str,
-    previous: Option<&FailoverPolicyStatus>,
+    previous_ready: Option<&Condition>,
 ) -> Result<Action, Error> {
     let name = meta.name.clone().ok_or(Error::MissingObjectKey("name"))?;
     tracing::warn!(%namespace, policy = %name, %message, "invalid FailoverPolicy");
-    let previous_ready = previous.and_then(|s| s.conditions.get(condition_type::READY));
     let patch = invalid_spec_patch(meta.generation, message, previous_ready, ctx.clock.now());
-    // Untyped: the answer is the object, which may not deserialize as a FailoverPolicy.
-    let api: Api<DynamicObject> = Api::namespaced_with(
-        ctx.client.clone(),
-        namespace,
-        &ApiResource::erase::<FailoverPolicy>(&()),
-    );
+    let api = untyped_policies(ctx, namespace);
     let params = PatchParams {
         field_manager: Some(FIELD_MANAGER.to_owned()),
         ..PatchParams::default()
@@ -750,6 +903,36 @@ async fn report_invalid(
     )
     .await;
     written.map(|()| Action::await_change())
+}
+
+/// FailoverPolicies, untyped: an answer may be an object that does not deserialize.
+fn untyped_policies(ctx: &Context, namespace: &str) -> Api<DynamicObject> {
+    Api::namespaced_with(
+        ctx.client.clone(),
+        namespace,
+        &ApiResource::erase::<FailoverPolicy>(&()),
+    )
+}
+
+/// The `Ready` condition stored on a policy that does not deserialize; `None` when it has none or
+/// it cannot be read now, and the report then takes the current time.
+async fn stored_ready(ctx: &Context, meta: &ObjectMeta, namespace: &str) -> Option<Condition> {
+    let name = meta.name.as_deref()?;
+    let api = untyped_policies(ctx, namespace);
+    let object = match tokio::time::timeout(ctx.write_timeout, api.get(name)).await {
+        Ok(Ok(object)) => object,
+        Ok(Err(error)) => {
+            tracing::debug!(%namespace, policy = %name, %error, "could not read the stored Ready condition");
+            return None;
+        }
+        Err(_) => return None,
+    };
+    let ready = object
+        .data
+        .get("status")?
+        .get("conditions")?
+        .get(condition_type::READY)?;
+    serde_json::from_value(ready.clone()).ok()
 }
 
 /// Removes the finalizer from a policy that is being deleted but no longer deserializes, so that
@@ -833,13 +1016,22 @@ fn describe(notice: &Notice, spec: &FailoverPolicySpec) -> KubeEvent {
         } => (
             EventType::Normal,
             "StepHandedOff",
-            format!("{}: carried out by {carried_by}; {note}", step_name(*step)),
+            format!("{}: handed off to {carried_by}; {note}", step_name(*step)),
             "Promote",
         ),
         Notice::UnknownCommand { value } => (
             EventType::Warning,
             "UnknownCommand",
-            format!("{COMMAND_ANNOTATION}={value:?} names no command; use failover or failback"),
+            format!("{COMMAND_ANNOTATION}={value:?} names no command; use {COMMAND_WORDS}"),
+            "Command",
+        ),
+        Notice::CommandNotRun { value } => (
+            EventType::Warning,
+            "CommandNotRun",
+            format!(
+                "{COMMAND_ANNOTATION}={value:?} was not run: the record of handled commands was \
+                 unreadable, so whether it ran before is unknown; give it again with a new @token"
+            ),
             "Command",
         ),
         Notice::Machine(event) => match event {
@@ -938,13 +1130,77 @@ mod tests {
     use super::*;
 
     #[test]
-    fn backoff_doubles_from_one_second_and_stops_at_five_minutes() {
-        assert_eq!(backoff(1), Duration::from_secs(1));
-        assert_eq!(backoff(2), Duration::from_secs(2));
-        assert_eq!(backoff(5), Duration::from_secs(16));
-        assert_eq!(backoff(9), Duration::from_secs(256));
-        assert_eq!(backoff(10), MAX_BACKOFF);
-        assert_eq!(backoff(u32::MAX), MAX_BACKOFF);
+    fn backoff_doubles_from_one_second_and_stops_at_its_cap() {
+        assert_eq!(backoff(1, MAX_BACKOFF), Duration::from_secs(1));
+        assert_eq!(backoff(2, MAX_BACKOFF), Duration::from_secs(2));
+        assert_eq!(backoff(5, MAX_BACKOFF), Duration::from_secs(16));
+        assert_eq!(backoff(9, MAX_BACKOFF), Duration::from_secs(256));
+        assert_eq!(backoff(10, MAX_BACKOFF), MAX_BACKOFF);
+        assert_eq!(backoff(u32::MAX, MAX_BACKOFF), MAX_BACKOFF);
+        assert_eq!(backoff(9, Duration::from_secs(10)), Duration::from_secs(10));
+    }
+
+    fn guarded(status: serde_json::Value) -> DeserializeGuard<FailoverPolicy> {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "understudy.dev/v1alpha1",
+            "kind": "FailoverPolicy",
+            "metadata": {"name": "llama", "namespace": "serving"},
+            "spec": {
+                "recoveryObjective": "5m",
+                "probe": {"interval": "15s"},
+                "pools": [
+                    {"name": "us-east", "workload": {"kind": "Deployment", "name": "vllm-east"}, "replicas": 4},
+                    {"name": "us-west", "workload": {"kind": "Deployment", "name": "vllm-west"}, "replicas": 4},
+                ],
+            },
+            "status": status,
+        }))
+        .unwrap_or_else(|e| panic!("fixture: {e}"))
+    }
+
+    #[test]
+    fn a_failing_reconcile_waits_no_longer_than_a_successful_one_would() {
+        let serving = serde_json::to_value(OperatorRecord {
+            machine: FailoverState::new(),
+            handled_command: None,
+            handed_off: Vec::new(),
+        })
+        .unwrap_or_default();
+        let promoting = serde_json::to_value(OperatorRecord {
+            machine: FailoverState {
+                phase: Phase::Promoting(Promotion {
+                    kind: TransitionKind::Manual,
+                    from: Pool::A,
+                    to: Pool::B,
+                    epoch: Epoch(1),
+                    step: Step::Scale,
+                    started_at: Duration::ZERO,
+                    done: Vec::new(),
+                }),
+                ..FailoverState::new()
+            },
+            handled_command: None,
+            handed_off: Vec::new(),
+        })
+        .unwrap_or_default();
+        let cap = |status| retry_cap(&guarded(status));
+        assert_eq!(cap(serde_json::json!({"failover": promoting})), PROMOTING_REQUEUE);
+        assert_eq!(
+            cap(serde_json::json!({"failover": serving})),
+            Duration::from_secs(15)
+        );
+        assert_eq!(cap(serde_json::json!({})), Duration::from_secs(15));
+        // A garbled record is not a promotion under way.
+        assert_eq!(
+            cap(serde_json::json!({"failover": {"machine": 7}})),
+            Duration::from_secs(15)
+        );
+        let unreadable: DeserializeGuard<FailoverPolicy> = serde_json::from_value(serde_json::json!({
+            "apiVersion": "understudy.dev/v1alpha1", "kind": "FailoverPolicy",
+            "metadata": {"name": "llama", "namespace": "serving"}, "spec": {"pools": 7},
+        }))
+        .unwrap_or_else(|e| panic!("fixture: {e}"));
+        assert_eq!(retry_cap(&unreadable), MAX_BACKOFF);
     }
 
     #[test]

@@ -9,8 +9,10 @@ use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 use serde::{Deserialize, Serialize};
-use understudy_core::Pool;
-use understudy_core::failover::{ControlPlane, FailoverConfig, FailoverState, Phase, Promotion, Step};
+use understudy_core::failover::{
+    ControlPlane, FailoverConfig, FailoverState, Phase, Promotion, Step, TransitionKind as MachineKind,
+};
+use understudy_core::{Epoch, Pool};
 
 use super::command::HandledCommand;
 use crate::crd::{
@@ -19,25 +21,82 @@ use crate::crd::{
 };
 use crate::policy::pool_name;
 
-/// The operator's own record, kept in `status.failover`: the state machine and the last command
-/// handled. A restarted operator resumes from it.
+/// The operator's own record, kept in `status.failover`: the state machine, the last command
+/// handled, and the steps it handed off. A restarted operator resumes from it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct OperatorRecord {
     pub machine: FailoverState,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub handled_command: Option<HandledCommand>,
+    /// The steps of the latest promotion that were left to another component, so that every later
+    /// status still says which steps nobody here carried out.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub handed_off: Vec<HandedOffStep>,
 }
 
-/// Reads the record back from a status, `None` when there is none yet.
-pub fn load_record(
-    status: Option<&FailoverPolicyStatus>,
-) -> Result<Option<OperatorRecord>, serde_json::Error> {
-    status
-        .and_then(|s| s.failover.clone())
-        .filter(|value| !value.is_null())
-        .map(serde_json::from_value)
-        .transpose()
+/// A promotion step the operator made no call for.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HandedOffStep {
+    pub epoch: Epoch,
+    pub step: Step,
+    /// What the timeline says about it: who carries it, and what was (not) done.
+    pub note: String,
+}
+
+/// What a status holds of the operator's record. Each part is read on its own key, so that a
+/// garbled state machine does not also lose the handled command, which would replay it.
+#[derive(Debug)]
+pub struct StoredRecord {
+    /// `None` when nothing was recorded yet.
+    pub machine: Result<Option<FailoverState>, serde_json::Error>,
+    /// `None` when no command was handled yet.
+    pub handled_command: Result<Option<HandledCommand>, serde_json::Error>,
+    /// Display only: an unreadable list reads as empty.
+    pub handed_off: Vec<HandedOffStep>,
+}
+
+/// Reads the record back from a status, part by part.
+#[must_use]
+pub fn load_record(status: Option<&FailoverPolicyStatus>) -> StoredRecord {
+    let record = status.and_then(|s| s.failover.as_ref()).filter(|v| !v.is_null());
+    let Some(record) = record else {
+        return StoredRecord {
+            machine: Ok(None),
+            handled_command: Ok(None),
+            handed_off: Vec::new(),
+        };
+    };
+    let Some(fields) = record.as_object() else {
+        let not_an_object = serde::de::Error::custom(format!("status.failover is not an object: {record}"));
+        return StoredRecord {
+            machine: Err(not_an_object),
+            handled_command: Ok(None),
+            handed_off: Vec::new(),
+        };
+    };
+    fn field<T: serde::de::DeserializeOwned>(
+        fields: &serde_json::Map<String, serde_json::Value>,
+        key: &str,
+    ) -> Result<Option<T>, serde_json::Error> {
+        fields
+            .get(key)
+            .filter(|v| !v.is_null())
+            .cloned()
+            .map(serde_json::from_value)
+            .transpose()
+    }
+    StoredRecord {
+        machine: field(fields, "machine").and_then(|machine| {
+            // A record with other keys but no machine is as unreadable as a garbled one.
+            machine
+                .map(Some)
+                .ok_or_else(|| serde::de::Error::missing_field("machine"))
+        }),
+        handled_command: field(fields, "handledCommand"),
+        handed_off: field(fields, "handedOff").ok().flatten().unwrap_or_default(),
+    }
 }
 
 /// RFC 3339 to the second, from a time since the Unix epoch (the controller's clock).
@@ -84,6 +143,8 @@ pub struct StatusFacts<'a> {
     pub record: &'a OperatorRecord,
     /// A promotion that finished during this reconcile, with every step recorded.
     pub finished: Option<&'a Promotion>,
+    /// The epoch Lease's epoch, when it is below the record's: the Lease went back.
+    pub lease_behind: Option<Epoch>,
     pub now: Duration,
 }
 
@@ -91,9 +152,15 @@ pub struct StatusFacts<'a> {
 pub fn desired_status(facts: &StatusFacts<'_>) -> Result<FailoverPolicyStatus, serde_json::Error> {
     let machine = &facts.record.machine;
     let previous = facts.previous.cloned().unwrap_or_default();
+    let handed_off = &facts.record.handed_off;
     let last_failover = match (&machine.phase, facts.finished) {
-        (Phase::Promoting(p), _) => Some(timeline(facts.spec, p, None)),
-        (_, Some(done)) => Some(timeline(facts.spec, done, machine.last_transition_end)),
+        (Phase::Promoting(p), _) => Some(timeline(facts.spec, p, None, handed_off)),
+        (_, Some(done)) => Some(timeline(
+            facts.spec,
+            done,
+            machine.last_transition_end,
+            handed_off,
+        )),
         _ => previous.last_failover.clone(),
     };
     Ok(FailoverPolicyStatus {
@@ -103,7 +170,7 @@ pub fn desired_status(facts: &StatusFacts<'_>) -> Result<FailoverPolicyStatus, s
         observed_generation: facts.generation,
         conditions: merge_conditions(
             &previous.conditions,
-            conditions(facts.spec, facts.config, machine),
+            conditions(facts.spec, facts.config, machine, facts.lease_behind),
             facts.now,
         ),
         last_failover,
@@ -127,11 +194,22 @@ fn conditions(
     spec: &FailoverPolicySpec,
     config: &FailoverConfig,
     machine: &FailoverState,
+    lease_behind: Option<Epoch>,
 ) -> BTreeMap<String, Condition> {
     use ConditionStatus::{False, True, Unknown};
     let primary = pool_name(spec, machine.primary);
     let standby = pool_name(spec, machine.standby());
-    let ready = if machine.control_plane == ControlPlane::Unreachable {
+    let ready = if let Some(lease_epoch) = lease_behind {
+        condition(
+            False,
+            "LeaseRegressed",
+            format!(
+                "the epoch Lease is at epoch {lease_epoch}, below the recorded epoch {}; epochs never go \
+                 back, so no control action is taken until the Lease is restored to epoch {} or higher",
+                machine.epoch, machine.epoch
+            ),
+        )
+    } else if machine.control_plane == ControlPlane::Unreachable {
         condition(
             False,
             "ControlPlaneUnreachable",
@@ -147,15 +225,23 @@ fn conditions(
         )
     } else {
         match &machine.phase {
+            // No component of this version pushes routes, so holding the Lease is all that is
+            // known: saying the pool serves would claim a route nobody pushed.
             Phase::Serving => condition(
                 True,
-                "Serving",
-                format!("{primary} serves at epoch {}", machine.epoch),
+                "LeaseHeld",
+                format!(
+                    "{primary} holds the epoch Lease at epoch {}; no router is wired yet, so no route was pushed",
+                    machine.epoch
+                ),
             ),
             Phase::Suspect => condition(
                 True,
                 "PrimarySuspect",
-                format!("{primary} serves but failed recent checks"),
+                format!(
+                    "{primary} holds the epoch Lease at epoch {} but failed recent checks",
+                    machine.epoch
+                ),
             ),
             Phase::Stranded => condition(
                 False,
@@ -241,12 +327,14 @@ pub fn merge_conditions(
         .collect()
 }
 
-/// The timeline of a promotion, finished at `finished_at` when it is over.
+/// The timeline of a promotion, finished at `finished_at` when it is over. Steps in `handed_off`
+/// are marked as such, and the lease step of an adopted promotion says nobody here wrote it.
 #[must_use]
 pub fn timeline(
     spec: &FailoverPolicySpec,
     promotion: &Promotion,
     finished_at: Option<Duration>,
+    handed_off: &[HandedOffStep],
 ) -> FailoverTimeline {
     // Status knows two directions: away from home, and home again.
     let kind = if promotion.to == Pool::A {
@@ -254,20 +342,31 @@ pub fn timeline(
     } else {
         TransitionKind::Failover
     };
+    let step = |(step, at): &(Step, Duration)| {
+        let handoff = handed_off
+            .iter()
+            .find(|h| h.epoch == promotion.epoch && h.step == *step);
+        let adopted = promotion.kind == MachineKind::Adopted && *step == Step::AcquireLease;
+        TimelineStep {
+            step: step_name(*step).to_owned(),
+            at: rfc3339(*at),
+            handed_off: handoff.is_some(),
+            note: match handoff {
+                Some(h) => Some(h.note.clone()),
+                None if adopted => {
+                    Some("the Lease was found at this epoch; another writer claimed it".to_owned())
+                }
+                None => None,
+            },
+        }
+    };
     FailoverTimeline {
         kind,
         from_pool: pool_name(spec, promotion.from).to_owned(),
         to_pool: pool_name(spec, promotion.to).to_owned(),
         epoch: promotion.epoch.0,
         started_at: rfc3339(promotion.started_at),
-        steps: promotion
-            .done
-            .iter()
-            .map(|(step, at)| TimelineStep {
-                step: step_name(*step).to_owned(),
-                at: rfc3339(*at),
-            })
-            .collect(),
+        steps: promotion.done.iter().map(step).collect(),
         finished_at: finished_at.map(rfc3339),
     }
 }
@@ -337,6 +436,7 @@ mod tests {
             previous,
             record,
             finished: None,
+            lease_behind: None,
             now: NOW,
         })
         .unwrap()
@@ -346,20 +446,26 @@ mod tests {
         OperatorRecord {
             machine,
             handled_command: None,
+            handed_off: Vec::new(),
         }
     }
 
     #[test]
-    fn a_new_policy_reports_its_home_pool_serving_at_epoch_zero() {
+    fn a_new_policy_reports_its_home_pool_holding_the_lease_at_epoch_zero() {
         let status = status_of(&record(FailoverState::new()), None);
         assert_eq!(status.primary_pool.as_deref(), Some("us-east"));
         assert_eq!(status.epoch, Some(0));
         assert_eq!(status.state.as_deref(), Some("Serving"));
         assert_eq!(status.observed_generation, Some(3));
         let ready = &status.conditions[condition_type::READY];
+        // No router exists to push a route: Ready says what is known, the Lease, and no more.
         assert_eq!(
             (ready.status, ready.reason.as_str()),
-            (ConditionStatus::True, "Serving")
+            (ConditionStatus::True, "LeaseHeld")
+        );
+        assert_eq!(
+            ready.message,
+            "us-east holds the epoch Lease at epoch 0; no router is wired yet, so no route was pushed"
         );
         assert_eq!(
             ready.last_transition_time.as_deref(),
@@ -377,12 +483,80 @@ mod tests {
             machine: FailoverState::starting_at(Pool::B, Epoch(4)),
             handled_command: Some(HandledCommand {
                 value: "failover".into(),
-                generation: 2,
             }),
+            handed_off: vec![HandedOffStep {
+                epoch: Epoch(4),
+                step: Step::Route,
+                note: "no route was pushed".into(),
+            }],
         };
         let status = status_of(&rec, None);
-        assert_eq!(load_record(Some(&status)).unwrap(), Some(rec));
-        assert_eq!(load_record(None).unwrap(), None);
+        let loaded = load_record(Some(&status));
+        assert_eq!(loaded.machine.unwrap(), Some(rec.machine));
+        assert_eq!(loaded.handled_command.unwrap(), rec.handled_command);
+        assert_eq!(loaded.handed_off, rec.handed_off);
+        let nothing = load_record(None);
+        assert_eq!(nothing.machine.unwrap(), None);
+        assert_eq!(nothing.handled_command.unwrap(), None);
+    }
+
+    #[test]
+    fn a_garbled_machine_record_keeps_the_handled_command_readable() {
+        let status = FailoverPolicyStatus {
+            failover: Some(serde_json::json!({
+                "machine": {"primary": "Q"},
+                "handledCommand": {"value": "failover@drill-3"},
+            })),
+            ..FailoverPolicyStatus::default()
+        };
+        let loaded = load_record(Some(&status));
+        assert!(loaded.machine.is_err());
+        assert_eq!(
+            loaded.handled_command.unwrap(),
+            Some(HandledCommand {
+                value: "failover@drill-3".into()
+            })
+        );
+        let not_an_object = FailoverPolicyStatus {
+            failover: Some(serde_json::json!("garbage")),
+            ..FailoverPolicyStatus::default()
+        };
+        assert!(load_record(Some(&not_an_object)).machine.is_err());
+        let no_machine = FailoverPolicyStatus {
+            failover: Some(serde_json::json!({"handledCommand": {"value": "failback"}})),
+            ..FailoverPolicyStatus::default()
+        };
+        assert!(load_record(Some(&no_machine)).machine.is_err());
+    }
+
+    #[test]
+    fn a_lease_behind_the_record_makes_ready_false_with_both_epochs() {
+        let spec = spec();
+        let config = failover_config(&spec).unwrap();
+        let rec = record(FailoverState::starting_at(Pool::B, Epoch(7)));
+        let status = desired_status(&StatusFacts {
+            spec: &spec,
+            config: &config,
+            generation: Some(3),
+            previous: None,
+            record: &rec,
+            finished: None,
+            lease_behind: Some(Epoch(2)),
+            now: NOW,
+        })
+        .unwrap();
+        let ready = &status.conditions[condition_type::READY];
+        assert_eq!(
+            (ready.status, ready.reason.as_str()),
+            (ConditionStatus::False, "LeaseRegressed")
+        );
+        assert!(
+            ready.message.contains("epoch 2") && ready.message.contains("epoch 7"),
+            "{}",
+            ready.message
+        );
+        // The record's epoch stays what it was; the Lease's lower one is not taken.
+        assert_eq!(status.epoch, Some(7));
     }
 
     #[test]
@@ -473,9 +647,56 @@ mod tests {
             started_at: NOW,
             done: vec![(Step::AcquireLease, NOW)],
         };
-        let timeline = timeline(&spec(), &promotion, Some(NOW + Duration::from_secs(30)));
+        let timeline = timeline(&spec(), &promotion, Some(NOW + Duration::from_secs(30)), &[]);
         assert_eq!(timeline.kind, TransitionKind::Failback);
         assert_eq!(timeline.finished_at.as_deref(), Some("2024-06-01T12:00:30Z"));
+    }
+
+    #[test]
+    fn a_timeline_marks_the_steps_nobody_here_carried_out() {
+        let promotion = Promotion {
+            kind: MachineKind::Adopted,
+            from: Pool::A,
+            to: Pool::B,
+            epoch: Epoch(5),
+            step: Step::Scale,
+            started_at: NOW,
+            done: vec![
+                (Step::AcquireLease, NOW),
+                (Step::FenceOld, NOW),
+                (Step::Wake, NOW),
+            ],
+        };
+        let handed_off = [
+            HandedOffStep {
+                epoch: Epoch(5),
+                step: Step::FenceOld,
+                note: "left to the fence sidecars".into(),
+            },
+            // An older promotion's hand-off says nothing about this one.
+            HandedOffStep {
+                epoch: Epoch(4),
+                step: Step::Wake,
+                note: "old".into(),
+            },
+        ];
+        let steps = timeline(&spec(), &promotion, None, &handed_off).steps;
+        let marks: Vec<(&str, bool, Option<&str>)> = steps
+            .iter()
+            .map(|s| (s.step.as_str(), s.handed_off, s.note.as_deref()))
+            .collect();
+        assert_eq!(
+            marks,
+            [
+                (
+                    "LeaseClaimed",
+                    false,
+                    Some("the Lease was found at this epoch; another writer claimed it")
+                ),
+                ("Fenced", true, Some("left to the fence sidecars")),
+                ("Woken", false, None),
+            ]
+        );
     }
 
     #[test]
