@@ -66,6 +66,15 @@ impl Emulator {
         e
     }
 
+    /// Starts one with instant startup and the cost model on, and waits until it is ready.
+    pub fn ready_with_costs(args: &[&str], env: &[(&str, &str)]) -> Emulator {
+        let mut all = vec!["--emu-instant"];
+        all.extend_from_slice(args);
+        let mut e = Emulator::spawn(&all, env);
+        e.wait_for_line("Application startup complete.");
+        e
+    }
+
     /// Waits (at most 20 s) for a log line containing `needle` and returns it.
     pub fn wait_for_line(&mut self, needle: &str) -> String {
         if let Some(l) = self.log.iter().find(|l| l.contains(needle)) {
