@@ -63,8 +63,8 @@ pub trait ObservationSource: Send + Sync + fmt::Debug {
 }
 
 /// Observes nothing. The prober that sends generating probes lands in a later issue; until then
-/// the state machine sees no check results, so it never promotes on its own, and failover happens
-/// only on a command.
+/// the state machine sees no check results, so it never promotes on its own, and with no standby
+/// ever seen to pass, failover happens only on a `force-failover` command.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct NoObservations;
 
