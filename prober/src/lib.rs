@@ -1,9 +1,11 @@
 //! The prober: how understudy knows whether a pool can do its job.
 //!
-//! Built so far: the outcome of one generating probe ([`outcome::ProbeOutcome`]) and how a
-//! round of them over a pool's replicas becomes the one check result the failover state
-//! machine consumes ([`outcome::pool_verdict`]). The probes themselves (streamed completions
-//! with golden answers), parity fingerprints, cold-start timelines and GPU health through NVML
-//! are not built yet; they are issue #4.
+//! - [`coldstart`]: where a replica's cold start went, stage by stage, from pod events, vLLM's
+//!   log lines and the first token.
+//! - [`outcome`]: what one probe ended in, and how a round over a pool becomes the one check
+//!   result the failover state machine consumes.
+//!
+//! The library does the work; the `understudy-prober` binary only parses arguments and prints.
 
+pub mod coldstart;
 pub mod outcome;
