@@ -13,13 +13,22 @@ use understudy_gameday::emulator::log::Log;
 use understudy_gameday::emulator::sleep::{PauseMode, SleepLevel};
 
 fn engine(flags: &str) -> Arc<Engine> {
-    let argv: Vec<String> = format!("serve m --enable-sleep-mode {flags}").split_whitespace().map(str::to_string).collect();
+    let argv: Vec<String> = format!("serve m --enable-sleep-mode {flags}")
+        .split_whitespace()
+        .map(str::to_string)
+        .collect();
     let config = EmulatorConfig::from_args(&argv, Vec::new()).unwrap();
     config.build_engine(Arc::new(Log::new(1, Box::new(std::io::sink()))))
 }
 
 fn request(prompt: &str, max_tokens: u32) -> GenerationRequest {
-    GenerationRequest { prompt: tokenize(prompt), max_tokens, sampling: Sampling::Greedy, ignore_eos: true, stop: Vec::new() }
+    GenerationRequest {
+        prompt: tokenize(prompt),
+        max_tokens,
+        sampling: Sampling::Greedy,
+        ignore_eos: true,
+        stop: Vec::new(),
+    }
 }
 
 /// Runs one request to the end; returns (time to first token, time to finish) from `t0`.
@@ -37,7 +46,10 @@ async fn run(engine: Arc<Engine>, req: GenerationRequest, t0: Instant) -> (Durat
 /// A prompt of exactly `n` tokens, unique per `tag`.
 fn prompt(tag: usize, n: usize) -> String {
     // Each word is at most six bytes, so one token.
-    (0..n).map(|i| format!("{tag:x}.{i:x}")).collect::<Vec<_>>().join(" ")
+    (0..n)
+        .map(|i| format!("{tag:x}.{i:x}"))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 const PREFILL: &str = "--emu-prefill-s-per-token=0.001 --emu-prefill-overhead-s=0 --emu-decode-s-per-token=0.01 \
@@ -49,7 +61,11 @@ async fn prefill_time_follows_uncached_prompt_tokens() {
     let t0 = Instant::now();
     let (ttft, done) = run(Arc::clone(&e), request(&prompt(1, 1000), 3), t0).await;
     assert_eq!(ttft, Duration::from_secs(1), "1000 tokens at 1 ms");
-    assert_eq!(done, Duration::from_millis(1020), "then two decode steps of 10 ms");
+    assert_eq!(
+        done,
+        Duration::from_millis(1020),
+        "then two decode steps of 10 ms"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -81,15 +97,20 @@ async fn a_burst_of_uncached_prompts_queues_for_prefill_and_a_warm_cache_removes
         ttfts.push(h.await.unwrap().0);
     }
     ttfts.sort();
-    let expected: Vec<Duration> = (1..=4).map(|k| Duration::from_secs(k)).collect();
-    assert_eq!(ttfts, expected, "the k-th uncached prompt waits for the k-1 ahead of it");
+    let expected: Vec<Duration> = (1..=4).map(Duration::from_secs).collect();
+    assert_eq!(
+        ttfts, expected,
+        "the k-th uncached prompt waits for the k-1 ahead of it"
+    );
 }
 
 #[tokio::test(start_paused = true)]
 async fn max_num_seqs_bounds_the_batch_and_the_rest_wait() {
     let e = engine(&format!("{PREFILL} --max-num-seqs 2"));
     let t0 = Instant::now();
-    let all: Vec<_> = (0..4).map(|i| tokio::spawn(run(Arc::clone(&e), request(&prompt(i, 1), 100), t0))).collect();
+    let all: Vec<_> = (0..4)
+        .map(|i| tokio::spawn(run(Arc::clone(&e), request(&prompt(i, 1), 100), t0)))
+        .collect();
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert_eq!(e.metrics.num_requests_running.get(), 2.0);
     assert_eq!(e.metrics.num_requests_waiting.get(), 2.0);
@@ -98,7 +119,10 @@ async fn max_num_seqs_bounds_the_batch_and_the_rest_wait() {
         done.push(h.await.unwrap().1);
     }
     done.sort();
-    assert!(done[2] > done[1] + Duration::from_millis(900), "the second pair starts after the first: {done:?}");
+    assert!(
+        done[2] > done[1] + Duration::from_millis(900),
+        "the second pair starts after the first: {done:?}"
+    );
     assert_eq!(e.metrics.num_requests_running.get(), 0.0);
 }
 
@@ -119,12 +143,16 @@ async fn the_kv_cache_capacity_admits_only_what_fits() {
 
 #[tokio::test(start_paused = true)]
 async fn a_bigger_batch_slows_each_decode_step() {
-    let e = engine("--emu-prefill-s-per-token=0 --emu-prefill-overhead-s=0 --emu-decode-s-per-token=0.01 --emu-decode-batch-slowdown=0.1");
+    let e = engine(
+        "--emu-prefill-s-per-token=0 --emu-prefill-overhead-s=0 --emu-decode-s-per-token=0.01 --emu-decode-batch-slowdown=0.1",
+    );
     let t0 = Instant::now();
     let (_, alone) = run(Arc::clone(&e), request("solo", 11), t0).await;
     assert_eq!(alone, Duration::from_millis(100));
     let t1 = Instant::now();
-    let pair: Vec<_> = (0..2).map(|i| tokio::spawn(run(Arc::clone(&e), request(&prompt(i, 2), 11), t1))).collect();
+    let pair: Vec<_> = (0..2)
+        .map(|i| tokio::spawn(run(Arc::clone(&e), request(&prompt(i, 2), 11), t1)))
+        .collect();
     let mut done = Vec::new();
     for h in pair {
         done.push(h.await.unwrap().1);
@@ -140,10 +168,18 @@ async fn level_one_wake_takes_weights_over_host_bandwidth() {
     let e = engine("--emu-weights-gib=8 --emu-host-gib-per-s=4 --emu-wake-alloc-s=0.25");
     let t0 = Instant::now();
     e.sleep(SleepLevel::One, PauseMode::Abort).await.unwrap();
-    assert_eq!(t0.elapsed(), Duration::from_secs(2), "offloading 8 GiB at 4 GiB/s");
+    assert_eq!(
+        t0.elapsed(),
+        Duration::from_secs(2),
+        "offloading 8 GiB at 4 GiB/s"
+    );
     let t1 = Instant::now();
     e.wake_up(&[]).await.unwrap();
-    assert_eq!(t1.elapsed(), Duration::from_millis(2250), "copy back, then re-allocate the KV cache");
+    assert_eq!(
+        t1.elapsed(),
+        Duration::from_millis(2250),
+        "copy back, then re-allocate the KV cache"
+    );
     assert!(e.prefix_cache_is_empty());
 }
 

@@ -32,6 +32,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use axum::serve::ListenerExt;
 use tokio::time::Instant;
 
 use self::api::{AppState, ServerInfo};
@@ -253,6 +254,11 @@ pub async fn run(config: EmulatorConfig, log: Arc<Log>) -> Result<Exit, Error> {
                 serve: config.serve.clone(),
             };
             let app = api::router(Arc::new(AppState::new(engine, info)));
+            // Streamed tokens are small writes; without TCP_NODELAY, Nagle holds each one back
+            // until the client's delayed ACK (about 40 ms), which would swamp the emulated latency.
+            let listener = listener.tap_io(|tcp| {
+                let _ = tcp.set_nodelay(true);
+            });
             axum::serve(listener, app).await.map_err(Error::Serve)?;
             futures::future::pending::<Result<Exit, Error>>().await
         }
