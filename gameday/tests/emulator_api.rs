@@ -19,19 +19,40 @@ fn a_completion_stream_ends_with_the_usage_chunk_then_done() {
     assert!(r.header("content-type").unwrap().starts_with("text/event-stream"));
     let events = r.sse_events();
     assert_eq!(events.last().unwrap(), "[DONE]");
-    let chunks: Vec<Value> = events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
     let usage = chunks.last().unwrap();
     assert_eq!(usage["choices"], json!([]));
     assert_eq!(usage["usage"]["completion_tokens"], 4);
-    assert_eq!(usage["usage"]["prompt_tokens"], 6, "The| capita|l| of| France| is");
+    assert_eq!(
+        usage["usage"]["prompt_tokens"], 6,
+        "The| capita|l| of| France| is"
+    );
     assert_eq!(usage["usage"]["total_tokens"], 10);
     let tokens = &chunks[..chunks.len() - 1];
     assert_eq!(tokens.len(), 4, "one chunk per token");
-    assert!(tokens.iter().all(|c| c["object"] == "text_completion" && c["choices"][0]["text"] != ""));
-    assert!(tokens[..3].iter().all(|c| c["choices"][0]["finish_reason"].is_null()));
+    assert!(
+        tokens
+            .iter()
+            .all(|c| c["object"] == "text_completion" && c["choices"][0]["text"] != "")
+    );
+    assert!(
+        tokens[..3]
+            .iter()
+            .all(|c| c["choices"][0]["finish_reason"].is_null())
+    );
     assert_eq!(tokens[3]["choices"][0]["finish_reason"], "length");
-    let streamed: String = tokens.iter().map(|c| c["choices"][0]["text"].as_str().unwrap()).collect();
-    assert_eq!(streamed, e.greedy_text("The capital of France is", 4), "streaming and not give the same text");
+    let streamed: String = tokens
+        .iter()
+        .map(|c| c["choices"][0]["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        streamed,
+        e.greedy_text("The capital of France is", 4),
+        "streaming and not give the same text"
+    );
 }
 
 #[test]
@@ -42,7 +63,11 @@ fn a_chat_stream_opens_with_the_role_and_omits_usage_unless_asked() {
         "temperature": 0, "ignore_eos": true, "stream": true,
     });
     let events = e.post("/v1/chat/completions", &body.to_string()).sse_events();
-    assert_eq!(events.len(), 1 + 3 + 1, "role chunk, three tokens, [DONE]: {events:?}");
+    assert_eq!(
+        events.len(),
+        1 + 3 + 1,
+        "role chunk, three tokens, [DONE]: {events:?}"
+    );
     let first: Value = serde_json::from_str(&events[0]).unwrap();
     assert_eq!(first["object"], "chat.completion.chunk");
     assert_eq!(first["choices"][0]["delta"]["role"], "assistant");
@@ -74,39 +99,86 @@ fn temperature_zero_gives_the_same_text_and_a_new_identity_changes_it() {
     let prompt = "Say something about failover";
     let text = base.greedy_text(prompt, 12);
     assert_eq!(text, base.greedy_text(prompt, 12), "same replica, same text");
-    assert_eq!(text, again.greedy_text(prompt, 12), "same identity on another replica, same text");
-    assert_ne!(text, renamed.greedy_text(prompt, 12), "a different revision is a different model");
-    assert_ne!(text, digest.greedy_text(prompt, 12), "different weights, different text");
+    assert_eq!(
+        text,
+        again.greedy_text(prompt, 12),
+        "same identity on another replica, same text"
+    );
+    assert_ne!(
+        text,
+        renamed.greedy_text(prompt, 12),
+        "a different revision is a different model"
+    );
+    assert_ne!(
+        text,
+        digest.greedy_text(prompt, 12),
+        "different weights, different text"
+    );
     assert_ne!(text, base.greedy_text("Say something else", 12));
 }
 
 #[test]
 fn bad_requests_get_vllm_style_errors() {
     let e = Emulator::ready(&["--max-model-len", "64"], &[]);
-    let missing = e.post("/v1/completions", &json!({"model": MODEL, "max_tokens": 4}).to_string());
+    let missing = e.post(
+        "/v1/completions",
+        &json!({"model": MODEL, "max_tokens": 4}).to_string(),
+    );
     assert_eq!(missing.status, 400);
     assert_eq!(missing.json()["error"]["type"], "BadRequestError");
     assert_eq!(missing.json()["error"]["code"], 400);
     let too_long = e.post("/v1/completions", &completion_body("hello", 100, false));
     assert_eq!(too_long.status, 400);
-    assert!(too_long.json()["error"]["message"].as_str().unwrap().contains("maximum context length is 64 tokens"));
-    let unknown = e.post("/v1/completions", &json!({"model": "gpt-4", "prompt": "x"}).to_string());
+    assert!(
+        too_long.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("maximum context length is 64 tokens")
+    );
+    let unknown = e.post(
+        "/v1/completions",
+        &json!({"model": "gpt-4", "prompt": "x"}).to_string(),
+    );
     assert_eq!(unknown.status, 404);
-    assert_eq!(unknown.json()["error"]["message"], "The model `gpt-4` does not exist.");
+    assert_eq!(
+        unknown.json()["error"]["message"],
+        "The model `gpt-4` does not exist."
+    );
     let garbled = e.post("/v1/chat/completions", "{not json");
     assert_eq!(garbled.status, 400);
-    assert!(!e.greedy_text("still fine", 2).is_empty(), "bad requests change nothing");
+    assert!(
+        !e.greedy_text("still fine", 2).is_empty(),
+        "bad requests change nothing"
+    );
 }
 
 #[test]
 fn models_version_ping_tokenize_and_load_answer_like_vllm() {
-    let e = Emulator::ready(&["--max-model-len", "4096", "--served-model-name", "a", "--served-model-name", "b"], &[]);
+    let e = Emulator::ready(
+        &[
+            "--max-model-len",
+            "4096",
+            "--served-model-name",
+            "a",
+            "--served-model-name",
+            "b",
+        ],
+        &[],
+    );
     let models = e.get("/v1/models").json();
     assert_eq!(models["object"], "list");
-    let ids: Vec<&str> = models["data"].as_array().unwrap().iter().map(|c| c["id"].as_str().unwrap()).collect();
+    let ids: Vec<&str> = models["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["id"].as_str().unwrap())
+        .collect();
     assert_eq!(ids, ["a", "b"]);
     let card = &models["data"][0];
-    assert_eq!((card["owned_by"].as_str(), card["root"].as_str()), (Some("vllm"), Some(MODEL)));
+    assert_eq!(
+        (card["owned_by"].as_str(), card["root"].as_str()),
+        (Some("vllm"), Some(MODEL))
+    );
     assert_eq!(card["max_model_len"], 4096);
     assert_eq!(card["permission"][0]["object"], "model_permission");
     assert_eq!(e.get("/version").json(), json!({"version": "0.11.0"}));
@@ -114,7 +186,12 @@ fn models_version_ping_tokenize_and_load_answer_like_vllm() {
     assert_eq!(e.post("/ping", "").status, 200);
     let health = e.get("/health");
     assert_eq!((health.status, health.body.as_str()), (200, ""));
-    let tok = e.post("/tokenize", &json!({"model": "a", "prompt": "The capital of France"}).to_string()).json();
+    let tok = e
+        .post(
+            "/tokenize",
+            &json!({"model": "a", "prompt": "The capital of France"}).to_string(),
+        )
+        .json();
     assert_eq!(tok["count"], 5);
     assert_eq!(tok["max_model_len"], 4096);
     assert_eq!(tok["tokens"].as_array().unwrap().len(), 5);
@@ -148,12 +225,32 @@ fn metrics_parse_as_prometheus_text_with_vllms_names_labels_and_buckets() {
     ] {
         sample(&samples, name, &l);
     }
-    assert_eq!(sample(&samples, "vllm:request_success_total", &[("finished_reason", "length")]), 1.0);
-    assert_eq!(sample(&samples, "vllm:request_success_total", &[("finished_reason", "abort")]), 0.0);
+    assert_eq!(
+        sample(
+            &samples,
+            "vllm:request_success_total",
+            &[("finished_reason", "length")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        sample(
+            &samples,
+            "vllm:request_success_total",
+            &[("finished_reason", "abort")]
+        ),
+        0.0
+    );
     assert_eq!(sample(&samples, "vllm:prompt_tokens_total", &l), 2.0);
     assert_eq!(sample(&samples, "vllm:generation_tokens_total", &l), 3.0);
-    assert_eq!(sample(&samples, "vllm:engine_sleep_state", &[("sleep_state", "awake")]), 1.0);
-    assert_eq!(sample(&samples, "vllm:inter_token_latency_seconds_count", &l), 2.0);
+    assert_eq!(
+        sample(&samples, "vllm:engine_sleep_state", &[("sleep_state", "awake")]),
+        1.0
+    );
+    assert_eq!(
+        sample(&samples, "vllm:inter_token_latency_seconds_count", &l),
+        2.0
+    );
     let ttft_buckets: Vec<&str> = samples
         .iter()
         .filter(|s| s.name == "vllm:time_to_first_token_seconds_bucket")
@@ -161,8 +258,17 @@ fn metrics_parse_as_prometheus_text_with_vllms_names_labels_and_buckets() {
         .collect();
     assert_eq!(ttft_buckets.first(), Some(&"0.001"));
     assert_eq!(ttft_buckets[ttft_buckets.len() - 2..], ["2560.0", "+Inf"]);
-    assert!(samples.iter().all(|s| s.labels.iter().any(|(k, v)| k == "engine" && v == "0")));
-    assert!(samples.iter().all(|s| !s.labels.iter().any(|(k, _)| k == "finish_reason")), "vLLM's label is finished_reason");
+    assert!(
+        samples
+            .iter()
+            .all(|s| s.labels.iter().any(|(k, v)| k == "engine" && v == "0"))
+    );
+    assert!(
+        samples
+            .iter()
+            .all(|s| !s.labels.iter().any(|(k, _)| k == "finish_reason")),
+        "vLLM's label is finished_reason"
+    );
 }
 
 #[test]
@@ -174,5 +280,8 @@ fn a_shared_prompt_prefix_is_served_from_the_prefix_cache() {
     assert_eq!(before, 0.0, "nothing is cached on a fresh replica");
     e.greedy_text(&format!("{system} Second question?"), 1);
     let after = sample(&metrics(&e), "vllm:prefix_cache_hits_total", &[]);
-    assert!(after >= 32.0, "the shared system prompt hits in whole blocks: {after}");
+    assert!(
+        after >= 32.0,
+        "the shared system prompt hits in whole blocks: {after}"
+    );
 }

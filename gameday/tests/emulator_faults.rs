@@ -32,9 +32,19 @@ fn a_scheduled_crash_exits_the_process_and_the_port_then_refuses() {
 
 #[test]
 fn a_crash_scheduled_during_weight_load_stops_the_start() {
-    let mut e = Emulator::spawn(&["--emu-weights-gib=5", "--emu-load-gib-per-s=1", "--emu-fault=crash@200ms"], &[]);
+    let mut e = Emulator::spawn(
+        &[
+            "--emu-weights-gib=5",
+            "--emu-load-gib-per-s=1",
+            "--emu-fault=crash@200ms",
+        ],
+        &[],
+    );
     e.wait_for_line("Starting to load model");
-    assert_eq!(e.wait_exit(Duration::from_secs(10)).expect("crashed").code(), Some(1));
+    assert_eq!(
+        e.wait_exit(Duration::from_secs(10)).expect("crashed").code(),
+        Some(1)
+    );
     assert!(!e.drain_log().iter().any(|l| l.contains("Loading weights took")));
 }
 
@@ -50,7 +60,11 @@ fn a_hung_replica_accepts_connections_and_never_answers() {
     let e = Emulator::ready(&[CONTROL], &[]);
     assert_eq!(e.inject("hang").status, 200);
     let mut health = OpenStream::get(e.port, "/health");
-    assert!(!health.read_until("HTTP/1.1", Duration::from_millis(500)), "a hung server answered: {}", health.text());
+    assert!(
+        !health.read_until("HTTP/1.1", Duration::from_millis(500)),
+        "a hung server answered: {}",
+        health.text()
+    );
     assert_eq!(e.inject("clear").status, 200);
     assert_eq!(e.get("/health").status, 200, "lifting the fault restores service");
 }
@@ -63,7 +77,9 @@ fn engine_death_gives_503_health_500_generation_then_exits_at_the_watchdog() {
     assert_eq!(e.get("/ping").status, 503);
     let r = e.post("/v1/completions", &completion_body("hi", 2, false));
     assert_eq!((r.status, r.body.as_str()), (500, ""));
-    let status = e.wait_exit(Duration::from_secs(10)).expect("the watchdog ends the server");
+    let status = e
+        .wait_exit(Duration::from_secs(10))
+        .expect("the watchdog ends the server");
     assert!(!status.success());
     e.wait_for_line("EngineDeadError");
     e.wait_for_line("INFO:     Shutting down");
@@ -76,7 +92,10 @@ fn with_keep_alive_on_engine_death_the_dead_server_stays_up_answering_503() {
         &[("VLLM_KEEP_ALIVE_ON_ENGINE_DEATH", "1")],
     );
     assert_eq!(e.inject("engine-dead").status, 200);
-    assert!(e.wait_exit(Duration::from_millis(800)).is_none(), "four watchdog periods later, still up");
+    assert!(
+        e.wait_exit(Duration::from_millis(800)).is_none(),
+        "four watchdog periods later, still up"
+    );
     assert_eq!(e.get("/health").status, 503);
 }
 
@@ -87,7 +106,9 @@ fn a_half_failed_replica_is_healthy_but_fails_generation_mid_stream() {
     let r = e.post("/v1/completions", &completion_body("hi", 5, false));
     assert_eq!(r.status, 500);
     assert_eq!(r.json()["error"]["code"], 500);
-    let events = e.post("/v1/completions", &completion_body("hi", 5, true)).sse_events();
+    let events = e
+        .post("/v1/completions", &completion_body("hi", 5, true))
+        .sse_events();
     assert_eq!(events.len(), 3, "one token, an error event, [DONE]: {events:?}");
     assert!(events[0].contains("\"text\""));
     assert!(events[1].starts_with("{\"error\""));
@@ -106,7 +127,14 @@ fn a_stalling_replica_sends_one_token_and_then_nothing() {
 #[test]
 fn a_slow_fault_multiplies_generation_time() {
     // 10 tokens at 10 ms is 0.1 s; slow:10 makes it at least 1 s.
-    let e = Emulator::ready_with_costs(&[CONTROL, "--emu-decode-s-per-token=0.01", "--emu-prefill-overhead-s=0"], &[]);
+    let e = Emulator::ready_with_costs(
+        &[
+            CONTROL,
+            "--emu-decode-s-per-token=0.01",
+            "--emu-prefill-overhead-s=0",
+        ],
+        &[],
+    );
     let t0 = Instant::now();
     e.greedy_text("pace", 11);
     let normal = t0.elapsed();
@@ -133,7 +161,9 @@ fn wrong_output_changes_the_text_while_everything_looks_healthy() {
 fn drift_reports_another_version_context_length_and_weights() {
     let e = Emulator::ready(&[CONTROL], &[]);
     let good = e.greedy_text("parity", 10);
-    let r = e.inject(&json!({"fault": "drift:version=0.10.2,max-model-len=2048,weights-digest=sha256:old"}).to_string());
+    let r = e.inject(
+        &json!({"fault": "drift:version=0.10.2,max-model-len=2048,weights-digest=sha256:old"}).to_string(),
+    );
     assert_eq!(r.status, 200);
     assert_eq!(e.get("/version").json()["version"], "0.10.2");
     assert_eq!(e.get("/v1/models").json()["data"][0]["max_model_len"], 2048);
@@ -146,7 +176,11 @@ fn a_fault_injected_with_an_offset_waits_for_it() {
     assert_eq!(e.inject("engine-dead@400ms").status, 200);
     assert_eq!(e.get("/health").status, 200, "not yet");
     let deadline = Instant::now() + Duration::from_secs(10);
-    while try_request(e.port, "GET", "/health", None).map(|r| r.status).unwrap_or(0) == 200 {
+    while try_request(e.port, "GET", "/health", None)
+        .map(|r| r.status)
+        .unwrap_or(0)
+        == 200
+    {
         assert!(Instant::now() < deadline, "the fault never landed");
         std::thread::sleep(Duration::from_millis(50));
     }

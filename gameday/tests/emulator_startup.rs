@@ -11,16 +11,28 @@ use regex::Regex;
 
 fn captured(line: &str, pattern: &str) -> f64 {
     let re = Regex::new(pattern).unwrap();
-    let caps = re.captures(line).unwrap_or_else(|| panic!("`{line}` does not match {pattern}"));
+    let caps = re
+        .captures(line)
+        .unwrap_or_else(|| panic!("`{line}` does not match {pattern}"));
     caps[1].parse().unwrap()
 }
 
 #[test]
 fn the_port_refuses_connections_until_the_engine_is_ready() {
     // Weights take 0.8 s (0.8 GiB at 1 GiB/s): long enough to knock while they load.
-    let mut e = Emulator::spawn(&["--emu-weights-gib", "0.8", "--emu-load-gib-per-s", "1", "--emu-zero-cost"], &[]);
+    let mut e = Emulator::spawn(
+        &[
+            "--emu-weights-gib",
+            "0.8",
+            "--emu-load-gib-per-s",
+            "1",
+            "--emu-zero-cost",
+        ],
+        &[],
+    );
     e.wait_for_line("Starting to load model");
-    let refused = TcpStream::connect(("127.0.0.1", e.port)).expect_err("nothing may answer while weights load");
+    let refused =
+        TcpStream::connect(("127.0.0.1", e.port)).expect_err("nothing may answer while weights load");
     assert_eq!(refused.kind(), std::io::ErrorKind::ConnectionRefused);
     assert!(try_request(e.port, "GET", "/health", None).is_err());
     e.wait_for_line("Application startup complete.");
@@ -44,7 +56,10 @@ fn startup_log_lines_carry_the_configured_stage_durations_in_vllms_format() {
     let prefix = Regex::new(r"^\((APIServer|EngineCore_DP0) pid=\d+\) (INFO|WARNING) \d\d-\d\d \d\d:\d\d:\d\d \[[\w.]+\.py:\d+\] ")
         .unwrap();
     let line = |needle: &str| -> (usize, String) {
-        let i = log.iter().position(|l| l.contains(needle)).unwrap_or_else(|| panic!("no `{needle}` in\n{}", log.join("\n")));
+        let i = log
+            .iter()
+            .position(|l| l.contains(needle))
+            .unwrap_or_else(|| panic!("no `{needle}` in\n{}", log.join("\n")));
         (i, log[i].clone())
     };
     for l in log.iter().filter(|l| !l.contains("INFO:     ")) {
@@ -56,24 +71,52 @@ fn startup_log_lines_carry_the_configured_stage_durations_in_vllms_format() {
     let (i_start, _) = line("Starting to load model Qwen/Qwen3-0.6B...");
     let (i_weights, weights) = line("Loading weights took");
     let weights = captured(&weights, r"Loading weights took ([\d.]+) seconds");
-    assert!((0.3..2.0).contains(&weights), "0.6 GiB at 2 GiB/s is 0.3 s, printed {weights}");
+    assert!(
+        (0.3..2.0).contains(&weights),
+        "0.6 GiB at 2 GiB/s is 0.3 s, printed {weights}"
+    );
     let (_, loading) = line("Model loading took");
-    assert!((0.3..2.0).contains(&captured(&loading, r"Model loading took [\d.]+ GiB(?: memory)? and ([\d.]+) seconds")));
+    assert!((0.3..2.0).contains(&captured(
+        &loading,
+        r"Model loading took [\d.]+ GiB(?: memory)? and ([\d.]+) seconds"
+    )));
     let (i_compile, compile) = line("torch.compile takes");
     assert!((0.3..2.0).contains(&captured(&compile, r"torch\.compile takes ([\d.]+) s in total")));
     let (i_graph, graph) = line("Graph capturing finished");
-    assert_eq!(captured(&graph, r"Graph capturing finished in (\d+) secs?, took [\d.]+ GiB"), 1.0);
+    assert_eq!(
+        captured(
+            &graph,
+            r"Graph capturing finished in (\d+) secs?, took [\d.]+ GiB"
+        ),
+        1.0
+    );
     let (i_init, init) = line("init engine (profile, create kv cache, warmup model)");
-    let init = captured(&init, r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s(?:econds)?");
-    assert!((1.5..4.0).contains(&init), "compile, profile and graph capture take 1.5 s, printed {init}");
+    let init = captured(
+        &init,
+        r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s(?:econds)?",
+    );
+    assert!(
+        (1.5..4.0).contains(&init),
+        "compile, profile and graph capture take 1.5 s, printed {init}"
+    );
     let (i_serving, serving) = line("Starting vLLM API server 0 on");
-    let url = Regex::new(r"Starting vLLM (?:API )?server(?: \d+)? on (\S+)").unwrap().captures(&serving).unwrap()[1].to_string();
+    let url = Regex::new(r"Starting vLLM (?:API )?server(?: \d+)? on (\S+)")
+        .unwrap()
+        .captures(&serving)
+        .unwrap()[1]
+        .to_string();
     assert_eq!(url, format!("http://127.0.0.1:{}", e.port));
     let (i_started, _) = line(&format!("INFO:     Started server process [{}]", e_pid(&log)));
     let (i_waiting, _) = line("INFO:     Waiting for application startup.");
     let (i_ready, _) = line("INFO:     Application startup complete.");
-    let order = [i_version, i_args, i_start, i_weights, i_compile, i_graph, i_init, i_serving, i_started, i_waiting, i_ready];
-    assert!(order.windows(2).all(|w| w[0] < w[1]), "lines out of vLLM's order: {order:?}");
+    let order = [
+        i_version, i_args, i_start, i_weights, i_compile, i_graph, i_init, i_serving, i_started, i_waiting,
+        i_ready,
+    ];
+    assert!(
+        order.windows(2).all(|w| w[0] < w[1]),
+        "lines out of vLLM's order: {order:?}"
+    );
 }
 
 fn e_pid(log: &[String]) -> String {
@@ -93,7 +136,14 @@ fn enforce_eager_skips_torch_compile_and_graph_capture_lines() {
 #[test]
 fn unknown_flags_are_accepted_and_reported_like_vllms_non_default_args() {
     let mut e = Emulator::spawn(
-        &["--emu-instant", "--kv-cache-dtype", "fp8", "--max_num_seqs=4", "--served-model-name", "qwen"],
+        &[
+            "--emu-instant",
+            "--kv-cache-dtype",
+            "fp8",
+            "--max_num_seqs=4",
+            "--served-model-name",
+            "qwen",
+        ],
         &[],
     );
     let line = e.wait_for_line("non-default args:");
@@ -106,7 +156,18 @@ fn unknown_flags_are_accepted_and_reported_like_vllms_non_default_args() {
 
 #[test]
 fn a_context_longer_than_the_kv_cache_fails_startup_like_vllm() {
-    let mut e = Emulator::spawn(&["--emu-instant", "--max-model-len", "8192", "--emu-kv-cache-tokens", "4096"], &[]);
-    let status = e.wait_exit(std::time::Duration::from_secs(10)).expect("startup fails");
+    let mut e = Emulator::spawn(
+        &[
+            "--emu-instant",
+            "--max-model-len",
+            "8192",
+            "--emu-kv-cache-tokens",
+            "4096",
+        ],
+        &[],
+    );
+    let status = e
+        .wait_exit(std::time::Duration::from_secs(10))
+        .expect("startup fails");
     assert!(!status.success());
 }

@@ -142,7 +142,10 @@ impl EmuSettings {
             // Plain scalars typed as YAML types them (`2` a number, `true` a bool), except settings
             // that are strings even when they look like numbers (`--emu-vllm-version 0.11`).
             if STRING_SETTINGS.contains(&key.as_str()) {
-                map.insert(serde_yaml::Value::String(key.clone()), serde_yaml::Value::String(raw.clone()));
+                map.insert(
+                    serde_yaml::Value::String(key.clone()),
+                    serde_yaml::Value::String(raw.clone()),
+                );
                 continue;
             }
             let value = serde_yaml::from_str::<serde_yaml::Value>(raw)

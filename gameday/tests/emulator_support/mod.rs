@@ -15,7 +15,11 @@ pub const MODEL: &str = "Qwen/Qwen3-0.6B";
 
 /// A port nobody listens on right now.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// A running emulator.
@@ -40,11 +44,16 @@ impl Emulator {
                 _ => cmd.arg(a),
             };
         }
-        cmd.env_remove("VLLM_SERVER_DEV_MODE").env_remove("VLLM_KEEP_ALIVE_ON_ENGINE_DEATH");
+        cmd.env_remove("VLLM_SERVER_DEV_MODE")
+            .env_remove("VLLM_KEEP_ALIVE_ON_ENGINE_DEATH");
         for (k, v) in env {
             cmd.env(k, v);
         }
-        let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().unwrap();
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
         let (tx, lines) = channel();
         let stdout = child.stdout.take().unwrap();
         std::thread::spawn(move || {
@@ -54,7 +63,13 @@ impl Emulator {
                 }
             }
         });
-        Emulator { child, lines, log: Vec::new(), port, control_port }
+        Emulator {
+            child,
+            lines,
+            log: Vec::new(),
+            port,
+            control_port,
+        }
     }
 
     /// Starts one with instant startup and a zero cost model, and waits until it is ready.
@@ -90,7 +105,9 @@ impl Emulator {
                         return line;
                     }
                 }
-                Err(RecvTimeoutError::Timeout) => panic!("no line with `{needle}` in 20 s; log:\n{}", self.log.join("\n")),
+                Err(RecvTimeoutError::Timeout) => {
+                    panic!("no line with `{needle}` in 20 s; log:\n{}", self.log.join("\n"))
+                }
                 Err(RecvTimeoutError::Disconnected) => {
                     panic!("emulator exited before `{needle}`; log:\n{}", self.log.join("\n"))
                 }
@@ -128,7 +145,12 @@ impl Emulator {
 
     /// POSTs a fault spec to the control port.
     pub fn inject(&self, spec: &str) -> Response {
-        request(self.control_port.expect("started with --emu-control-port=auto"), "POST", "/faults", Some(spec))
+        request(
+            self.control_port.expect("started with --emu-control-port=auto"),
+            "POST",
+            "/faults",
+            Some(spec),
+        )
     }
 
     /// A greedy completion's text.
@@ -168,16 +190,27 @@ impl Response {
     }
 
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
     }
 
     /// The `data:` payloads of an SSE body, in order.
     pub fn sse_events(&self) -> Vec<String> {
-        assert!(self.body.ends_with("\n\n"), "an SSE body ends with a blank line: {:?}", self.body);
+        assert!(
+            self.body.ends_with("\n\n"),
+            "an SSE body ends with a blank line: {:?}",
+            self.body
+        );
         self.body
             .split("\n\n")
             .filter(|e| !e.is_empty())
-            .map(|e| e.strip_prefix("data: ").unwrap_or_else(|| panic!("not a data line: {e:?}")).to_string())
+            .map(|e| {
+                e.strip_prefix("data: ")
+                    .unwrap_or_else(|| panic!("not a data line: {e:?}"))
+                    .to_string()
+            })
             .collect()
     }
 }
@@ -212,7 +245,10 @@ pub fn try_request(port: u16, method: &str, path: &str, body: Option<&str>) -> s
 }
 
 fn parse_response(raw: &[u8]) -> Response {
-    let split = raw.windows(4).position(|w| w == b"\r\n\r\n").expect("a complete HTTP head");
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("a complete HTTP head");
     let head = std::str::from_utf8(&raw[..split]).unwrap();
     let mut lines = head.split("\r\n");
     let status = lines.next().unwrap().split(' ').nth(1).unwrap().parse().unwrap();
@@ -225,13 +261,19 @@ fn parse_response(raw: &[u8]) -> Response {
         .iter()
         .any(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v.eq_ignore_ascii_case("chunked"));
     let body = if chunked { dechunk(rest) } else { rest.to_vec() };
-    Response { status, headers, body: String::from_utf8(body).unwrap() }
+    Response {
+        status,
+        headers,
+        body: String::from_utf8(body).unwrap(),
+    }
 }
 
 fn dechunk(mut rest: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
     loop {
-        let Some(eol) = rest.windows(2).position(|w| w == b"\r\n") else { return out };
+        let Some(eol) = rest.windows(2).position(|w| w == b"\r\n") else {
+            return out;
+        };
         let size = usize::from_str_radix(std::str::from_utf8(&rest[..eol]).unwrap().trim(), 16).unwrap();
         if size == 0 {
             return out;
@@ -251,13 +293,19 @@ impl OpenStream {
     pub fn post(port: u16, path: &str, body: &str) -> OpenStream {
         let mut stream = connect(port).unwrap();
         write_request(&mut stream, "POST", path, Some(body));
-        OpenStream { stream, received: Vec::new() }
+        OpenStream {
+            stream,
+            received: Vec::new(),
+        }
     }
 
     pub fn get(port: u16, path: &str) -> OpenStream {
         let mut stream = connect(port).unwrap();
         write_request(&mut stream, "GET", path, None);
-        OpenStream { stream, received: Vec::new() }
+        OpenStream {
+            stream,
+            received: Vec::new(),
+        }
     }
 
     /// Reads until `needle` has arrived (true) or `limit` passes with it absent (false).
@@ -276,7 +324,12 @@ impl OpenStream {
             match self.stream.read(&mut buf) {
                 Ok(0) => return String::from_utf8_lossy(&self.received).contains(needle),
                 Ok(n) => self.received.extend_from_slice(&buf[..n]),
-                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
                     return false;
                 }
                 Err(e) => panic!("reading the stream: {e}"),
@@ -286,7 +339,9 @@ impl OpenStream {
 
     /// Reads to the end of the response.
     pub fn finish(mut self) -> Response {
-        self.stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        self.stream
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
         self.stream.read_to_end(&mut self.received).unwrap();
         let _ = self.stream.shutdown(Shutdown::Both);
         parse_response(&self.received)
@@ -310,7 +365,9 @@ pub struct Sample {
 pub fn parse_prometheus(text: &str) -> Vec<Sample> {
     let name_ok = |n: &str| {
         !n.is_empty()
-            && n.chars().enumerate().all(|(i, c)| c.is_ascii_alphabetic() || c == '_' || c == ':' || (i > 0 && c.is_ascii_digit()))
+            && n.chars().enumerate().all(|(i, c)| {
+                c.is_ascii_alphabetic() || c == '_' || c == ':' || (i > 0 && c.is_ascii_digit())
+            })
     };
     let mut declared: Vec<(String, String)> = Vec::new();
     let mut samples = Vec::new();
@@ -320,14 +377,24 @@ pub fn parse_prometheus(text: &str) -> Vec<Sample> {
             continue;
         }
         if let Some(rest) = line.strip_prefix("# TYPE ") {
-            let (name, kind) = rest.split_once(' ').unwrap_or_else(|| panic!("bad TYPE line {line:?}"));
+            let (name, kind) = rest
+                .split_once(' ')
+                .unwrap_or_else(|| panic!("bad TYPE line {line:?}"));
             assert!(name_ok(name), "bad metric name in {line:?}");
-            assert!(["counter", "gauge", "histogram", "summary", "untyped"].contains(&kind), "bad type in {line:?}");
+            assert!(
+                ["counter", "gauge", "histogram", "summary", "untyped"].contains(&kind),
+                "bad type in {line:?}"
+            );
             declared.push((name.to_string(), kind.to_string()));
             continue;
         }
-        assert!(!line.starts_with('#') && !line.is_empty(), "unexpected line {line:?}");
-        let (series, value) = line.rsplit_once(' ').unwrap_or_else(|| panic!("no value in {line:?}"));
+        assert!(
+            !line.starts_with('#') && !line.is_empty(),
+            "unexpected line {line:?}"
+        );
+        let (series, value) = line
+            .rsplit_once(' ')
+            .unwrap_or_else(|| panic!("no value in {line:?}"));
         let value: f64 = match value {
             "+Inf" => f64::INFINITY,
             "-Inf" => f64::NEG_INFINITY,
@@ -335,11 +402,15 @@ pub fn parse_prometheus(text: &str) -> Vec<Sample> {
         };
         let (name, labels) = match series.split_once('{') {
             Some((name, rest)) => {
-                let body = rest.strip_suffix('}').unwrap_or_else(|| panic!("unclosed labels in {line:?}"));
+                let body = rest
+                    .strip_suffix('}')
+                    .unwrap_or_else(|| panic!("unclosed labels in {line:?}"));
                 let labels = body
                     .split("\",")
                     .map(|pair| {
-                        let (k, v) = pair.split_once("=\"").unwrap_or_else(|| panic!("bad label in {line:?}"));
+                        let (k, v) = pair
+                            .split_once("=\"")
+                            .unwrap_or_else(|| panic!("bad label in {line:?}"));
                         assert!(name_ok(k) && !k.contains(':'), "bad label name in {line:?}");
                         (k.to_string(), v.trim_end_matches('"').to_string())
                     })
@@ -350,12 +421,20 @@ pub fn parse_prometheus(text: &str) -> Vec<Sample> {
         };
         assert!(name_ok(name), "bad sample name in {line:?}");
         let family_ok = declared.iter().any(|(family, kind)| match kind.as_str() {
-            "histogram" => [format!("{family}_bucket"), format!("{family}_sum"), format!("{family}_count")]
-                .contains(&name.to_string()),
+            "histogram" => [
+                format!("{family}_bucket"),
+                format!("{family}_sum"),
+                format!("{family}_count"),
+            ]
+            .contains(&name.to_string()),
             _ => family == name,
         });
         assert!(family_ok, "sample {name} has no # TYPE before it");
-        samples.push(Sample { name: name.to_string(), labels, value });
+        samples.push(Sample {
+            name: name.to_string(),
+            labels,
+            value,
+        });
     }
     samples
 }
@@ -364,7 +443,12 @@ pub fn parse_prometheus(text: &str) -> Vec<Sample> {
 pub fn sample(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> f64 {
     samples
         .iter()
-        .find(|s| s.name == name && labels.iter().all(|(k, v)| s.labels.iter().any(|(sk, sv)| sk == k && sv == v)))
+        .find(|s| {
+            s.name == name
+                && labels
+                    .iter()
+                    .all(|(k, v)| s.labels.iter().any(|(sk, sv)| sk == k && sv == v))
+        })
         .unwrap_or_else(|| panic!("no sample {name}{labels:?}"))
         .value
 }
