@@ -9,3 +9,4 @@
 
 pub mod coldstart;
 pub mod outcome;
+pub mod probe;

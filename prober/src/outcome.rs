@@ -34,6 +34,22 @@ pub enum ProbeOutcome {
 }
 
 impl ProbeOutcome {
+    /// A stable label, for metrics and JSON.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            ProbeOutcome::Ok { .. } => "ok",
+            ProbeOutcome::Refused => "refused",
+            ProbeOutcome::Reset => "reset",
+            ProbeOutcome::Timeout => "timeout",
+            ProbeOutcome::HttpError(_) => "http-error",
+            ProbeOutcome::Stalled => "stalled",
+            ProbeOutcome::WrongOutput => "wrong-output",
+            ProbeOutcome::TooSlow => "too-slow",
+            ProbeOutcome::Asleep => "asleep",
+            ProbeOutcome::Fenced => "fenced",
+        }
+    }
+
     /// Whether the outcome is strong evidence that the replica is down, as opposed to slow or
     /// wrong. A refused connection or an engine answering 5xx cannot be a busy replica.
     pub fn is_hard_failure(&self) -> bool {
