@@ -71,32 +71,34 @@ fn startup_log_lines_carry_the_configured_stage_durations_in_vllms_format() {
     let (i_start, _) = line("Starting to load model Qwen/Qwen3-0.6B...");
     let (i_weights, weights) = line("Loading weights took");
     let weights = captured(&weights, r"Loading weights took ([\d.]+) seconds");
-    assert!(
-        (0.3..2.0).contains(&weights),
-        "0.6 GiB at 2 GiB/s is 0.3 s, printed {weights}"
-    );
+    // Durations are measured by the emulator while it really waits, so they are at least the
+    // configured ones; how much longer depends on the machine's load and is not asserted.
+    assert!(weights >= 0.3, "0.6 GiB at 2 GiB/s is 0.3 s, printed {weights}");
     let (_, loading) = line("Model loading took");
-    assert!((0.3..2.0).contains(&captured(
+    let loading = captured(
         &loading,
-        r"Model loading took [\d.]+ GiB(?: memory)? and ([\d.]+) seconds"
-    )));
-    let (i_compile, compile) = line("torch.compile takes");
-    assert!((0.3..2.0).contains(&captured(&compile, r"torch\.compile takes ([\d.]+) s in total")));
-    let (i_graph, graph) = line("Graph capturing finished");
-    assert_eq!(
-        captured(
-            &graph,
-            r"Graph capturing finished in (\d+) secs?, took [\d.]+ GiB"
-        ),
-        1.0
+        r"Model loading took [\d.]+ GiB(?: memory)? and ([\d.]+) seconds",
     );
+    assert!(
+        loading >= weights,
+        "model loading ({loading}) includes the weight load ({weights})"
+    );
+    let (i_compile, compile) = line("torch.compile takes");
+    let compile = captured(&compile, r"torch\.compile takes ([\d.]+) s in total");
+    assert!(compile >= 0.3, "printed {compile}");
+    let (i_graph, graph) = line("Graph capturing finished");
+    let graph = captured(
+        &graph,
+        r"Graph capturing finished in (\d+) secs?, took [\d.]+ GiB",
+    );
+    assert!(graph >= 1.0, "1.1 s printed as whole seconds, got {graph}");
     let (i_init, init) = line("init engine (profile, create kv cache, warmup model)");
     let init = captured(
         &init,
         r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s(?:econds)?",
     );
     assert!(
-        (1.5..4.0).contains(&init),
+        init >= 1.5 && init >= compile,
         "compile, profile and graph capture take 1.5 s, printed {init}"
     );
     let (i_serving, serving) = line("Starting vLLM API server 0 on");
