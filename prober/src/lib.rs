@@ -9,4 +9,5 @@
 
 pub mod coldstart;
 pub mod outcome;
+pub mod parity;
 pub mod probe;

@@ -1,0 +1,114 @@
+//! Parity fingerprints and the drift report between pools.
+//!
+//! A [`Fingerprint`] is a flat, sorted map from a named key (`model.commit`,
+//! `model.file.model.safetensors.sha256`, `tokenizer.tokenizer.json.sha256`, `runtime.version`,
+//! `flag.max-model-len`, …) to a value. Flat keys make the [`DriftReport`] name exactly what
+//! differs, with both values. The pieces: [`model`] reads a model directory (Hugging Face cache
+//! facts, the cheap safetensors-header digest, the full streamed SHA-256), [`flags`] canonicalises
+//! `vllm serve` arguments, [`runtime`] asks a replica for its version and context length.
+//! This module compares; it must never decide failover (the state machine gets `Parity { holds }`).
+
+pub mod flags;
+pub mod model;
+pub mod runtime;
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// Everything that must agree between two replicas, by key.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Fingerprint(pub BTreeMap<String, String>);
+
+impl Fingerprint {
+    pub fn insert(&mut self, key: impl Into<String>, value: impl Into<String>) {
+        self.0.insert(key.into(), value.into());
+    }
+
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).map(String::as_str)
+    }
+
+    /// Adds every entry of `other` (its keys win).
+    pub fn extend(&mut self, other: Fingerprint) {
+        self.0.extend(other.0);
+    }
+
+    /// What differs from `other`: each key present on either side with different values.
+    pub fn drift(&self, other: &Fingerprint) -> DriftReport {
+        let mut differences = Vec::new();
+        let keys: std::collections::BTreeSet<&String> = self.0.keys().chain(other.0.keys()).collect();
+        for key in keys {
+            let (a, b) = (self.0.get(key), other.0.get(key));
+            if a != b {
+                differences.push(Difference {
+                    key: key.clone(),
+                    left: a.cloned(),
+                    right: b.cloned(),
+                });
+            }
+        }
+        DriftReport { differences }
+    }
+}
+
+/// One key whose values differ (`None`: absent on that side).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Difference {
+    pub key: String,
+    pub left: Option<String>,
+    pub right: Option<String>,
+}
+
+/// Every difference between two fingerprints, sorted by key.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct DriftReport {
+    pub differences: Vec<Difference>,
+}
+
+impl DriftReport {
+    /// Parity holds when nothing differs.
+    pub fn holds(&self) -> bool {
+        self.differences.is_empty()
+    }
+
+    pub fn keys(&self) -> Vec<&str> {
+        self.differences.iter().map(|d| d.key.as_str()).collect()
+    }
+
+    /// One line per difference: `key: left ≠ right`.
+    pub fn render(&self) -> String {
+        if self.holds() {
+            return "parity holds: no differences\n".to_owned();
+        }
+        let side = |v: &Option<String>| v.clone().unwrap_or_else(|| "(absent)".to_owned());
+        self.differences
+            .iter()
+            .map(|d| format!("{}: {} ≠ {}\n", d.key, side(&d.left), side(&d.right)))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_report_names_each_differing_key_with_both_values_and_absent_sides() {
+        let mut a = Fingerprint::default();
+        a.insert("runtime.version", "0.11.0");
+        a.insert("flag.max-model-len", "8192");
+        a.insert("flag.enforce-eager", "true");
+        let mut b = a.clone();
+        assert!(a.drift(&b).holds());
+        b.insert("runtime.version", "0.10.2");
+        b.0.remove("flag.enforce-eager");
+        let report = a.drift(&b);
+        assert_eq!(report.keys(), vec!["flag.enforce-eager", "runtime.version"]);
+        assert_eq!(
+            report.render(),
+            "flag.enforce-eager: true ≠ (absent)\nruntime.version: 0.11.0 ≠ 0.10.2\n"
+        );
+    }
+}

@@ -1,0 +1,374 @@
+//! A model directory's fingerprint: what the Hugging Face cache already proves, a cheap digest
+//! over safetensors headers and sizes, and (when asked) a full streamed SHA-256 of every file.
+//!
+//! The cache proves a lot for free: `refs/main` names the snapshot commit, and a snapshot's
+//! symlinks point at `blobs/<sha256>` for LFS files (the weights), so their content digests are
+//! file names. The cheap digest reads only the 8-byte length and JSON header of each safetensors
+//! file: O(files), never the weights. The full digest reads everything, files in parallel, with
+//! one large buffer per thread. This module reads files and nothing else; it must never write,
+//! and the cheap path must never read weight bytes.
+
+use std::fs::File;
+use std::io::{self, Read};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use sha2::{Digest, Sha256};
+
+use super::Fingerprint;
+
+/// The largest safetensors header accepted (the format's own limit is 100 MB).
+pub const MAX_SAFETENSORS_HEADER: u64 = 100 * 1024 * 1024;
+/// Read size of the full digest: large enough that syscalls do not show.
+const FULL_DIGEST_BUFFER: usize = 1 << 20;
+
+/// Files whose every byte always counts toward parity: small, and they change answers.
+pub const TOKENIZER_FILES: &[&str] = &[
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "generation_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "chat_template.jinja",
+];
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+    #[error("{path}: not a safetensors file: {reason}")]
+    Safetensors { path: PathBuf, reason: String },
+    #[error("{path}: {reason}")]
+    Layout { path: PathBuf, reason: String },
+}
+
+fn io_error(path: &Path) -> impl FnOnce(io::Error) -> Error + '_ {
+    move |source| Error::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// What a cache's blob name says about a file's content.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BlobName {
+    /// A Git LFS file: the blob is named by the SHA-256 of its content.
+    LfsSha256(String),
+    /// A Git-tracked file: the blob is named by its git SHA-1.
+    GitSha1(String),
+}
+
+/// One file of a model snapshot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelFile {
+    /// The path inside the snapshot, with `/` separators.
+    pub name: String,
+    pub path: PathBuf,
+    pub size: u64,
+    pub blob: Option<BlobName>,
+}
+
+/// A located model: a Hugging Face cache snapshot or a plain directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelFiles {
+    pub snapshot: PathBuf,
+    /// The snapshot commit, when the directory is in a Hugging Face cache.
+    pub commit: Option<String>,
+    /// Sorted by name.
+    pub files: Vec<ModelFile>,
+}
+
+fn is_hex(s: &str, len: usize) -> bool {
+    s.len() == len && s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// Finds the snapshot of `path`: a `models--org--repo` cache folder (resolved through
+/// `refs/main`), one of its `snapshots/<commit>` folders, or any plain model directory.
+pub fn locate(path: &Path) -> Result<ModelFiles, Error> {
+    let refs_main = path.join("refs").join("main");
+    let (snapshot, commit) = if refs_main.is_file() {
+        let commit = std::fs::read_to_string(&refs_main)
+            .map_err(io_error(&refs_main))?
+            .trim()
+            .to_owned();
+        if !is_hex(&commit, 40) {
+            return Err(Error::Layout {
+                path: refs_main,
+                reason: format!("refs/main holds {commit:?}, not a 40-hex commit"),
+            });
+        }
+        (path.join("snapshots").join(&commit), Some(commit))
+    } else {
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        let in_snapshots = path
+            .parent()
+            .and_then(|p| p.file_name())
+            .is_some_and(|n| n == "snapshots");
+        let commit = (in_snapshots && is_hex(name, 40)).then(|| name.to_owned());
+        (path.to_owned(), commit)
+    };
+    let mut files = Vec::new();
+    walk(&snapshot, &snapshot, &mut files)?;
+    files.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(ModelFiles {
+        snapshot,
+        commit,
+        files,
+    })
+}
+
+fn walk(root: &Path, dir: &Path, out: &mut Vec<ModelFile>) -> Result<(), Error> {
+    for entry in std::fs::read_dir(dir).map_err(io_error(dir))? {
+        let entry = entry.map_err(io_error(dir))?;
+        let path = entry.path();
+        let link = std::fs::symlink_metadata(&path).map_err(io_error(&path))?;
+        let meta = std::fs::metadata(&path).map_err(io_error(&path))?;
+        if meta.is_dir() {
+            walk(root, &path, out)?;
+            continue;
+        }
+        let blob = if link.file_type().is_symlink() {
+            let target = std::fs::read_link(&path).map_err(io_error(&path))?;
+            let name = target
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or("")
+                .to_owned();
+            if is_hex(&name, 64) {
+                Some(BlobName::LfsSha256(name.to_ascii_lowercase()))
+            } else if is_hex(&name, 40) {
+                Some(BlobName::GitSha1(name.to_ascii_lowercase()))
+            } else {
+                None
+            }
+        } else {
+            None
+        };
+        let name = path
+            .strip_prefix(root)
+            .unwrap_or(&path)
+            .components()
+            .map(|c| c.as_os_str().to_string_lossy())
+            .collect::<Vec<_>>()
+            .join("/");
+        out.push(ModelFile {
+            name,
+            path,
+            size: meta.len(),
+            blob,
+        });
+    }
+    Ok(())
+}
+
+/// A reader that counts what it reads, so the cost of a digest is measured, not assumed.
+#[derive(Debug)]
+pub struct CountingReader<'a, R> {
+    inner: R,
+    count: &'a AtomicU64,
+}
+
+impl<'a, R: Read> CountingReader<'a, R> {
+    pub fn new(inner: R, count: &'a AtomicU64) -> Self {
+        CountingReader { inner, count }
+    }
+}
+
+impl<R: Read> Read for CountingReader<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.count.fetch_add(n as u64, Ordering::Relaxed);
+        Ok(n)
+    }
+}
+
+/// Reads a safetensors file's `u64` little-endian header length and JSON header, nothing more.
+pub fn read_safetensors_header(file: &ModelFile, count: &AtomicU64) -> Result<Vec<u8>, Error> {
+    let bad = |reason: String| Error::Safetensors {
+        path: file.path.clone(),
+        reason,
+    };
+    let mut reader = CountingReader::new(File::open(&file.path).map_err(io_error(&file.path))?, count);
+    let mut len = [0u8; 8];
+    reader
+        .read_exact(&mut len)
+        .map_err(|_| bad("shorter than the 8-byte header length".into()))?;
+    let n = u64::from_le_bytes(len);
+    if n > MAX_SAFETENSORS_HEADER || n > file.size.saturating_sub(8) {
+        return Err(bad(format!(
+            "header length {n} does not fit a {} byte file",
+            file.size
+        )));
+    }
+    let mut header = vec![0u8; n as usize];
+    reader.read_exact(&mut header).map_err(io_error(&file.path))?;
+    if header.first() != Some(&b'{') {
+        return Err(bad("the header does not start with `{`".into()));
+    }
+    let mut framed = len.to_vec();
+    framed.extend_from_slice(&header);
+    Ok(framed)
+}
+
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// SHA-256 over every safetensors header and every file's name and size, in name order.
+/// Catches architecture, dtype, quantization and shard-layout changes; not changed weight values.
+pub fn cheap_digest(model: &ModelFiles, count: &AtomicU64) -> Result<String, Error> {
+    let mut hasher = Sha256::new();
+    for file in &model.files {
+        hasher.update(file.name.as_bytes());
+        hasher.update([0]);
+        hasher.update(file.size.to_le_bytes());
+        if file.name.ends_with(".safetensors") {
+            hasher.update(read_safetensors_header(file, count)?);
+        }
+    }
+    Ok(hex(&hasher.finalize()))
+}
+
+/// Streams one file through SHA-256 with the caller's buffer.
+pub fn sha256_file(path: &Path, buf: &mut [u8], count: &AtomicU64) -> Result<String, Error> {
+    let mut reader = CountingReader::new(File::open(path).map_err(io_error(path))?, count);
+    let mut hasher = Sha256::new();
+    loop {
+        let n = reader.read(buf).map_err(io_error(path))?;
+        if n == 0 {
+            return Ok(hex(&hasher.finalize()));
+        }
+        hasher.update(&buf[..n]);
+    }
+}
+
+/// The full SHA-256 of each path (in input order), files spread over `threads` threads,
+/// largest first so one big shard does not finish last alone.
+pub fn full_digests(
+    paths: &[(PathBuf, u64)],
+    threads: usize,
+    count: &AtomicU64,
+) -> Result<Vec<String>, Error> {
+    let mut order: Vec<usize> = (0..paths.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(paths[i].1));
+    let next = AtomicUsize::new(0);
+    let threads = threads.clamp(1, paths.len().max(1));
+    let results: Vec<Result<Vec<(usize, String)>, Error>> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut buf = vec![0u8; FULL_DIGEST_BUFFER];
+                    let mut done = Vec::new();
+                    loop {
+                        let k = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(&i) = order.get(k) else { return Ok(done) };
+                        done.push((i, sha256_file(&paths[i].0, &mut buf, count)?));
+                    }
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| w.join().unwrap_or_else(|_| Ok(Vec::new())))
+            .collect()
+    });
+    let mut digests = vec![String::new(); paths.len()];
+    for result in results {
+        for (i, digest) in result? {
+            digests[i] = digest;
+        }
+    }
+    if let Some(i) = digests.iter().position(String::is_empty) {
+        return Err(Error::Layout {
+            path: paths[i].0.clone(),
+            reason: "a digest worker panicked".into(),
+        });
+    }
+    Ok(digests)
+}
+
+/// How deep a model fingerprint reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Depth {
+    /// Cache facts, sizes, safetensors headers and the tokenizer files: O(files) bytes.
+    Cheap,
+    /// All of that plus the SHA-256 of every file, on this many threads.
+    Full { threads: usize },
+}
+
+/// What a fingerprint cost to take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DigestCost {
+    pub bytes_read: u64,
+}
+
+/// The chat template's digest: `chat_template` in `tokenizer_config.json`, else the
+/// `chat_template.jinja` file.
+fn chat_template(model: &ModelFiles, count: &AtomicU64) -> Result<Option<String>, Error> {
+    if let Some(cfg) = model.files.iter().find(|f| f.name == "tokenizer_config.json") {
+        let mut text = String::new();
+        CountingReader::new(File::open(&cfg.path).map_err(io_error(&cfg.path))?, count)
+            .read_to_string(&mut text)
+            .map_err(io_error(&cfg.path))?;
+        if let Ok(value) = serde_json::from_str::<serde_json::Value>(&text)
+            && let Some(template) = value.get("chat_template").filter(|t| !t.is_null())
+        {
+            return Ok(Some(hex(&Sha256::digest(template.to_string().as_bytes()))));
+        }
+    }
+    match model.files.iter().find(|f| f.name == "chat_template.jinja") {
+        Some(f) => {
+            let mut buf = vec![0u8; 64 * 1024];
+            Ok(Some(sha256_file(&f.path, &mut buf, count)?))
+        }
+        None => Ok(None),
+    }
+}
+
+/// The model's fingerprint at `depth`, and what it cost.
+pub fn fingerprint(model: &ModelFiles, depth: Depth) -> Result<(Fingerprint, DigestCost), Error> {
+    let count = AtomicU64::new(0);
+    let mut fp = Fingerprint::default();
+    if let Some(commit) = &model.commit {
+        fp.insert("model.commit", commit.clone());
+    }
+    for file in &model.files {
+        fp.insert(format!("model.file.{}.size", file.name), file.size.to_string());
+        match &file.blob {
+            Some(BlobName::LfsSha256(d)) => {
+                fp.insert(format!("model.file.{}.lfs-sha256", file.name), d.clone())
+            }
+            Some(BlobName::GitSha1(d)) => fp.insert(format!("model.file.{}.git-sha1", file.name), d.clone()),
+            None => {}
+        }
+    }
+    fp.insert("model.safetensors-headers", cheap_digest(model, &count)?);
+    let mut buf = vec![0u8; 64 * 1024];
+    for file in model.files.iter().filter(|f| {
+        let base = f.name.rsplit('/').next().unwrap_or(&f.name);
+        TOKENIZER_FILES.contains(&base)
+    }) {
+        fp.insert(
+            format!("tokenizer.{}.sha256", file.name),
+            sha256_file(&file.path, &mut buf, &count)?,
+        );
+    }
+    if let Some(template) = chat_template(model, &count)? {
+        fp.insert("tokenizer.chat-template.sha256", template);
+    }
+    if let Depth::Full { threads } = depth {
+        let paths: Vec<(PathBuf, u64)> = model.files.iter().map(|f| (f.path.clone(), f.size)).collect();
+        for (file, digest) in model.files.iter().zip(full_digests(&paths, threads, &count)?) {
+            fp.insert(format!("model.file.{}.sha256", file.name), digest);
+        }
+    }
+    Ok((
+        fp,
+        DigestCost {
+            bytes_read: count.load(Ordering::Relaxed),
+        },
+    ))
+}
