@@ -1,7 +1,30 @@
 //! The router: understudy's data path.
 //!
-//! Not built yet; it is issue #5: the epoch-fenced gateway (a reverse proxy for the
-//! OpenAI-compatible API that refuses route updates older than the highest epoch it has seen,
-//! retries refused connections before the first byte, holds requests in a waiting room during
-//! promotion, and admits work by priority after promotion) and the fence sidecar that refuses
-//! generation in a pool that no longer holds the policy's lease.
+//! Two roles, one crate. The **gateway** ([`gateway`]) is a reverse proxy for the
+//! OpenAI-compatible API in front of the current primary pool: it takes route updates on an
+//! admin API ([`admin`]) only when their fencing epoch is not older than the highest it has seen
+//! ([`fencing`], [`table`]), retries refused connections before the first byte within a budget
+//! ([`retry`]), holds requests in a waiting room while a promotion is under way
+//! ([`waiting_room`]), admits work by priority and a ramping budget after a new route
+//! ([`admission`]), ejects failing endpoints and publishes what it saw as passive signals
+//! ([`endpoint`], [`signals`]), and never lets a cut stream look finished ([`body`]). The
+//! **fence** sidecar ([`fence`]) runs beside each vLLM replica and refuses generation when its
+//! pool does not hold the epoch Lease.
+
+pub mod admin;
+pub mod admission;
+pub mod balance;
+pub mod body;
+pub mod endpoint;
+pub mod fence;
+pub mod fencing;
+pub mod gateway;
+pub mod metrics;
+pub mod path;
+pub mod refusal;
+pub mod retry;
+pub mod route;
+pub mod serve;
+pub mod signals;
+pub mod table;
+pub mod waiting_room;

@@ -1,0 +1,212 @@
+//! The gateway's admin API, on its own port: `PUT /route` (epoch-fenced), `GET /route`,
+//! `GET /signals` (passive signals for the operator), `GET /metrics`, and `/live`, `/ready`.
+//! Everything except the probes and metrics needs `Authorization: Bearer <token>`.
+//!
+//! This module must never take a route without the token, answer a stale route with anything
+//! but 409, or be served on the public port.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::header::{AUTHORIZATION, CONTENT_TYPE, HeaderValue, WWW_AUTHENTICATE};
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use tokio::time::Instant;
+
+use crate::body::RouterBody;
+use crate::metrics::Metrics;
+use crate::route::Route;
+use crate::signals::{PoolSignals, pool_signal};
+use crate::table::{Applied, RouteError, RouteTable};
+
+/// The admin bearer token. Compared in constant time; never printed.
+#[derive(Clone)]
+pub struct AdminToken(Arc<[u8]>);
+
+impl std::fmt::Debug for AdminToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AdminToken(..)")
+    }
+}
+
+/// Why a token cannot be used.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum TokenError {
+    /// Empty (after trimming a trailing newline from a file).
+    #[error("the admin token is empty")]
+    Empty,
+}
+
+impl AdminToken {
+    /// A token from its text (a trailing newline, as files have, is dropped).
+    pub fn new(text: &str) -> Result<Self, TokenError> {
+        let t = text.trim();
+        if t.is_empty() {
+            return Err(TokenError::Empty);
+        }
+        Ok(AdminToken(t.as_bytes().into()))
+    }
+
+    /// True when the `Authorization` header carries this token.
+    #[must_use]
+    pub fn admits(&self, header: Option<&HeaderValue>) -> bool {
+        let Some(given) = header.and_then(|h| h.as_bytes().strip_prefix(b"Bearer ")) else {
+            return false;
+        };
+        given.len() == self.0.len()
+            && given
+                .iter()
+                .zip(self.0.iter())
+                .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+                == 0
+    }
+}
+
+/// The admin API's state.
+#[derive(Debug, Clone)]
+pub struct Admin {
+    /// The routes it updates.
+    pub routes: Arc<RouteTable>,
+    /// The metrics it renders (and counts stale updates in).
+    pub metrics: Arc<Metrics>,
+    /// The token it requires.
+    pub token: AdminToken,
+}
+
+fn json(status: StatusCode, value: &serde_json::Value) -> Response<RouterBody> {
+    let mut resp = Response::new(RouterBody::from(Bytes::from(value.to_string())));
+    *resp.status_mut() = status;
+    resp.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    resp
+}
+
+fn error(status: StatusCode, message: &str) -> Response<RouterBody> {
+    json(status, &serde_json::json!({ "error": message }))
+}
+
+impl Admin {
+    /// Handles one admin request.
+    pub async fn handle(self, req: Request<Incoming>) -> Response<RouterBody> {
+        let path = req.uri().path().to_owned();
+        match (req.method(), path.as_str()) {
+            (&Method::GET, "/live") => return Response::new(RouterBody::from(Bytes::from_static(b"ok\n"))),
+            (&Method::GET, "/ready") => {
+                return match self.routes.current() {
+                    Some(_) => Response::new(RouterBody::from(Bytes::from_static(b"ok\n"))),
+                    None => error(StatusCode::SERVICE_UNAVAILABLE, "no route yet"),
+                };
+            }
+            (&Method::GET, "/metrics") => {
+                let routed = self.routes.current();
+                let text = self
+                    .metrics
+                    .render(routed.as_ref().map(|r| (r.route.pool.as_str(), r.route.epoch.0)));
+                let mut resp = Response::new(RouterBody::from(text));
+                resp.headers_mut().insert(
+                    CONTENT_TYPE,
+                    HeaderValue::from_static("text/plain; version=0.0.4"),
+                );
+                return resp;
+            }
+            _ => {}
+        }
+        if !self.token.admits(req.headers().get(AUTHORIZATION)) {
+            let mut resp = error(StatusCode::UNAUTHORIZED, "a valid bearer token is required");
+            resp.headers_mut()
+                .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            return resp;
+        }
+        match (req.method(), path.as_str()) {
+            (&Method::PUT, "/route") => self.put_route(req).await,
+            (&Method::GET, "/route") => self.get_route(),
+            (&Method::GET, "/signals") => self.signals(),
+            (_, "/route" | "/signals") => error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed"),
+            _ => error(StatusCode::NOT_FOUND, "no such admin route"),
+        }
+    }
+
+    async fn put_route(&self, req: Request<Incoming>) -> Response<RouterBody> {
+        let body = match Limited::new(req.into_body(), 1 << 20).collect().await {
+            Ok(b) => b.to_bytes(),
+            Err(_) => return error(StatusCode::PAYLOAD_TOO_LARGE, "a route is at most 1 MiB"),
+        };
+        let route: Route = match serde_json::from_slice(&body) {
+            Ok(r) => r,
+            Err(e) => return error(StatusCode::BAD_REQUEST, &format!("not a route: {e}")),
+        };
+        let (epoch, pool) = (route.epoch, route.pool.clone());
+        match self.routes.update(route) {
+            Ok(applied) => {
+                tracing::info!(%epoch, %pool, ?applied, "route taken");
+                let applied = match applied {
+                    Applied::NewEpoch => "new_epoch",
+                    Applied::SameEpoch => "same_epoch",
+                };
+                json(
+                    StatusCode::OK,
+                    &serde_json::json!({"applied": applied, "epoch": epoch, "pool": pool}),
+                )
+            }
+            Err(RouteError::Stale { highest, pool: held }) => {
+                self.metrics.stale_route();
+                tracing::warn!(%epoch, %pool, %highest, "stale route refused");
+                json(
+                    StatusCode::CONFLICT,
+                    &serde_json::json!({
+                        "error": "stale epoch", "epoch": epoch, "highest_epoch": highest, "pool": held
+                    }),
+                )
+            }
+            Err(e @ RouteError::Invalid(_)) => error(StatusCode::BAD_REQUEST, &e.to_string()),
+            Err(e @ RouteError::Persist(_)) => {
+                tracing::error!(error = %e, "could not persist the epoch");
+                error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string())
+            }
+        }
+    }
+
+    fn get_route(&self) -> Response<RouterBody> {
+        let current = self.routes.current();
+        json(
+            StatusCode::OK,
+            &serde_json::json!({
+                "route": current.as_ref().map(|r| &r.route),
+                "highest": self.routes.highest(),
+            }),
+        )
+    }
+
+    fn signals(&self) -> Response<RouterBody> {
+        let Some(routed) = self.routes.current() else {
+            return json(StatusCode::OK, &serde_json::json!({ "pools": [] }));
+        };
+        let now = Instant::now();
+        let endpoints: Vec<_> = routed.endpoints.iter().map(|e| e.snapshot(now)).collect();
+        let pool = PoolSignals {
+            pool: routed.route.pool.clone(),
+            epoch: routed.route.epoch,
+            signal: pool_signal(&endpoints),
+            endpoints,
+        };
+        json(StatusCode::OK, &serde_json::json!({ "pools": [pool] }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn the_token_admits_only_its_exact_bearer_header() {
+        let t = AdminToken::new("s3cret\n").unwrap();
+        assert!(t.admits(Some(&HeaderValue::from_static("Bearer s3cret"))));
+        assert!(!t.admits(Some(&HeaderValue::from_static("Bearer s3cre"))));
+        assert!(!t.admits(Some(&HeaderValue::from_static("Bearer s3cret2"))));
+        assert!(!t.admits(Some(&HeaderValue::from_static("s3cret"))));
+        assert!(!t.admits(None));
+        assert_eq!(AdminToken::new(" \n").unwrap_err(), TokenError::Empty);
+    }
+}

@@ -1,0 +1,425 @@
+//! Admission control after a new route: for a window after the switch, work is admitted to the
+//! new primary under a budget that starts low and ramps up with time, and is cut back when the
+//! first-token latency climbs above the lowest seen (Envoy's gradient controller, on TTFT rather
+//! than end-to-end latency, which output length confounds). The budget counts concurrent requests
+//! and prompt tokens; priority classes get shares of it, so batch is shed first and interactive
+//! last. A request that is certain to miss its deadline is never admitted.
+//!
+//! The budget and the decision are pure functions of settings, elapsed time and observations;
+//! [`Admission`] only keeps the counters. This module must never queue or sleep: a request it
+//! refuses is shed (429) at once.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::time::Instant;
+
+use crate::route::AdmissionSettings;
+
+/// The header that carries a request's priority class.
+pub const PRIORITY_HEADER: &str = "x-understudy-priority";
+/// The header that carries how many milliseconds the client will wait for a first token.
+pub const DEADLINE_HEADER: &str = "x-understudy-deadline-ms";
+
+/// A request's priority class.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Priority {
+    /// A person is waiting: keeps its latency, shed last.
+    Interactive = 0,
+    /// No header, or an unknown value.
+    Default = 1,
+    /// Offline work: waits or is shed first.
+    Batch = 2,
+}
+
+impl Priority {
+    /// All classes, in metrics order.
+    pub const ALL: [Priority; 3] = [Priority::Interactive, Priority::Default, Priority::Batch];
+
+    /// Reads the header value; anything unknown is [`Priority::Default`].
+    #[must_use]
+    pub fn from_header(value: Option<&[u8]>) -> Priority {
+        match value {
+            Some(b"interactive") => Priority::Interactive,
+            Some(b"batch") => Priority::Batch,
+            _ => Priority::Default,
+        }
+    }
+
+    /// The share of the budget this class may fill.
+    #[must_use]
+    pub fn share(self) -> f64 {
+        match self {
+            Priority::Interactive => 1.0,
+            Priority::Default => 0.75,
+            Priority::Batch => 0.4,
+        }
+    }
+
+    /// The label value.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Priority::Interactive => "interactive",
+            Priority::Default => "default",
+            Priority::Batch => "batch",
+        }
+    }
+}
+
+/// What may be in flight at one moment of the window.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Budget {
+    /// Concurrent requests.
+    pub concurrency: f64,
+    /// Prompt tokens of the requests in flight.
+    pub prefill_tokens: f64,
+}
+
+/// First-token latency seen on the route so far (microseconds, 0 for none yet).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct TtftSeen {
+    /// The lowest sample.
+    pub min_us: u64,
+    /// The moving average.
+    pub avg_us: u64,
+}
+
+/// The budget `elapsed` into the window, or `None` once the window is over. Pure.
+#[must_use]
+pub fn budget(settings: &AdmissionSettings, elapsed: Duration, ttft: TtftSeen) -> Option<Budget> {
+    let window = settings.window();
+    if elapsed >= window {
+        return None;
+    }
+    let ramp = elapsed.as_secs_f64() / window.as_secs_f64();
+    // The gradient: 1 while the average is within the buffer of the best seen, down to 0.5 as
+    // queueing builds up on the new primary.
+    let gradient = if ttft.min_us > 0 && ttft.avg_us > 0 {
+        (ttft.min_us as f64 * (1.0 + settings.ttft_buffer) / ttft.avg_us as f64).clamp(0.5, 1.0)
+    } else {
+        1.0
+    };
+    let lerp = |lo: f64, hi: f64| (lo + (hi - lo) * ramp) * gradient;
+    Some(Budget {
+        concurrency: lerp(
+            f64::from(settings.initial_concurrency),
+            f64::from(settings.max_concurrency),
+        )
+        .max(f64::from(settings.initial_concurrency)),
+        prefill_tokens: lerp(
+            settings.initial_prefill_tokens as f64,
+            settings.max_prefill_tokens as f64,
+        )
+        .max(settings.initial_prefill_tokens as f64),
+    })
+}
+
+/// Why a request was shed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Shed {
+    /// Its class's share of concurrent requests is full.
+    Concurrency,
+    /// Its class's share of prompt tokens is full.
+    PrefillTokens,
+    /// Its deadline is shorter than the fastest first token seen: it would certainly miss it.
+    Deadline,
+}
+
+impl Shed {
+    /// The label value.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Shed::Concurrency => "concurrency",
+            Shed::PrefillTokens => "prefill_tokens",
+            Shed::Deadline => "deadline",
+        }
+    }
+}
+
+/// What a request asks of the budget.
+#[derive(Clone, Copy, Debug)]
+pub struct Ask {
+    /// Its class.
+    pub priority: Priority,
+    /// Its prompt tokens, estimated.
+    pub prompt_tokens: u64,
+    /// How long the client will wait for a first token, if it said.
+    pub deadline: Option<Duration>,
+}
+
+/// Admit or shed one request, given what is in flight. Pure.
+pub fn decide(
+    budget: Option<Budget>,
+    in_flight: u32,
+    tokens_in_flight: u64,
+    ask: Ask,
+    fastest_ttft: Duration,
+) -> Result<(), Shed> {
+    if let Some(deadline) = ask.deadline
+        && deadline < fastest_ttft
+    {
+        return Err(Shed::Deadline);
+    }
+    let Some(b) = budget else { return Ok(()) };
+    let share = ask.priority.share();
+    // Every class may always have one request in flight, so nothing starves outright.
+    if in_flight > 0 && f64::from(in_flight + 1) > (b.concurrency * share).max(1.0) {
+        return Err(Shed::Concurrency);
+    }
+    if in_flight > 0 && (tokens_in_flight + ask.prompt_tokens) as f64 > b.prefill_tokens * share {
+        return Err(Shed::PrefillTokens);
+    }
+    Ok(())
+}
+
+/// Prompt tokens estimated from a request body's size (about four bytes a token, JSON included).
+#[must_use]
+pub fn estimate_prompt_tokens(body_len: usize) -> u64 {
+    (body_len as u64).div_ceil(4)
+}
+
+/// The counters of one route's admission.
+#[derive(Debug)]
+pub struct Admission {
+    settings: AdmissionSettings,
+    start: Instant,
+    in_flight: AtomicU32,
+    tokens: AtomicU64,
+    min_ttft_us: AtomicU64,
+    avg_ttft_us: AtomicU64,
+}
+
+impl Admission {
+    /// Admission for a route that arrived `start`.
+    #[must_use]
+    pub fn new(settings: AdmissionSettings, start: Instant) -> Self {
+        Admission {
+            settings,
+            start,
+            in_flight: AtomicU32::new(0),
+            tokens: AtomicU64::new(0),
+            min_ttft_us: AtomicU64::new(0),
+            avg_ttft_us: AtomicU64::new(0),
+        }
+    }
+
+    /// The first-token latencies seen.
+    #[must_use]
+    pub fn ttft(&self) -> TtftSeen {
+        TtftSeen {
+            min_us: self.min_ttft_us.load(Relaxed),
+            avg_us: self.avg_ttft_us.load(Relaxed),
+        }
+    }
+
+    /// The budget now, `None` once the window is over.
+    #[must_use]
+    pub fn budget(&self, now: Instant) -> Option<Budget> {
+        budget(
+            &self.settings,
+            now.saturating_duration_since(self.start),
+            self.ttft(),
+        )
+    }
+
+    /// True while the window is open.
+    #[must_use]
+    pub fn in_window(&self, now: Instant) -> bool {
+        now.saturating_duration_since(self.start) < self.settings.window()
+    }
+
+    /// Admits the request (the permit holds its place until dropped) or sheds it.
+    pub fn try_admit(self: &Arc<Self>, ask: Ask, now: Instant) -> Result<Permit, Shed> {
+        let budget = self.budget(now);
+        let fastest = Duration::from_micros(self.min_ttft_us.load(Relaxed));
+        let tokens = self.tokens.load(Relaxed);
+        let mut shed = None;
+        let admitted = self.in_flight.fetch_update(Relaxed, Relaxed, |n| {
+            match decide(budget, n, tokens, ask, fastest) {
+                Ok(()) => Some(n + 1),
+                Err(s) => {
+                    shed = Some(s);
+                    None
+                }
+            }
+        });
+        match admitted {
+            Ok(_) => {
+                self.tokens.fetch_add(ask.prompt_tokens, Relaxed);
+                Ok(Permit {
+                    admission: Arc::clone(self),
+                    tokens: ask.prompt_tokens,
+                })
+            }
+            Err(_) => Err(shed.unwrap_or(Shed::Concurrency)),
+        }
+    }
+
+    /// Folds in one first-token latency.
+    pub fn record_ttft(&self, ttft: Duration) {
+        let us = u64::try_from(ttft.as_micros()).unwrap_or(u64::MAX).max(1);
+        let _ = self
+            .min_ttft_us
+            .fetch_update(Relaxed, Relaxed, |m| (m == 0 || us < m).then_some(us));
+        let old = self.avg_ttft_us.load(Relaxed);
+        let new = if old == 0 { us } else { old - old / 8 + us / 8 };
+        self.avg_ttft_us.store(new, Relaxed);
+    }
+
+    /// Seconds a shed client should wait before trying again.
+    #[must_use]
+    pub fn retry_after_s(&self, now: Instant) -> u64 {
+        let left = self
+            .settings
+            .window()
+            .saturating_sub(now.saturating_duration_since(self.start));
+        left.as_secs().clamp(1, 5)
+    }
+}
+
+/// A place in the budget, given back on drop.
+#[derive(Debug)]
+pub struct Permit {
+    admission: Arc<Admission>,
+    tokens: u64,
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        self.admission.in_flight.fetch_sub(1, Relaxed);
+        self.admission.tokens.fetch_sub(self.tokens, Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn settings() -> AdmissionSettings {
+        AdmissionSettings {
+            window_s: 60.0,
+            initial_concurrency: 10,
+            max_concurrency: 100,
+            initial_prefill_tokens: 10_000,
+            max_prefill_tokens: 100_000,
+            ttft_buffer: 0.25,
+        }
+    }
+
+    fn ask(priority: Priority) -> Ask {
+        Ask {
+            priority,
+            prompt_tokens: 10,
+            deadline: None,
+        }
+    }
+
+    #[test]
+    fn the_budget_starts_low_ramps_with_time_and_ends_with_the_window() {
+        let s = settings();
+        let at = |secs| budget(&s, Duration::from_secs(secs), TtftSeen::default());
+        assert_eq!(at(0).unwrap().concurrency, 10.0);
+        assert_eq!(at(30).unwrap().concurrency, 55.0);
+        assert!(at(59).unwrap().concurrency > 95.0);
+        assert_eq!(at(60), None);
+    }
+
+    #[test]
+    fn a_slower_first_token_than_the_best_seen_cuts_the_budget_by_at_most_half() {
+        let s = settings();
+        let calm = TtftSeen {
+            min_us: 100_000,
+            avg_us: 110_000,
+        };
+        let storm = TtftSeen {
+            min_us: 100_000,
+            avg_us: 1_000_000,
+        };
+        let at = |t| budget(&s, Duration::from_secs(30), t).unwrap().concurrency;
+        assert_eq!(at(calm), 55.0);
+        assert_eq!(at(storm), 27.5);
+        assert_eq!(
+            budget(&s, Duration::ZERO, storm).unwrap().concurrency,
+            10.0,
+            "never below the start"
+        );
+    }
+
+    #[test]
+    fn batch_is_shed_first_then_default_and_interactive_last() {
+        let b = budget(&settings(), Duration::ZERO, TtftSeen::default());
+        let at = |n, p| decide(b, n, 0, ask(p), Duration::ZERO);
+        // Budget 10: batch fills 4, default 7.5, interactive 10.
+        assert_eq!(at(3, Priority::Batch), Ok(()));
+        assert_eq!(at(4, Priority::Batch), Err(Shed::Concurrency));
+        assert_eq!(at(6, Priority::Default), Ok(()));
+        assert_eq!(at(7, Priority::Default), Err(Shed::Concurrency));
+        assert_eq!(at(9, Priority::Interactive), Ok(()));
+        assert_eq!(at(10, Priority::Interactive), Err(Shed::Concurrency));
+        assert_eq!(
+            decide(None, 10_000, 0, ask(Priority::Batch), Duration::ZERO),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn prompt_tokens_are_budgeted_but_a_lone_request_always_goes() {
+        let b = budget(&settings(), Duration::ZERO, TtftSeen::default());
+        let big = Ask {
+            prompt_tokens: 50_000,
+            ..ask(Priority::Interactive)
+        };
+        assert_eq!(decide(b, 1, 0, big, Duration::ZERO), Err(Shed::PrefillTokens));
+        assert_eq!(decide(b, 0, 0, big, Duration::ZERO), Ok(()));
+    }
+
+    #[test]
+    fn a_deadline_shorter_than_the_fastest_first_token_is_shed_even_after_the_window() {
+        let tight = Ask {
+            deadline: Some(Duration::from_millis(50)),
+            ..ask(Priority::Interactive)
+        };
+        assert_eq!(
+            decide(None, 0, 0, tight, Duration::from_millis(80)),
+            Err(Shed::Deadline)
+        );
+        assert_eq!(decide(None, 0, 0, tight, Duration::from_millis(20)), Ok(()));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn permits_hold_places_until_dropped_and_full_admission_returns_after_the_window() {
+        let a = Arc::new(Admission::new(settings(), Instant::now()));
+        let held: Vec<_> = (0..4)
+            .map(|_| a.try_admit(ask(Priority::Batch), Instant::now()).unwrap())
+            .collect();
+        assert_eq!(
+            a.try_admit(ask(Priority::Batch), Instant::now()).unwrap_err(),
+            Shed::Concurrency
+        );
+        drop(held);
+        let again: Vec<_> = (0..4)
+            .map(|_| a.try_admit(ask(Priority::Batch), Instant::now()).unwrap())
+            .collect();
+        tokio::time::advance(Duration::from_secs(60)).await;
+        let more: Vec<_> = (0..500)
+            .map(|_| a.try_admit(ask(Priority::Batch), Instant::now()).unwrap())
+            .collect();
+        assert!(!a.in_window(Instant::now()));
+        assert_eq!(again.len() + more.len(), 504);
+    }
+
+    #[test]
+    fn the_priority_header_reads_three_classes_and_defaults_the_rest() {
+        assert_eq!(Priority::from_header(Some(b"batch")), Priority::Batch);
+        assert_eq!(Priority::from_header(Some(b"interactive")), Priority::Interactive);
+        assert_eq!(Priority::from_header(Some(b"urgent!!")), Priority::Default);
+        assert_eq!(Priority::from_header(None), Priority::Default);
+    }
+}

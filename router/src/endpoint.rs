@@ -1,0 +1,321 @@
+//! One upstream endpoint of the current route: how many requests it has outstanding, what
+//! happened to the last ones (the passive signals), and whether it is ejected for now.
+//!
+//! Everything here is an atomic, because every request touches it. This module must never take a
+//! lock, allocate, or decide anything about a whole pool (that is [`crate::signals`]).
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::time::Instant;
+
+/// What one attempt against an endpoint came to, as the data path sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+#[repr(u8)]
+pub enum Outcome {
+    /// A response came back (below 500).
+    Ok = 1,
+    /// The connection was refused (nothing listens): the request never reached a replica.
+    Refused = 2,
+    /// The connection broke before any response byte.
+    Reset = 3,
+    /// No response headers within the first-token timeout.
+    Timeout = 4,
+    /// A 5xx came back.
+    ServerError = 5,
+    /// The stream broke after bytes had gone to the client.
+    Cut = 6,
+}
+
+impl Outcome {
+    fn from_u8(v: u8) -> Option<Outcome> {
+        Some(match v {
+            1 => Outcome::Ok,
+            2 => Outcome::Refused,
+            3 => Outcome::Reset,
+            4 => Outcome::Timeout,
+            5 => Outcome::ServerError,
+            6 => Outcome::Cut,
+            _ => return None,
+        })
+    }
+
+    /// True for outcomes that count towards ejection.
+    #[must_use]
+    pub fn is_failure(self) -> bool {
+        !matches!(self, Outcome::Ok)
+    }
+}
+
+/// How endpoints are ejected: `base × consecutive ejections`, capped, with jitter.
+#[derive(Clone, Copy, Debug)]
+pub struct EjectionPolicy {
+    /// The first ejection's length.
+    pub base: Duration,
+    /// The longest ejection.
+    pub max: Duration,
+    /// Consecutive 5xx or timeouts before an ejection (refused and reset eject at once).
+    pub consecutive_soft: u32,
+}
+
+impl Default for EjectionPolicy {
+    fn default() -> Self {
+        EjectionPolicy {
+            base: Duration::from_secs(1),
+            max: Duration::from_secs(30),
+            consecutive_soft: 5,
+        }
+    }
+}
+
+impl EjectionPolicy {
+    /// How long the `n`-th consecutive ejection lasts, before jitter. Pure.
+    #[must_use]
+    pub fn backoff(&self, n: u32) -> Duration {
+        self.base.saturating_mul(n.max(1)).min(self.max)
+    }
+}
+
+/// Counters for one endpoint, read by `GET /signals`.
+#[derive(Clone, Debug, Serialize)]
+pub struct EndpointSnapshot {
+    /// `ip:port`.
+    pub addr: SocketAddr,
+    /// Requests in flight now.
+    pub outstanding: u32,
+    /// Ejected at the moment of the snapshot.
+    pub ejected: bool,
+    /// The last attempt's outcome.
+    pub last: Option<Outcome>,
+    /// Totals since the route arrived.
+    pub refused: u64,
+    /// Resets before any response byte.
+    pub reset: u64,
+    /// First-token timeouts.
+    pub timeouts: u64,
+    /// 5xx answers.
+    pub server_errors: u64,
+    /// Streams cut after bytes went out.
+    pub cut: u64,
+    /// Moving average of time to the first response byte, in milliseconds (0: none yet).
+    pub ttft_ms: f64,
+}
+
+/// One upstream endpoint.
+#[derive(Debug)]
+pub struct Endpoint {
+    addr: SocketAddr,
+    authority: http::uri::Authority,
+    born: Instant,
+    outstanding: AtomicU32,
+    /// Microseconds after `born` until which the endpoint is ejected.
+    ejected_until_us: AtomicU64,
+    consecutive_failures: AtomicU32,
+    ejections: AtomicU32,
+    last: AtomicU8,
+    refused: AtomicU64,
+    reset: AtomicU64,
+    timeouts: AtomicU64,
+    server_errors: AtomicU64,
+    cut: AtomicU64,
+    ttft_ewma_us: AtomicU64,
+}
+
+impl Endpoint {
+    /// A fresh endpoint: nothing outstanding, not ejected.
+    #[must_use]
+    pub fn new(addr: SocketAddr) -> Self {
+        let authority = addr
+            .to_string()
+            .parse()
+            .unwrap_or_else(|_| http::uri::Authority::from_static("0.0.0.0"));
+        Endpoint {
+            addr,
+            authority,
+            born: Instant::now(),
+            outstanding: AtomicU32::new(0),
+            ejected_until_us: AtomicU64::new(0),
+            consecutive_failures: AtomicU32::new(0),
+            ejections: AtomicU32::new(0),
+            last: AtomicU8::new(0),
+            refused: AtomicU64::new(0),
+            reset: AtomicU64::new(0),
+            timeouts: AtomicU64::new(0),
+            server_errors: AtomicU64::new(0),
+            cut: AtomicU64::new(0),
+            ttft_ewma_us: AtomicU64::new(0),
+        }
+    }
+
+    /// `ip:port`.
+    #[must_use]
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The authority to put in the upstream URI.
+    #[must_use]
+    pub fn authority(&self) -> &http::uri::Authority {
+        &self.authority
+    }
+
+    /// Requests in flight.
+    #[must_use]
+    pub fn outstanding(&self) -> u32 {
+        self.outstanding.load(Relaxed)
+    }
+
+    /// One more request in flight; the guard takes it back.
+    pub fn begin(&self) {
+        self.outstanding.fetch_add(1, Relaxed);
+    }
+
+    /// One request less in flight.
+    pub fn end(&self) {
+        self.outstanding.fetch_sub(1, Relaxed);
+    }
+
+    fn micros(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.born).as_micros()).unwrap_or(u64::MAX)
+    }
+
+    /// True while ejected.
+    #[must_use]
+    pub fn is_ejected(&self, now: Instant) -> bool {
+        self.micros(now) < self.ejected_until_us.load(Relaxed)
+    }
+
+    /// When the ejection ends, if ejected.
+    #[must_use]
+    pub fn ejected_until(&self, now: Instant) -> Option<Instant> {
+        let until = self.ejected_until_us.load(Relaxed);
+        (self.micros(now) < until).then(|| self.born + Duration::from_micros(until))
+    }
+
+    /// Records an outcome; returns `true` when it ejected the endpoint.
+    pub fn record(&self, outcome: Outcome, policy: &EjectionPolicy, now: Instant) -> bool {
+        self.last.store(outcome as u8, Relaxed);
+        let counter = match outcome {
+            Outcome::Ok => {
+                self.consecutive_failures.store(0, Relaxed);
+                self.ejections.store(0, Relaxed);
+                return false;
+            }
+            Outcome::Refused => &self.refused,
+            Outcome::Reset => &self.reset,
+            Outcome::Timeout => &self.timeouts,
+            Outcome::ServerError => &self.server_errors,
+            Outcome::Cut => &self.cut,
+        };
+        counter.fetch_add(1, Relaxed);
+        let consecutive = self.consecutive_failures.fetch_add(1, Relaxed) + 1;
+        let eject_now = match outcome {
+            Outcome::Refused | Outcome::Reset | Outcome::Cut => true,
+            _ => consecutive >= policy.consecutive_soft,
+        };
+        if !eject_now {
+            return false;
+        }
+        self.consecutive_failures.store(0, Relaxed);
+        let n = self.ejections.fetch_add(1, Relaxed) + 1;
+        let backoff = policy.backoff(n);
+        // ±15 % jitter, so that endpoints ejected together do not come back together.
+        let jitter = 0.85 + 0.3 * fastrand::f64();
+        let until = now + backoff.mul_f64(jitter);
+        self.ejected_until_us.store(self.micros(until), Relaxed);
+        true
+    }
+
+    /// Folds one time-to-first-byte sample into the moving average (weight 1/8).
+    pub fn record_ttft(&self, ttft: Duration) {
+        let sample = u64::try_from(ttft.as_micros()).unwrap_or(u64::MAX);
+        let old = self.ttft_ewma_us.load(Relaxed);
+        let new = if old == 0 {
+            sample
+        } else {
+            old - old / 8 + sample / 8
+        };
+        self.ttft_ewma_us.store(new, Relaxed);
+    }
+
+    /// The last attempt's outcome.
+    #[must_use]
+    pub fn last(&self) -> Option<Outcome> {
+        Outcome::from_u8(self.last.load(Relaxed))
+    }
+
+    /// The counters, for `GET /signals`.
+    #[must_use]
+    pub fn snapshot(&self, now: Instant) -> EndpointSnapshot {
+        EndpointSnapshot {
+            addr: self.addr,
+            outstanding: self.outstanding(),
+            ejected: self.is_ejected(now),
+            last: self.last(),
+            refused: self.refused.load(Relaxed),
+            reset: self.reset.load(Relaxed),
+            timeouts: self.timeouts.load(Relaxed),
+            server_errors: self.server_errors.load(Relaxed),
+            cut: self.cut.load(Relaxed),
+            ttft_ms: self.ttft_ewma_us.load(Relaxed) as f64 / 1000.0,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn ep() -> Endpoint {
+        Endpoint::new("127.0.0.1:9".parse().unwrap())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refused_connection_ejects_at_once_and_the_ejection_ends_on_its_own() {
+        let e = ep();
+        let policy = EjectionPolicy::default();
+        assert!(e.record(Outcome::Refused, &policy, Instant::now()));
+        assert!(e.is_ejected(Instant::now()));
+        tokio::time::advance(Duration::from_millis(1200)).await;
+        assert!(
+            !e.is_ejected(Instant::now()),
+            "one base (1 s) plus at most 15 % jitter"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn repeated_ejections_back_off_multiplicatively_until_the_cap() {
+        let e = ep();
+        let policy = EjectionPolicy::default();
+        for _ in 0..3 {
+            e.record(Outcome::Refused, &policy, Instant::now());
+        }
+        // The third ejection lasts 3 s ± 15 %: still ejected after 2.5 s.
+        tokio::time::advance(Duration::from_millis(2500)).await;
+        assert!(e.is_ejected(Instant::now()));
+        assert_eq!(policy.backoff(100), policy.max);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn soft_failures_eject_only_after_several_in_a_row_and_a_success_resets_them() {
+        let e = ep();
+        let policy = EjectionPolicy::default();
+        for _ in 0..4 {
+            assert!(!e.record(Outcome::ServerError, &policy, Instant::now()));
+        }
+        e.record(Outcome::Ok, &policy, Instant::now());
+        for _ in 0..4 {
+            assert!(!e.record(Outcome::Timeout, &policy, Instant::now()));
+        }
+        assert!(e.record(Outcome::Timeout, &policy, Instant::now()));
+        let s = e.snapshot(Instant::now());
+        assert_eq!(
+            (s.server_errors, s.timeouts, s.last),
+            (4, 5, Some(Outcome::Timeout))
+        );
+    }
+}

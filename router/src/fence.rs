@@ -1,0 +1,223 @@
+//! The fence sidecar: runs beside vLLM in each serving pod, proxies to it, watches the policy's
+//! epoch Lease, and refuses generation (`/v1/...`) with 503 and `x-understudy-fenced: <epoch>`
+//! whenever its own pool does not hold the Lease. Probes (`/health`, `/metrics`, ...) and the
+//! operator's control calls (`/sleep`, `/wake_up`, ...) still pass, so a fenced replica can be
+//! watched, put to sleep and woken.
+//!
+//! Until the first successful read, and when no Lease exists, the sidecar is fenced: it fails
+//! closed. When the Lease store is unreachable it keeps its last verdict (a store outage is not a
+//! failover; see resilience reference §7.4), and the first read after the outage decides, so a
+//! partitioned old primary that comes back fences itself before it serves again.
+//!
+//! What this module must never do: let generation through while fenced, or refuse a probe or a
+//! control call because of the fence.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{CONTENT_TYPE, HeaderValue};
+use http::{Request, Response, StatusCode, Uri};
+use hyper::body::Incoming;
+use understudy_core::Epoch;
+use understudy_operator::lease::{EpochLease, LeaseError, LeaseRecord};
+
+use crate::body::RouterBody;
+use crate::gateway::{UpstreamClient, strip_hop_by_hop, upstream_client};
+
+/// The header on the sidecar's refusals, carrying the current epoch.
+pub const FENCE_HEADER: &str = "x-understudy-fenced";
+
+/// Where the sidecar reads the Lease. Every [`EpochLease`] is one; tests add partitions.
+pub trait LeaseSource: Send + Sync + 'static {
+    /// The Lease now, or `None` when it does not exist.
+    fn read_lease(&self) -> impl Future<Output = Result<Option<LeaseRecord>, LeaseError>> + Send;
+}
+
+impl<T: EpochLease + 'static> LeaseSource for T {
+    fn read_lease(&self) -> impl Future<Output = Result<Option<LeaseRecord>, LeaseError>> + Send {
+        self.read()
+    }
+}
+
+/// The sidecar's verdict for its pool.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FenceVerdict {
+    /// This pool holds the Lease at this epoch: serve.
+    Serving(Epoch),
+    /// Another pool holds it (or nobody does): refuse generation.
+    Fenced {
+        /// The Lease's epoch (0 when there is no Lease).
+        epoch: Epoch,
+    },
+}
+
+/// The verdict for `pool` from what the Lease says. Pure.
+#[must_use]
+pub fn verdict(pool: &str, lease: Option<&LeaseRecord>) -> FenceVerdict {
+    match lease {
+        Some(r) if r.holder == pool => FenceVerdict::Serving(r.epoch),
+        Some(r) => FenceVerdict::Fenced { epoch: r.epoch },
+        None => FenceVerdict::Fenced { epoch: Epoch(0) },
+    }
+}
+
+/// The sidecar's current verdict, read by every request without a lock.
+#[derive(Debug)]
+pub struct FenceState {
+    pool: String,
+    fenced: AtomicBool,
+    epoch: AtomicU64,
+}
+
+impl FenceState {
+    /// Fenced until the first read says otherwise.
+    #[must_use]
+    pub fn new(pool: impl Into<String>) -> Self {
+        FenceState {
+            pool: pool.into(),
+            fenced: AtomicBool::new(true),
+            epoch: AtomicU64::new(0),
+        }
+    }
+
+    /// Takes a verdict.
+    pub fn set(&self, v: &FenceVerdict) {
+        let (fenced, epoch) = match v {
+            FenceVerdict::Serving(e) => (false, *e),
+            FenceVerdict::Fenced { epoch } => (true, *epoch),
+        };
+        self.epoch.store(epoch.0, Relaxed);
+        self.fenced.store(fenced, Relaxed);
+    }
+
+    /// `Some(epoch)` while fenced.
+    #[must_use]
+    pub fn fenced_at(&self) -> Option<Epoch> {
+        self.fenced.load(Relaxed).then(|| Epoch(self.epoch.load(Relaxed)))
+    }
+}
+
+/// Reads the Lease every `interval` and updates `state`, forever.
+pub async fn watch_lease<L: LeaseSource>(lease: L, state: Arc<FenceState>, interval: Duration) {
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        match lease.read_lease().await {
+            Ok(record) => {
+                let v = verdict(&state.pool, record.as_ref());
+                if state.fenced_at().is_none() != matches!(v, FenceVerdict::Serving(_)) {
+                    tracing::info!(pool = %state.pool, verdict = ?v, "fence changed");
+                }
+                state.set(&v);
+            }
+            Err(e) => tracing::warn!(error = %e, "lease unreadable; keeping the last verdict"),
+        }
+    }
+}
+
+/// The sidecar's proxy to its local replica.
+#[derive(Debug, Clone)]
+pub struct Fence {
+    state: Arc<FenceState>,
+    upstream: http::uri::Authority,
+    client: UpstreamClient<Incoming>,
+}
+
+impl Fence {
+    /// A sidecar for the replica at `upstream`.
+    #[must_use]
+    pub fn new(state: Arc<FenceState>, upstream: SocketAddr) -> Self {
+        Fence {
+            state,
+            upstream: upstream
+                .to_string()
+                .parse()
+                .unwrap_or_else(|_| http::uri::Authority::from_static("127.0.0.1")),
+            client: upstream_client(Duration::from_secs(1)),
+        }
+    }
+
+    /// Handles one request: refuse generation when fenced, pass everything else through.
+    pub async fn handle(self, req: Request<Incoming>) -> Response<RouterBody> {
+        if req.uri().path().starts_with("/v1/")
+            && let Some(epoch) = self.state.fenced_at()
+        {
+            let body = serde_json::json!({"error": {
+                "message": format!("pool {} does not hold epoch {epoch}: fenced", self.state.pool),
+                "type": "fenced", "code": 503
+            }});
+            let mut resp = Response::new(RouterBody::from(Bytes::from(body.to_string())));
+            *resp.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+            resp.headers_mut()
+                .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            resp.headers_mut()
+                .insert(FENCE_HEADER, HeaderValue::from(epoch.0));
+            return resp;
+        }
+        let (mut parts, body) = req.into_parts();
+        let mut uri = Uri::builder().scheme("http").authority(self.upstream.clone());
+        if let Some(pq) = parts.uri.path_and_query() {
+            uri = uri.path_and_query(pq.clone());
+        }
+        parts.uri = uri.build().unwrap_or_default();
+        strip_hop_by_hop(&mut parts.headers);
+        parts.headers.remove(http::header::HOST);
+        match self.client.request(Request::from_parts(parts, body)).await {
+            Ok(resp) => {
+                let (mut head, body) = resp.into_parts();
+                strip_hop_by_hop(&mut head.headers);
+                Response::from_parts(head, RouterBody::Plain(body))
+            }
+            Err(e) => {
+                let mut resp = Response::new(RouterBody::from(format!(
+                    "{{\"error\": {{\"message\": \"local replica unreachable: {}\", \"type\": \"upstream_failed\", \"code\": 502}}}}",
+                    if e.is_connect() {
+                        "connection refused"
+                    } else {
+                        "connection failed"
+                    }
+                )));
+                *resp.status_mut() = StatusCode::BAD_GATEWAY;
+                resp
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(holder: &str, epoch: u64) -> LeaseRecord {
+        LeaseRecord {
+            holder: holder.into(),
+            epoch: Epoch(epoch),
+            version: "1".into(),
+        }
+    }
+
+    #[test]
+    fn a_pool_serves_only_while_it_holds_the_lease() {
+        assert_eq!(verdict("a", Some(&rec("a", 3))), FenceVerdict::Serving(Epoch(3)));
+        assert_eq!(
+            verdict("a", Some(&rec("b", 4))),
+            FenceVerdict::Fenced { epoch: Epoch(4) }
+        );
+        assert_eq!(verdict("a", None), FenceVerdict::Fenced { epoch: Epoch(0) });
+    }
+
+    #[test]
+    fn the_state_starts_fenced_and_follows_verdicts() {
+        let s = FenceState::new("a");
+        assert_eq!(s.fenced_at(), Some(Epoch(0)));
+        s.set(&FenceVerdict::Serving(Epoch(3)));
+        assert_eq!(s.fenced_at(), None);
+        s.set(&FenceVerdict::Fenced { epoch: Epoch(4) });
+        assert_eq!(s.fenced_at(), Some(Epoch(4)));
+    }
+}

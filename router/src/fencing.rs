@@ -1,0 +1,197 @@
+//! Epoch fencing for route updates: the highest epoch this router has taken, and the rule that
+//! refuses anything older. The highest epoch is written to a state file (write to a temporary
+//! file, fsync, rename) before a route is taken, so it survives a restart.
+//!
+//! What this module must never do: take a route whose epoch is lower than the highest seen, or
+//! take a different pool at the same epoch (two primaries for one epoch); let the in-memory epoch
+//! run ahead of the state file; guess an epoch from a state file it cannot read.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use understudy_core::Epoch;
+
+/// The last route this router took: what survives a restart.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fenced {
+    /// The highest epoch taken.
+    pub epoch: Epoch,
+    /// The pool taken at that epoch.
+    pub pool: String,
+}
+
+/// What an update is, against the highest epoch seen.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// A higher epoch (or the first route ever): take it.
+    Newer,
+    /// The same epoch and pool again: answer OK and change nothing... except endpoints and
+    /// settings, which the operator may refresh under the same epoch.
+    SameEpoch,
+    /// Older than the highest seen, or the same epoch naming another pool: refused, nothing changes.
+    Stale {
+        /// The highest epoch seen.
+        highest: Epoch,
+        /// The pool taken at it.
+        pool: String,
+    },
+}
+
+/// Decides an update against the highest seen. Pure.
+#[must_use]
+pub fn judge(highest: Option<&Fenced>, epoch: Epoch, pool: &str) -> Verdict {
+    match highest {
+        None => Verdict::Newer,
+        Some(h) if epoch > h.epoch => Verdict::Newer,
+        Some(h) if epoch == h.epoch && pool == h.pool => Verdict::SameEpoch,
+        Some(h) => Verdict::Stale {
+            highest: h.epoch,
+            pool: h.pool.clone(),
+        },
+    }
+}
+
+/// Why the state file could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum StateFileError {
+    /// Reading, writing, syncing or renaming failed.
+    #[error("state file {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// What the OS said.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file exists and is not a fencing record: refuse to start rather than forget an epoch.
+    #[error("state file {path} is not a fencing record: {source}")]
+    Garbled {
+        /// The file.
+        path: PathBuf,
+        /// What the parser said.
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+/// The fencing record on disk.
+#[derive(Clone, Debug)]
+pub struct StateFile {
+    path: PathBuf,
+}
+
+impl StateFile {
+    /// The record at `path` (which may not exist yet).
+    #[must_use]
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        StateFile { path: path.into() }
+    }
+
+    /// The record, or `None` when the file does not exist.
+    pub fn load(&self) -> Result<Option<Fenced>, StateFileError> {
+        match std::fs::read(&self.path) {
+            Ok(bytes) => serde_json::from_slice(&bytes)
+                .map(Some)
+                .map_err(|source| StateFileError::Garbled {
+                    path: self.path.clone(),
+                    source,
+                }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(source) => Err(self.io(source)),
+        }
+    }
+
+    /// Writes the record atomically: a reader sees the old one or the new one, never half.
+    pub fn store(&self, record: &Fenced) -> Result<(), StateFileError> {
+        let tmp = tmp_path(&self.path);
+        let bytes = serde_json::to_vec(record).unwrap_or_default();
+        let write = || -> std::io::Result<()> {
+            let mut f = std::fs::File::create(&tmp)?;
+            f.write_all(&bytes)?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, &self.path)
+        };
+        write().map_err(|source| self.io(source))
+    }
+
+    fn io(&self, source: std::io::Error) -> StateFileError {
+        StateFileError::Io {
+            path: self.path.clone(),
+            source,
+        }
+    }
+}
+
+fn tmp_path(path: &Path) -> PathBuf {
+    let mut name = path.file_name().map(|n| n.to_os_string()).unwrap_or_default();
+    name.push(".tmp");
+    path.with_file_name(name)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn seen(epoch: u64, pool: &str) -> Fenced {
+        Fenced {
+            epoch: Epoch(epoch),
+            pool: pool.into(),
+        }
+    }
+
+    #[test]
+    fn the_first_route_and_any_higher_epoch_are_newer() {
+        assert_eq!(judge(None, Epoch(0), "a"), Verdict::Newer);
+        assert_eq!(judge(Some(&seen(3, "a")), Epoch(4), "b"), Verdict::Newer);
+    }
+
+    #[test]
+    fn a_lower_epoch_is_stale_whatever_pool_it_names() {
+        for pool in ["a", "b"] {
+            assert!(matches!(
+                judge(Some(&seen(3, "a")), Epoch(2), pool),
+                Verdict::Stale { .. }
+            ));
+        }
+    }
+
+    #[test]
+    fn the_same_epoch_is_idempotent_for_its_pool_and_stale_for_another() {
+        assert_eq!(judge(Some(&seen(3, "a")), Epoch(3), "a"), Verdict::SameEpoch);
+        assert_eq!(
+            judge(Some(&seen(3, "a")), Epoch(3), "b"),
+            Verdict::Stale {
+                highest: Epoch(3),
+                pool: "a".into()
+            }
+        );
+    }
+
+    #[test]
+    fn the_state_file_round_trips_and_leaves_no_temporary_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = StateFile::new(dir.path().join("fence.json"));
+        assert_eq!(file.load().unwrap(), None);
+        file.store(&seen(7, "b")).unwrap();
+        file.store(&seen(8, "a")).unwrap();
+        assert_eq!(file.load().unwrap(), Some(seen(8, "a")));
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("fence.json")]);
+    }
+
+    #[test]
+    fn a_garbled_state_file_is_an_error_not_epoch_zero() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fence.json");
+        std::fs::write(&path, b"{\"epoch\": ").unwrap();
+        assert!(matches!(
+            StateFile::new(path).load(),
+            Err(StateFileError::Garbled { .. })
+        ));
+    }
+}

@@ -1,0 +1,388 @@
+//! The gateway's request path: classify the path, read the body once (bounded), admit, pick an
+//! endpoint of the current epoch, send, retry refused connections and resets before any response
+//! byte on another endpoint within the retry budget, wait in the waiting room when nothing can
+//! take the request, and stream the answer back frame by frame.
+//!
+//! What this path must never do: forward a control endpoint; retry once a response byte went to
+//! the client, or retry a request that timed out (the replica may be working on it); keep the
+//! request body past the moment its response headers arrive; take a lock or wait on anything but
+//! the upstream and the waiting room.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderMap};
+use http::request::Parts;
+use http::{Method, Request, Response, Uri};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use tokio::time::Instant;
+
+use crate::admission::{Ask, DEADLINE_HEADER, PRIORITY_HEADER, Priority, estimate_prompt_tokens};
+use crate::balance::{self, Tried};
+use crate::body::{InFlight, Proxied, RouterBody};
+use crate::endpoint::{EjectionPolicy, Outcome};
+use crate::metrics::{Metrics, RequestOutcome};
+use crate::path::{PublicPath, classify};
+use crate::refusal::Refusal;
+use crate::retry::RetryBudget;
+use crate::table::RouteTable;
+use crate::waiting_room::{self, WaitingRoom, WaitingRoomConfig};
+
+/// How the gateway behaves.
+#[derive(Clone, Debug)]
+pub struct GatewayConfig {
+    /// The largest request body taken (413 beyond).
+    pub max_body_bytes: usize,
+    /// The waiting room's bound and deadline.
+    pub waiting_room: WaitingRoomConfig,
+    /// How long an upstream may take to send response headers (504 beyond, not retried).
+    pub first_byte_timeout: Duration,
+    /// How long a connection attempt may take before it counts as refused.
+    pub connect_timeout: Duration,
+    /// How endpoints are ejected.
+    pub ejection: EjectionPolicy,
+}
+
+impl Default for GatewayConfig {
+    fn default() -> Self {
+        GatewayConfig {
+            max_body_bytes: 4 * 1024 * 1024,
+            waiting_room: WaitingRoomConfig::default(),
+            first_byte_timeout: Duration::from_secs(120),
+            connect_timeout: Duration::from_secs(1),
+            ejection: EjectionPolicy::default(),
+        }
+    }
+}
+
+/// The upstream client: HTTP/1.1, pooled keep-alive connections, no Nagle.
+pub type UpstreamClient<B> = Client<HttpConnector, B>;
+
+/// A pooled upstream client.
+#[must_use]
+pub fn upstream_client<B>(connect_timeout: Duration) -> UpstreamClient<B>
+where
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+{
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    connector.set_connect_timeout(Some(connect_timeout));
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(30))
+        .pool_max_idle_per_host(1024)
+        .build(connector)
+}
+
+/// The gateway: route table, counters and the upstream client.
+#[derive(Debug)]
+pub struct Gateway {
+    config: GatewayConfig,
+    routes: Arc<RouteTable>,
+    client: UpstreamClient<Full<Bytes>>,
+    budget: Arc<RetryBudget>,
+    room: Arc<WaitingRoom>,
+    metrics: Arc<Metrics>,
+}
+
+/// Headers that belong to one connection and are never forwarded.
+const HOP_BY_HOP: [&str; 8] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "upgrade",
+];
+
+/// Removes the connection-scoped headers before a message crosses the proxy.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    for h in HOP_BY_HOP {
+        headers.remove(h);
+    }
+    headers.remove(http::header::TRANSFER_ENCODING);
+}
+
+impl Gateway {
+    /// A gateway over `routes`.
+    #[must_use]
+    pub fn new(config: GatewayConfig, routes: Arc<RouteTable>, metrics: Arc<Metrics>) -> Arc<Self> {
+        Arc::new(Gateway {
+            client: upstream_client(config.connect_timeout),
+            room: Arc::new(WaitingRoom::new(config.waiting_room)),
+            budget: Arc::new(RetryBudget::default()),
+            config,
+            routes,
+            metrics,
+        })
+    }
+
+    /// The route table.
+    #[must_use]
+    pub fn routes(&self) -> &Arc<RouteTable> {
+        &self.routes
+    }
+
+    /// Handles one public request; never fails, refusals are answers.
+    pub async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<RouterBody> {
+        let arrived = Instant::now();
+        let priority = Priority::from_header(req.headers().get(PRIORITY_HEADER).map(|v| v.as_bytes()));
+        match self.forward(req, priority, arrived).await {
+            Ok(resp) => resp,
+            Err(refusal) => {
+                self.metrics.request(refusal.outcome(), priority);
+                if let Refusal::Shed { reason, .. } = refusal {
+                    self.metrics.shed(reason, priority);
+                }
+                refusal.into_response()
+            }
+        }
+    }
+
+    async fn read_request(&self, req: Request<Incoming>) -> Result<(Parts, Bytes), Refusal> {
+        match classify(req.uri().path()) {
+            PublicPath::Api => {}
+            PublicPath::Control => return Err(Refusal::ControlEndpoint),
+            PublicPath::Unknown => return Err(Refusal::NotFound),
+        }
+        if req.method() != Method::GET && req.method() != Method::POST {
+            return Err(Refusal::MethodNotAllowed);
+        }
+        let limit = self.config.max_body_bytes;
+        let declared = req
+            .headers()
+            .get(CONTENT_LENGTH)
+            .map(|v| v.to_str().ok().and_then(|s| s.parse::<u64>().ok()));
+        match declared {
+            Some(None) => return Err(Refusal::Malformed("Content-Length is not a number")),
+            Some(Some(n)) if n > limit as u64 => return Err(Refusal::TooLarge { limit }),
+            _ => {}
+        }
+        let (parts, body) = req.into_parts();
+        let body = match Limited::new(body, limit).collect().await {
+            Ok(collected) => collected.to_bytes(),
+            Err(e) if e.is::<http_body_util::LengthLimitError>() => return Err(Refusal::TooLarge { limit }),
+            Err(_) => return Err(Refusal::Malformed("the request body could not be read")),
+        };
+        if parts.method == Method::POST
+            && (body.is_empty() || serde_json::from_slice::<serde::de::IgnoredAny>(&body).is_err())
+        {
+            return Err(Refusal::Malformed("the request body is not JSON"));
+        }
+        Ok((parts, body))
+    }
+
+    fn upstream_request(
+        parts: &Parts,
+        body: &Bytes,
+        authority: &http::uri::Authority,
+    ) -> Request<Full<Bytes>> {
+        let mut uri = Uri::builder().scheme("http").authority(authority.clone());
+        if let Some(pq) = parts.uri.path_and_query() {
+            uri = uri.path_and_query(pq.clone());
+        }
+        let mut headers = parts.headers.clone();
+        strip_hop_by_hop(&mut headers);
+        headers.remove(http::header::HOST);
+        headers.remove(CONTENT_LENGTH);
+        let mut req = Request::new(Full::new(body.clone()));
+        *req.method_mut() = parts.method.clone();
+        *req.uri_mut() = uri.build().unwrap_or_default();
+        *req.headers_mut() = headers;
+        req
+    }
+
+    async fn forward(
+        &self,
+        req: Request<Incoming>,
+        priority: Priority,
+        arrived: Instant,
+    ) -> Result<Response<RouterBody>, Refusal> {
+        let deadline_header = req.headers().get(DEADLINE_HEADER).map(|v| {
+            v.to_str()
+                .ok()
+                .and_then(|s| s.trim().parse::<u64>().ok())
+                .map(Duration::from_millis)
+        });
+        let deadline = match deadline_header {
+            Some(None) => {
+                return Err(Refusal::Malformed(
+                    "x-understudy-deadline-ms is not a number of milliseconds",
+                ));
+            }
+            Some(Some(d)) => Some(d),
+            None => None,
+        };
+        let (parts, body) = self.read_request(req).await?;
+        let ask = Ask {
+            priority,
+            prompt_tokens: estimate_prompt_tokens(body.len()),
+            deadline: deadline.map(|d| d.saturating_sub(arrived.elapsed())),
+        };
+        self.budget.start();
+        let mut held = Held {
+            budget: &self.budget,
+            retries: 0,
+        };
+        let leave_by = self.room.deadline(arrived);
+        let mut seat = None;
+        let mut permit = None;
+        let mut epoch = None;
+        let mut tried = Tried::default();
+        let mut attempts = 0u32;
+        let mut last_failure = "refused";
+        loop {
+            let routed = self.routes.current();
+            let Some(state) = routed.as_ref() else {
+                if seat.is_none() {
+                    seat = Some(self.enter_room()?);
+                }
+                self.wait(None, None, leave_by).await?;
+                continue;
+            };
+            if epoch != Some(state.route.epoch) {
+                // A new epoch: a fresh start, not a retry, under the new route's admission.
+                epoch = Some(state.route.epoch);
+                tried = Tried::default();
+                attempts = 0;
+                permit = None;
+            }
+            let now = Instant::now();
+            if permit.is_none() {
+                let p = state
+                    .admission
+                    .try_admit(ask, now)
+                    .map_err(|reason| Refusal::Shed {
+                        reason,
+                        retry_after_s: state.admission.retry_after_s(now),
+                    })?;
+                permit = Some(p);
+            }
+            let Some(i) = balance::pick(&state.endpoints, tried, now) else {
+                if seat.is_none() {
+                    seat = Some(self.enter_room()?);
+                }
+                let wake_at = balance::next_return(&state.endpoints, Tried::default(), now);
+                self.wait(routed.as_ref(), wake_at, leave_by).await?;
+                // Endpoints back from ejection may be tried again, within the retry budget.
+                tried = Tried::default();
+                continue;
+            };
+            if attempts > 0 {
+                if !self.budget.try_retry() {
+                    self.metrics.retry_overflow();
+                    return Err(Refusal::UpstreamFailed(last_failure));
+                }
+                held.retries += 1;
+                self.metrics.retry();
+            }
+            attempts += 1;
+            let endpoint = Arc::clone(&state.endpoints[i]);
+            let upstream = Self::upstream_request(&parts, &body, endpoint.authority());
+            endpoint.begin();
+            let sent_at = Instant::now();
+            let answer =
+                tokio::time::timeout(self.config.first_byte_timeout, self.client.request(upstream)).await;
+            let failure = match answer {
+                Ok(Ok(resp)) => {
+                    drop(seat.take());
+                    let upstream_time = sent_at.elapsed();
+                    let status = resp.status();
+                    let outcome = if status.is_server_error() {
+                        Outcome::ServerError
+                    } else {
+                        Outcome::Ok
+                    };
+                    if endpoint.record(outcome, &self.config.ejection, Instant::now()) {
+                        self.metrics.ejection();
+                    }
+                    let metric = if status.is_server_error() {
+                        RequestOutcome::UpstreamError
+                    } else {
+                        RequestOutcome::Forwarded
+                    };
+                    self.metrics.request(metric, priority);
+                    let (mut head, incoming) = resp.into_parts();
+                    strip_hop_by_hop(&mut head.headers);
+                    let sse = head
+                        .headers
+                        .get(CONTENT_TYPE)
+                        .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+                    let in_flight = InFlight {
+                        endpoint,
+                        permit: permit.take(),
+                        admission: Arc::clone(&state.admission),
+                        budget: Arc::clone(&self.budget),
+                        retries: std::mem::take(&mut held.retries),
+                        metrics: Arc::clone(&self.metrics),
+                        ejection: self.config.ejection,
+                        sent_at,
+                    };
+                    std::mem::forget(held);
+                    let body = RouterBody::Proxied(Box::new(Proxied::new(incoming, in_flight, sse)));
+                    self.metrics
+                        .added_latency(arrived.elapsed().saturating_sub(upstream_time));
+                    return Ok(Response::from_parts(head, body));
+                }
+                Ok(Err(e)) if e.is_connect() => Outcome::Refused,
+                Ok(Err(_)) => Outcome::Reset,
+                Err(_elapsed) => Outcome::Timeout,
+            };
+            endpoint.end();
+            if endpoint.record(failure, &self.config.ejection, Instant::now()) {
+                self.metrics.ejection();
+            }
+            if failure == Outcome::Timeout {
+                return Err(Refusal::UpstreamTimeout);
+            }
+            last_failure = if failure == Outcome::Refused {
+                "refused"
+            } else {
+                "reset"
+            };
+            tried.insert(i);
+        }
+    }
+
+    fn enter_room(&self) -> Result<waiting_room::Seat, Refusal> {
+        self.room
+            .enter(&self.metrics)
+            .map_err(|reason| Refusal::Unavailable {
+                reason,
+                retry_after_s: self.config.waiting_room.deadline.as_secs().clamp(1, 30),
+            })
+    }
+
+    async fn wait(
+        &self,
+        seen: Option<&Arc<crate::table::Routed>>,
+        wake_at: Option<Instant>,
+        leave_by: Instant,
+    ) -> Result<(), Refusal> {
+        waiting_room::wait(self.routes.subscribe(), seen, wake_at, leave_by)
+            .await
+            .map_err(|reason| Refusal::Unavailable {
+                reason,
+                retry_after_s: self.config.waiting_room.deadline.as_secs().clamp(1, 30),
+            })
+    }
+}
+
+/// The request's count in the retry budget until its response body takes it over.
+struct Held<'a> {
+    budget: &'a RetryBudget,
+    retries: usize,
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        self.budget.finish(self.retries);
+    }
+}

@@ -1,0 +1,118 @@
+//! Which request paths the public port forwards. Only the OpenAI-compatible API under `/v1/` is
+//! forwarded; vLLM's development and control endpoints are never reachable through it, even when
+//! a replica runs with `VLLM_SERVER_DEV_MODE=1` (which sleep mode needs).
+//!
+//! This module must never allow a path by default: anything not known to be user API is refused.
+
+/// What the public port does with a path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PublicPath {
+    /// User API: forward.
+    Api,
+    /// A control or development endpoint of vLLM: 403, never forwarded.
+    Control,
+    /// Anything else: 404.
+    Unknown,
+}
+
+/// vLLM's control and development endpoints (sleep mode, RPC, cache, profiling, LoRA loading,
+/// server info, scaling), plus the probes and metrics that belong to the operator, not clients.
+const CONTROL: &[&str] = &[
+    "/sleep",
+    "/wake_up",
+    "/is_sleeping",
+    "/collective_rpc",
+    "/server_info",
+    "/reset_prefix_cache",
+    "/reset_mm_cache",
+    "/start_profile",
+    "/stop_profile",
+    "/scale_elastic_ep",
+    "/is_scaling_elastic_ep",
+    "/pause",
+    "/resume",
+    "/update_weights",
+    "/v1/load_lora_adapter",
+    "/v1/unload_lora_adapter",
+    "/metrics",
+    "/health",
+    "/ping",
+    "/load",
+    "/version",
+];
+
+/// Classifies a request path (without query).
+#[must_use]
+pub fn classify(path: &str) -> PublicPath {
+    // Normalise what a proxy further out might not: repeated or trailing slashes.
+    let trimmed = path.trim_end_matches('/');
+    if CONTROL
+        .iter()
+        .any(|c| trimmed.eq_ignore_ascii_case(c) || has_prefix_segment(trimmed, c))
+    {
+        return PublicPath::Control;
+    }
+    if path.contains("//") || path.contains("/../") || path.ends_with("/..") || path.contains("%") {
+        return PublicPath::Unknown;
+    }
+    if path.starts_with("/v1/") && path.len() > 4 {
+        PublicPath::Api
+    } else {
+        PublicPath::Unknown
+    }
+}
+
+fn has_prefix_segment(path: &str, control: &str) -> bool {
+    path.len() > control.len()
+        && path.as_bytes()[control.len()] == b'/'
+        && path[..control.len()].eq_ignore_ascii_case(control)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_openai_api_is_forwarded() {
+        for p in [
+            "/v1/completions",
+            "/v1/chat/completions",
+            "/v1/models",
+            "/v1/embeddings",
+        ] {
+            assert_eq!(classify(p), PublicPath::Api, "{p}");
+        }
+    }
+
+    #[test]
+    fn every_control_endpoint_in_every_spelling_is_refused() {
+        for p in [
+            "/sleep",
+            "/wake_up",
+            "/WAKE_UP",
+            "/is_sleeping/",
+            "/collective_rpc",
+            "/server_info",
+            "/reset_prefix_cache",
+            "/v1/load_lora_adapter",
+            "/metrics",
+        ] {
+            assert_eq!(classify(p), PublicPath::Control, "{p}");
+        }
+    }
+
+    #[test]
+    fn paths_outside_v1_and_tricky_spellings_are_not_forwarded() {
+        for p in [
+            "/",
+            "/v1",
+            "/v1/",
+            "/tokenize",
+            "//v1/completions",
+            "/v1/../sleep",
+            "/v1/%2e%2e/sleep",
+        ] {
+            assert_ne!(classify(p), PublicPath::Api, "{p}");
+        }
+    }
+}

@@ -1,0 +1,218 @@
+//! The route table: the one route the gateway serves now, swapped whole when a newer epoch
+//! arrives, and the fencing record that decides whether an update is newer.
+//!
+//! Readers on the hot path take the current route as one `Arc` clone from a `watch` channel, and
+//! waiters in the waiting room are woken by the same channel. What this module must never do:
+//! publish a route before its epoch is on disk, or publish anything for a stale update.
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::admission::Admission;
+use crate::endpoint::Endpoint;
+use crate::fencing::{Fenced, StateFile, StateFileError, Verdict, judge};
+use crate::route::{InvalidRoute, Route};
+
+/// The route served now, with its live endpoints and admission.
+#[derive(Debug)]
+pub struct Routed {
+    /// The route as pushed.
+    pub route: Route,
+    /// One per route endpoint, same order.
+    pub endpoints: Vec<Arc<Endpoint>>,
+    /// Admission control since the route arrived.
+    pub admission: Arc<Admission>,
+}
+
+/// How an accepted update changed the table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Applied {
+    /// A new epoch: the route was swapped and admission starts over.
+    NewEpoch,
+    /// The same epoch and pool: endpoints and settings refreshed, admission carries on.
+    SameEpoch,
+}
+
+/// Why an update was not taken.
+#[derive(Debug, thiserror::Error)]
+pub enum RouteError {
+    /// The route itself is wrong.
+    #[error("invalid route: {0}")]
+    Invalid(#[from] InvalidRoute),
+    /// Older than the highest epoch seen, or another pool at that epoch.
+    #[error("stale route: epoch {highest} (pool {pool}) has been seen")]
+    Stale {
+        /// The highest epoch seen.
+        highest: understudy_core::Epoch,
+        /// The pool at it.
+        pool: String,
+    },
+    /// The epoch could not be made durable, so it was not taken.
+    #[error(transparent)]
+    Persist(#[from] StateFileError),
+}
+
+/// The route table.
+#[derive(Debug)]
+pub struct RouteTable {
+    current: watch::Sender<Option<Arc<Routed>>>,
+    fence: Mutex<FenceBook>,
+}
+
+#[derive(Debug)]
+struct FenceBook {
+    highest: Option<Fenced>,
+    file: Option<StateFile>,
+}
+
+impl RouteTable {
+    /// An empty table that remembers its highest epoch in `file` (if any), read back now.
+    pub fn new(file: Option<StateFile>) -> Result<Self, StateFileError> {
+        let highest = match &file {
+            Some(f) => f.load()?,
+            None => None,
+        };
+        Ok(RouteTable {
+            current: watch::Sender::new(None),
+            fence: Mutex::new(FenceBook { highest, file }),
+        })
+    }
+
+    /// The route now.
+    #[must_use]
+    pub fn current(&self) -> Option<Arc<Routed>> {
+        self.current.borrow().clone()
+    }
+
+    /// A receiver that wakes when the route changes.
+    #[must_use]
+    pub fn subscribe(&self) -> watch::Receiver<Option<Arc<Routed>>> {
+        self.current.subscribe()
+    }
+
+    /// The highest epoch seen and its pool.
+    #[must_use]
+    pub fn highest(&self) -> Option<Fenced> {
+        self.fence
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .highest
+            .clone()
+    }
+
+    /// Takes an update if its epoch allows it.
+    pub fn update(&self, route: Route) -> Result<Applied, RouteError> {
+        route.validate()?;
+        // Held across the file write so that two updates cannot interleave their checks.
+        let mut book = self.fence.lock().unwrap_or_else(PoisonError::into_inner);
+        match judge(book.highest.as_ref(), route.epoch, &route.pool) {
+            Verdict::Stale { highest, pool } => Err(RouteError::Stale { highest, pool }),
+            Verdict::Newer => {
+                let record = Fenced {
+                    epoch: route.epoch,
+                    pool: route.pool.clone(),
+                };
+                if let Some(file) = &book.file {
+                    file.store(&record)?;
+                }
+                book.highest = Some(record);
+                let endpoints = route
+                    .endpoints
+                    .iter()
+                    .map(|a| Arc::new(Endpoint::new(*a)))
+                    .collect();
+                let admission = Arc::new(Admission::new(route.admission.clone(), Instant::now()));
+                self.current.send_replace(Some(Arc::new(Routed {
+                    route,
+                    endpoints,
+                    admission,
+                })));
+                Ok(Applied::NewEpoch)
+            }
+            Verdict::SameEpoch => {
+                let old = self.current();
+                // Endpoints kept by the refresh keep their counters and ejections.
+                let endpoints = route
+                    .endpoints
+                    .iter()
+                    .map(|a| {
+                        old.as_ref()
+                            .and_then(|o| o.endpoints.iter().find(|e| e.addr() == *a).cloned())
+                            .unwrap_or_else(|| Arc::new(Endpoint::new(*a)))
+                    })
+                    .collect();
+                let admission = match &old {
+                    Some(o) if o.route.admission == route.admission => Arc::clone(&o.admission),
+                    _ => Arc::new(Admission::new(route.admission.clone(), Instant::now())),
+                };
+                self.current.send_replace(Some(Arc::new(Routed {
+                    route,
+                    endpoints,
+                    admission,
+                })));
+                Ok(Applied::SameEpoch)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use understudy_core::Epoch;
+
+    fn route(pool: &str, epoch: u64, port: u16) -> Route {
+        serde_json::from_value(serde_json::json!({
+            "pool": pool, "endpoints": [format!("127.0.0.1:{port}")], "epoch": epoch
+        }))
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_stale_update_changes_nothing() {
+        let t = RouteTable::new(None).unwrap();
+        t.update(route("b", 5, 1)).unwrap();
+        assert!(matches!(
+            t.update(route("a", 4, 2)),
+            Err(RouteError::Stale { .. })
+        ));
+        assert!(matches!(
+            t.update(route("a", 5, 2)),
+            Err(RouteError::Stale { .. })
+        ));
+        let now = t.current().unwrap();
+        assert_eq!((now.route.pool.as_str(), now.route.epoch), ("b", Epoch(5)));
+        assert_eq!(now.endpoints[0].addr().port(), 1);
+    }
+
+    #[tokio::test]
+    async fn the_highest_epoch_survives_a_restart_through_the_state_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fence.json");
+        let t = RouteTable::new(Some(StateFile::new(&path))).unwrap();
+        t.update(route("b", 7, 1)).unwrap();
+        drop(t);
+        let restarted = RouteTable::new(Some(StateFile::new(&path))).unwrap();
+        assert!(
+            restarted.current().is_none(),
+            "endpoints come from the operator again"
+        );
+        assert!(matches!(
+            restarted.update(route("a", 6, 2)),
+            Err(RouteError::Stale { .. })
+        ));
+        assert_eq!(restarted.update(route("b", 7, 3)).unwrap(), Applied::SameEpoch);
+    }
+
+    #[tokio::test]
+    async fn an_epoch_that_cannot_be_persisted_is_not_taken() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = RouteTable::new(Some(StateFile::new(dir.path().join("missing-dir/fence.json")))).unwrap();
+        assert!(matches!(t.update(route("b", 1, 1)), Err(RouteError::Persist(_))));
+        assert!(t.current().is_none());
+        assert!(t.highest().is_none());
+    }
+}

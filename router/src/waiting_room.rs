@@ -1,0 +1,193 @@
+//! The waiting room: when no endpoint of the current epoch can take a request (no route yet, or
+//! every endpoint refused or is ejected while a promotion is under way), the request waits here,
+//! in a bounded room and up to a deadline, for a new route or an endpoint's return, instead of
+//! failing.
+//!
+//! This module only counts and waits. It must never pick an endpoint, and never let more than
+//! its bound wait: the one past the bound is refused at once.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::metrics::Metrics;
+use crate::table::Routed;
+
+/// How many may wait and for how long.
+#[derive(Clone, Copy, Debug)]
+pub struct WaitingRoomConfig {
+    /// Requests waiting at once.
+    pub bound: usize,
+    /// How long one request may wait in all.
+    pub deadline: Duration,
+}
+
+impl Default for WaitingRoomConfig {
+    fn default() -> Self {
+        WaitingRoomConfig {
+            bound: 1024,
+            deadline: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Why a request left the waiting room without a route.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Turnaway {
+    /// The room was full.
+    #[error("the waiting room is full")]
+    Full,
+    /// The deadline passed with no endpoint to take the request.
+    #[error("no endpoint could take the request before the waiting room's deadline")]
+    Deadline,
+}
+
+/// The room.
+#[derive(Debug)]
+pub struct WaitingRoom {
+    config: WaitingRoomConfig,
+    waiting: AtomicUsize,
+}
+
+/// One request's place in the room; leaving frees it.
+#[derive(Debug)]
+pub struct Seat {
+    room: Arc<WaitingRoom>,
+    metrics: Arc<Metrics>,
+    since: Instant,
+}
+
+impl Drop for Seat {
+    fn drop(&mut self) {
+        self.room.waiting.fetch_sub(1, Relaxed);
+        self.metrics.queue_depth(-1);
+        self.metrics.queue_wait(self.since.elapsed());
+    }
+}
+
+impl WaitingRoom {
+    /// An empty room.
+    #[must_use]
+    pub fn new(config: WaitingRoomConfig) -> Self {
+        WaitingRoom {
+            config,
+            waiting: AtomicUsize::new(0),
+        }
+    }
+
+    /// The latest a request that arrived at `arrived` may leave.
+    #[must_use]
+    pub fn deadline(&self, arrived: Instant) -> Instant {
+        arrived + self.config.deadline
+    }
+
+    /// Requests waiting now.
+    #[must_use]
+    pub fn waiting(&self) -> usize {
+        self.waiting.load(Relaxed)
+    }
+
+    /// Takes a seat, or refuses when the room is full.
+    pub fn enter(self: &Arc<Self>, metrics: &Arc<Metrics>) -> Result<Seat, Turnaway> {
+        self.waiting
+            .fetch_update(Relaxed, Relaxed, |n| (n < self.config.bound).then_some(n + 1))
+            .map_err(|_| Turnaway::Full)?;
+        metrics.queue_depth(1);
+        Ok(Seat {
+            room: Arc::clone(self),
+            metrics: Arc::clone(metrics),
+            since: Instant::now(),
+        })
+    }
+}
+
+/// Waits until the route is no longer `seen`, or until `wake_at` (an endpoint's return), or the
+/// deadline, whichever is first; the deadline alone is a [`Turnaway::Deadline`].
+pub async fn wait(
+    mut routes: watch::Receiver<Option<Arc<Routed>>>,
+    seen: Option<&Arc<Routed>>,
+    wake_at: Option<Instant>,
+    deadline: Instant,
+) -> Result<(), Turnaway> {
+    let changed = |r: &Option<Arc<Routed>>| match (r, seen) {
+        (Some(a), Some(b)) => !Arc::ptr_eq(a, b),
+        (None, None) => false,
+        _ => true,
+    };
+    // The route may have changed between the caller's look and this subscription.
+    if changed(&routes.borrow_and_update()) {
+        return Ok(());
+    }
+    let until = wake_at.map_or(deadline, |w| w.min(deadline));
+    tokio::select! {
+        r = routes.changed() => {
+            if r.is_err() {
+                // The table is gone: nothing will ever come.
+                tokio::time::sleep_until(deadline).await;
+                return Err(Turnaway::Deadline);
+            }
+            Ok(())
+        }
+        () = tokio::time::sleep_until(until) => {
+            if until >= deadline { Err(Turnaway::Deadline) } else { Ok(()) }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::table::RouteTable;
+
+    fn route(epoch: u64) -> crate::route::Route {
+        serde_json::from_value(serde_json::json!({
+            "pool": "b", "endpoints": ["127.0.0.1:1"], "epoch": epoch
+        }))
+        .unwrap()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_is_released_by_a_new_route_before_its_deadline() {
+        let table = Arc::new(RouteTable::new(None).unwrap());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let t = Arc::clone(&table);
+        let pusher = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            t.update(route(1)).unwrap();
+        });
+        wait(table.subscribe(), None, None, deadline).await.unwrap();
+        assert!(table.current().is_some());
+        assert!(Instant::now() < deadline);
+        pusher.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_with_nothing_coming_is_turned_away_at_its_deadline() {
+        let table = RouteTable::new(None).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        assert_eq!(
+            wait(table.subscribe(), None, None, deadline).await,
+            Err(Turnaway::Deadline)
+        );
+        assert_eq!(Instant::now(), deadline);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_room_refuses_past_its_bound_and_frees_seats_on_leave() {
+        let room = Arc::new(WaitingRoom::new(WaitingRoomConfig {
+            bound: 2,
+            deadline: Duration::from_secs(1),
+        }));
+        let m = Arc::new(Metrics::default());
+        let a = room.enter(&m).unwrap();
+        let _b = room.enter(&m).unwrap();
+        assert_eq!(room.enter(&m).unwrap_err(), Turnaway::Full);
+        drop(a);
+        assert_eq!(room.waiting(), 1);
+        assert!(room.enter(&m).is_ok());
+    }
+}
