@@ -16,12 +16,19 @@ use understudy_prober::parity::model::full_digests;
 
 fn sha256sum(files: &[PathBuf], processes: usize) -> f64 {
     let started = Instant::now();
-    let slices: Vec<Vec<PathBuf>> =
-        (0..processes).map(|p| files.iter().skip(p).step_by(processes).cloned().collect()).collect();
+    let slices: Vec<Vec<PathBuf>> = (0..processes)
+        .map(|p| files.iter().skip(p).step_by(processes).cloned().collect())
+        .collect();
     let children: Vec<_> = slices
         .iter()
         .filter(|s| !s.is_empty())
-        .map(|s| Command::new("sha256sum").args(s).stdout(std::process::Stdio::null()).spawn().expect("sha256sum"))
+        .map(|s| {
+            Command::new("sha256sum")
+                .args(s)
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .expect("sha256sum")
+        })
         .collect();
     for mut child in children {
         assert!(child.wait().unwrap().success());
@@ -64,7 +71,10 @@ fn main() {
     let total_mib = (count * mib) as f64;
     ours(&files, cores); // warm the page cache
     println!("{count} files × {mib} MiB = {total_mib} MiB, page cache warm, {cores} cores, best of 3");
-    println!("{:<12} {:>14} {:>14} {:>8}", "", "ours MiB/s", "sha256sum MiB/s", "ratio");
+    println!(
+        "{:<12} {:>14} {:>14} {:>8}",
+        "", "ours MiB/s", "sha256sum MiB/s", "ratio"
+    );
     for (label, n) in [("per core", 1), ("all cores", cores)] {
         let ours = total_mib / best_of(3, || ours(&files, n));
         let theirs = total_mib / best_of(3, || sha256sum(&paths, n));

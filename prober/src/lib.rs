@@ -8,6 +8,7 @@
 //! The library does the work; the `understudy-prober` binary only parses arguments and prints.
 
 pub mod coldstart;
+pub mod gpu;
 pub mod outcome;
 pub mod parity;
 pub mod probe;
