@@ -1,7 +1,7 @@
 //! GPU health: what NVML says about each GPU on a node, the node's verdict, and which GPUs are
 //! free for pilot-light capacity.
 //!
-//! [`GpuInventory`] is the seam: the real implementation reads NVML (`nvml-wrapper`, behind the
+//! [`GpuInventory`] is the seam: the real implementation reads NVML (`nvml-wrapper`, the default
 //! `nvml` cargo feature, loading `libnvidia-ml` at run time), [`FakeGpus`] stands in for tests,
 //! and [`NoGpus`] is what a node without the NVML library gets: it reports no GPUs, and the
 //! reason is said once by whoever opened it. The verdict logic is pure. This module must never

@@ -1,9 +1,15 @@
 //! The prober: how understudy knows whether a pool can do its job.
 //!
-//! - [`coldstart`]: where a replica's cold start went, stage by stage, from pod events, vLLM's
-//!   log lines and the first token.
+//! - [`probe`]: a real, deterministic, streamed completion per replica, classified into one
+//!   [`outcome::ProbeOutcome`]; sleeping replicas are read, never sent generation.
 //! - [`outcome`]: what one probe ended in, and how a round over a pool becomes the one check
 //!   result the failover state machine consumes.
+//! - [`parity`]: fingerprints of model files, tokenizer, runtime and serving flags, and the
+//!   drift report that names each differing key.
+//! - [`coldstart`]: where a replica's cold start went, stage by stage, from pod events, vLLM's
+//!   log lines and the first token.
+//! - [`gpu`]: GPU health through NVML, a node's verdict and its free GPUs.
+//! - [`report`]: observations for the state machine, the JSON document, Prometheus metrics.
 //!
 //! The library does the work; the `understudy-prober` binary only parses arguments and prints.
 
@@ -12,3 +18,4 @@ pub mod gpu;
 pub mod outcome;
 pub mod parity;
 pub mod probe;
+pub mod report;
