@@ -1,0 +1,124 @@
+//! The fence sidecar end to end: in front of an emulated replica, watching an in-memory epoch
+//! Lease, it refuses generation once its pool loses the Lease (also when the Lease moved while
+//! the sidecar could not read it), and keeps answering probes and control calls.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod router_support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use router_support::{Emulator, FenceSidecar, completion, request};
+use understudy_core::Epoch;
+use understudy_operator::lease::{EpochLease, LeaseError, LeaseRecord, MemoryLease, Unreachable};
+use understudy_router::fence::LeaseSource;
+
+const POLL: Duration = Duration::from_millis(20);
+
+/// A view of the Lease that a network partition can cut off from this sidecar alone.
+#[derive(Clone)]
+struct Partitioned {
+    lease: MemoryLease,
+    cut: Arc<AtomicBool>,
+}
+
+impl LeaseSource for Partitioned {
+    async fn read_lease(&self) -> Result<Option<LeaseRecord>, LeaseError> {
+        if self.cut.load(Ordering::Relaxed) {
+            return Err(LeaseError::Unreachable(Unreachable::MemoryStoreDown));
+        }
+        self.lease.read().await
+    }
+}
+
+fn generate(port: u16) -> router_support::Reply {
+    request(port, "POST", "/v1/completions", &[], &completion(4, false))
+}
+
+/// Polls until a completion through the sidecar answers `status` (20 s at most).
+fn wait_for_status(port: u16, status: u16) -> router_support::Reply {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let reply = generate(port);
+        if reply.status == status {
+            return reply;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never {status}; last: {} {}",
+            reply.status,
+            reply.text()
+        );
+        std::thread::sleep(POLL);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_that_loses_the_lease_refuses_generation_but_answers_probes_and_control_calls() {
+    let e = Emulator::start(
+        &["--emu-zero-cost", "--enable-sleep-mode"],
+        &[("VLLM_SERVER_DEV_MODE", "1")],
+    );
+    let lease = MemoryLease::new();
+    let first = lease.create("pool-a", Epoch(1)).await.unwrap();
+    let fence = FenceSidecar::start(lease.clone(), "pool-a", e.addr(), POLL);
+    let port = fence.port;
+    tokio::task::spawn_blocking(move || wait_for_status(port, 200))
+        .await
+        .unwrap();
+    lease.compare_and_set(&first, "pool-b", Epoch(2)).await.unwrap();
+    let refused = tokio::task::spawn_blocking(move || wait_for_status(port, 503))
+        .await
+        .unwrap();
+    assert_eq!(refused.header("x-understudy-fenced").as_deref(), Some("2"));
+    assert_eq!(refused.json()["error"]["type"], "fenced");
+    let (health, sleeping, metrics) = tokio::task::spawn_blocking(move || {
+        (
+            request(port, "GET", "/health", &[], "").status,
+            request(port, "GET", "/is_sleeping", &[], "").status,
+            request(port, "GET", "/metrics", &[], "").status,
+        )
+    })
+    .await
+    .unwrap();
+    assert_eq!((health, sleeping, metrics), (200, 200, 200));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_old_primary_that_comes_back_fences_itself() {
+    let e = Emulator::start(&["--emu-zero-cost"], &[]);
+    let lease = MemoryLease::new();
+    let first = lease.create("pool-a", Epoch(4)).await.unwrap();
+    let cut = Arc::new(AtomicBool::new(false));
+    let view = Partitioned {
+        lease: lease.clone(),
+        cut: Arc::clone(&cut),
+    };
+    let fence = FenceSidecar::start(view, "pool-a", e.addr(), POLL);
+    let port = fence.port;
+    tokio::task::spawn_blocking(move || wait_for_status(port, 200))
+        .await
+        .unwrap();
+    // Away: the sidecar cannot read the Lease, and the operator promotes pool-b meanwhile.
+    cut.store(true, Ordering::Relaxed);
+    tokio::time::sleep(POLL * 5).await;
+    lease.compare_and_set(&first, "pool-b", Epoch(5)).await.unwrap();
+    // Back: the first read after the partition fences it.
+    cut.store(false, Ordering::Relaxed);
+    let refused = tokio::task::spawn_blocking(move || wait_for_status(port, 503))
+        .await
+        .unwrap();
+    assert_eq!(refused.header("x-understudy-fenced").as_deref(), Some("5"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_lease_the_sidecar_fails_closed() {
+    let e = Emulator::start(&["--emu-zero-cost"], &[]);
+    let fence = FenceSidecar::start(MemoryLease::new(), "pool-a", e.addr(), POLL);
+    let port = fence.port;
+    let reply = tokio::task::spawn_blocking(move || generate(port)).await.unwrap();
+    assert_eq!(reply.status, 503);
+    assert_eq!(reply.header("x-understudy-fenced").as_deref(), Some("0"));
+}

@@ -1,0 +1,351 @@
+//! The gateway end to end over real sockets with the vLLM emulator behind it: streams pass
+//! through intact, refused endpoints are retried elsewhere, a mid-stream death follows the
+//! stream contract, stale epochs change nothing, control endpoints are unreachable, the waiting
+//! room releases requests to a new route, and admission sheds batch first and then opens up.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod router_support;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use router_support::{
+    Emulator, Router, completion, free_port, read_until, request, route, send, streamed_text,
+};
+use understudy_router::gateway::GatewayConfig;
+use understudy_router::waiting_room::WaitingRoomConfig;
+
+fn dead_endpoint() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], free_port()))
+}
+
+#[test]
+fn a_stream_passes_through_intact_and_ends_with_done() {
+    let e = Emulator::fast();
+    let r = Router::start(GatewayConfig::default(), None);
+    assert_eq!(r.put_route(&route("a", 1, &[e.addr()])).status, 200);
+    let direct = request(e.port, "POST", "/v1/completions", &[], &completion(24, true));
+    let routed = r.complete(&completion(24, true), &[]);
+    assert_eq!(routed.status, 200);
+    assert_eq!(
+        routed.header("content-type").as_deref(),
+        Some("text/event-stream; charset=utf-8")
+    );
+    let (d, t) = (direct.text(), routed.text());
+    assert!(!streamed_text(&d).is_empty());
+    assert_eq!(streamed_text(&t), streamed_text(&d));
+    assert_eq!(t.matches("data: ").count(), d.matches("data: ").count());
+    assert!(t.ends_with("data: [DONE]\n\n"), "{t}");
+    let plain = r.complete(&completion(8, false), &[]);
+    assert_eq!(plain.status, 200);
+    assert!(
+        plain.json()["choices"][0]["text"]
+            .as_str()
+            .is_some_and(|s| !s.is_empty())
+    );
+}
+
+#[test]
+fn requests_refused_by_a_killed_endpoint_succeed_on_another() {
+    let alive = Emulator::fast();
+    let killed = Emulator::fast();
+    let killed_addr = killed.addr();
+    let r = Router::start(GatewayConfig::default(), None);
+    assert_eq!(
+        r.put_route(&route("a", 1, &[alive.addr(), killed_addr])).status,
+        200
+    );
+    drop(killed);
+    for _ in 0..20 {
+        let reply = r.complete(&completion(4, false), &[]);
+        assert_eq!(reply.status, 200, "{}", reply.text());
+    }
+    let signals = r.admin_get("/signals").json();
+    let pool = &signals["pools"][0];
+    let killed_stats = pool["endpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["addr"] == killed_addr.to_string());
+    assert!(
+        killed_stats.unwrap()["refused"].as_u64().unwrap() >= 1,
+        "{signals}"
+    );
+    assert!(pool["signal"].is_null(), "one endpoint still answers: {signals}");
+    r.wait_for_metrics("a retry", |m| {
+        m.contains("understudy_router_retries_total") && !m.contains("understudy_router_retries_total 0")
+    });
+}
+
+#[test]
+fn a_pool_whose_every_endpoint_refuses_is_reported_as_all_refused_and_requests_get_503_with_retry_after() {
+    let config = GatewayConfig {
+        waiting_room: WaitingRoomConfig {
+            bound: 16,
+            deadline: Duration::from_millis(300),
+        },
+        ..GatewayConfig::default()
+    };
+    let r = Router::start(config, None);
+    assert_eq!(
+        r.put_route(&route("a", 1, &[dead_endpoint(), dead_endpoint()]))
+            .status,
+        200
+    );
+    let reply = r.complete(&completion(4, false), &[]);
+    assert_eq!(reply.status, 503, "{}", reply.text());
+    assert!(reply.header("retry-after").is_some());
+    let signals = r.admin_get("/signals").json();
+    assert_eq!(signals["pools"][0]["signal"], "AllRefused", "{signals}");
+}
+
+#[test]
+fn a_stream_cut_mid_way_ends_with_a_retryable_error_event_and_never_done() {
+    // Costs on: 60 tokens at 8 ms each keep the stream open long enough to kill the replica.
+    let e = Emulator::start(&[], &[]);
+    let r = Router::start(GatewayConfig::default(), None);
+    assert_eq!(r.put_route(&route("a", 1, &[e.addr()])).status, 200);
+    let mut s = send(r.public, "POST", "/v1/completions", &[], &completion(60, true));
+    let mut raw = read_until(&mut s, "\"text\"");
+    e.inject("crash");
+    let mut rest = Vec::new();
+    std::io::Read::read_to_end(&mut s, &mut rest).unwrap();
+    raw.extend_from_slice(&rest);
+    let reply = router_support::parse(&raw);
+    let body = reply.text();
+    assert_eq!(reply.status, 200);
+    assert!(body.contains("\"retryable\": true"), "{body}");
+    assert!(
+        !body.contains("[DONE]"),
+        "a cut stream must never look finished: {body}"
+    );
+    assert!(
+        body.trim_end().ends_with("}}"),
+        "the error event is the last thing sent: {body}"
+    );
+}
+
+#[test]
+fn a_stale_epoch_gets_409_and_changes_nothing() {
+    let b = Emulator::fast();
+    let a = Emulator::fast();
+    let r = Router::start(GatewayConfig::default(), None);
+    assert_eq!(r.put_route(&route("b", 5, &[b.addr()])).status, 200);
+    let stale = r.put_route(&route("a", 4, &[a.addr()]));
+    assert_eq!(stale.status, 409, "{}", stale.text());
+    assert_eq!(stale.json()["highest_epoch"], 5);
+    assert_eq!(
+        r.put_route(&route("a", 5, &[a.addr()])).status,
+        409,
+        "same epoch, other pool"
+    );
+    assert_eq!(
+        r.put_route(&route("b", 5, &[b.addr()])).status,
+        200,
+        "same epoch and pool: idempotent"
+    );
+    let now = r.admin_get("/route").json();
+    assert_eq!(now["route"]["pool"], "b");
+    assert_eq!(now["route"]["endpoints"][0], b.addr().to_string());
+    assert_eq!(r.complete(&completion(4, false), &[]).status, 200);
+    r.wait_for_metrics("the stale updates", |m| {
+        m.contains("understudy_router_stale_routes_total 2")
+    });
+}
+
+#[test]
+fn the_highest_epoch_survives_a_router_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("fence.json");
+    let e = Emulator::fast();
+    let r = Router::start(GatewayConfig::default(), Some(file.clone()));
+    assert_eq!(r.put_route(&route("b", 9, &[e.addr()])).status, 200);
+    drop(r);
+    let restarted = Router::start(GatewayConfig::default(), Some(file));
+    assert_eq!(restarted.put_route(&route("a", 8, &[e.addr()])).status, 409);
+    assert_eq!(restarted.put_route(&route("b", 9, &[e.addr()])).status, 200);
+}
+
+#[test]
+fn the_admin_api_rejects_a_missing_or_wrong_token() {
+    let r = Router::start(GatewayConfig::default(), None);
+    let body = route("a", 1, &[dead_endpoint()]).to_string();
+    assert_eq!(request(r.admin, "PUT", "/route", &[], &body).status, 401);
+    assert_eq!(
+        request(
+            r.admin,
+            "PUT",
+            "/route",
+            &[("authorization", "Bearer nope")],
+            &body
+        )
+        .status,
+        401
+    );
+    assert_eq!(request(r.admin, "GET", "/signals", &[], "").status, 401);
+    assert!(r.routes.current().is_none());
+}
+
+#[test]
+fn control_endpoints_are_not_reachable_through_the_public_port() {
+    let e = Emulator::start(
+        &["--emu-zero-cost", "--enable-sleep-mode"],
+        &[("VLLM_SERVER_DEV_MODE", "1")],
+    );
+    let r = Router::start(GatewayConfig::default(), None);
+    assert_eq!(r.put_route(&route("a", 1, &[e.addr()])).status, 200);
+    for (method, path) in [
+        ("POST", "/sleep?level=1"),
+        ("POST", "/wake_up"),
+        ("GET", "/is_sleeping"),
+        ("POST", "/collective_rpc"),
+        ("GET", "/server_info"),
+        ("POST", "/reset_prefix_cache"),
+        ("POST", "/v1/load_lora_adapter"),
+        ("GET", "/metrics"),
+    ] {
+        let reply = request(r.public, method, path, &[], "{}");
+        assert!(
+            matches!(reply.status, 403 | 404),
+            "{method} {path}: {}",
+            reply.status
+        );
+    }
+    let direct = request(e.port, "GET", "/is_sleeping", &[], "");
+    assert_eq!(
+        direct.json()["is_sleeping"],
+        false,
+        "the sleep call never reached the replica"
+    );
+}
+
+#[test]
+fn oversized_and_malformed_requests_get_a_clear_4xx() {
+    let e = Emulator::fast();
+    let config = GatewayConfig {
+        max_body_bytes: 1024,
+        ..GatewayConfig::default()
+    };
+    let r = Router::start(config, None);
+    assert_eq!(r.put_route(&route("a", 1, &[e.addr()])).status, 200);
+    let big = format!("{{\"prompt\": \"{}\"}}", "x".repeat(4096));
+    assert_eq!(r.complete(&big, &[]).status, 413);
+    let bad = r.complete("{\"prompt\": ", &[]);
+    assert_eq!(bad.status, 400);
+    assert_eq!(bad.json()["error"]["type"], "invalid_request");
+    assert_eq!(
+        request(r.public, "DELETE", "/v1/completions", &[], "").status,
+        405
+    );
+    assert_eq!(
+        r.complete(&completion(4, false), &[("x-understudy-deadline-ms", "soon")])
+            .status,
+        400
+    );
+}
+
+#[test]
+fn the_waiting_room_releases_queued_requests_to_a_newly_pushed_route() {
+    let e = Emulator::fast();
+    let r = Router::start(GatewayConfig::default(), None);
+    let public = r.public;
+    let waiting: Vec<_> = (0..5)
+        .map(|_| {
+            std::thread::spawn(move || {
+                router_support::request(public, "POST", "/v1/completions", &[], &completion(4, false))
+            })
+        })
+        .collect();
+    r.wait_for_metrics("five waiting", |m| {
+        m.contains("understudy_router_queue_depth 5\n")
+    });
+    assert_eq!(r.put_route(&route("b", 2, &[e.addr()])).status, 200);
+    for w in waiting {
+        let reply = w.join().unwrap();
+        assert_eq!(reply.status, 200, "{}", reply.text());
+    }
+    r.wait_for_metrics("an empty room", |m| {
+        m.contains("understudy_router_queue_depth 0\n")
+    });
+}
+
+#[test]
+fn admission_sheds_batch_first_and_returns_to_full_admission_after_the_window() {
+    // Costs on, long streams: the held requests stay in flight while the others are judged.
+    let e = Emulator::start(&[], &[]);
+    let r = Router::start(GatewayConfig::default(), None);
+    let mut with_admission = route("b", 3, &[e.addr()]);
+    with_admission["admission"] = serde_json::json!({
+        "window_s": 3.0, "initial_concurrency": 4, "max_concurrency": 4,
+        "initial_prefill_tokens": 100000, "max_prefill_tokens": 100000
+    });
+    assert_eq!(r.put_route(&with_admission).status, 200);
+    // Budget 4: batch may fill 1.6 (one request), default 3, interactive 4.
+    let interactive = [("x-understudy-priority", "interactive")];
+    let batch = [("x-understudy-priority", "batch")];
+    let mut held: Vec<_> = (0..2)
+        .map(|_| {
+            let mut s = send(
+                r.public,
+                "POST",
+                "/v1/completions",
+                &interactive,
+                &completion(2000, true),
+            );
+            read_until(&mut s, "\"text\"");
+            s
+        })
+        .collect();
+    let shed = r.complete(&completion(4, false), &batch);
+    assert_eq!(shed.status, 429, "{}", shed.text());
+    assert!(shed.header("retry-after").is_some());
+    let mut third = send(
+        r.public,
+        "POST",
+        "/v1/completions",
+        &interactive,
+        &completion(2000, true),
+    );
+    read_until(&mut third, "\"text\"");
+    held.push(third);
+    // 3 in flight: default (share 3) is shed now too, interactive still has room.
+    assert_eq!(r.complete(&completion(4, false), &[]).status, 429);
+    assert_eq!(r.complete(&completion(4, false), &interactive).status, 200);
+    r.wait_for_metrics("batch shed", |m| {
+        m.contains("understudy_router_shed_total{reason=\"concurrency\",priority=\"batch\"} 1")
+    });
+    // After the window, batch goes through even with the same load still in flight.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let reply = r.complete(&completion(4, false), &batch);
+        if reply.status == 200 {
+            break;
+        }
+        assert_eq!(reply.status, 429);
+        assert!(std::time::Instant::now() < deadline, "admission never opened up");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let burst: Vec<_> = (0..8)
+        .map(|_| {
+            let p = r.public;
+            std::thread::spawn(move || {
+                request(
+                    p,
+                    "POST",
+                    "/v1/completions",
+                    &[("x-understudy-priority", "batch")],
+                    &completion(4, false),
+                )
+            })
+        })
+        .collect();
+    for b in burst {
+        let reply = b.join().unwrap();
+        assert_eq!(reply.status, 200, "{}", reply.text());
+    }
+    for mut s in held {
+        // Still streaming: the load was in flight the whole time.
+        read_until(&mut s, "\"text\"");
+    }
+}

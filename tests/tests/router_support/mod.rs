@@ -1,0 +1,385 @@
+//! The router end to end on loopback: in-process vLLM emulators, the gateway or the fence on its
+//! own runtime and thread, and a tiny blocking HTTP/1.1 client that can read a stream bit by bit.
+//! Everything stops when its handle drops.
+
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use understudy_gameday::emulator::log::Log;
+use understudy_gameday::emulator::{self, EmulatorConfig};
+use understudy_router::admin::{Admin, AdminToken};
+use understudy_router::fence::{Fence, FenceState, LeaseSource, watch_lease};
+use understudy_router::fencing::StateFile;
+use understudy_router::gateway::{Gateway, GatewayConfig};
+use understudy_router::metrics::Metrics;
+use understudy_router::serve::serve;
+use understudy_router::table::RouteTable;
+
+pub const MODEL: &str = "Qwen/Qwen3-0.6B";
+pub const TOKEN: &str = "test-admin-token";
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[derive(Clone, Default)]
+struct Lines(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Lines {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Something running on its own thread and runtime until dropped.
+struct Background {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Background {
+    fn run<F>(workers: usize, make: impl FnOnce() -> F + Send + 'static) -> Background
+    where
+        F: std::future::Future<Output = ()> + 'static,
+    {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(workers)
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let local = tokio::task::LocalSet::new();
+                local
+                    .run_until(async move {
+                        tokio::select! {
+                            () = make() => {}
+                            _ = stopped => {}
+                        }
+                    })
+                    .await;
+            });
+            rt.shutdown_background();
+        });
+        Background {
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// An in-process emulator with a control port.
+pub struct Emulator {
+    pub port: u16,
+    pub control_port: u16,
+    lines: Lines,
+    _bg: Background,
+}
+
+impl Emulator {
+    pub fn start(args: &[&str], env: &[(&str, &str)]) -> Emulator {
+        let port = free_port();
+        let control_port = free_port();
+        let mut argv: Vec<String> = ["serve", MODEL, "--host", "127.0.0.1", "--port", &port.to_string()]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        argv.push(format!("--emu-control-port={control_port}"));
+        argv.push("--emu-instant".into());
+        argv.extend(args.iter().map(|s| s.to_string()));
+        let env: Vec<(String, String)> = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let config = EmulatorConfig::from_args(&argv, env).expect("emulator arguments");
+        let lines = Lines::default();
+        let log = Arc::new(Log::new(std::process::id(), Box::new(lines.clone())));
+        let bg = Background::run(1, move || async move {
+            let _ = emulator::run(config, log).await;
+        });
+        let e = Emulator {
+            port,
+            control_port,
+            lines,
+            _bg: bg,
+        };
+        e.wait_for_line("Application startup complete.");
+        e
+    }
+
+    /// Instant startup and no generation cost.
+    pub fn fast() -> Emulator {
+        Emulator::start(&["--emu-zero-cost"], &[])
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
+    pub fn log(&self) -> String {
+        String::from_utf8_lossy(&self.lines.0.lock().unwrap()).into_owned()
+    }
+
+    pub fn wait_for_line(&self, needle: &str) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !self.log().contains(needle) {
+            assert!(
+                Instant::now() < deadline,
+                "no `{needle}` in 20 s; log:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Injects a fault through the control port.
+    pub fn inject(&self, spec: &str) {
+        assert_eq!(
+            request(self.control_port, "POST", "/faults", &[], spec).status,
+            200,
+            "fault {spec}"
+        );
+    }
+}
+
+/// A gateway with its public and admin ports.
+pub struct Router {
+    pub public: u16,
+    pub admin: u16,
+    pub routes: Arc<RouteTable>,
+    _bg: Background,
+}
+
+impl Router {
+    pub fn start(config: GatewayConfig, state_file: Option<std::path::PathBuf>) -> Router {
+        let routes = Arc::new(RouteTable::new(state_file.map(StateFile::new)).unwrap());
+        let metrics = Arc::new(Metrics::default());
+        let public = TcpListener::bind("127.0.0.1:0").unwrap();
+        let admin = TcpListener::bind("127.0.0.1:0").unwrap();
+        let (pp, ap) = (
+            public.local_addr().unwrap().port(),
+            admin.local_addr().unwrap().port(),
+        );
+        public.set_nonblocking(true).unwrap();
+        admin.set_nonblocking(true).unwrap();
+        let gw = Gateway::new(config, Arc::clone(&routes), Arc::clone(&metrics));
+        let admin_api = Admin {
+            routes: Arc::clone(&routes),
+            metrics,
+            token: AdminToken::new(TOKEN).unwrap(),
+        };
+        let bg = Background::run(2, move || async move {
+            let public = tokio::net::TcpListener::from_std(public).unwrap();
+            let admin = tokio::net::TcpListener::from_std(admin).unwrap();
+            tokio::join!(
+                serve(admin, move |req| admin_api.clone().handle(req)),
+                serve(public, move |req| Arc::clone(&gw).handle(req)),
+            );
+        });
+        Router {
+            public: pp,
+            admin: ap,
+            routes,
+            _bg: bg,
+        }
+    }
+
+    /// PUTs a route on the admin port with the right token.
+    pub fn put_route(&self, route: &serde_json::Value) -> Reply {
+        request(
+            self.admin,
+            "PUT",
+            "/route",
+            &[("authorization", &format!("Bearer {TOKEN}"))],
+            &route.to_string(),
+        )
+    }
+
+    /// GETs an admin path with the right token.
+    pub fn admin_get(&self, path: &str) -> Reply {
+        request(
+            self.admin,
+            "GET",
+            path,
+            &[("authorization", &format!("Bearer {TOKEN}"))],
+            "",
+        )
+    }
+
+    /// A completion through the public port.
+    pub fn complete(&self, body: &str, headers: &[(&str, &str)]) -> Reply {
+        request(self.public, "POST", "/v1/completions", headers, body)
+    }
+
+    /// Polls `/metrics` until `pred` holds (20 s at most).
+    pub fn wait_for_metrics(&self, what: &str, pred: impl Fn(&str) -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let m = request(self.admin, "GET", "/metrics", &[], "").text();
+            if pred(&m) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "metrics never showed {what}:\n{m}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+/// A fence sidecar in front of one replica.
+pub struct FenceSidecar {
+    pub port: u16,
+    _bg: Background,
+}
+
+impl FenceSidecar {
+    pub fn start<L: LeaseSource>(lease: L, pool: &str, upstream: SocketAddr, poll: Duration) -> FenceSidecar {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        listener.set_nonblocking(true).unwrap();
+        let state = Arc::new(FenceState::new(pool));
+        let bg = Background::run(1, move || async move {
+            tokio::spawn(watch_lease(lease, Arc::clone(&state), poll));
+            let fence = Fence::new(state, upstream);
+            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+            serve(listener, move |req| fence.clone().handle(req)).await;
+        });
+        FenceSidecar { port, _bg: bg }
+    }
+}
+
+/// A response as read off the wire.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: u16,
+    pub head: String,
+    pub body: Vec<u8>,
+}
+
+impl Reply {
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+    pub fn header(&self, name: &str) -> Option<String> {
+        self.head.lines().find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case(name).then(|| v.trim().to_string())
+        })
+    }
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text()))
+    }
+}
+
+/// Sends a request on a fresh connection (no keep-alive) and starts reading the answer.
+pub fn send(port: u16, method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> TcpStream {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    req.push_str(body);
+    s.write_all(req.as_bytes()).unwrap();
+    s
+}
+
+/// Reads from `s` until `needle` has been seen in what was read; returns what was read.
+pub fn read_until(s: &mut TcpStream, needle: &str) -> Vec<u8> {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&got).contains(needle) {
+        let n = s.read(&mut buf).unwrap();
+        assert!(
+            n > 0,
+            "closed before `{needle}`: {}",
+            String::from_utf8_lossy(&got)
+        );
+        got.extend_from_slice(&buf[..n]);
+    }
+    got
+}
+
+/// Parses a whole HTTP/1.1 response (chunked or not) from raw bytes.
+pub fn parse(raw: &[u8]) -> Reply {
+    let text = raw;
+    let split = text
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("a response head");
+    let head = String::from_utf8_lossy(&text[..split]).into_owned();
+    let status = head.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let rest = &text[split + 4..];
+    let chunked = head.to_ascii_lowercase().contains("transfer-encoding: chunked");
+    let body = if chunked { dechunk(rest) } else { rest.to_vec() };
+    Reply { status, head, body }
+}
+
+fn dechunk(mut rest: &[u8]) -> Vec<u8> {
+    let mut body = Vec::new();
+    while let Some(eol) = rest.windows(2).position(|w| w == b"\r\n") {
+        let size = usize::from_str_radix(String::from_utf8_lossy(&rest[..eol]).trim(), 16).unwrap_or(0);
+        rest = &rest[eol + 2..];
+        if size == 0 || rest.len() < size {
+            body.extend_from_slice(&rest[..size.min(rest.len())]);
+            break;
+        }
+        body.extend_from_slice(&rest[..size]);
+        rest = &rest[(size + 2).min(rest.len())..];
+    }
+    body
+}
+
+/// One whole request and response.
+pub fn request(port: u16, method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> Reply {
+    let mut s = send(port, method, path, headers, body);
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    parse(&raw)
+}
+
+/// The text of every SSE `data:` chunk's first choice, concatenated.
+pub fn streamed_text(body: &str) -> String {
+    body.lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| d.starts_with('{'))
+        .filter_map(|d| serde_json::from_str::<serde_json::Value>(d).ok())
+        .filter_map(|v| v["choices"][0]["text"].as_str().map(str::to_owned))
+        .collect()
+}
+
+pub fn route(pool: &str, epoch: u64, endpoints: &[SocketAddr]) -> serde_json::Value {
+    serde_json::json!({ "pool": pool, "epoch": epoch, "endpoints": endpoints })
+}
+
+pub fn completion(max_tokens: u32, stream: bool) -> String {
+    serde_json::json!({
+        "model": MODEL, "prompt": "The capital of France is", "max_tokens": max_tokens,
+        "temperature": 0, "stream": stream, "ignore_eos": true
+    })
+    .to_string()
+}
