@@ -57,14 +57,25 @@ impl From<Observation> for Input {
 
 /// Where probe results and data-path signals come from. Observations only: commands and the
 /// Lease reach the state machine through the reconciler, never through here.
+///
+/// The reconciler calls [`track`](Self::track) with every valid policy it runs and
+/// [`forget`](Self::forget) when one is deleted, so that a source that probes knows what to probe;
+/// neither may block, as both run inside a reconcile.
 pub trait ObservationSource: Send + Sync + fmt::Debug {
     /// Everything observed about `policy` since the last call, oldest first.
     fn drain(&self, policy: &ObjectRef<FailoverPolicy>) -> Vec<Observation>;
+
+    /// `policy`, as just read, is being run: observe it from now on, by its latest spec.
+    fn track(&self, _policy: &FailoverPolicy) {}
+
+    /// `policy` is deleted: stop observing it and drop what was kept for it.
+    fn forget(&self, _policy: &ObjectRef<FailoverPolicy>) {}
 }
 
-/// Observes nothing. The prober that sends generating probes lands in a later issue; until then
-/// the state machine sees no check results, so it never promotes on its own, and with no standby
-/// ever seen to pass, failover happens only on a `force-failover` command.
+/// Observes nothing, for tests that script their observations otherwise. The operator itself
+/// runs [`crate::observe::ProbingObservations`]; under this source the state machine sees no
+/// check results, so it never promotes on its own, and with no standby ever seen to pass,
+/// failover happens only on a `force-failover` command.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct NoObservations;
 

@@ -498,6 +498,7 @@ async fn apply(policy: &FailoverPolicy, ctx: &Context, namespace: &str) -> Resul
             .await;
         }
     };
+    ctx.observations.track(policy);
     let spec = &policy.spec;
     let stored = load_record(policy.status.as_ref());
     let stored_machine = stored.machine.unwrap_or_else(|error| {
@@ -816,6 +817,7 @@ async fn report_lease_regressed(
 /// because a policy was removed, and a policy created again under the same name must carry on
 /// from the Lease's epoch rather than start again at 0.
 fn cleanup(policy: &FailoverPolicy, ctx: &Context, namespace: &str) -> Result<Action, Error> {
+    ctx.observations.forget(&ObjectRef::from_obj(policy));
     ctx.metrics.forget_policy(namespace, &policy.name_any());
     Ok(Action::await_change())
 }
