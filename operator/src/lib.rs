@@ -5,4 +5,5 @@ pub mod crd;
 pub mod leader;
 pub mod lease;
 pub mod metrics;
+pub mod observe;
 pub mod policy;

@@ -1,0 +1,766 @@
+//! Generating probes of both pools of every FailoverPolicy the controller runs, turned into the
+//! check observations its failover state machine consumes.
+//!
+//! The reconciler [`track`](ObservationSource::track)s each policy it runs;
+//! [`ProbingObservations::run`], spawned beside the controller, probes both pools of every
+//! tracked policy once per `spec.probe.interval` with the prober library, and keeps one
+//! [`Observation::Check`] per pool and round until the next reconcile drains them. A pool's
+//! replicas come from a [`ReplicaEndpoints`]: the pods of its workload ([`KubeReplicas`]), or a
+//! fixed list ([`FixedReplicas`]) where there is no cluster.
+//!
+//! This module must never block the reconciler (tracking and draining take a short lock on a
+//! map; probes run on their own tasks), never decide failover (the state machine does), and
+//! never turn "the API server could not be asked" into a failed check: a pool whose pods cannot
+//! be listed gets no check that round, while a pool with no running replica fails hard.
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use futures::future::{BoxFuture, join};
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::api::{Api, ListParams};
+use kube::core::{Expression, Selector};
+use kube::runtime::reflector::ObjectRef;
+use kube::{Client, ResourceExt};
+use tokio::sync::Notify;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use understudy_core::Pool;
+use understudy_prober::probe::{self, Budget, Endpoint, Expectation, ProbeReport, ProbeSpec};
+use understudy_prober::report::PoolRound;
+
+use crate::controller::{Observation, ObservationSource, serving_quorum};
+use crate::crd::{ExpectMode, FailoverPolicy, PoolSpec, ProbeExpect, Tier, WorkloadKind, WorkloadRef};
+use crate::policy::{self, ProbeTiming, pool_by_name};
+
+/// How many characters of the primary's first passing answer become the golden prefix: enough to
+/// tell one model's answer from another's, short enough that a late tie broken differently on
+/// other hardware does not fail a healthy replica.
+pub const GOLDEN_PREFIX_CHARS: usize = 24;
+
+/// The most observations kept for one policy between two reconciles; the oldest go first. A
+/// reconciler that stopped draining must not grow the operator's memory without bound.
+const MAX_PENDING: usize = 64;
+
+/// The most a round is spread over by default, whatever the interval.
+const DEFAULT_MAX_JITTER: Duration = Duration::from_secs(5);
+
+/// The label a LeaderWorkerSet puts on every pod of its groups, with the set's name.
+const LWS_NAME_LABEL: &str = "leaderworkerset.sigs.k8s.io/name";
+/// The worker index label; the leader, which serves the API, is worker 0.
+const LWS_WORKER_INDEX_LABEL: &str = "leaderworkerset.sigs.k8s.io/worker-index";
+
+/// Why a pool's replicas could not be found this round.
+#[derive(Debug, thiserror::Error)]
+pub enum ResolveError {
+    /// The workload could not be read.
+    #[error("reading {kind:?} {name:?}: {source}")]
+    Workload {
+        kind: WorkloadKind,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// The workload's selector selects nothing usable: no labels, or an operator kube cannot
+    /// write. Listing with it could select every pod of the namespace.
+    #[error("{kind:?} {name:?} has no usable pod selector: {reason}")]
+    Selector {
+        kind: WorkloadKind,
+        name: String,
+        reason: String,
+    },
+    /// The workload's pods could not be listed.
+    #[error("listing the pods of {kind:?} {name:?}: {source}")]
+    Pods {
+        kind: WorkloadKind,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+}
+
+/// Where a pool's replicas can be reached.
+pub trait ReplicaEndpoints: Send + Sync + fmt::Debug {
+    /// The endpoints of `pool`'s replicas in `namespace` that can be probed now; empty when the
+    /// pool has none. An error means the answer is unknown, not that the pool is empty.
+    fn resolve<'a>(
+        &'a self,
+        namespace: &'a str,
+        pool: &'a PoolSpec,
+    ) -> BoxFuture<'a, Result<Vec<Endpoint>, ResolveError>>;
+}
+
+/// A pool's replicas are the Running pods its workload selects, at `http://<podIP>:<port>`.
+#[derive(Clone)]
+pub struct KubeReplicas {
+    client: Client,
+}
+
+impl fmt::Debug for KubeReplicas {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KubeReplicas").finish_non_exhaustive()
+    }
+}
+
+impl KubeReplicas {
+    #[must_use]
+    pub fn new(client: Client) -> Self {
+        KubeReplicas { client }
+    }
+
+    /// The selector of the workload's serving pods; `None` when the workload does not exist,
+    /// which leaves the pool without replicas.
+    ///
+    /// A Deployment or StatefulSet selects with `spec.selector`. A LeaderWorkerSet labels its
+    /// pods with its name, and only each group's leader (worker 0) serves the API.
+    pub async fn selector(
+        &self,
+        namespace: &str,
+        workload: &WorkloadRef,
+    ) -> Result<Option<Selector>, ResolveError> {
+        let read_error = |source| ResolveError::Workload {
+            kind: workload.kind,
+            name: workload.name.clone(),
+            source,
+        };
+        let label_selector: Option<LabelSelector> = match workload.kind {
+            WorkloadKind::Deployment => {
+                let api: Api<Deployment> = Api::namespaced(self.client.clone(), namespace);
+                match api.get_opt(&workload.name).await.map_err(read_error)? {
+                    Some(deployment) => deployment.spec.map(|s| s.selector),
+                    None => return Ok(None),
+                }
+            }
+            WorkloadKind::StatefulSet => {
+                let api: Api<StatefulSet> = Api::namespaced(self.client.clone(), namespace);
+                match api.get_opt(&workload.name).await.map_err(read_error)? {
+                    Some(set) => set.spec.map(|s| s.selector),
+                    None => return Ok(None),
+                }
+            }
+            WorkloadKind::LeaderWorkerSet => {
+                let selector: Selector = [
+                    Expression::Equal(LWS_NAME_LABEL.to_owned(), workload.name.clone()),
+                    Expression::Equal(LWS_WORKER_INDEX_LABEL.to_owned(), "0".to_owned()),
+                ]
+                .into_iter()
+                .collect();
+                return Ok(Some(selector));
+            }
+        };
+        let unusable = |reason: String| ResolveError::Selector {
+            kind: workload.kind,
+            name: workload.name.clone(),
+            reason,
+        };
+        let selector = Selector::try_from(label_selector.unwrap_or_default()).map_err(|e| unusable(e.0))?;
+        if selector.selects_all() {
+            return Err(unusable("it selects every pod".to_owned()));
+        }
+        Ok(Some(selector))
+    }
+
+    /// The probe endpoints of `pool`'s replicas.
+    pub async fn endpoints(&self, namespace: &str, pool: &PoolSpec) -> Result<Vec<Endpoint>, ResolveError> {
+        let Some(selector) = self.selector(namespace, &pool.workload).await? else {
+            return Ok(Vec::new());
+        };
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        let listed = pods
+            .list(&ListParams::default().labels_from(&selector))
+            .await
+            .map_err(|source| ResolveError::Pods {
+                kind: pool.workload.kind,
+                name: pool.workload.name.clone(),
+                source,
+            })?;
+        Ok(listed
+            .items
+            .iter()
+            .filter_map(|pod| replica_endpoint(pod, pool.port))
+            .collect())
+    }
+}
+
+impl ReplicaEndpoints for KubeReplicas {
+    fn resolve<'a>(
+        &'a self,
+        namespace: &'a str,
+        pool: &'a PoolSpec,
+    ) -> BoxFuture<'a, Result<Vec<Endpoint>, ResolveError>> {
+        Box::pin(self.endpoints(namespace, pool))
+    }
+}
+
+/// Where `pod` serves, if it can be probed: Running, not being deleted, with an IP. A pod still
+/// pending has nothing to probe yet, and one that is terminating is leaving the pool.
+#[must_use]
+pub fn replica_endpoint(pod: &Pod, port: u16) -> Option<Endpoint> {
+    if pod.metadata.deletion_timestamp.is_some() {
+        return None;
+    }
+    let status = pod.status.as_ref()?;
+    if status.phase.as_deref() != Some("Running") {
+        return None;
+    }
+    let ip = status.pod_ip.as_deref().filter(|ip| !ip.is_empty())?;
+    Some(Endpoint::new(ip, port))
+}
+
+/// Fixed endpoints per pool name, for tests and for running without a cluster.
+#[derive(Clone, Debug, Default)]
+pub struct FixedReplicas {
+    pools: HashMap<String, Vec<Endpoint>>,
+}
+
+impl FixedReplicas {
+    /// The pool named `pool` is served at `endpoints`; a pool never named has no replicas.
+    #[must_use]
+    pub fn with_pool(mut self, pool: &str, endpoints: Vec<Endpoint>) -> Self {
+        self.pools.insert(pool.to_owned(), endpoints);
+        self
+    }
+}
+
+impl ReplicaEndpoints for FixedReplicas {
+    fn resolve<'a>(
+        &'a self,
+        _namespace: &'a str,
+        pool: &'a PoolSpec,
+    ) -> BoxFuture<'a, Result<Vec<Endpoint>, ResolveError>> {
+        let endpoints = self.pools.get(&pool.name).cloned().unwrap_or_default();
+        Box::pin(async move { Ok(endpoints) })
+    }
+}
+
+/// How many of `pool`'s probed replicas must pass for the pool to pass: a majority
+/// ([`serving_quorum`]) of the replicas that should be up in its role.
+///
+/// As the primary, every one of `spec.replicas` should serve. As the standby, the hot and warm
+/// replicas run and the pilot-light ones do not, so only the former count; a warm replica is
+/// asleep and counts as up for a standby (the round then reports `Asleep`, which the state
+/// machine takes as a pass for a standby and a failure for a primary). A standby that is all
+/// pilot light still needs one replica: a pool with nothing running cannot be vouched for.
+#[must_use]
+pub fn min_serving(pool: &PoolSpec, is_primary: bool) -> usize {
+    let up = if is_primary {
+        pool.replicas
+    } else {
+        pool.standby_groups()
+            .iter()
+            .filter(|group| matches!(group.tier, Tier::Hot | Tier::Warm))
+            .map(|group| group.replicas)
+            .sum()
+    };
+    serving_quorum(up) as usize
+}
+
+/// The pool that holds the primary role as the policy's status last said; the home pool (A) for
+/// a policy that has no status yet.
+#[must_use]
+pub fn primary_pool(policy: &FailoverPolicy) -> Pool {
+    policy
+        .status
+        .as_ref()
+        .and_then(|status| status.primary_pool.as_deref())
+        .and_then(|name| pool_by_name(&policy.spec, name))
+        .unwrap_or(Pool::A)
+}
+
+/// How this round judges an answer.
+#[derive(Debug)]
+enum Judge {
+    /// Against this expectation, both pools alike.
+    Fixed(Expectation),
+    /// No golden answer is known yet: the primary is probed first and its first passing answer
+    /// becomes the golden prefix the standby is judged by.
+    RecordFromPrimary,
+}
+
+/// What the policy's `expect` means with the golden answer recorded so far.
+fn judge(expect: &ProbeExpect, golden: Option<&GoldenAnswer>) -> Result<Judge, regex::Error> {
+    Ok(match (expect.mode, &expect.value) {
+        (ExpectMode::Prefix, Some(prefix)) => Judge::Fixed(Expectation::Prefix(prefix.clone())),
+        (ExpectMode::Prefix, None) => match golden {
+            Some(golden) => Judge::Fixed(Expectation::Prefix(golden.prefix.clone())),
+            None => Judge::RecordFromPrimary,
+        },
+        (ExpectMode::Regex, Some(pattern)) => Judge::Fixed(Expectation::Regex(regex::Regex::new(pattern)?)),
+        // Validation refuses a regex without a pattern; judge it as the weakest rule if one slips by.
+        (ExpectMode::Regex, None) | (ExpectMode::NonEmpty, _) => Judge::Fixed(Expectation::NonEmpty),
+    })
+}
+
+/// The probe a policy's `spec.probe` describes, judged by `expect`. No served model name: vLLM
+/// answers with its only model, and the policy does not name one.
+#[must_use]
+pub fn probe_spec(probe: &crate::crd::ProbeSpec, timing: &ProbeTiming, expect: Expectation) -> ProbeSpec {
+    ProbeSpec {
+        model: None,
+        prompt: probe.prompt.clone(),
+        max_tokens: probe.max_tokens,
+        expect,
+        budget: Budget {
+            first_token: timing.first_token_budget,
+            total: timing.total_budget,
+        },
+        timeout: timing.timeout,
+        // A replica silent mid-stream for as long as it may take to start answering has stalled.
+        stall_after: timing.first_token_budget,
+        // Any replica may sleep (a warm standby, or one left asleep): never send it generation.
+        check_sleep: true,
+        ..ProbeSpec::default()
+    }
+}
+
+/// The primary's answer, recorded as the golden prefix for the prompt it answered.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct GoldenAnswer {
+    prompt: String,
+    max_tokens: u32,
+    prefix: String,
+}
+
+/// One tracked policy.
+#[derive(Debug)]
+struct Tracked {
+    policy: Arc<FailoverPolicy>,
+    timing: ProbeTiming,
+    pending: VecDeque<Observation>,
+    golden: Option<GoldenAnswer>,
+    rounds: u64,
+    next_round: Instant,
+    in_flight: bool,
+}
+
+/// What a round needs, copied out of the map so that no lock is held while probing.
+#[derive(Debug)]
+struct RoundPlan {
+    namespace: String,
+    policy: Arc<FailoverPolicy>,
+    timing: ProbeTiming,
+    golden: Option<GoldenAnswer>,
+    round: u64,
+    seed: u64,
+}
+
+/// The observation source of the running operator: generating probes of both pools of every
+/// tracked policy, once per probe interval.
+///
+/// Golden answer: when `spec.probe.expect` is in prefix mode without a value, the first passing
+/// answer of the pool that is primary then is recorded (its first [`GOLDEN_PREFIX_CHARS`]
+/// characters) and every later answer of either pool must start with it. Until then answers are
+/// judged non-empty. The golden answer lives in this process only: it is not yet persisted in
+/// the policy's status, so a restarted operator records it afresh, and a change of prompt or
+/// `maxTokens` discards it.
+#[derive(Debug)]
+pub struct ProbingObservations {
+    replicas: Arc<dyn ReplicaEndpoints>,
+    policies: Mutex<HashMap<ObjectRef<FailoverPolicy>, Tracked>>,
+    /// Wakes [`Self::run`] when a policy is tracked for the first time or a round finishes.
+    changed: Notify,
+    max_jitter: Duration,
+}
+
+impl ProbingObservations {
+    #[must_use]
+    pub fn new(replicas: Arc<dyn ReplicaEndpoints>) -> Self {
+        ProbingObservations {
+            replicas,
+            policies: Mutex::new(HashMap::new()),
+            changed: Notify::new(),
+            max_jitter: DEFAULT_MAX_JITTER,
+        }
+    }
+
+    /// Spread each round over at most `max` (zero probes every replica at once). The spread is
+    /// also kept under a quarter of the interval and under what the interval leaves after the
+    /// timeout, so that a round ends before the next is due.
+    #[must_use]
+    pub fn with_max_jitter(mut self, max: Duration) -> Self {
+        self.max_jitter = max;
+        self
+    }
+
+    fn policies(&self) -> MutexGuard<'_, HashMap<ObjectRef<FailoverPolicy>, Tracked>> {
+        // A poisoned map holds nothing half-written that matters more than probing on.
+        self.policies.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The policies tracked now.
+    #[must_use]
+    pub fn tracked(&self) -> Vec<ObjectRef<FailoverPolicy>> {
+        self.policies().keys().cloned().collect()
+    }
+
+    /// Probes every tracked policy once per its interval, until dropped. Rounds run on their own
+    /// tasks, one at a time per policy: a round still under way when the next is due is not
+    /// doubled, the next one starts when it is due after that.
+    pub async fn run(self: Arc<Self>) {
+        let mut rounds = JoinSet::new();
+        loop {
+            while rounds.try_join_next().is_some() {}
+            let now = Instant::now();
+            let mut due = Vec::new();
+            let mut wake_at: Option<Instant> = None;
+            for (key, tracked) in self.policies().iter_mut() {
+                if tracked.in_flight {
+                    continue;
+                }
+                if tracked.next_round <= now {
+                    tracked.in_flight = true;
+                    tracked.next_round = now + tracked.timing.interval;
+                    due.push(key.clone());
+                }
+                wake_at = Some(wake_at.map_or(tracked.next_round, |at| at.min(tracked.next_round)));
+            }
+            for key in due {
+                let this = self.clone();
+                rounds.spawn(async move {
+                    this.probe_now(&key).await;
+                });
+            }
+            match wake_at {
+                Some(at) => {
+                    tokio::select! {
+                        () = tokio::time::sleep_until(at) => {}
+                        () = self.changed.notified() => {}
+                    }
+                }
+                None => self.changed.notified().await,
+            }
+        }
+    }
+
+    /// Probes both pools of `policy` once now and keeps the checks for [`ObservationSource::drain`];
+    /// false when the policy is not tracked. [`Self::run`] calls this once per interval.
+    pub async fn probe_now(&self, policy: &ObjectRef<FailoverPolicy>) -> bool {
+        let Some(plan) = self.plan(policy) else {
+            return false;
+        };
+        let (checks, golden) = self.round(&plan).await;
+        {
+            let mut policies = self.policies();
+            if let Some(tracked) = policies.get_mut(policy) {
+                tracked.in_flight = false;
+                tracked.rounds = tracked.rounds.max(plan.round + 1);
+                if let Some(golden) = golden
+                    && tracked.golden.is_none()
+                    && golden.prompt == tracked.policy.spec.probe.prompt
+                    && golden.max_tokens == tracked.policy.spec.probe.max_tokens
+                {
+                    tracing::info!(policy = %policy, golden = %golden.prefix, "recorded the golden answer");
+                    tracked.golden = Some(golden);
+                }
+                for check in checks {
+                    if tracked.pending.len() == MAX_PENDING {
+                        tracked.pending.pop_front();
+                    }
+                    tracked.pending.push_back(check);
+                }
+            }
+        }
+        self.changed.notify_one();
+        true
+    }
+
+    fn plan(&self, policy: &ObjectRef<FailoverPolicy>) -> Option<RoundPlan> {
+        let policies = self.policies();
+        let tracked = policies.get(policy)?;
+        Some(RoundPlan {
+            namespace: policy.namespace.clone().unwrap_or_default(),
+            policy: tracked.policy.clone(),
+            timing: tracked.timing,
+            golden: tracked.golden.clone(),
+            round: tracked.rounds,
+            seed: stable_seed(policy),
+        })
+    }
+
+    /// One round over both pools: the checks, and a golden answer if this round recorded one.
+    async fn round(&self, plan: &RoundPlan) -> (Vec<Observation>, Option<GoldenAnswer>) {
+        let spec = &plan.policy.spec;
+        let primary = primary_pool(&plan.policy);
+        let standby = primary.other();
+        let judge = match judge(&spec.probe.expect, plan.golden.as_ref()) {
+            Ok(judge) => judge,
+            Err(error) => {
+                // Nothing can be judged: reporting either pool failed would be a guess.
+                tracing::warn!(policy = %plan.policy.name_any(), %error, "spec.probe.expect.value is not a valid regular expression; not probing");
+                return (Vec::new(), None);
+            }
+        };
+        let (primary_endpoints, standby_endpoints) =
+            join(self.resolve(plan, primary), self.resolve(plan, standby)).await;
+        let (primary_round, standby_round, golden) = match judge {
+            Judge::Fixed(expect) => {
+                let probe = probe_spec(&spec.probe, &plan.timing, expect);
+                let (p, s) = join(
+                    self.probe_pool(plan, primary, primary_endpoints, &probe),
+                    self.probe_pool(plan, standby, standby_endpoints, &probe),
+                )
+                .await;
+                (p, s, None)
+            }
+            Judge::RecordFromPrimary => {
+                let probe = probe_spec(&spec.probe, &plan.timing, Expectation::NonEmpty);
+                let p = self.probe_pool(plan, primary, primary_endpoints, &probe).await;
+                let golden = p.as_ref().and_then(|round| first_passing_answer(&round.reports));
+                let expect = golden.as_deref().map_or(Expectation::NonEmpty, |text| {
+                    Expectation::golden_prefix(text, GOLDEN_PREFIX_CHARS)
+                });
+                let probe = probe_spec(&spec.probe, &plan.timing, expect);
+                let s = self.probe_pool(plan, standby, standby_endpoints, &probe).await;
+                let golden = golden.map(|text| GoldenAnswer {
+                    prompt: spec.probe.prompt.clone(),
+                    max_tokens: spec.probe.max_tokens,
+                    prefix: text.chars().take(GOLDEN_PREFIX_CHARS).collect(),
+                });
+                (p, s, golden)
+            }
+        };
+        let mut rounds: Vec<PoolRound> = [primary_round, standby_round].into_iter().flatten().collect();
+        rounds.sort_by_key(|round| round.pool.index());
+        let checks = rounds
+            .iter()
+            .map(|round| {
+                let result = round.verdict();
+                tracing::debug!(
+                    policy = %plan.policy.name_any(), pool = ?round.pool, replicas = round.reports.len(),
+                    min_serving = round.min_serving, ?result, "probed"
+                );
+                Observation::Check {
+                    pool: round.pool,
+                    result,
+                }
+            })
+            .collect();
+        (checks, golden)
+    }
+
+    async fn resolve(&self, plan: &RoundPlan, pool: Pool) -> Option<Vec<Endpoint>> {
+        let spec = plan.policy.spec.pools.get(pool.index())?;
+        match self.replicas.resolve(&plan.namespace, spec).await {
+            Ok(endpoints) => Some(endpoints),
+            Err(error) => {
+                tracing::warn!(policy = %plan.policy.name_any(), pool = %spec.name, %error, "could not find the pool's replicas; no check this round");
+                None
+            }
+        }
+    }
+
+    async fn probe_pool(
+        &self,
+        plan: &RoundPlan,
+        pool: Pool,
+        endpoints: Option<Vec<Endpoint>>,
+        probe: &ProbeSpec,
+    ) -> Option<PoolRound> {
+        let endpoints = endpoints?;
+        let spec = plan.policy.spec.pools.get(pool.index())?;
+        let is_primary = pool == primary_pool(&plan.policy);
+        let max_jitter = self
+            .max_jitter
+            .min(plan.timing.interval / 4)
+            .min(plan.timing.interval.saturating_sub(plan.timing.timeout));
+        let reports = probe::probe_round(&endpoints, probe, plan.seed, plan.round, max_jitter).await;
+        Some(PoolRound {
+            pool,
+            min_serving: min_serving(spec, is_primary),
+            reports,
+        })
+    }
+}
+
+/// The text of the first replica that passed, if any did.
+fn first_passing_answer(reports: &[ProbeReport]) -> Option<String> {
+    reports
+        .iter()
+        .find(|r| {
+            matches!(r.outcome, understudy_prober::outcome::ProbeOutcome::Ok { .. })
+                && !r.text.trim().is_empty()
+        })
+        .map(|r| r.text.clone())
+}
+
+/// A jitter seed that is the same for a policy in every process (FNV-1a of namespace and name), so
+/// that a schedule can be predicted from the policy alone.
+fn stable_seed(policy: &ObjectRef<FailoverPolicy>) -> u64 {
+    let namespace = policy.namespace.as_deref().unwrap_or_default();
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in namespace.bytes().chain([b'/']).chain(policy.name.bytes()) {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    hash
+}
+
+impl ObservationSource for ProbingObservations {
+    fn drain(&self, policy: &ObjectRef<FailoverPolicy>) -> Vec<Observation> {
+        self.policies()
+            .get_mut(policy)
+            .map(|tracked| tracked.pending.drain(..).collect())
+            .unwrap_or_default()
+    }
+
+    /// Starts probing a policy seen for the first time at once; for one already tracked, the next
+    /// round uses the new spec. A spec that does not validate is not probed.
+    fn track(&self, policy: &FailoverPolicy) {
+        let key = ObjectRef::from_obj(policy);
+        let Ok(validated) = policy::validate(&policy.spec) else {
+            self.forget(&key);
+            return;
+        };
+        let mut policies = self.policies();
+        match policies.get_mut(&key) {
+            Some(tracked) => {
+                let probe = &policy.spec.probe;
+                if tracked
+                    .golden
+                    .as_ref()
+                    .is_some_and(|g| g.prompt != probe.prompt || g.max_tokens != probe.max_tokens)
+                {
+                    tracked.golden = None;
+                }
+                tracked.policy = Arc::new(policy.clone());
+                tracked.timing = validated.probe;
+            }
+            None => {
+                policies.insert(
+                    key,
+                    Tracked {
+                        policy: Arc::new(policy.clone()),
+                        timing: validated.probe,
+                        pending: VecDeque::new(),
+                        golden: None,
+                        rounds: 0,
+                        next_round: Instant::now(),
+                        in_flight: false,
+                    },
+                );
+                drop(policies);
+                self.changed.notify_one();
+            }
+        }
+    }
+
+    fn forget(&self, policy: &ObjectRef<FailoverPolicy>) {
+        self.policies().remove(policy);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use understudy_core::failover::CheckResult;
+
+    fn policy(yaml_pools: &str) -> FailoverPolicy {
+        let spec = serde_yaml::from_str(&format!(
+            "pools:\n{yaml_pools}recoveryObjective: 5m\nprobe: {{interval: 10s, timeout: 5s}}\n"
+        ))
+        .unwrap_or_else(|e| panic!("fixture: {e}"));
+        let mut policy = FailoverPolicy::new("llama", spec);
+        policy.metadata.namespace = Some("serving".to_owned());
+        policy
+    }
+
+    const HOT_POOLS: &str = "  - {name: east, workload: {kind: Deployment, name: a}, replicas: 4}\n  \
+                             - {name: west, workload: {kind: Deployment, name: b}, replicas: 4}\n";
+
+    #[test]
+    fn a_primary_needs_a_majority_of_all_its_replicas_and_a_standby_of_those_not_pilot_light() {
+        let p = policy(
+            "  - {name: east, workload: {kind: Deployment, name: a}, replicas: 4}\n  \
+             - name: west\n    workload: {kind: Deployment, name: b}\n    replicas: 8\n    standby:\n      \
+             - {tier: hot, replicas: 1}\n      - {tier: warm, replicas: 2}\n      - {tier: pilotLight, replicas: 5}\n",
+        );
+        assert_eq!(min_serving(&p.spec.pools[0], true), 3);
+        assert_eq!(min_serving(&p.spec.pools[1], true), 5);
+        assert_eq!(min_serving(&p.spec.pools[1], false), 2);
+        assert_eq!(min_serving(&p.spec.pools[0], false), 3, "no tiers: all hot");
+    }
+
+    #[test]
+    fn the_primary_is_read_from_status_and_is_the_home_pool_without_one() {
+        let mut p = policy(HOT_POOLS);
+        assert_eq!(primary_pool(&p), Pool::A);
+        p.status = Some(crate::crd::FailoverPolicyStatus {
+            primary_pool: Some("west".to_owned()),
+            ..Default::default()
+        });
+        assert_eq!(primary_pool(&p), Pool::B);
+    }
+
+    #[test]
+    fn a_prefix_without_a_value_is_recorded_from_the_primary_and_then_used() {
+        let expect = ProbeExpect::default();
+        assert!(matches!(judge(&expect, None), Ok(Judge::RecordFromPrimary)));
+        let golden = GoldenAnswer {
+            prompt: "p".into(),
+            max_tokens: 8,
+            prefix: " Paris".into(),
+        };
+        let Ok(Judge::Fixed(Expectation::Prefix(prefix))) = judge(&expect, Some(&golden)) else {
+            panic!("expected the golden prefix");
+        };
+        assert_eq!(prefix, " Paris");
+        let given = ProbeExpect {
+            mode: ExpectMode::Prefix,
+            value: Some(" Lyon".into()),
+        };
+        assert!(matches!(
+            judge(&given, Some(&golden)),
+            Ok(Judge::Fixed(Expectation::Prefix(p))) if p == " Lyon"
+        ));
+        let bad = ProbeExpect {
+            mode: ExpectMode::Regex,
+            value: Some("(".into()),
+        };
+        assert!(judge(&bad, None).is_err());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn every_interval_a_pool_without_replicas_fails_hard_until_its_policy_is_forgotten() {
+        let observations = Arc::new(ProbingObservations::new(Arc::new(FixedReplicas::default())));
+        let p = policy(HOT_POOLS);
+        let key = ObjectRef::from_obj(&p);
+        observations.track(&p);
+        let probing = tokio::spawn(observations.clone().run());
+        // Rounds at 0s, 10s and 20s; the clock is paused and jumps as the loop sleeps.
+        tokio::time::sleep(Duration::from_secs(25)).await;
+        let hard = |pool| Observation::Check {
+            pool,
+            result: CheckResult::HardFail,
+        };
+        assert_eq!(observations.drain(&key), [hard(Pool::A), hard(Pool::B)].repeat(3));
+        assert!(observations.drain(&key).is_empty(), "drained once");
+        observations.forget(&key);
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        assert!(observations.drain(&key).is_empty());
+        assert!(observations.tracked().is_empty());
+        probing.abort();
+    }
+
+    #[test]
+    fn a_policy_that_does_not_validate_is_not_probed() {
+        let observations = ProbingObservations::new(Arc::new(FixedReplicas::default()));
+        let mut p = policy(HOT_POOLS);
+        observations.track(&p);
+        assert_eq!(observations.tracked().len(), 1);
+        p.spec.probe.timeout = "20s".into();
+        observations.track(&p);
+        assert!(observations.tracked().is_empty());
+    }
+
+    #[test]
+    fn the_jitter_seed_depends_on_the_policy_alone() {
+        let a = ObjectRef::<FailoverPolicy>::new("llama").within("serving");
+        let b = ObjectRef::<FailoverPolicy>::new("llama").within("staging");
+        assert_eq!(stable_seed(&a), stable_seed(&a.clone()));
+        assert_ne!(stable_seed(&a), stable_seed(&b));
+    }
+}
