@@ -1,5 +1,6 @@
 //! The understudy operator: parses its configuration, serves the admin port, contends for
-//! leadership, and runs the FailoverPolicy controller while it leads.
+//! leadership, and while it leads runs the FailoverPolicy controller and the generating probes
+//! that feed it.
 //!
 //! Losing leadership ends the process with an error, as client-go controllers do: Kubernetes
 //! restarts it, and the fresh process contends again with nothing left over from its time as
@@ -18,6 +19,7 @@ use understudy_operator::controller::{self, Context};
 use understudy_operator::leader::{LeaderConfig, LeaderElector};
 use understudy_operator::lease::KubeLease;
 use understudy_operator::metrics::Metrics;
+use understudy_operator::observe::{KubeReplicas, ProbingObservations};
 
 /// Fails LLM serving over from an active GPU pool to a standby pool, with a fencing epoch.
 #[derive(Debug, Parser)]
@@ -96,7 +98,13 @@ async fn main() -> anyhow::Result<()> {
     readiness.set(Role::Elected);
     tracing::info!(identity = %args.identity, namespace = ?args.namespace, "leading: starting the controller");
 
-    let ctx = Arc::new(Context::new(client, metrics, Some(args.identity.clone())));
+    // Only the leader probes: its reconciles are the only ones that drain what the probes saw.
+    let observations = Arc::new(ProbingObservations::new(Arc::new(KubeReplicas::new(
+        client.clone(),
+    ))));
+    let probing = tokio::spawn(observations.clone().run());
+    let ctx =
+        Arc::new(Context::new(client, metrics, Some(args.identity.clone())).with_observations(observations));
     readiness.set(Role::Leading);
     let outcome = tokio::select! {
         () = controller::run(ctx, args.namespace.as_deref()) => Ok(()),
@@ -111,6 +119,7 @@ async fn main() -> anyhow::Result<()> {
         },
     };
     readiness.set(Role::Stopping);
+    probing.abort();
     election.abort();
     if let Err(error) = outcome {
         bail!(error);
