@@ -1,0 +1,279 @@
+//! Finding a pool's replicas against a scripted API server.
+//!
+//! Each test hands [`KubeReplicas`] a client whose transport is a `tower-test` mock, and an
+//! [`ApiServer`] that expects the requests of one scenario in order (method, path and the label
+//! selector of a list), answers them with realistic objects, and, through
+//! [`ApiServer::expect_no_more`], proves that nothing beyond the script was asked.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use http::{Request, Response};
+use kube::Client;
+use kube::client::Body;
+use serde_json::{Value, json};
+use tower_test::mock::{Handle, SendResponse};
+use understudy_operator::crd::PoolSpec;
+use understudy_operator::observe::{KubeReplicas, ResolveError};
+use understudy_prober::probe::Endpoint;
+
+const NS: &str = "serving";
+const DEPLOYMENT_PATH: &str = "/apis/apps/v1/namespaces/serving/deployments/vllm-east";
+const STATEFULSET_PATH: &str = "/apis/apps/v1/namespaces/serving/statefulsets/vllm-east";
+const PODS_PATH: &str = "/api/v1/namespaces/serving/pods";
+const TIMEOUT: Duration = Duration::from_secs(10);
+
+fn pool(kind: &str) -> PoolSpec {
+    serde_yaml::from_str(&format!(
+        "{{name: east, workload: {{kind: {kind}, name: vllm-east}}, replicas: 4, port: 8000}}"
+    ))
+    .unwrap()
+}
+
+fn deployment(selector: &Value) -> Value {
+    json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "vllm-east", "namespace": NS},
+        "spec": {
+            "replicas": 4,
+            "selector": selector,
+            "template": {"metadata": {"labels": {"app": "vllm", "pool": "east"}}, "spec": {"containers": []}},
+        },
+    })
+}
+
+fn pod(name: &str, phase: &str, ip: Option<&str>) -> Value {
+    let mut status = json!({ "phase": phase });
+    if let Some(ip) = ip {
+        status["podIP"] = json!(ip);
+    }
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": NS, "labels": {"app": "vllm", "pool": "east"}},
+        "spec": {"containers": []},
+        "status": status,
+    })
+}
+
+fn pod_list(items: Vec<Value>) -> Value {
+    json!({"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": "7"}, "items": items})
+}
+
+fn not_found() -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Status", "status": "Failure", "metadata": {},
+        "code": 404, "reason": "NotFound", "message": "deployments.apps \"vllm-east\" not found",
+    })
+}
+
+/// One request as the API server received it.
+struct Call {
+    method: String,
+    path: String,
+    query: String,
+    reply: SendResponse<Response<Body>>,
+}
+
+impl Call {
+    fn answer(self, code: u16, body: &Value) {
+        let response = Response::builder()
+            .status(code)
+            .header("content-type", "application/json")
+            .body(Body::from(serde_json::to_vec(body).unwrap()))
+            .unwrap();
+        self.reply.send_response(response);
+    }
+
+    /// The `labelSelector` of a list, decoded.
+    fn label_selector(&self) -> String {
+        let raw = self
+            .query
+            .split('&')
+            .find_map(|pair| pair.strip_prefix("labelSelector="))
+            .unwrap_or_else(|| panic!("no labelSelector in {:?}", self.query));
+        raw.replace("%3D", "=")
+            .replace("%2C", ",")
+            .replace("%2F", "/")
+            .replace("%21", "!")
+            .replace("%28", "(")
+            .replace("%29", ")")
+            .replace('+', " ")
+    }
+}
+
+struct ApiServer {
+    handle: Handle<Request<Body>, Response<Body>>,
+}
+
+impl ApiServer {
+    async fn next(&mut self) -> Option<Call> {
+        let (request, reply) = self.handle.next_request().await?;
+        let (parts, _) = request.into_parts();
+        Some(Call {
+            method: parts.method.to_string(),
+            path: parts.uri.path().to_owned(),
+            query: parts.uri.query().unwrap_or_default().to_owned(),
+            reply,
+        })
+    }
+
+    async fn expect(&mut self, method: &str, path: &str) -> Call {
+        let call = self
+            .next()
+            .await
+            .unwrap_or_else(|| panic!("expected {method} {path}, but the client hung up"));
+        assert_eq!((call.method.as_str(), call.path.as_str()), (method, path));
+        call
+    }
+
+    async fn expect_no_more(mut self) {
+        if let Some(call) = self.next().await {
+            panic!("unexpected {} {}?{}", call.method, call.path, call.query);
+        }
+    }
+}
+
+fn replicas() -> (KubeReplicas, ApiServer) {
+    let (mock, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    (KubeReplicas::new(Client::new(mock, NS)), ApiServer { handle })
+}
+
+/// Resolves `pool` while `scenario` plays the API server.
+async fn resolve<F>(
+    pool: PoolSpec,
+    scenario: impl FnOnce(ApiServer) -> F,
+) -> Result<Vec<Endpoint>, ResolveError>
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    let (replicas, server) = replicas();
+    let verifier = tokio::spawn(scenario(server));
+    let resolved = tokio::time::timeout(TIMEOUT, replicas.endpoints(NS, &pool))
+        .await
+        .expect("resolution timed out");
+    drop(replicas);
+    tokio::time::timeout(TIMEOUT, verifier)
+        .await
+        .expect("scenario timed out")
+        .expect("scenario panicked");
+    resolved
+}
+
+#[tokio::test]
+async fn a_deployments_running_pods_with_an_ip_are_the_pools_endpoints() {
+    let resolved = resolve(pool("Deployment"), |mut server| async move {
+        server.expect("GET", DEPLOYMENT_PATH).await.answer(
+            200,
+            &deployment(&json!({"matchLabels": {"app": "vllm", "pool": "east"}})),
+        );
+        let list = server.expect("GET", PODS_PATH).await;
+        assert_eq!(list.label_selector(), "app=vllm,pool=east");
+        let mut leaving = pod("vllm-east-4", "Running", Some("10.0.0.5"));
+        leaving["metadata"]["deletionTimestamp"] = json!("2024-06-01T12:00:00Z");
+        list.answer(
+            200,
+            &pod_list(vec![
+                pod("vllm-east-0", "Running", Some("10.0.0.1")),
+                pod("vllm-east-1", "Pending", None),
+                pod("vllm-east-2", "Running", None),
+                pod("vllm-east-3", "Succeeded", Some("10.0.0.4")),
+                leaving,
+                pod("vllm-east-5", "Running", Some("fd00::6")),
+            ]),
+        );
+        server.expect_no_more().await;
+    })
+    .await;
+    assert_eq!(
+        resolved.unwrap(),
+        vec![Endpoint::new("10.0.0.1", 8000), Endpoint::new("fd00::6", 8000)]
+    );
+}
+
+#[tokio::test]
+async fn a_statefulset_selects_its_pods_with_match_expressions_as_well() {
+    let resolved = resolve(pool("StatefulSet"), |mut server| async move {
+        let mut set = deployment(&json!({
+            "matchLabels": {"app": "vllm"},
+            "matchExpressions": [{"key": "pool", "operator": "In", "values": ["east"]}],
+        }));
+        set["kind"] = json!("StatefulSet");
+        server.expect("GET", STATEFULSET_PATH).await.answer(200, &set);
+        let list = server.expect("GET", PODS_PATH).await;
+        assert_eq!(list.label_selector(), "app=vllm,pool in (east)");
+        list.answer(
+            200,
+            &pod_list(vec![pod("vllm-east-0", "Running", Some("10.0.0.1"))]),
+        );
+        server.expect_no_more().await;
+    })
+    .await;
+    assert_eq!(resolved.unwrap(), vec![Endpoint::new("10.0.0.1", 8000)]);
+}
+
+#[tokio::test]
+async fn a_leaderworkerset_is_probed_at_its_group_leaders() {
+    let resolved = resolve(pool("LeaderWorkerSet"), |mut server| async move {
+        let list = server.expect("GET", PODS_PATH).await;
+        assert_eq!(
+            list.label_selector(),
+            "leaderworkerset.sigs.k8s.io/name=vllm-east,leaderworkerset.sigs.k8s.io/worker-index=0"
+        );
+        list.answer(
+            200,
+            &pod_list(vec![pod("vllm-east-0", "Running", Some("10.0.0.1"))]),
+        );
+        server.expect_no_more().await;
+    })
+    .await;
+    assert_eq!(resolved.unwrap(), vec![Endpoint::new("10.0.0.1", 8000)]);
+}
+
+#[tokio::test]
+async fn a_missing_workload_is_a_pool_without_replicas_and_no_pods_are_listed() {
+    let resolved = resolve(pool("Deployment"), |mut server| async move {
+        server
+            .expect("GET", DEPLOYMENT_PATH)
+            .await
+            .answer(404, &not_found());
+        server.expect_no_more().await;
+    })
+    .await;
+    assert_eq!(resolved.unwrap(), Vec::<Endpoint>::new());
+}
+
+#[tokio::test]
+async fn an_api_server_that_fails_is_an_unknown_answer_not_an_empty_pool() {
+    let resolved = resolve(pool("Deployment"), |mut server| async move {
+        let mut unavailable = not_found();
+        unavailable["code"] = json!(503);
+        unavailable["reason"] = json!("ServiceUnavailable");
+        server
+            .expect("GET", DEPLOYMENT_PATH)
+            .await
+            .answer(503, &unavailable);
+        server.expect_no_more().await;
+    })
+    .await;
+    assert!(
+        matches!(resolved, Err(ResolveError::Workload { .. })),
+        "{resolved:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_selector_that_would_select_every_pod_is_refused_before_listing() {
+    let resolved = resolve(pool("Deployment"), |mut server| async move {
+        server
+            .expect("GET", DEPLOYMENT_PATH)
+            .await
+            .answer(200, &deployment(&json!({})));
+        server.expect_no_more().await;
+    })
+    .await;
+    assert!(
+        matches!(resolved, Err(ResolveError::Selector { .. })),
+        "{resolved:?}"
+    );
+}
