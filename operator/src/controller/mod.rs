@@ -481,6 +481,8 @@ fn recorded_position(
 
 async fn apply(policy: &FailoverPolicy, ctx: &Context, namespace: &str) -> Result<Action, Error> {
     let name = policy.name_any();
+    // Before validation, so that a spec edited into nonsense stops being probed by its old self.
+    ctx.observations.track(policy);
     let validated = match policy::validate(&policy.spec) {
         Ok(validated) => validated,
         Err(error) => {
@@ -498,7 +500,6 @@ async fn apply(policy: &FailoverPolicy, ctx: &Context, namespace: &str) -> Resul
             .await;
         }
     };
-    ctx.observations.track(policy);
     let spec = &policy.spec;
     let stored = load_record(policy.status.as_ref());
     let stored_machine = stored.machine.unwrap_or_else(|error| {
