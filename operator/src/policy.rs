@@ -81,6 +81,8 @@ pub enum PolicyError {
     },
     #[error("spec.probe.expect.value is required when mode is regex")]
     RegexWithoutValue,
+    #[error("spec.probe.expect.value is not a valid regex: {0}")]
+    InvalidRegex(String),
     #[error("spec.probe.expect.value is not used when mode is nonEmpty")]
     ValueWithNonEmpty,
     #[error(
@@ -298,6 +300,11 @@ fn check_probe(spec: &FailoverPolicySpec) -> Result<ProbeTiming, PolicyError> {
     }
     match (probe.expect.mode, &probe.expect.value) {
         (ExpectMode::Regex, None) => Err(PolicyError::RegexWithoutValue),
+        // The schema cannot check a pattern's syntax; refuse it here rather than at every probe.
+        (ExpectMode::Regex, Some(pattern)) => match regex::Regex::new(pattern) {
+            Ok(_) => Ok(timing),
+            Err(error) => Err(PolicyError::InvalidRegex(error.to_string())),
+        },
         (ExpectMode::NonEmpty, Some(_)) => Err(PolicyError::ValueWithNonEmpty),
         _ => Ok(timing),
     }
@@ -612,6 +619,10 @@ recoveryObjective: 5m
             (
                 "probe: {expect: {mode: nonEmpty, value: Paris}}\n",
                 "spec.probe.expect.value is not used when mode is nonEmpty",
+            ),
+            (
+                "probe: {expect: {mode: regex, value: 'Par(is'}}\n",
+                "spec.probe.expect.value is not a valid regex: ",
             ),
             (
                 "probe: {maxTokens: 0}\n",
