@@ -46,7 +46,37 @@ struct Gate {
     asleep: bool,
     /// Bumped by `/sleep?mode=abort`: every request admitted before it finishes with `abort`.
     abort_epoch: u64,
+    /// `/sleep?mode=wait` is letting the requests already running finish; queued ones still wait.
+    draining: bool,
     dead: bool,
+}
+
+/// Where a request stands when it asks the gate whether it may go on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Standing {
+    /// Not yet holding a sequence slot: parks or aborts while asleep per `--asleep-requests`.
+    Queued,
+    /// Holding a slot: runs on through a `mode=wait` drain, freezes otherwise.
+    Running,
+}
+
+impl Gate {
+    /// `Ok(true)`: go on; `Ok(false)`: wait for the gate to change; `Err`: the request ends so.
+    fn admits(&self, standing: Standing, epoch: u64, asleep_requests: AsleepRequests) -> Result<bool, Event> {
+        if self.dead {
+            return Err(Event::Failed(GenerationError::EngineDead));
+        }
+        if self.abort_epoch != epoch {
+            return Err(aborted());
+        }
+        if self.serving || (standing == Standing::Running && self.draining) {
+            return Ok(true);
+        }
+        if standing == Standing::Queued && self.asleep && asleep_requests == AsleepRequests::Abort {
+            return Err(aborted());
+        }
+        Ok(false)
+    }
 }
 
 /// Why a request ended without finishing normally.
@@ -151,6 +181,7 @@ impl Engine {
                 serving: true,
                 asleep: false,
                 abort_epoch: 0,
+                draining: false,
                 dead: false,
             })
             .0,
@@ -239,6 +270,7 @@ impl Engine {
         }
         self.gate.send_modify(|g| {
             g.serving = false;
+            g.draining = mode == PauseMode::Wait;
             if mode == PauseMode::Abort {
                 g.abort_epoch += 1;
             }
@@ -251,6 +283,7 @@ impl Engine {
                 }
                 drained.await;
             }
+            self.gate.send_modify(|g| g.draining = false);
         }
         let took = state.sleep(level, &self.cfg.bandwidths);
         wait(took).await;
@@ -423,39 +456,54 @@ impl Generation {
         Some(event)
     }
 
-    async fn admit_and_prefill(&mut self) -> Event {
-        let engine = Arc::clone(&self.engine);
-        let mut gate = engine.gate.subscribe();
+    /// Waits until the gate lets this request go on; `Err` is how the request ends instead.
+    async fn pass_gate(&self, gate: &mut watch::Receiver<Gate>, standing: Standing) -> Result<(), Event> {
         loop {
             let g = *gate.borrow_and_update();
-            if g.dead {
-                return Event::Failed(GenerationError::EngineDead);
-            }
-            if g.abort_epoch != self.abort_epoch {
-                return aborted();
-            }
-            if g.serving {
-                break;
-            }
-            if g.asleep && engine.cfg.asleep_requests == AsleepRequests::Abort {
-                return aborted();
+            if g.admits(standing, self.abort_epoch, self.engine.cfg.asleep_requests)? {
+                return Ok(());
             }
             if gate.changed().await.is_err() {
-                return Event::Failed(GenerationError::EngineDead);
+                return Err(Event::Failed(GenerationError::EngineDead));
             }
         }
+    }
+
+    /// Whether the gate lets this request go on right now, without waiting.
+    fn gate_open(&self, gate: &mut watch::Receiver<Gate>, standing: Standing) -> Result<bool, Event> {
+        let g = *gate.borrow_and_update();
+        g.admits(standing, self.abort_epoch, self.engine.cfg.asleep_requests)
+    }
+
+    async fn admit_and_prefill(&mut self) -> Event {
+        match self.try_admit_and_prefill().await {
+            Ok(event) | Err(event) => event,
+        }
+    }
+
+    async fn try_admit_and_prefill(&mut self) -> Result<Event, Event> {
+        let engine = Arc::clone(&self.engine);
+        let mut gate = engine.gate.subscribe();
         let blocks = blocks_for(
             self.request.prompt.len() + self.request.max_tokens as usize,
             engine.cfg.block_size,
         )
         .clamp(1, engine.total_blocks) as u32;
-        let (Ok(slot), Ok(kv)) = (
-            Arc::clone(&engine.seq_slots).acquire_owned().await,
-            Arc::clone(&engine.kv_blocks).acquire_many_owned(blocks).await,
-        ) else {
-            return Event::Failed(GenerationError::EngineDead);
+        // A sleep can land while the request waits for its slot and blocks: look again once it
+        // holds them, and give them back while it parks so a `mode=wait` drain is not held up.
+        let held = loop {
+            self.pass_gate(&mut gate, Standing::Queued).await?;
+            let (Ok(slot), Ok(kv)) = (
+                Arc::clone(&engine.seq_slots).acquire_owned().await,
+                Arc::clone(&engine.kv_blocks).acquire_many_owned(blocks).await,
+            ) else {
+                return Err(Event::Failed(GenerationError::EngineDead));
+            };
+            if self.gate_open(&mut gate, Standing::Queued)? {
+                break (slot, kv);
+            }
         };
-        self.held = Some((slot, kv));
+        self.held = Some(held);
         self.admitted = Some(Instant::now());
         engine.waiting.fetch_sub(1, Ordering::Relaxed);
         engine.running.fetch_add(1, Ordering::Relaxed);
@@ -463,8 +511,14 @@ impl Generation {
         engine.refresh_kv_gauge();
 
         let prompt = &self.request.prompt;
-        {
-            let _lane = engine.prefill_lane.lock().await;
+        loop {
+            let lane = engine.prefill_lane.lock().await;
+            // The lane is FIFO; a sleep may have landed while this request queued for it.
+            if !self.gate_open(&mut gate, Standing::Running)? {
+                drop(lane);
+                self.pass_gate(&mut gate, Standing::Running).await?;
+                continue;
+            }
             let (hashes, cached) = {
                 let cache = engine.prefix_cache.lock().unwrap_or_else(|e| e.into_inner());
                 let hashes = cache.block_hashes(prompt);
@@ -490,7 +544,10 @@ impl Generation {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .insert(&hashes);
+            break;
         }
+        // A sleep that landed during the prefill holds the first token back until wake.
+        self.pass_gate(&mut gate, Standing::Running).await?;
         let garbage = !engine.weights_valid() || engine.faults.wrong_output();
         self.source = Some(TokenSource::new(
             engine.identity_seed.load(Ordering::Relaxed),
@@ -500,32 +557,20 @@ impl Generation {
             self.request.ignore_eos,
         ));
         if self.request.max_tokens == 0 {
-            return Event::Finished {
+            return Ok(Event::Finished {
                 reason: FinishReason::Length,
                 stop_reason: None,
-            };
+            });
         }
-        self.produce()
+        Ok(self.produce())
     }
 
     async fn decode(&mut self) -> Event {
         let engine = Arc::clone(&self.engine);
         let mut gate = engine.gate.subscribe();
-        loop {
-            let g = *gate.borrow_and_update();
-            if g.dead {
-                return Event::Failed(GenerationError::EngineDead);
-            }
-            if g.abort_epoch != self.abort_epoch {
-                return aborted();
-            }
-            if g.serving {
-                break;
-            }
-            // `mode=keep`: frozen until wake.
-            if gate.changed().await.is_err() {
-                return Event::Failed(GenerationError::EngineDead);
-            }
+        // `mode=keep`: frozen until wake.
+        if let Err(event) = self.pass_gate(&mut gate, Standing::Running).await {
+            return event;
         }
         match engine.faults.half_failed() {
             Some(HalfFailure::Error) => return Event::Failed(GenerationError::HalfFailed),
@@ -540,6 +585,10 @@ impl Generation {
         }
         let running = engine.running.load(Ordering::Relaxed);
         wait(engine.cfg.cost.decode_step(running, engine.faults.slow())).await;
+        // A sleep that landed during the step holds its token back until wake.
+        if let Err(event) = self.pass_gate(&mut gate, Standing::Running).await {
+            return event;
+        }
         self.produce()
     }
 
