@@ -125,6 +125,27 @@ fn a_stalling_replica_sends_one_token_and_then_nothing() {
 }
 
 #[test]
+fn a_half_failed_replica_fails_a_one_token_stream_after_its_token() {
+    let e = Emulator::ready(&["--emu-fault=half-failed:error"], &[]);
+    let events = e
+        .post("/v1/completions", &completion_body("hi", 1, true))
+        .sse_events();
+    assert_eq!(events.len(), 3, "one token, an error event, [DONE]: {events:?}");
+    assert!(events[0].contains("\"text\""));
+    assert!(!events[0].contains("\"length\""), "{events:?}");
+    assert!(events[1].starts_with("{\"error\""));
+    assert_eq!(events[2], "[DONE]");
+}
+
+#[test]
+fn a_stalling_replica_sends_the_only_token_of_a_one_token_stream() {
+    let e = Emulator::ready(&["--emu-fault=half-failed:stall"], &[]);
+    let mut stream = OpenStream::post(e.port, "/v1/completions", &completion_body("hi", 1, true));
+    assert!(stream.read_until("\"text\"", Duration::from_secs(10)));
+    assert!(!stream.text().contains("[DONE]"));
+}
+
+#[test]
 fn a_slow_fault_multiplies_generation_time() {
     // 10 tokens at 10 ms is 0.1 s; slow:10 makes it at least 1 s.
     let e = Emulator::ready_with_costs(

@@ -20,11 +20,12 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use futures::FutureExt;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::args::ServeArgs;
-use super::engine::{Engine, Event, GenerationError, GenerationRequest, SleepError};
+use super::engine::{Engine, Event, FinishReason, GenerationError, GenerationRequest, SleepError};
 use super::generate::{Sampling, tokenize};
 use super::sleep::{PauseMode, SleepLevel};
 use super::sse::{self, Api, Envelope, Usage};
@@ -465,6 +466,8 @@ fn usage_of(generation: &super::engine::Generation) -> Usage {
 enum StreamStep {
     Role,
     Tokens,
+    /// An event already taken from the engine, to send after the token that came before it.
+    Then(Event),
     Usage(Usage),
     Done,
     Closed,
@@ -499,7 +502,7 @@ fn stream_response(
                 StreamStep::Done => (sse::done(), StreamStep::Closed),
                 StreamStep::Usage(u) => (sse::usage_chunk(api, env, u), StreamStep::Done),
                 StreamStep::Role => (sse::chat_role_chunk(env), StreamStep::Tokens),
-                StreamStep::Tokens => {
+                StreamStep::Tokens | StreamStep::Then(_) => {
                     let after_finish = |g: &super::engine::Generation| {
                         if include_usage {
                             StreamStep::Usage(usage_of(g))
@@ -507,16 +510,35 @@ fn stream_response(
                             StreamStep::Done
                         }
                     };
-                    match generation.next().await {
-                        Some(Event::Token(t)) => {
-                            if generation.completion_tokens() >= generation.max_tokens() {
-                                // The length limit is known with the last token: one chunk, as vLLM sends.
-                                let _ = generation.next().await;
-                                let next = after_finish(&generation);
-                                (sse::token_chunk(api, env, t, Some("length"), None), next)
-                            } else {
-                                (sse::token_chunk(api, env, t, None, None), StreamStep::Tokens)
+                    let event = match step {
+                        StreamStep::Then(event) => Some(event),
+                        _ => generation.next().await,
+                    };
+                    match event {
+                        Some(Event::Token(t))
+                            if generation.completion_tokens() >= generation.max_tokens() =>
+                        {
+                            // vLLM sends the length limit with the last token, in one chunk. Look
+                            // without waiting: a sleep or a stall must not hold the token back, and
+                            // a failure goes out after it.
+                            match generation.next().now_or_never() {
+                                Some(Some(Event::Finished {
+                                    reason: FinishReason::Length,
+                                    ..
+                                })) => {
+                                    let next = after_finish(&generation);
+                                    (sse::token_chunk(api, env, t, Some("length"), None), next)
+                                }
+                                Some(Some(event)) => {
+                                    (sse::token_chunk(api, env, t, None, None), StreamStep::Then(event))
+                                }
+                                Some(None) | None => {
+                                    (sse::token_chunk(api, env, t, None, None), StreamStep::Tokens)
+                                }
                             }
+                        }
+                        Some(Event::Token(t)) => {
+                            (sse::token_chunk(api, env, t, None, None), StreamStep::Tokens)
                         }
                         Some(Event::Finished { reason, stop_reason }) => {
                             let next = after_finish(&generation);
