@@ -154,17 +154,7 @@ fn bad_requests_get_vllm_style_errors() {
 
 #[test]
 fn models_version_ping_tokenize_and_load_answer_like_vllm() {
-    let e = Emulator::ready(
-        &[
-            "--max-model-len",
-            "4096",
-            "--served-model-name",
-            "a",
-            "--served-model-name",
-            "b",
-        ],
-        &[],
-    );
+    let e = Emulator::ready(&["--max-model-len", "4096", "--served-model-name", "a", "b"], &[]);
     let models = e.get("/v1/models").json();
     assert_eq!(models["object"], "list");
     let ids: Vec<&str> = models["data"]

@@ -212,6 +212,14 @@ pub fn parse(argv: &[String]) -> Result<CommandLine, Error> {
             !BOOLEAN_FLAGS.contains(&name.as_str()) && !EMU_BOOLEAN_FLAGS.contains(&name.as_str());
         let value = match inline {
             Some(v) => Some(v),
+            // argparse nargs="+": every following token up to the next flag is a name.
+            None if name == "served-model-name" => {
+                let mut names = Vec::new();
+                while let Some(next) = rest.next_if(|next| !next.starts_with('-')) {
+                    names.push(next.clone());
+                }
+                (!names.is_empty()).then(|| names.join(" "))
+            }
             None if takes_value && rest.peek().is_some_and(|next| !next.starts_with("--")) => {
                 rest.next().cloned()
             }
@@ -280,9 +288,10 @@ fn apply_flag(serve: &mut ServeArgs, name: &str, value: Option<String>) -> Resul
             ArgValue::Int(i64::from(serve.port))
         }
         "served-model-name" => {
-            // argparse nargs="+": one flag may carry several names; `a,b` is not split by vLLM.
-            let names: Vec<String> = required(name, value)?.split(' ').map(str::to_string).collect();
-            serve.served_model_name.extend(names);
+            // argparse nargs="+" collected the names (`a,b` is one name to vLLM); a repeated flag
+            // replaces the earlier names, as argparse's `store` does.
+            let names = value.ok_or_else(|| flag_error(name, "expected at least one argument"))?;
+            serve.served_model_name = names.split(' ').map(str::to_string).collect();
             ArgValue::List(
                 serve
                     .served_model_name
@@ -392,15 +401,41 @@ fn bool_value(flag: &str, value: Option<String>) -> Result<bool, Error> {
     }
 }
 
-/// vLLM accepts `--max-model-len 32k` / `1m` as well as plain numbers.
+/// vLLM's `human_readable_int`: a plain integer, or a number with a unit suffix where lowercase
+/// is decimal (`k` = 1000, `m`, `g`, `t`; decimals allowed, `25.6k` = 25600) and uppercase is
+/// binary (`K` = 1024, `M`, `G`, `T`; whole numbers only).
 fn parse_token_count(raw: &str) -> Option<u32> {
-    let lower = raw.to_ascii_lowercase();
-    let (digits, scale) = match lower.as_bytes().last()? {
-        b'k' => (&lower[..lower.len() - 1], 1024),
-        b'm' => (&lower[..lower.len() - 1], 1024 * 1024),
-        _ => (lower.as_str(), 1),
+    let raw = raw.trim();
+    let Some(suffix) = raw.chars().last().filter(char::is_ascii_alphabetic) else {
+        return raw.parse().ok();
     };
-    digits.parse::<u32>().ok()?.checked_mul(scale)
+    let number = &raw[..raw.len() - 1];
+    let well_formed = match number.split_once('.') {
+        Some((whole, frac)) => {
+            !whole.is_empty()
+                && !frac.is_empty()
+                && [whole, frac]
+                    .iter()
+                    .all(|p| p.bytes().all(|b| b.is_ascii_digit()))
+        }
+        None => !number.is_empty() && number.bytes().all(|b| b.is_ascii_digit()),
+    };
+    if !well_formed {
+        return None;
+    }
+    let value = match suffix {
+        'k' | 'm' | 'g' | 't' => {
+            let exponent = "kmgt".find(suffix)? as i32 + 1;
+            // Python's int(float(number) * 10**n): truncates.
+            (number.parse::<f64>().ok()? * 10f64.powi(3 * exponent)).trunc()
+        }
+        'K' | 'M' | 'G' | 'T' => {
+            let exponent = "KMGT".find(suffix)? as i32 + 1;
+            number.parse::<u64>().ok()? as f64 * 2f64.powi(10 * exponent)
+        }
+        _ => return None,
+    };
+    (value <= f64::from(u32::MAX)).then_some(value as u32)
 }
 
 #[cfg(test)]
@@ -411,6 +446,40 @@ mod tests {
 
     fn argv(s: &str) -> Vec<String> {
         s.split_whitespace().map(str::to_string).collect()
+    }
+
+    #[test]
+    fn token_counts_read_lowercase_units_as_decimal_and_uppercase_as_binary() {
+        assert_eq!(parse_token_count("4096"), Some(4096));
+        assert_eq!(parse_token_count("1k"), Some(1000));
+        assert_eq!(parse_token_count("1K"), Some(1024));
+        assert_eq!(parse_token_count("32k"), Some(32_000));
+        assert_eq!(parse_token_count("32K"), Some(32_768));
+        assert_eq!(parse_token_count("25.6k"), Some(25_600));
+        assert_eq!(parse_token_count("1m"), Some(1_000_000));
+        assert_eq!(parse_token_count("1M"), Some(1_048_576));
+        assert_eq!(parse_token_count("2g"), Some(2_000_000_000));
+        assert_eq!(parse_token_count("1G"), Some(1 << 30));
+    }
+
+    #[test]
+    fn token_counts_refuse_decimals_with_binary_units_and_what_vllm_refuses() {
+        for bad in ["1.5K", "k", "1x", "1.k", ".5k", "1 k", "5G", "1t"] {
+            assert_eq!(parse_token_count(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn served_model_name_takes_every_name_up_to_the_next_flag_and_a_repeat_replaces() {
+        let a = parse(&argv("serve m --served-model-name a b c --port 8001")).unwrap();
+        assert_eq!(a.serve.served_model_name, ["a", "b", "c"]);
+        assert_eq!(a.serve.port, 8001);
+        let a = parse(&argv("serve m --served-model-name a --served-model-name b c")).unwrap();
+        assert_eq!(a.serve.served_model_name, ["b", "c"]);
+        let a = parse(&argv("serve --served-model-name=a m")).unwrap();
+        assert_eq!(a.serve.served_model_name, ["a"]);
+        assert_eq!(a.serve.model, "m");
+        assert!(parse(&argv("serve m --served-model-name --port 1")).is_err());
     }
 
     #[test]
@@ -465,7 +534,8 @@ mod tests {
                 .unwrap()
                 .serve
                 .max_model_len,
-            Some(32768)
+            Some(32_000),
+            "lowercase k is decimal in vLLM"
         );
         assert!(parse(&argv("serve m --port eighty")).is_err());
         assert!(parse(&argv("run m")).is_err());
