@@ -33,6 +33,24 @@ fn sleep_needs_enable_sleep_mode_even_in_dev_mode() {
 }
 
 #[test]
+fn level_zero_is_refused_and_every_level_above_one_discards_the_weights() {
+    let e = Emulator::ready(&["--enable-sleep-mode", "--emu-wake-alloc-s=0"], DEV);
+    let refused = e.post("/sleep?level=0", "");
+    assert_eq!(refused.status, 400);
+    assert!(refused.body.contains("level 0"), "{}", refused.body);
+    assert_eq!(e.get("/is_sleeping").json(), json!({"is_sleeping": false}));
+    assert_eq!(e.post("/sleep?level=3", "").status, 200);
+    assert_eq!(
+        sample(
+            &metrics(&e),
+            "vllm:engine_sleep_state",
+            &[("sleep_state", "discard_all")]
+        ),
+        1.0
+    );
+}
+
+#[test]
 fn level_one_sleep_keeps_weights_and_wakes_at_host_bandwidth_with_an_empty_prefix_cache() {
     // 2 GiB at 4 GiB/s: offload and wake each take 0.5 s.
     let args = [

@@ -627,7 +627,12 @@ async fn sleep(State(state): State<Arc<AppState>>, RawQuery(query): RawQuery) ->
             .unwrap_or_else(|| default.to_string())
     };
     let Some(level) = SleepLevel::parse(&get("level", "1")) else {
-        return ApiError::bad_request(format!("invalid sleep level `{}`", get("level", "1"))).into_response();
+        return ApiError::bad_request(format!(
+            "invalid sleep level `{}`; the emulator takes 1 (offload) or 2 and up (discard); \
+             level 0 (pause scheduling only) is not emulated",
+            get("level", "1")
+        ))
+        .into_response();
     };
     let Some(mode) = PauseMode::parse(&get("mode", "abort")) else {
         return ApiError::bad_request(format!(

@@ -15,16 +15,18 @@ use super::cost::transfer;
 pub enum SleepLevel {
     /// Weights kept in host memory.
     One,
-    /// Weights discarded.
+    /// Weights discarded (vLLM does this at every level but 1).
     Two,
 }
 
 impl SleepLevel {
-    /// vLLM reads the level with `int(level)`; anything but 2 behaves as level 1 in the allocator.
+    /// vLLM reads the level with `int(level)`; its allocator offloads the weights only at level 1
+    /// and discards them at any other. Level 0 (pause scheduling, free nothing) and negative
+    /// levels are not emulated: `None`, which the API refuses with 400.
     pub fn parse(raw: &str) -> Option<SleepLevel> {
         match raw.trim().parse::<i64>().ok()? {
-            2 => Some(SleepLevel::Two),
-            0 | 1 => Some(SleepLevel::One),
+            1 => Some(SleepLevel::One),
+            2.. => Some(SleepLevel::Two),
             _ => None,
         }
     }
@@ -215,6 +217,13 @@ mod tests {
     fn levels_and_modes_parse_like_vllm() {
         assert_eq!(SleepLevel::parse("2"), Some(SleepLevel::Two));
         assert_eq!(SleepLevel::parse("1"), Some(SleepLevel::One));
+        assert_eq!(
+            SleepLevel::parse("3"),
+            Some(SleepLevel::Two),
+            "any level but 1 discards"
+        );
+        assert_eq!(SleepLevel::parse("0"), None, "pausing only is not emulated");
+        assert_eq!(SleepLevel::parse("-1"), None);
         assert_eq!(SleepLevel::parse("x"), None);
         assert_eq!(PauseMode::parse("keep"), Some(PauseMode::Keep));
         assert_eq!(PauseMode::parse("later"), None);
