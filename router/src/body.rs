@@ -9,9 +9,9 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, ready};
+use std::task::{Context, Poll};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use tokio::time::Instant;
@@ -61,7 +61,20 @@ impl Drop for InFlight {
     }
 }
 
+/// The most bytes gathered from frames already at hand before they are sent on.
+const GATHER_LIMIT: usize = 64 * 1024;
+/// Turns without a new frame before what was gathered goes out. Measured with strace: hyper's
+/// client connection task needs two turns to hand over the next chunk it has already read.
+const TURNS_FOR_UPSTREAM: u8 = 2;
+
 /// A proxied upstream body.
+///
+/// Frames that are already at hand are gathered into one before they go out: hyper's client
+/// hands a body over one chunk per turn of its connection task, and hyper's server flushes
+/// whenever the body is not ready, so passing frames on one by one cost one `writev` per SSE
+/// event (18 for a 16-token stream that arrived in one read; now 1). Gathering waits at most
+/// [`TURNS_FOR_UPSTREAM`] scheduler turns without a new frame for the connection task to decode
+/// what it has already read; it never waits for the network.
 #[derive(Debug)]
 pub struct Proxied {
     inner: Incoming,
@@ -69,6 +82,55 @@ pub struct Proxied {
     sse: bool,
     first_frame_seen: bool,
     ended: bool,
+    gathered: Gathered,
+    /// Turns yielded in a row, without a new frame, to let the upstream connection task run.
+    yielded: u8,
+    /// What comes after the gathered bytes have gone out: the end, or the cut.
+    after: Option<After>,
+}
+
+#[derive(Debug)]
+enum After {
+    End,
+    Cut(hyper::Error),
+    Trailers(Frame<Bytes>),
+}
+
+/// Data frames gathered so far: the first kept as is (no copy), later ones appended.
+#[derive(Debug, Default)]
+struct Gathered {
+    first: Option<Bytes>,
+    more: BytesMut,
+}
+
+impl Gathered {
+    fn len(&self) -> usize {
+        self.first.as_ref().map_or(0, Bytes::len) + self.more.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.first.is_none() && self.more.is_empty()
+    }
+
+    fn push(&mut self, data: Bytes) {
+        match &mut self.first {
+            None if self.more.is_empty() => self.first = Some(data),
+            first => {
+                if let Some(f) = first.take() {
+                    self.more.reserve(f.len() + data.len() * 4);
+                    self.more.extend_from_slice(&f);
+                }
+                self.more.extend_from_slice(&data);
+            }
+        }
+    }
+
+    fn take(&mut self) -> Bytes {
+        match self.first.take() {
+            Some(b) => b,
+            None => self.more.split().freeze(),
+        }
+    }
 }
 
 impl Proxied {
@@ -81,6 +143,9 @@ impl Proxied {
             sse,
             first_frame_seen: false,
             ended: false,
+            gathered: Gathered::default(),
+            yielded: 0,
+            after: None,
         }
     }
 }
@@ -135,7 +200,12 @@ impl Body for RouterBody {
         match self {
             RouterBody::Full(b) => b.is_none(),
             RouterBody::Plain(inner) => inner.is_end_stream(),
-            RouterBody::Proxied(p) => p.ended || (p.in_flight.is_some() && p.inner.is_end_stream()),
+            RouterBody::Proxied(p) => {
+                p.ended
+                    || (p.gathered.is_empty()
+                        && (matches!(p.after, Some(After::End))
+                            || (p.after.is_none() && p.in_flight.is_some() && p.inner.is_end_stream())))
+            }
         }
     }
 
@@ -143,7 +213,8 @@ impl Body for RouterBody {
         match self {
             RouterBody::Full(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
             RouterBody::Plain(inner) => inner.size_hint(),
-            RouterBody::Proxied(p) => p.inner.size_hint(),
+            RouterBody::Proxied(p) if p.gathered.is_empty() && p.after.is_none() => p.inner.size_hint(),
+            RouterBody::Proxied(_) => SizeHint::default(),
         }
     }
 }
@@ -153,37 +224,82 @@ impl Proxied {
         if self.ended {
             return Poll::Ready(None);
         }
-        match ready!(Pin::new(&mut self.inner).poll_frame(cx)) {
-            Some(Ok(frame)) => {
-                if !self.first_frame_seen && frame.is_data() {
-                    self.first_frame_seen = true;
-                    if let Some(f) = &self.in_flight {
-                        let ttft = f.sent_at.elapsed();
-                        f.endpoint.record_ttft(ttft);
-                        f.admission.record_ttft(ttft);
+        if self.after.is_some() {
+            return self.poll_after();
+        }
+        loop {
+            match Pin::new(&mut self.inner).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                    Ok(data) => {
+                        if !self.first_frame_seen {
+                            self.first_frame_seen = true;
+                            if let Some(f) = &self.in_flight {
+                                let ttft = f.sent_at.elapsed();
+                                f.endpoint.record_ttft(ttft);
+                                f.admission.record_ttft(ttft);
+                            }
+                        }
+                        self.yielded = 0;
+                        self.gathered.push(data);
+                        if self.gathered.len() >= GATHER_LIMIT {
+                            return Poll::Ready(Some(Ok(Frame::data(self.gathered.take()))));
+                        }
                     }
+                    Err(trailers) => return self.send_gathered_then(After::Trailers(trailers)),
+                },
+                Poll::Ready(None) => return self.send_gathered_then(After::End),
+                Poll::Ready(Some(Err(e))) => return self.send_gathered_then(After::Cut(e)),
+                Poll::Pending if self.gathered.is_empty() => return Poll::Pending,
+                Poll::Pending if self.yielded < TURNS_FOR_UPSTREAM => {
+                    // Our poll just asked the connection task for the next chunk; let it run
+                    // before sending what we have.
+                    self.yielded += 1;
+                    cx.waker().wake_by_ref();
+                    return Poll::Pending;
                 }
-                Poll::Ready(Some(Ok(frame)))
-            }
-            None => {
-                self.ended = true;
-                self.in_flight = None;
-                Poll::Ready(None)
-            }
-            Some(Err(e)) => {
-                self.ended = true;
-                if let Some(f) = self.in_flight.take() {
-                    f.metrics.stream_cut();
-                    if f.endpoint.record(Outcome::Cut, &f.ejection, Instant::now()) {
-                        f.metrics.ejection();
-                    }
-                }
-                if self.sse {
-                    Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(RETRYABLE_ERROR_EVENT)))))
-                } else {
-                    Poll::Ready(Some(Err(StreamCut(e))))
+                Poll::Pending => {
+                    self.yielded = 0;
+                    return Poll::Ready(Some(Ok(Frame::data(self.gathered.take()))));
                 }
             }
+        }
+    }
+
+    fn send_gathered_then(&mut self, after: After) -> Poll<Option<Result<Frame<Bytes>, StreamCut>>> {
+        if self.gathered.is_empty() {
+            self.after = Some(after);
+            return self.poll_after();
+        }
+        self.after = Some(after);
+        Poll::Ready(Some(Ok(Frame::data(self.gathered.take()))))
+    }
+
+    fn poll_after(&mut self) -> Poll<Option<Result<Frame<Bytes>, StreamCut>>> {
+        match self.after.take() {
+            Some(After::End) | None => self.end(),
+            Some(After::Cut(e)) => self.cut(e),
+            Some(After::Trailers(t)) => Poll::Ready(Some(Ok(t))),
+        }
+    }
+
+    fn end(&mut self) -> Poll<Option<Result<Frame<Bytes>, StreamCut>>> {
+        self.ended = true;
+        self.in_flight = None;
+        Poll::Ready(None)
+    }
+
+    fn cut(&mut self, e: hyper::Error) -> Poll<Option<Result<Frame<Bytes>, StreamCut>>> {
+        self.ended = true;
+        if let Some(f) = self.in_flight.take() {
+            f.metrics.stream_cut();
+            if f.endpoint.record(Outcome::Cut, &f.ejection, Instant::now()) {
+                f.metrics.ejection();
+            }
+        }
+        if self.sse {
+            Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(RETRYABLE_ERROR_EVENT)))))
+        } else {
+            Poll::Ready(Some(Err(StreamCut(e))))
         }
     }
 }

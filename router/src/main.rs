@@ -104,10 +104,18 @@ fn main() -> anyhow::Result<()> {
         Mode::Gateway(a) if a.workers > 0 => a.workers,
         _ => std::thread::available_parallelism().map_or(1, |n| n.get()),
     };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(workers)
-        .enable_all()
-        .build()?;
+    // One worker: a current-thread runtime, which wakes tasks without cross-thread signalling
+    // (the multi-thread runtime with one worker still pays an eventfd write per spawn).
+    let rt = if workers == 1 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(workers)
+            .enable_all()
+            .build()?
+    };
     rt.block_on(async move {
         match cli.mode {
             Mode::Gateway(args) => gateway(args).await,
