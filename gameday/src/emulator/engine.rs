@@ -16,7 +16,7 @@ use tokio::time::Instant;
 
 use super::cost::{CostModel, PrefixCache, blocks_for};
 use super::faults::{Fault, FaultBoard, HalfFailure};
-use super::generate::{ModelIdentity, Sampling, Token, TokenSource};
+use super::generate::{ModelIdentity, Sampling, Token, TokenSource, wrong_output_seed};
 use super::log::{Log, Proc};
 use super::metrics::{Metrics, SleepSeries};
 use super::settings::AsleepRequests;
@@ -548,12 +548,15 @@ impl Generation {
         }
         // A sleep that landed during the prefill holds the first token back until wake.
         self.pass_gate(&mut gate, Standing::Running).await?;
-        let garbage = !engine.weights_valid() || engine.faults.wrong_output();
+        let mut seed = engine.identity_seed.load(Ordering::Relaxed);
+        if engine.faults.wrong_output() {
+            seed = wrong_output_seed(seed);
+        }
         self.source = Some(TokenSource::new(
-            engine.identity_seed.load(Ordering::Relaxed),
+            seed,
             prompt,
             self.request.sampling,
-            garbage,
+            !engine.weights_valid(),
             self.request.ignore_eos,
         ));
         if self.request.max_tokens == 0 {

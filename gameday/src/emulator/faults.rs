@@ -44,7 +44,8 @@ pub enum Fault {
     HalfFailed(HalfFailure),
     /// Every prefill and decode takes this many times longer.
     Slow(f64),
-    /// Generation returns fluent-looking text that differs from the model's.
+    /// Generation returns fluent-looking text in the model's words that differs from its own: the
+    /// same vocabulary from another seed, not the garbage of unloaded weights.
     WrongOutput,
     Drift(Drift),
     /// Every fault in force is lifted (a crash or engine death cannot be).

@@ -208,6 +208,17 @@ impl TokenSource {
     }
 }
 
+/// Whether `token` is one the emulated model says (not the garbage of unloaded weights).
+pub fn is_model_token(token: &str) -> bool {
+    WORDS.contains(&token)
+}
+
+/// The seed of the `wrong-output` fault: the model's vocabulary, fluent-looking, from another
+/// stream than the model's own.
+pub fn wrong_output_seed(identity_seed: u64) -> u64 {
+    splitmix(identity_seed ^ 0x0bad_0a75_7e57_0000)
+}
+
 fn splitmix(mut z: u64) -> u64 {
     z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
