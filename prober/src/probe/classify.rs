@@ -21,7 +21,7 @@ pub enum Ending {
     Timeout,
     /// A response head with a status other than 200 (out-of-range codes as sent).
     Status { code: u16, fenced: bool },
-    /// The connection closed or broke after the head, before `[DONE]`.
+    /// The connection closed or broke after the head, before `[DONE]`, wherever the cut fell.
     ClosedEarly,
     /// Tokens came, then nothing for the stall window.
     Stalled,
@@ -29,7 +29,7 @@ pub enum Ending {
     DeadlineWhileStreaming,
     /// An error event inside the stream.
     StreamError(u16),
-    /// Bytes that are not a completion stream (invalid SSE, a non-stream body).
+    /// Bytes that are not a completion stream: a complete invalid event, or a whole non-stream body.
     Garbled,
     /// `data: [DONE]` arrived.
     Done,

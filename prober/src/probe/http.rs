@@ -40,6 +40,8 @@ pub enum Failure {
 pub struct Exchange {
     pub status: u16,
     pub fenced: bool,
+    /// The answer says it is a server-sent event stream (`content-type: text/event-stream`).
+    pub event_stream: bool,
     pub body: Incoming,
     _connection: AbortOnDrop,
 }
@@ -163,9 +165,19 @@ pub async fn send(
         Ok(Ok(r)) => r,
     };
     let fenced = response.headers().contains_key(super::FENCE_HEADER);
+    let event_stream = response
+        .headers()
+        .get(::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            v.trim_start()
+                .to_ascii_lowercase()
+                .starts_with("text/event-stream")
+        });
     Ok(Exchange {
         status: response.status().as_u16(),
         fenced,
+        event_stream,
         body: response.into_body(),
         _connection: connection,
     })

@@ -319,9 +319,13 @@ async fn stream_completion(
             }
             Ok(None) => {
                 t.total = Some(Instant::now() - started);
-                t.ending = match decoder.finish() {
-                    Some(_) => Ending::Garbled,
-                    None => Ending::ClosedEarly,
+                // A stream that ends before [DONE] was closed early wherever the cut fell, mid
+                // event or between events; only a whole body that is not a stream is garbled.
+                let leftover = decoder.finish().is_some();
+                t.ending = if leftover && !exchange.event_stream {
+                    Ending::Garbled
+                } else {
+                    Ending::ClosedEarly
                 };
                 return t;
             }
