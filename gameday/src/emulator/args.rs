@@ -154,6 +154,7 @@ pub struct CommandLine {
 }
 
 /// Boolean flags vLLM takes without a value (argparse `store_true` / `BooleanOptionalAction`).
+/// The prober's parity parser keeps a list like this one (`SWITCHES`); keep the two alike.
 const BOOLEAN_FLAGS: &[&str] = &[
     "enable-sleep-mode",
     "enforce-eager",
@@ -173,6 +174,11 @@ const BOOLEAN_FLAGS: &[&str] = &[
     "disable-frontend-multiprocessing",
     "disable-uvicorn-access-log",
     "enable-prompt-tokens-details",
+    "enable-request-id-headers",
+    "enable-expert-parallel",
+    "enable-eplb",
+    "disable-sliding-window",
+    "disable-cascade-attn",
     "headless",
     "async-scheduling",
     "skip-tokenizer-init",

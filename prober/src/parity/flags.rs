@@ -62,6 +62,41 @@ impl Default for FlagPolicy {
     }
 }
 
+/// vLLM's switches (argparse `store_true` / `BooleanOptionalAction`): they take no value, so the
+/// word after one is the next argument (`vllm serve --enforce-eager M` serves `M`). Any `--no-x`
+/// is a switch too. The emulator keeps its own list for its parser; the prober must not depend on
+/// it, so the two are kept alike by hand.
+const SWITCHES: &[&str] = &[
+    "enable-sleep-mode",
+    "enforce-eager",
+    "trust-remote-code",
+    "enable-prefix-caching",
+    "enable-chunked-prefill",
+    "disable-log-stats",
+    "disable-log-requests",
+    "enable-log-requests",
+    "enable-force-include-usage",
+    "enable-server-load-tracking",
+    "disable-custom-all-reduce",
+    "enable-auto-tool-choice",
+    "enable-lora",
+    "disable-frontend-multiprocessing",
+    "disable-uvicorn-access-log",
+    "enable-prompt-tokens-details",
+    "enable-request-id-headers",
+    "enable-expert-parallel",
+    "enable-eplb",
+    "disable-sliding-window",
+    "disable-cascade-attn",
+    "headless",
+    "async-scheduling",
+    "skip-tokenizer-init",
+];
+
+fn is_switch(name: &str) -> bool {
+    name.starts_with("no-") || SWITCHES.contains(&name)
+}
+
 fn short_alias(flag: &str) -> Option<&'static str> {
     match flag {
         "-tp" => Some("tensor-parallel-size"),
@@ -134,6 +169,15 @@ pub fn canonical_flags(argv: &[String], policy: &FlagPolicy) -> BTreeMap<String,
         };
         let value = match inline {
             Some(v) => v,
+            // A switch takes no value; an explicit boolean after one is read as its value, a model
+            // name never is.
+            None if is_switch(&name) => match args.get(i).map(String::as_str) {
+                Some(b @ ("true" | "True" | "false" | "False")) => {
+                    i += 1;
+                    b.to_owned()
+                }
+                _ => "true".to_owned(),
+            },
             None => {
                 let start = i;
                 while i < args.len() && !args[i].starts_with("--") && short_alias(&args[i]).is_none() {
@@ -188,6 +232,27 @@ mod tests {
         assert_eq!(a, b);
         assert_eq!(a.get("model").map(String::as_str), Some("Qwen/Qwen3-8B"));
         assert_eq!(a.get("gpu-memory-utilization").map(String::as_str), Some("0.85"));
+    }
+
+    #[test]
+    fn a_switch_before_the_model_never_takes_the_model_as_its_value() {
+        let before = flags_fingerprint(
+            &argv("vllm serve --enforce-eager Qwen/Qwen3-8B"),
+            &FlagPolicy::default(),
+        );
+        let after = flags_fingerprint(
+            &argv("vllm serve Qwen/Qwen3-8B --enforce-eager"),
+            &FlagPolicy::default(),
+        );
+        assert_eq!(before, after);
+        let a = flags("vllm serve --trust-remote-code --no-enable-prefix-caching m --max-num-seqs 8");
+        assert_eq!(a.get("model").map(String::as_str), Some("m"));
+        assert_eq!(a.get("trust-remote-code").map(String::as_str), Some("true"));
+        assert_eq!(a.get("enable-prefix-caching").map(String::as_str), Some("false"));
+        assert_eq!(
+            a,
+            flags("vllm serve m --max-num-seqs 8 --no-enable-prefix-caching --trust-remote-code")
+        );
     }
 
     #[test]
