@@ -191,6 +191,50 @@ fn a_missing_pulled_event_leaves_image_and_container_start_unknown_not_guessed()
 }
 
 #[test]
+fn after_restarts_the_container_start_runs_from_the_current_runs_pull() {
+    // Fresh pull 12:03:02 for the first run; the two restarts found the image present, one folded
+    // event last seen 12:09:38; the current run started 12:09:40.
+    let t = timeline("restarted", None, None, |_| {});
+    assert_eq!(
+        t.duration(S::ContainerStart),
+        ms(2_000),
+        "the latest pull before startedAt, not the first run's"
+    );
+    assert!(
+        t.stage(S::ContainerStart)
+            .detail
+            .iter()
+            .any(|d| d.contains("2 restart(s)"))
+    );
+}
+
+#[test]
+fn after_restarts_without_the_current_runs_pull_the_container_start_is_unknown() {
+    let pod = coldstart::parse_pod(&fixture("restarted", "pod.json")).unwrap();
+    let events: Vec<_> = coldstart::parse_events(&fixture("restarted", "events.json"))
+        .unwrap()
+        .into_iter()
+        .filter(|e| !e.message.contains("already present"))
+        .collect();
+    let log = fixture("restarted", "logs.txt");
+    let t = coldstart::build(&ColdStartInputs {
+        pod: &pod,
+        events: &events,
+        log: &log,
+        container: None,
+        first_token: None,
+    });
+    assert!(
+        matches!(
+            t.stage(S::ContainerStart).duration,
+            StageDuration::Unknown { missing } if missing.contains("current run")
+        ),
+        "{:?}",
+        t.stage(S::ContainerStart)
+    );
+}
+
+#[test]
 fn without_kubectl_timestamps_vllms_own_seconds_are_used_and_ready_is_unknown() {
     let t = timeline("older", Some("vllm"), None, |log| {
         *log = log

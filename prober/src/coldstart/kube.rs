@@ -104,6 +104,10 @@ pub struct Event {
     pub first_timestamp: Option<Timestamp>,
     #[serde(default, alias = "deprecatedLastTimestamp")]
     pub last_timestamp: Option<Timestamp>,
+    /// How many times the kubelet saw this event (repeats are folded into one, `lastTimestamp`
+    /// moving on).
+    #[serde(default, alias = "deprecatedCount")]
+    pub count: Option<u32>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -122,6 +126,11 @@ impl Event {
     /// one-second `firstTimestamp`, else `lastTimestamp`.
     pub fn time(&self) -> Option<Timestamp> {
         self.event_time.or(self.first_timestamp).or(self.last_timestamp)
+    }
+
+    /// When the event last happened: `lastTimestamp`, else `eventTime`, else `firstTimestamp`.
+    pub fn last_time(&self) -> Option<Timestamp> {
+        self.last_timestamp.or(self.event_time).or(self.first_timestamp)
     }
 
     /// Whether the event is about this pod (by uid when both sides have one, else by name).

@@ -218,12 +218,19 @@ pub fn build(inputs: &ColdStartInputs<'_>) -> Timeline {
     let mut events: Vec<&Event> = inputs.events.iter().filter(|e| e.is_about(pod)).collect();
     events.sort_by_key(|e| e.time());
     let pod_event = |reason: &str| events.iter().copied().find(|e| e.reason == reason);
-    let container_event = |reason: &str| {
-        events.iter().copied().find(|e| {
-            e.reason == reason
-                && (container.is_none() || e.container().is_none() || e.container() == container.as_deref())
-        })
+    let container_events = |reason: &str| -> Vec<&Event> {
+        events
+            .iter()
+            .copied()
+            .filter(|e| {
+                e.reason == reason
+                    && (container.is_none()
+                        || e.container().is_none()
+                        || e.container() == container.as_deref())
+            })
+            .collect()
     };
+    let container_event = |reason: &str| container_events(reason).first().copied();
     let log = StartupLog::parse(inputs.log);
     let created = pod.metadata.creation_timestamp;
     let mut stages = Vec::with_capacity(ColdStartStage::ALL.len());
@@ -309,21 +316,41 @@ pub fn build(inputs: &ColdStartInputs<'_>) -> Timeline {
         .and_then(|r| r.started_at)
         .or_else(|| container_event("Started").and_then(Event::time));
     let mut detail = Vec::new();
-    if let Some(restarts) = status.map(|s| s.restart_count).filter(|r| *r > 0) {
+    let restarts = status.map_or(0, |s| s.restart_count);
+    // After a restart the current run began at its own pull (the kubelet folds repeats into one
+    // event and moves `lastTimestamp` on), not at the first run's. Every run has a pull, so
+    // fewer pulls than runs means the current run's has expired or was never recorded.
+    let run_pull = if restarts == 0 {
+        image_ready
+    } else {
         detail.push(format!("{restarts} restart(s): times are the current run's"));
-    }
+        let pulls = container_events("Pulled");
+        let seen: u32 = pulls.iter().map(|e| e.count.unwrap_or(1).max(1)).sum();
+        if seen > restarts {
+            pulls
+                .iter()
+                .filter_map(|e| e.last_time())
+                .filter(|t| running.is_none_or(|r| *t <= r))
+                .max()
+        } else {
+            None
+        }
+    };
     stages.push(StageReport {
         stage: ColdStartStage::ContainerStart,
-        duration: match (image_ready, running) {
+        duration: match (run_pull, running) {
+            (None, _) if image_ready.is_some() => StageDuration::Unknown {
+                missing: "a Pulled event for the current run (the container restarted; fewer pulls recorded than runs)",
+            },
             (None, _) => StageDuration::Unknown {
                 missing: "a Pulled event",
             },
             (_, None) => StageDuration::Unknown {
                 missing: "the container's running.startedAt or a Started event",
             },
-            _ => known_or(between(image_ready, running), "start before image (clock skew)"),
+            _ => known_or(between(run_pull, running), "start before image (clock skew)"),
         },
-        started: image_ready,
+        started: run_pull,
         finished: running,
         detail,
     });
