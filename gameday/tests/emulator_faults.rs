@@ -156,15 +156,12 @@ fn a_slow_fault_multiplies_generation_time() {
         ],
         &[],
     );
-    let t0 = Instant::now();
-    e.greedy_text("pace", 11);
-    let normal = t0.elapsed();
     assert_eq!(e.inject("slow:10").status, 200);
     let t0 = Instant::now();
     e.greedy_text("pace", 11);
     let slow = t0.elapsed();
+    // Only the lower bound: waiting guarantees it, a comparison with the normal run would not.
     assert!(slow >= Duration::from_secs(1), "slow took {slow:?}");
-    assert!(slow > normal * 3, "normal {normal:?}, slow {slow:?}");
 }
 
 #[test]
@@ -193,10 +190,14 @@ fn drift_reports_another_version_context_length_and_weights() {
 
 #[test]
 fn a_fault_injected_with_an_offset_waits_for_it() {
+    let later = Emulator::ready(&[CONTROL], &[]);
+    assert_eq!(later.inject("engine-dead@30s").status, 200);
+    assert_eq!(later.get("/health").status, 200, "not yet");
+    drop(later);
     let e = Emulator::ready(&[CONTROL], &[]);
     assert_eq!(e.inject("engine-dead@400ms").status, 200);
-    assert_eq!(e.get("/health").status, 200, "not yet");
-    let deadline = Instant::now() + Duration::from_secs(10);
+    // A guard against hanging forever, not a timing assertion.
+    let deadline = Instant::now() + Duration::from_secs(120);
     while try_request(e.port, "GET", "/health", None)
         .map(|r| r.status)
         .unwrap_or(0)

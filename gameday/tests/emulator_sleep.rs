@@ -232,13 +232,18 @@ fn sleep_in_keep_mode_freezes_running_streams_until_wake() {
     let mut stream = OpenStream::post(
         e.port,
         "/v1/completions",
-        &completion_body("keep going", 30, true),
+        &completion_body("keep going", 500, true),
     );
+    // 500 tokens at 20 ms: the stream runs for ten seconds at least, so the sleep lands in it.
     assert!(stream.read_until("\"text\"", Duration::from_secs(10)));
     assert_eq!(e.post("/sleep?level=1&mode=keep", "").status, 200);
-    assert!(
-        !stream.read_until("[DONE]", Duration::from_millis(900)),
-        "30 tokens at 20 ms would be done by now"
+    assert!(!stream.read_until("[DONE]", Duration::from_millis(500)));
+    let frozen = stream.text().matches("\"text\"").count();
+    assert!(!stream.read_until("[DONE]", Duration::from_millis(500)));
+    assert_eq!(
+        stream.text().matches("\"text\"").count(),
+        frozen,
+        "no token while asleep"
     );
     assert_eq!(e.post("/wake_up", "").status, 200);
     let events = stream.finish().sse_events();

@@ -19,11 +19,13 @@ fn captured(line: &str, pattern: &str) -> f64 {
 
 #[test]
 fn the_port_refuses_connections_until_the_engine_is_ready() {
-    // Weights take 0.8 s (0.8 GiB at 1 GiB/s): long enough to knock while they load.
+    // Weights take 30 s (30 GiB at 1 GiB/s): the knocks land while they load however slow the
+    // machine, and the emulator is dropped long before it would listen. That the port answers
+    // once ready, every other test shows.
     let mut e = Emulator::spawn(
         &[
             "--emu-weights-gib",
-            "0.8",
+            "30",
             "--emu-load-gib-per-s",
             "1",
             "--emu-zero-cost",
@@ -35,8 +37,6 @@ fn the_port_refuses_connections_until_the_engine_is_ready() {
         TcpStream::connect(("127.0.0.1", e.port)).expect_err("nothing may answer while weights load");
     assert_eq!(refused.kind(), std::io::ErrorKind::ConnectionRefused);
     assert!(try_request(e.port, "GET", "/health", None).is_err());
-    e.wait_for_line("Application startup complete.");
-    assert_eq!(e.get("/health").status, 200);
 }
 
 #[test]

@@ -14,15 +14,18 @@ use understudy_prober::probe::{self, Budget, Endpoint, Expectation, ProbeSpec};
 
 const DEV: &[(&str, &str)] = &[("VLLM_SERVER_DEV_MODE", "1")];
 
+/// Budgets, timeout and stall window far beyond anything loopback takes, so `Ok` never depends
+/// on the machine's speed; a test that wants an outcome caused by time tightens one of them and
+/// makes the emulator take longer than that.
 fn spec() -> ProbeSpec {
     ProbeSpec {
         model: Some(prober_support::MODEL.to_string()),
         budget: Budget {
-            first_token: Duration::from_secs(2),
-            total: Duration::from_secs(5),
+            first_token: Duration::from_secs(60),
+            total: Duration::from_secs(60),
         },
-        timeout: Duration::from_secs(5),
-        stall_after: Duration::from_millis(500),
+        timeout: Duration::from_secs(120),
+        stall_after: Duration::from_secs(30),
         ..ProbeSpec::default()
     }
 }
@@ -54,8 +57,8 @@ async fn a_healthy_replica_answers_the_golden_answer_again_within_budget() {
 async fn a_closed_port_and_a_replica_still_loading_weights_are_refused() {
     let closed = probe::probe(&Endpoint::new("127.0.0.1", free_port()), &spec()).await;
     assert_eq!(closed.outcome, ProbeOutcome::Refused);
-    // 4 GiB at 1 GiB/s: the port refuses for about four seconds.
-    let starting = Emulator::spawn(&["--emu-weights-gib=4", "--emu-load-gib-per-s=1"], &[]);
+    // 30 GiB at 1 GiB/s: the port refuses for half a minute; the emulator is dropped long before.
+    let starting = Emulator::spawn(&["--emu-weights-gib=30", "--emu-load-gib-per-s=1"], &[]);
     starting.wait_for_line("Starting to load model");
     assert_eq!(
         probe::probe(&starting.endpoint, &spec()).await.outcome,
@@ -111,7 +114,12 @@ async fn a_dead_engine_is_a_hard_http_error_and_the_pool_fails_hard() {
 #[tokio::test]
 async fn a_half_failed_replica_that_stalls_mid_stream_is_stalled() {
     let e = Emulator::ready(&["--emu-fault=half-failed:stall"], &[]);
-    let report = probe::probe(&e.endpoint, &spec()).await;
+    // The stall is forever, so any window shows it.
+    let stall = ProbeSpec {
+        stall_after: Duration::from_millis(500),
+        ..spec()
+    };
+    let report = probe::probe(&e.endpoint, &stall).await;
     assert_eq!(report.outcome, ProbeOutcome::Stalled, "{report:?}");
     assert!(report.first_token.is_some(), "the stall came after a token");
 }
@@ -157,22 +165,23 @@ async fn a_standby_serving_other_weights_fails_the_primarys_golden_answer() {
 
 #[tokio::test]
 async fn a_slow_fault_turns_a_passing_probe_too_slow() {
-    // 8 tokens at 20 ms: 160 ms; slow:10 makes it 1.6 s, over a 0.8 s total budget.
+    // 8 tokens at 20 ms; slow:10 makes each 200 ms, so the answer takes at least 1.6 s: over a
+    // 0.8 s total budget however fast the machine is.
     let e = Emulator::ready_with_costs(&["--emu-decode-s-per-token=0.02"], &[]);
-    let budget = ProbeSpec {
+    assert!(matches!(
+        probe::probe(&e.endpoint, &spec()).await.outcome,
+        ProbeOutcome::Ok { .. }
+    ));
+    e.inject("slow:10");
+    let tight = ProbeSpec {
         budget: Budget {
-            first_token: Duration::from_secs(2),
+            first_token: Duration::from_secs(60),
             total: Duration::from_millis(800),
         },
         ..spec()
     };
-    assert!(matches!(
-        probe::probe(&e.endpoint, &budget).await.outcome,
-        ProbeOutcome::Ok { .. }
-    ));
-    e.inject("slow:10");
     assert_eq!(
-        probe::probe(&e.endpoint, &budget).await.outcome,
+        probe::probe(&e.endpoint, &tight).await.outcome,
         ProbeOutcome::TooSlow
     );
 }
@@ -183,7 +192,7 @@ async fn a_sleeping_replica_is_asleep_and_wakes_to_pass() {
     assert_eq!(e.post("/sleep?level=1", ""), 200);
     // A request sent while asleep would park until wake and time out; Asleep means none was sent.
     let quick = ProbeSpec {
-        timeout: Duration::from_secs(2),
+        timeout: Duration::from_secs(10),
         ..spec()
     };
     assert_eq!(
@@ -193,7 +202,7 @@ async fn a_sleeping_replica_is_asleep_and_wakes_to_pass() {
     assert_eq!(pool_verdict(&[ProbeOutcome::Asleep], 1), CheckResult::Asleep);
     assert_eq!(e.post("/wake_up", ""), 200);
     assert!(matches!(
-        probe::probe(&e.endpoint, &quick).await.outcome,
+        probe::probe(&e.endpoint, &spec()).await.outcome,
         ProbeOutcome::Ok { .. }
     ));
 }
