@@ -16,6 +16,12 @@ use understudy_prober::probe::Endpoint;
 
 pub const MODEL: &str = "Qwen/Qwen3-0.6B";
 
+/// A port nobody listens on right now.
+///
+/// Racy: another process may take the port between this drop and the emulator's bind. Port 0
+/// would remove the race, but the emulator prints the resolved port (0), not the bound one, and
+/// prints it only once ready, after the tests that knock during weight load need it; fixing that
+/// means logging `local_addr()` early in the emulator. Left as is for now.
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
