@@ -1,15 +1,17 @@
 //! The response body the router sends back: a small answer of its own, or an upstream body passed
 //! through frame by frame with no buffering. When an upstream stream breaks after bytes went to
 //! the client, the stream contract decides what the client sees: for an SSE stream, one error
-//! event marked `"retryable": true` and then the end, never a `[DONE]`; for anything else the
+//! event marked `"retryable": true` and then the end, never a `[DONE]`, or under `continuation`
+//! the rest of a completions stream from another endpoint; for anything else the
 //! connection is cut, so the client sees an incomplete body rather than a finished one.
 //!
 //! This module must never buffer a stream, retry after a byte went out, or end a cut stream the
 //! way a finished one ends.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
 
 use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
@@ -17,6 +19,7 @@ use hyper::body::Incoming;
 use tokio::time::Instant;
 
 use crate::admission::{Admission, Permit};
+use crate::continuation::{Delivered, Events, follow_up, restamp};
 use crate::endpoint::{EjectionPolicy, Endpoint, Outcome};
 use crate::metrics::Metrics;
 use crate::retry::RetryBudget;
@@ -87,6 +90,76 @@ pub struct Proxied {
     yielded: u8,
     /// What comes after the gathered bytes have gone out: the end, or the cut.
     after: Option<After>,
+    /// Under the `continuation` contract: what was delivered and how to carry on.
+    follow: Option<Box<Follow>>,
+}
+
+/// Sends the follow-up request (body, the endpoint to avoid) to another endpoint of the route;
+/// `None` when none answered with a stream.
+pub type Resend = Box<dyn FnOnce(Bytes, std::net::SocketAddr) -> FollowUp + Send>;
+
+/// A follow-up on its way: the new stream and its place in the data path, if one answered.
+pub type FollowUp = Pin<Box<dyn Future<Output = Option<(Incoming, InFlight)>> + Send>>;
+
+/// A completions stream under the `continuation` contract.
+pub struct Follow {
+    request: serde_json::Value,
+    resend: Option<Resend>,
+    events: Events,
+    delivered: Delivered,
+    sending: Option<FollowUp>,
+    /// The follow-up's events are re-stamped with the first stream's identity.
+    following: bool,
+}
+
+impl std::fmt::Debug for Follow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Follow")
+            .field("delivered_tokens", &self.delivered.tokens)
+            .field("following", &self.following)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Follow {
+    /// Follows the stream answering `request` (its JSON body), resending with `resend` on a cut.
+    #[must_use]
+    pub fn new(request: serde_json::Value, resend: Resend) -> Box<Self> {
+        Box::new(Follow {
+            request,
+            resend: Some(resend),
+            events: Events::default(),
+            delivered: Delivered::default(),
+            sending: None,
+            following: false,
+        })
+    }
+
+    /// Passes `data` through the event record: complete events only, re-stamped when following.
+    fn pass(&mut self, data: &Bytes) -> Bytes {
+        let Follow {
+            events,
+            delivered,
+            following,
+            ..
+        } = self;
+        if !*following {
+            return events.push(data, |e| delivered.record(e));
+        }
+        let mut out = Vec::with_capacity(data.len() + 64);
+        let stamp = delivered.stamp.clone();
+        events.push(data, |e| {
+            delivered.record(e);
+            match &stamp {
+                Some(st) => out.extend_from_slice(&restamp(e, st)),
+                None => {
+                    out.extend_from_slice(e);
+                    out.extend_from_slice(b"\n\n");
+                }
+            }
+        });
+        Bytes::from(out)
+    }
 }
 
 #[derive(Debug)]
@@ -146,7 +219,15 @@ impl Proxied {
             gathered: Gathered::default(),
             yielded: 0,
             after: None,
+            follow: None,
         }
+    }
+
+    /// Carries the stream on under the `continuation` contract.
+    #[must_use]
+    pub fn following(mut self, follow: Box<Follow>) -> Self {
+        self.follow = Some(follow);
+        self
     }
 }
 
@@ -204,7 +285,10 @@ impl Body for RouterBody {
                 p.ended
                     || (p.gathered.is_empty()
                         && (matches!(p.after, Some(After::End))
-                            || (p.after.is_none() && p.in_flight.is_some() && p.inner.is_end_stream())))
+                            || (p.after.is_none()
+                                && p.follow.is_none()
+                                && p.in_flight.is_some()
+                                && p.inner.is_end_stream())))
             }
         }
     }
@@ -225,9 +309,22 @@ impl Proxied {
             return Poll::Ready(None);
         }
         if self.after.is_some() {
-            return self.poll_after();
+            return self.poll_after(cx);
         }
         loop {
+            if let Some(f) = &mut self.follow
+                && let Some(sending) = &mut f.sending
+            {
+                let Some((inner, in_flight)) = ready!(sending.as_mut().poll(cx)) else {
+                    f.sending = None;
+                    return self.end_with_error();
+                };
+                f.sending = None;
+                f.following = true;
+                in_flight.metrics.continuation();
+                self.inner = inner;
+                self.in_flight = Some(in_flight);
+            }
             match Pin::new(&mut self.inner).poll_frame(cx) {
                 Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
                     Ok(data) => {
@@ -240,15 +337,21 @@ impl Proxied {
                             }
                         }
                         self.yielded = 0;
-                        self.gathered.push(data);
+                        let data = match &mut self.follow {
+                            Some(f) => f.pass(&data),
+                            None => data,
+                        };
+                        if !data.is_empty() {
+                            self.gathered.push(data);
+                        }
                         if self.gathered.len() >= GATHER_LIMIT {
                             return Poll::Ready(Some(Ok(Frame::data(self.gathered.take()))));
                         }
                     }
-                    Err(trailers) => return self.send_gathered_then(After::Trailers(trailers)),
+                    Err(trailers) => return self.send_gathered_then(After::Trailers(trailers), cx),
                 },
-                Poll::Ready(None) => return self.send_gathered_then(After::End),
-                Poll::Ready(Some(Err(e))) => return self.send_gathered_then(After::Cut(e)),
+                Poll::Ready(None) => return self.send_gathered_then(After::End, cx),
+                Poll::Ready(Some(Err(e))) => return self.send_gathered_then(After::Cut(e), cx),
                 Poll::Pending if self.gathered.is_empty() => return Poll::Pending,
                 Poll::Pending if self.yielded < TURNS_FOR_UPSTREAM => {
                     // Our poll just asked the connection task for the next chunk; let it run
@@ -265,19 +368,23 @@ impl Proxied {
         }
     }
 
-    fn send_gathered_then(&mut self, after: After) -> Poll<Option<Result<Frame<Bytes>, StreamCut>>> {
+    fn send_gathered_then(
+        &mut self,
+        after: After,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, StreamCut>>> {
         if self.gathered.is_empty() {
             self.after = Some(after);
-            return self.poll_after();
+            return self.poll_after(cx);
         }
         self.after = Some(after);
         Poll::Ready(Some(Ok(Frame::data(self.gathered.take()))))
     }
 
-    fn poll_after(&mut self) -> Poll<Option<Result<Frame<Bytes>, StreamCut>>> {
+    fn poll_after(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, StreamCut>>> {
         match self.after.take() {
             Some(After::End) | None => self.end(),
-            Some(After::Cut(e)) => self.cut(e),
+            Some(After::Cut(e)) => self.cut(e, cx),
             Some(After::Trailers(t)) => Poll::Ready(Some(Ok(t))),
         }
     }
@@ -288,18 +395,43 @@ impl Proxied {
         Poll::Ready(None)
     }
 
-    fn cut(&mut self, e: hyper::Error) -> Poll<Option<Result<Frame<Bytes>, StreamCut>>> {
-        self.ended = true;
-        if let Some(f) = self.in_flight.take() {
+    fn cut(
+        &mut self,
+        e: hyper::Error,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, StreamCut>>> {
+        let failed = self.in_flight.take().map(|f| {
             f.metrics.stream_cut();
             if f.endpoint.record(Outcome::Cut, &f.ejection, Instant::now()) {
                 f.metrics.ejection();
             }
+            f.endpoint.addr()
+        });
+        if let Some(failed) = failed
+            && let Some(follow) = &mut self.follow
+            && !follow.following
+            && !follow.delivered.finished
+            && !follow.events.overflowed()
+            && let Some(body) = follow_up(&follow.request, &follow.delivered)
+            && let Some(resend) = follow.resend.take()
+        {
+            // The half event the replica died in never went out; the follow-up starts clean.
+            follow.events.clear();
+            follow.sending = Some(resend(body, failed));
+            return self.poll(cx);
         }
         if self.sse {
-            Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(RETRYABLE_ERROR_EVENT)))))
+            self.end_with_error()
         } else {
+            self.ended = true;
             Poll::Ready(Some(Err(StreamCut(e))))
         }
+    }
+
+    /// Ends with the retryable error event, never a `[DONE]`.
+    fn end_with_error(&mut self) -> Poll<Option<Result<Frame<Bytes>, StreamCut>>> {
+        self.ended = true;
+        self.in_flight = None;
+        Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(RETRYABLE_ERROR_EVENT)))))
     }
 }

@@ -24,12 +24,14 @@ use tokio::time::Instant;
 
 use crate::admission::{Ask, DEADLINE_HEADER, PRIORITY_HEADER, Priority, estimate_prompt_tokens};
 use crate::balance::{self, Tried};
-use crate::body::{InFlight, Proxied, RouterBody};
+use crate::body::{Follow, InFlight, Proxied, Resend, RouterBody};
+use crate::continuation;
 use crate::endpoint::{EjectionPolicy, Outcome};
 use crate::metrics::{Metrics, RequestOutcome};
 use crate::path::{PublicPath, classify};
 use crate::refusal::Refusal;
 use crate::retry::RetryBudget;
+use crate::route::StreamContract;
 use crate::table::RouteTable;
 use crate::waiting_room::{self, WaitingRoom, WaitingRoomConfig};
 
@@ -200,7 +202,7 @@ impl Gateway {
     }
 
     async fn forward(
-        &self,
+        self: &Arc<Self>,
         req: Request<Incoming>,
         priority: Priority,
         arrived: Instant,
@@ -326,7 +328,20 @@ impl Gateway {
                         sent_at,
                     };
                     std::mem::forget(held);
-                    let body = RouterBody::Proxied(Box::new(Proxied::new(incoming, in_flight, sse)));
+                    let mut proxied = Proxied::new(incoming, in_flight, sse);
+                    if sse
+                        && status.is_success()
+                        && state.route.stream_contract == StreamContract::Continuation
+                        && let Ok(request) = serde_json::from_slice::<serde_json::Value>(&body)
+                        && continuation::continuable(parts.uri.path(), &request)
+                    {
+                        let gateway = Arc::clone(self);
+                        let resend: Resend = Box::new(move |body, avoid| {
+                            Box::pin(async move { gateway.follow_up(parts, body, avoid).await })
+                        });
+                        proxied = proxied.following(Follow::new(request, resend));
+                    }
+                    let body = RouterBody::Proxied(Box::new(proxied));
                     self.metrics
                         .added_latency(arrived.elapsed().saturating_sub(upstream_time));
                     return Ok(Response::from_parts(head, body));
@@ -348,6 +363,58 @@ impl Gateway {
                 "reset"
             };
             tried.insert(i);
+        }
+    }
+
+    /// Sends a continuation's follow-up to an endpoint of the current route other than `avoid`,
+    /// trying each at most once; `None` when none answered 2xx in time. Not admitted anew: it
+    /// carries on a request that was.
+    async fn follow_up(
+        self: Arc<Self>,
+        parts: Parts,
+        body: Bytes,
+        avoid: std::net::SocketAddr,
+    ) -> Option<(Incoming, InFlight)> {
+        let state = self.routes.current()?;
+        let mut tried = Tried::default();
+        for (i, e) in state.endpoints.iter().enumerate() {
+            if e.addr() == avoid {
+                tried.insert(i);
+            }
+        }
+        loop {
+            let i = balance::pick(&state.endpoints, tried, Instant::now())?;
+            tried.insert(i);
+            let endpoint = Arc::clone(&state.endpoints[i]);
+            let upstream = Self::upstream_request(&parts, &body, endpoint.authority());
+            endpoint.begin();
+            self.budget.start();
+            let sent_at = Instant::now();
+            let in_flight = InFlight {
+                endpoint: Arc::clone(&endpoint),
+                permit: None,
+                admission: Arc::clone(&state.admission),
+                budget: Arc::clone(&self.budget),
+                retries: 0,
+                metrics: Arc::clone(&self.metrics),
+                ejection: self.config.ejection,
+                sent_at,
+            };
+            let answer =
+                tokio::time::timeout(self.config.first_byte_timeout, self.client.request(upstream)).await;
+            let outcome = match answer {
+                Ok(Ok(resp)) if resp.status().is_success() => {
+                    endpoint.record(Outcome::Ok, &self.config.ejection, Instant::now());
+                    return Some((resp.into_body(), in_flight));
+                }
+                Ok(Ok(_)) => Outcome::ServerError,
+                Ok(Err(e)) if e.is_connect() => Outcome::Refused,
+                Ok(Err(_)) => Outcome::Reset,
+                Err(_) => Outcome::Timeout,
+            };
+            if endpoint.record(outcome, &self.config.ejection, Instant::now()) {
+                self.metrics.ejection();
+            }
         }
     }
 

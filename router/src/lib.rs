@@ -7,7 +7,8 @@
 //! ([`retry`]), holds requests in a waiting room while a promotion is under way
 //! ([`waiting_room`]), admits work by priority and a ramping budget after a new route
 //! ([`admission`]), ejects failing endpoints and publishes what it saw as passive signals
-//! ([`endpoint`], [`signals`]), and never lets a cut stream look finished ([`body`]). The
+//! ([`endpoint`], [`signals`]), and never lets a cut stream look finished ([`body`]): it ends
+//! retryable, or is carried on by another endpoint ([`continuation`]). The
 //! **fence** sidecar ([`fence`]) runs beside each vLLM replica and refuses generation when its
 //! pool does not hold the epoch Lease.
 
@@ -15,6 +16,7 @@ pub mod admin;
 pub mod admission;
 pub mod balance;
 pub mod body;
+pub mod continuation;
 pub mod endpoint;
 pub mod fence;
 pub mod fencing;

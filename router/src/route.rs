@@ -121,11 +121,13 @@ impl AdmissionSettings {
 #[serde(rename_all = "kebab-case")]
 pub enum StreamContract {
     /// An SSE error event marked `"retryable": true`, and never a `[DONE]`.
-    ///
-    /// `continuation` (re-sending the prompt plus the text delivered to another endpoint) is not
-    /// built yet; a route asking for it is refused as unknown rather than quietly downgraded.
     #[default]
     RetryableError,
+    /// A completions stream is carried on by another endpoint of the route: the original prompt
+    /// plus the text delivered, `max_tokens` less the tokens delivered, its events stamped with
+    /// the first stream's id. Chat streams, and a continuation that fails too, end as under
+    /// `retryable-error` (see [`crate::continuation`] for why chat is not continued).
+    Continuation,
 }
 
 #[cfg(test)]
@@ -154,6 +156,21 @@ mod tests {
         assert_eq!(r.validate(), Err(InvalidRoute::NoEndpoints));
         r.pool = " ".into();
         assert_eq!(r.validate(), Err(InvalidRoute::EmptyPool));
+    }
+
+    #[test]
+    fn the_continuation_contract_is_taken_and_an_unknown_one_refused() {
+        let r: Route = serde_json::from_str(
+            r#"{"pool":"b","endpoints":["127.0.0.1:8000"],"epoch":3,"stream_contract":"continuation"}"#,
+        )
+        .unwrap();
+        assert_eq!(r.stream_contract, StreamContract::Continuation);
+        assert!(
+            serde_json::from_str::<Route>(
+                r#"{"pool":"b","endpoints":["127.0.0.1:8000"],"epoch":3,"stream_contract":"resume"}"#,
+            )
+            .is_err()
+        );
     }
 
     #[test]
