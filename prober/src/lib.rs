@@ -10,9 +10,11 @@
 //!   log lines and the first token.
 //! - [`gpu`]: GPU health through NVML, a node's verdict and its free GPUs.
 //! - [`report`]: observations for the state machine, the JSON document, Prometheus metrics.
+//! - [`admin`]: probing every interval, and the admin port serving the latest round and metrics.
 //!
 //! The library does the work; the `understudy-prober` binary only parses arguments and prints.
 
+pub mod admin;
 pub mod coldstart;
 pub mod gpu;
 pub mod outcome;

@@ -1,12 +1,15 @@
-//! `understudy-prober`: one round of generating probes, or a cold-start stage table, from the
-//! command line, without the operator.
+//! `understudy-prober`: one round of generating probes, rounds every interval behind an admin
+//! port, or a cold-start stage table, from the command line, without the operator.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use anyhow::Context;
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 use std::time::Duration;
 
+use understudy_core::Pool;
+use understudy_prober::admin::{self, Published, Watch};
 use understudy_prober::coldstart;
 use understudy_prober::outcome::pool_verdict;
 use understudy_prober::probe::{self, Budget, Endpoint, Expectation, ProbeSpec};
@@ -25,45 +28,87 @@ fn go_duration(text: &str) -> Result<Duration, String> {
     understudy_core::duration::parse(text).map_err(|e| e.to_string())
 }
 
+/// What a probe sends and accepts, shared by `probe` and `watch`.
+#[derive(Debug, Args)]
+struct ProbeArgs {
+    /// Replica endpoints, `http://HOST:PORT`.
+    #[arg(required = true)]
+    endpoints: Vec<Endpoint>,
+    /// The golden answer's prefix the text must start with.
+    #[arg(long, conflicts_with = "expect_regex")]
+    expect_prefix: Option<String>,
+    /// A regular expression the text must match.
+    #[arg(long)]
+    expect_regex: Option<regex::Regex>,
+    /// The served model name (default: the server's only model).
+    #[arg(long)]
+    model: Option<String>,
+    #[arg(long, default_value = "The capital of France is")]
+    prompt: String,
+    #[arg(long, default_value_t = 8)]
+    max_tokens: u32,
+    #[arg(long, default_value_t = 1234)]
+    seed: u64,
+    #[arg(long, default_value = "10s", value_parser = go_duration)]
+    timeout: Duration,
+    #[arg(long, default_value = "2s", value_parser = go_duration)]
+    first_token_budget: Duration,
+    #[arg(long, default_value = "5s", value_parser = go_duration)]
+    total_budget: Duration,
+    #[arg(long, default_value = "3s", value_parser = go_duration)]
+    stall_after: Duration,
+    /// How many replicas must pass for the pool to pass.
+    #[arg(long, default_value_t = 1)]
+    min_serving: usize,
+    /// Spread the probes over this long (seeded jitter); 0s probes all at once.
+    #[arg(long, default_value = "0s", value_parser = go_duration)]
+    jitter: Duration,
+}
+
+impl ProbeArgs {
+    fn spec(&self) -> ProbeSpec {
+        let expect = match (&self.expect_prefix, &self.expect_regex) {
+            (Some(prefix), _) => Expectation::Prefix(prefix.clone()),
+            (None, Some(regex)) => Expectation::Regex(regex.clone()),
+            (None, None) => Expectation::NonEmpty,
+        };
+        ProbeSpec {
+            model: self.model.clone(),
+            prompt: self.prompt.clone(),
+            max_tokens: self.max_tokens,
+            seed: self.seed,
+            expect,
+            budget: Budget {
+                first_token: self.first_token_budget,
+                total: self.total_budget,
+            },
+            timeout: self.timeout,
+            stall_after: self.stall_after,
+            check_sleep: true,
+        }
+    }
+}
+
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Probe each endpoint once with a deterministic streamed completion and print the outcomes.
     Probe {
-        /// Replica endpoints, `http://HOST:PORT`.
-        #[arg(required = true)]
-        endpoints: Vec<Endpoint>,
-        /// The golden answer's prefix the text must start with.
-        #[arg(long, conflicts_with = "expect_regex")]
-        expect_prefix: Option<String>,
-        /// A regular expression the text must match.
-        #[arg(long)]
-        expect_regex: Option<regex::Regex>,
-        /// The served model name (default: the server's only model).
-        #[arg(long)]
-        model: Option<String>,
-        #[arg(long, default_value = "The capital of France is")]
-        prompt: String,
-        #[arg(long, default_value_t = 8)]
-        max_tokens: u32,
-        #[arg(long, default_value_t = 1234)]
-        seed: u64,
-        #[arg(long, default_value = "10s", value_parser = go_duration)]
-        timeout: Duration,
-        #[arg(long, default_value = "2s", value_parser = go_duration)]
-        first_token_budget: Duration,
-        #[arg(long, default_value = "5s", value_parser = go_duration)]
-        total_budget: Duration,
-        #[arg(long, default_value = "3s", value_parser = go_duration)]
-        stall_after: Duration,
-        /// How many replicas must pass for the pool to pass.
-        #[arg(long, default_value_t = 1)]
-        min_serving: usize,
-        /// Spread the probes over this long (seeded jitter); 0s probes all at once.
-        #[arg(long, default_value = "0s", value_parser = go_duration)]
-        jitter: Duration,
+        #[command(flatten)]
+        probe: ProbeArgs,
         /// Print JSON instead of the table.
         #[arg(long)]
         json: bool,
+    },
+    /// Probe the endpoints every interval and serve /metrics, /round, /live and /ready.
+    Watch {
+        #[command(flatten)]
+        probe: ProbeArgs,
+        /// Time between the starts of two rounds.
+        #[arg(long, default_value = "10s", value_parser = go_duration)]
+        interval: Duration,
+        /// Where the admin server listens.
+        #[arg(long, default_value = "127.0.0.1:9091")]
+        admin_addr: SocketAddr,
     },
     /// Print a replica's cold-start stage table from its pod, events and container log.
     Coldstart {
@@ -95,50 +140,42 @@ fn read(path: &PathBuf) -> anyhow::Result<String> {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
-        Command::Probe {
-            endpoints,
-            expect_prefix,
-            expect_regex,
-            model,
-            prompt,
-            max_tokens,
-            seed,
-            timeout,
-            first_token_budget,
-            total_budget,
-            stall_after,
-            min_serving,
-            jitter,
-            json,
-        } => {
-            let expect = match (expect_prefix, expect_regex) {
-                (Some(prefix), _) => Expectation::Prefix(prefix),
-                (None, Some(regex)) => Expectation::Regex(regex),
-                (None, None) => Expectation::NonEmpty,
-            };
-            let spec = ProbeSpec {
-                model,
-                prompt,
-                max_tokens,
-                seed,
-                expect,
-                budget: Budget {
-                    first_token: first_token_budget,
-                    total: total_budget,
-                },
-                timeout,
-                stall_after,
-                check_sleep: true,
-            };
-            let reports = probe::probe_round(&endpoints, &spec, seed, 0, jitter).await;
+        Command::Probe { probe: args, json } => {
+            let reports = probe::probe_round(&args.endpoints, &args.spec(), args.seed, 0, args.jitter).await;
             let outcomes: Vec<_> = reports.iter().map(|r| r.outcome.clone()).collect();
-            let verdict = pool_verdict(&outcomes, min_serving);
+            let verdict = pool_verdict(&outcomes, args.min_serving);
             if json {
                 let doc = serde_json::json!({"reports": reports, "pool": format!("{verdict:?}")});
                 println!("{}", serde_json::to_string_pretty(&doc)?);
             } else {
                 print!("{}", probe::render_table(&reports));
-                println!("pool (min serving {min_serving}): {verdict:?}");
+                println!("pool (min serving {}): {verdict:?}", args.min_serving);
+            }
+        }
+        Command::Watch {
+            probe: args,
+            interval,
+            admin_addr,
+        } => {
+            anyhow::ensure!(!interval.is_zero(), "--interval must be more than 0s");
+            let listener = tokio::net::TcpListener::bind(admin_addr)
+                .await
+                .with_context(|| format!("binding the admin server to {admin_addr}"))?;
+            eprintln!("admin server on http://{}", listener.local_addr()?);
+            let published = Published::default();
+            let watch = Watch {
+                // One list of endpoints is one pool; it is labelled A.
+                pool: Pool::A,
+                spec: args.spec(),
+                endpoints: args.endpoints,
+                seed: args.seed,
+                max_jitter: args.jitter,
+                min_serving: args.min_serving,
+            };
+            tokio::select! {
+                served = admin::serve(listener, published.clone()) => served.context("admin server")?,
+                () = watch.run(interval, published) => {}
+                _ = tokio::signal::ctrl_c() => {}
             }
         }
         Command::Coldstart {
