@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use understudy_core::Pool;
 use understudy_prober::admin::{self, Published, Watch};
-use understudy_prober::coldstart;
+use understudy_prober::coldstart::{self, source::Recorded};
 use understudy_prober::outcome::pool_verdict;
 use understudy_prober::probe::{self, Budget, Endpoint, Expectation, ProbeSpec};
 
@@ -110,16 +110,23 @@ enum Command {
         #[arg(long, default_value = "127.0.0.1:9091")]
         admin_addr: SocketAddr,
     },
-    /// Print a replica's cold-start stage table from its pod, events and container log.
+    /// Print a replica's cold-start stage table from its pod, events and container log, read
+    /// from the Kubernetes API (`--pod NAME`) or from files kubectl wrote (`--pod-file`).
     Coldstart {
+        /// The pod's name, read from the API with the current kubeconfig or in-cluster config.
+        #[arg(long, required_unless_present = "pod_file", conflicts_with = "pod_file")]
+        pod: Option<String>,
+        /// The pod's namespace (default: the kubeconfig context's).
+        #[arg(long, requires = "pod", conflicts_with = "pod_file")]
+        namespace: Option<String>,
         /// `kubectl get pod NAME -o json`
         #[arg(long)]
-        pod: PathBuf,
+        pod_file: Option<PathBuf>,
         /// `kubectl get events --field-selector involvedObject.name=NAME -o json`
-        #[arg(long)]
+        #[arg(long, requires = "pod_file", conflicts_with = "pod")]
         events: Option<PathBuf>,
         /// `kubectl logs NAME -c vllm --timestamps`
-        #[arg(long)]
+        #[arg(long, requires = "pod_file", conflicts_with = "pod")]
         logs: Option<PathBuf>,
         /// The serving container (default: the pod's first).
         #[arg(long)]
@@ -131,10 +138,6 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-}
-
-fn read(path: &PathBuf) -> anyhow::Result<String> {
-    std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -180,28 +183,28 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::Coldstart {
             pod,
+            namespace,
+            pod_file,
             events,
             logs,
             container,
             first_token,
             json,
         } => {
-            let pod = coldstart::parse_pod(&read(&pod)?)?;
-            let events = match &events {
-                Some(path) => coldstart::parse_events(&read(path)?)?,
-                None => Vec::new(),
+            let recorded = match (pod, pod_file) {
+                (Some(name), _) => {
+                    let client = kube::Client::try_default()
+                        .await
+                        .context("connecting to Kubernetes")?;
+                    let namespace = namespace.unwrap_or_else(|| client.default_namespace().to_owned());
+                    Recorded::from_api(client, &namespace, &name, container).await?
+                }
+                (None, Some(path)) => {
+                    Recorded::from_files(&path, events.as_deref(), logs.as_deref(), container)?
+                }
+                (None, None) => anyhow::bail!("--pod or --pod-file is required"),
             };
-            let log = match &logs {
-                Some(path) => read(path)?,
-                None => String::new(),
-            };
-            let timeline = coldstart::build(&coldstart::ColdStartInputs {
-                pod: &pod,
-                events: &events,
-                log: &log,
-                container: container.as_deref(),
-                first_token,
-            });
+            let timeline = recorded.timeline(first_token)?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&timeline)?);
             } else {

@@ -5,9 +5,10 @@
 //! generating probe. The stages are [`ColdStartStage`]s in start order: node, image, container
 //! start, weight load, warmup, ready, first token. A stage whose signal is missing is
 //! [`StageDuration::Unknown`] with the missing signal named: this module must never guess a
-//! time, and it does no I/O (the caller reads the files or the API).
+//! time, and it does no I/O ([`source`] reads the files or the API).
 
 pub mod kube;
+pub mod source;
 pub mod vllm_log;
 
 use std::fmt;
