@@ -8,7 +8,9 @@
 # for streams (POST /v1/completions, stream, 16 tokens) it reports requests per second and
 # p50/p99 latency for the direct path, nginx and the router, then the proxies' added latency
 # (proxied minus direct) and their ratios to nginx and to the direct path. Each proxy gets one
-# worker; wrk one thread. It asserts nothing: it prints what it measured.
+# worker; wrk one thread. Then, at a fixed 5,000 req/s (benches/open_loop.rs, open loop over 32
+# keep-alive connections), the added p50/p99 of each proxy over the direct path.
+# It asserts nothing: it prints what it measured.
 set -euo pipefail
 SECS=${1:-5}
 CONNS=${2:-16}
@@ -19,6 +21,8 @@ if ! command -v nginx >/dev/null || ! command -v wrk >/dev/null; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q nginx wrk >/dev/null
 fi
 cargo build --release -q -p understudy-router -p understudy-gameday --bin understudy-router --bin vllm-emulator
+OPEN_LOOP=$(cargo bench -q -p understudy-router --bench open_loop --no-run --message-format=json 2>/dev/null |
+  sed -n 's/.*"executable":"\([^"]*open_loop[^"]*\)".*/\1/p' | tail -1)
 
 BACKEND=18000 ROUTER=18080 ADMIN=18090 NGINX=18081
 T=$(mktemp -d)
@@ -106,3 +110,22 @@ report() {
 echo "router vs nginx on $(nproc) cores; backend: vllm-emulator --emu-zero-cost"
 report "small responses: GET /v1/models" /v1/models "$T/small.lua"
 report "streams: POST /v1/completions, 16 tokens, SSE" /v1/completions "$T/stream.lua"
+
+# Fixed rate: prints "sent p50_us p99_us late" for each target.
+fixed() {
+  local name=$1 path=$2 body=${3:-}
+  local rate=5000
+  printf "\n== %s at %d req/s (open loop, 32 connections, %d s each) ==\n" "$name" $rate "$SECS"
+  printf "%-8s %8s %10s %10s %14s %14s %6s\n" path sent "p50 us" "p99 us" "added p50 us" "added p99 us" late
+  local d_p50 d_p99
+  for p in $BACKEND $NGINX $ROUTER; do
+    "$OPEN_LOOP" 127.0.0.1:$p "$path" $rate 1 32 ${body:+"$body"} >/dev/null
+    read -r sent p50 p99 late < <("$OPEN_LOOP" 127.0.0.1:$p "$path" $rate "$SECS" 32 ${body:+"$body"})
+    case $p in $BACKEND) n=direct; d_p50=$p50; d_p99=$p99 ;; $NGINX) n=nginx ;; *) n=router ;; esac
+    awk -v n=$n -v s="$sent" -v a="$p50" -v b="$p99" -v da="$d_p50" -v db="$d_p99" -v l="$late" \
+      'BEGIN { printf "%-8s %8d %10.1f %10.1f %14.1f %14.1f %6d\n", n, s, a, b, a-da, b-db, l }'
+  done
+}
+fixed "small responses: GET /v1/models" /v1/models
+fixed "streams: POST /v1/completions, 16 tokens, SSE" /v1/completions \
+  '{"model":"Qwen/Qwen3-0.6B","prompt":"The capital of France is","max_tokens":16,"ignore_eos":true,"temperature":0,"stream":true}'
