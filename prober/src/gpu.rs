@@ -2,7 +2,9 @@
 //! free for pilot-light capacity.
 //!
 //! [`GpuInventory`] is the seam: the real implementation reads NVML (`nvml-wrapper`, the default
-//! `nvml` cargo feature, loading `libnvidia-ml` at run time), [`FakeGpus`] stands in for tests,
+//! `nvml` cargo feature, loading `libnvidia-ml` at run time; critical Xid and double-bit ECC
+//! events come from an NVML event set polled without waiting on each read), [`FakeGpus`] stands
+//! in for tests,
 //! and [`NoGpus`] is what a node without the NVML library gets: it reports no GPUs, and the
 //! reason is said once by whoever opened it. The verdict logic is pure. This module must never
 //! change a GPU's state (no resets, no clocks, no persistence mode).
@@ -14,7 +16,8 @@ use serde::Serialize;
 pub struct GpuState {
     pub index: u32,
     pub uuid: String,
-    /// Xid errors seen since the last read (NVML critical events).
+    /// Xid errors seen since the last read (NVML critical events; a double-bit ECC event is
+    /// Xid 48).
     pub xid_events: Vec<u64>,
     /// Volatile uncorrectable ECC errors.
     pub ecc_uncorrectable: u64,
@@ -69,6 +72,8 @@ impl GpuInventory for FakeGpus {
 
 /// Opens NVML when this build has it and the library loads; otherwise [`NoGpus`] and the reason,
 /// which the caller says once.
+///
+/// Open once per process: NVML's handle is kept for the process's life (see `nvml::Nvml`).
 pub fn open() -> (Box<dyn GpuInventory + Send>, Option<String>) {
     #[cfg(feature = "nvml")]
     {
@@ -214,25 +219,120 @@ mod nvml {
     //! The real inventory, on `nvml-wrapper`. NVML is loaded at run time, so a build with this
     //! feature still starts on a machine without the driver; [`Nvml::open`] then fails.
 
+    use std::collections::HashMap;
+
+    use nvml_wrapper::EventSet;
     use nvml_wrapper::bitmasks::device::ThrottleReasons;
+    use nvml_wrapper::bitmasks::event::EventTypes;
     use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError, TemperatureSensor};
+    use nvml_wrapper::enums::event::XidError;
     use nvml_wrapper::error::NvmlError;
 
     use super::{Error, GpuInventory, GpuState};
 
-    pub struct Nvml(nvml_wrapper::Nvml);
+    /// The critical events read: Xid errors, and double-bit ECC errors (reported as Xid 48,
+    /// NVIDIA's Xid for a double-bit ECC error, so the verdict treats both alike).
+    const CRITICAL: EventTypes = EventTypes::CRITICAL_XID_ERROR.union(EventTypes::DOUBLE_BIT_ECC_ERROR);
+    const XID_DOUBLE_BIT_ECC: u64 = 48;
+    /// An Xid NVML could not name is still a critical event; 0 is no Xid NVIDIA uses.
+    const XID_UNNAMED: u64 = 0;
+    /// At most this many events are drained per read, so a GPU storming events cannot hold a
+    /// read up; the rest wait for the next read.
+    const EVENTS_PER_READ: usize = 1024;
+
+    /// NVML with an event set registered for every GPU's critical events.
+    ///
+    /// The NVML handle is leaked on open: an [`EventSet`] borrows it, NVML stays initialised for
+    /// the life of a prober anyway, and a `'static` borrow is how the set lives beside it
+    /// without `unsafe` (which this workspace forbids).
+    pub struct Nvml {
+        nvml: &'static nvml_wrapper::Nvml,
+        /// `None` when no GPU supports the critical events (or registering failed for all).
+        events: Option<EventSet<'static>>,
+    }
 
     impl std::fmt::Debug for Nvml {
         fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.write_str("Nvml")
+            f.debug_struct("Nvml")
+                .field("events", &self.events.is_some())
+                .finish()
         }
     }
 
     impl Nvml {
         pub fn open() -> Result<Nvml, Error> {
-            nvml_wrapper::Nvml::init()
-                .map(Nvml)
-                .map_err(|e| Error::Nvml(e.to_string()))
+            let nvml = nvml_wrapper::Nvml::init().map_err(|e| Error::Nvml(e.to_string()))?;
+            let nvml: &'static nvml_wrapper::Nvml = Box::leak(Box::new(nvml));
+            Ok(Nvml {
+                nvml,
+                events: register_critical_events(nvml),
+            })
+        }
+
+        /// Xid events that arrived since the last read, by GPU index: polled without waiting.
+        fn drain_xids(&self) -> HashMap<u32, Vec<u64>> {
+            let mut xids: HashMap<u32, Vec<u64>> = HashMap::new();
+            let Some(set) = &self.events else {
+                return xids;
+            };
+            for _ in 0..EVENTS_PER_READ {
+                // Timeout (nothing pending), a lost GPU (the device read below reports it) and
+                // any other error all end this read's draining.
+                let Ok(event) = set.wait(0) else { break };
+                let Ok(index) = event.device.index() else {
+                    continue;
+                };
+                if let Some(xid) = xid_of(event.event_type, event.event_data) {
+                    xids.entry(index).or_default().push(xid);
+                }
+            }
+            xids
+        }
+    }
+
+    /// The Xid a critical event stands for; `None` for an event that is not critical.
+    pub(super) fn xid_of(kind: EventTypes, data: Option<XidError>) -> Option<u64> {
+        if kind.contains(EventTypes::CRITICAL_XID_ERROR) {
+            Some(match data {
+                Some(XidError::Value(xid)) => xid,
+                Some(XidError::Unknown) | None => XID_UNNAMED,
+            })
+        } else if kind.contains(EventTypes::DOUBLE_BIT_ECC_ERROR) {
+            Some(XID_DOUBLE_BIT_ECC)
+        } else {
+            None
+        }
+    }
+
+    /// One event set with every GPU's supported critical events registered. A failed
+    /// registration consumes the set, so the set is rebuilt without the GPU that failed; a GPU
+    /// that cannot be registered is read without events (its counters still judge it).
+    fn register_critical_events(nvml: &'static nvml_wrapper::Nvml) -> Option<EventSet<'static>> {
+        let count = nvml.device_count().ok()?;
+        let mut skipped = Vec::new();
+        'attempt: loop {
+            let mut set = nvml.create_event_set().ok()?;
+            let mut registered = 0;
+            for index in (0..count).filter(|i| !skipped.contains(i)) {
+                let Ok(device) = nvml.device_by_index(index) else {
+                    continue;
+                };
+                let types = device.supported_event_types().unwrap_or(EventTypes::empty()) & CRITICAL;
+                if types.is_empty() {
+                    continue;
+                }
+                match device.register_events(types, set) {
+                    Ok(s) => {
+                        set = s;
+                        registered += 1;
+                    }
+                    Err(_) => {
+                        skipped.push(index);
+                        continue 'attempt;
+                    }
+                }
+            }
+            return (registered > 0).then_some(set);
         }
     }
 
@@ -257,10 +357,11 @@ mod nvml {
 
     impl GpuInventory for Nvml {
         fn read(&mut self) -> Result<Vec<GpuState>, Error> {
-            let count = self.0.device_count().map_err(|e| Error::Nvml(e.to_string()))?;
+            let mut xids = self.drain_xids();
+            let count = self.nvml.device_count().map_err(|e| Error::Nvml(e.to_string()))?;
             let mut gpus = Vec::new();
             for index in 0..count {
-                let device = match self.0.device_by_index(index) {
+                let device = match self.nvml.device_by_index(index) {
                     Ok(d) => d,
                     Err(NvmlError::GpuLost) => {
                         gpus.push(lost(index));
@@ -280,7 +381,7 @@ mod nvml {
                 gpus.push(GpuState {
                     index,
                     uuid: device.uuid().unwrap_or_else(|_| format!("gpu-{index}")),
-                    xid_events: Vec::new(),
+                    xid_events: xids.remove(&index).unwrap_or_default(),
                     ecc_uncorrectable: device
                         .total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
                         .unwrap_or(0),
@@ -460,6 +561,34 @@ mod tests {
             vec![uuid(2)],
             "busy, failed and memory-holding GPUs are not free"
         );
+    }
+
+    #[cfg(feature = "nvml")]
+    #[test]
+    fn critical_nvml_events_become_xids_that_fail_the_gpu_and_others_are_ignored() {
+        use nvml_wrapper::bitmasks::event::EventTypes;
+        use nvml_wrapper::enums::event::XidError;
+
+        use super::nvml::xid_of;
+
+        assert_eq!(
+            xid_of(EventTypes::CRITICAL_XID_ERROR, Some(XidError::Value(79))),
+            Some(79)
+        );
+        assert_eq!(xid_of(EventTypes::DOUBLE_BIT_ECC_ERROR, None), Some(48));
+        let unnamed = xid_of(EventTypes::CRITICAL_XID_ERROR, Some(XidError::Unknown)).unwrap();
+        assert!(matches!(
+            gpu_verdict(
+                &GpuState {
+                    xid_events: vec![unnamed],
+                    ..gpu(0)
+                },
+                &Thresholds::default()
+            ),
+            GpuVerdict::Failed(_)
+        ));
+        assert_eq!(xid_of(EventTypes::PSTATE_CHANGE, None), None);
+        assert_eq!(xid_of(EventTypes::SINGLE_BIT_ECC_ERROR, None), None);
     }
 
     #[test]
