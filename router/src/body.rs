@@ -23,6 +23,7 @@ use crate::continuation::{Delivered, Events, follow_up, restamp};
 use crate::endpoint::{EjectionPolicy, Endpoint, Outcome};
 use crate::metrics::Metrics;
 use crate::retry::RetryBudget;
+use crate::upstream::Connection;
 
 /// The error a cut non-SSE stream ends with (hyper then aborts the connection).
 #[derive(Debug, thiserror::Error)]
@@ -55,6 +56,18 @@ pub struct InFlight {
     pub ejection: EjectionPolicy,
     /// When the request was sent upstream, for the first-token sample.
     pub sent_at: Instant,
+    /// The connection the response arrives on: back to the endpoint's idle connections once the
+    /// response has been read to its end, closed otherwise.
+    pub connection: Option<Connection>,
+}
+
+impl InFlight {
+    /// The response was read to its end: its connection may carry the next request.
+    fn finish_clean(mut self) {
+        if let Some(c) = self.connection.take() {
+            self.endpoint.connections().put_back(c);
+        }
+    }
 }
 
 impl Drop for InFlight {
@@ -303,6 +316,17 @@ impl Body for RouterBody {
     }
 }
 
+impl Drop for Proxied {
+    fn drop(&mut self) {
+        // hyper stops polling a body that says it has ended, so its end may never be polled.
+        if let Some(f) = self.in_flight.take()
+            && (matches!(self.after, Some(After::End)) || self.inner.is_end_stream())
+        {
+            f.finish_clean();
+        }
+    }
+}
+
 impl Proxied {
     fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, StreamCut>>> {
         if self.ended {
@@ -391,7 +415,9 @@ impl Proxied {
 
     fn end(&mut self) -> Poll<Option<Result<Frame<Bytes>, StreamCut>>> {
         self.ended = true;
-        self.in_flight = None;
+        if let Some(f) = self.in_flight.take() {
+            f.finish_clean();
+        }
         Poll::Ready(None)
     }
 

@@ -2,7 +2,8 @@
 //! happened to the last ones (the passive signals), and whether it is ejected for now.
 //!
 //! Everything here is an atomic, because every request touches it. This module must never take a
-//! lock, allocate, or decide anything about a whole pool (that is [`crate::signals`]).
+//! lock, allocate, or decide anything about a whole pool (that is [`crate::signals`]). The
+//! endpoint's idle connections are kept beside it, in [`crate::upstream`].
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering::Relaxed};
@@ -10,6 +11,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 use tokio::time::Instant;
+
+use crate::upstream::Pool;
 
 /// What one attempt against an endpoint came to, as the data path sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -108,7 +111,8 @@ pub struct EndpointSnapshot {
 #[derive(Debug)]
 pub struct Endpoint {
     addr: SocketAddr,
-    authority: http::uri::Authority,
+    host: http::HeaderValue,
+    connections: Pool,
     born: Instant,
     outstanding: AtomicU32,
     /// Microseconds after `born` until which the endpoint is ejected.
@@ -128,13 +132,12 @@ impl Endpoint {
     /// A fresh endpoint: nothing outstanding, not ejected.
     #[must_use]
     pub fn new(addr: SocketAddr) -> Self {
-        let authority = addr
-            .to_string()
-            .parse()
-            .unwrap_or_else(|_| http::uri::Authority::from_static("0.0.0.0"));
+        let host = http::HeaderValue::try_from(addr.to_string())
+            .unwrap_or_else(|_| http::HeaderValue::from_static("0.0.0.0"));
         Endpoint {
             addr,
-            authority,
+            host,
+            connections: Pool::default(),
             born: Instant::now(),
             outstanding: AtomicU32::new(0),
             ejected_until_us: AtomicU64::new(0),
@@ -156,10 +159,16 @@ impl Endpoint {
         self.addr
     }
 
-    /// The authority to put in the upstream URI.
+    /// The `Host` header for requests to it.
     #[must_use]
-    pub fn authority(&self) -> &http::uri::Authority {
-        &self.authority
+    pub fn host(&self) -> &http::HeaderValue {
+        &self.host
+    }
+
+    /// Its idle keep-alive connections.
+    #[must_use]
+    pub fn connections(&self) -> &Pool {
+        &self.connections
     }
 
     /// Requests in flight.

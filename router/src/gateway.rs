@@ -26,13 +26,14 @@ use crate::admission::{Ask, DEADLINE_HEADER, PRIORITY_HEADER, Priority, estimate
 use crate::balance::{self, Tried};
 use crate::body::{Follow, InFlight, Proxied, Resend, RouterBody};
 use crate::continuation;
-use crate::endpoint::{EjectionPolicy, Outcome};
+use crate::endpoint::{EjectionPolicy, Endpoint, Outcome};
 use crate::metrics::{Metrics, RequestOutcome};
 use crate::path::{PublicPath, classify};
 use crate::refusal::Refusal;
 use crate::retry::RetryBudget;
 use crate::route::StreamContract;
 use crate::table::RouteTable;
+use crate::upstream::{Connection, SendError, UpstreamBody};
 use crate::waiting_room::{self, WaitingRoom, WaitingRoomConfig};
 
 /// How the gateway behaves.
@@ -81,12 +82,11 @@ where
         .build(connector)
 }
 
-/// The gateway: route table, counters and the upstream client.
+/// The gateway: route table, counters, the retry budget and the waiting room.
 #[derive(Debug)]
 pub struct Gateway {
     config: GatewayConfig,
     routes: Arc<RouteTable>,
-    client: UpstreamClient<Full<Bytes>>,
     budget: Arc<RetryBudget>,
     room: Arc<WaitingRoom>,
     metrics: Arc<Metrics>,
@@ -117,7 +117,6 @@ impl Gateway {
     #[must_use]
     pub fn new(config: GatewayConfig, routes: Arc<RouteTable>, metrics: Arc<Metrics>) -> Arc<Self> {
         Arc::new(Gateway {
-            client: upstream_client(config.connect_timeout),
             room: Arc::new(WaitingRoom::new(config.waiting_room)),
             budget: Arc::new(RetryBudget::default()),
             config,
@@ -181,22 +180,18 @@ impl Gateway {
         Ok((parts, body))
     }
 
-    fn upstream_request(
-        parts: &Parts,
-        body: &Bytes,
-        authority: &http::uri::Authority,
-    ) -> Request<Full<Bytes>> {
-        let mut uri = Uri::builder().scheme("http").authority(authority.clone());
-        if let Some(pq) = parts.uri.path_and_query() {
-            uri = uri.path_and_query(pq.clone());
-        }
+    fn upstream_request(parts: &Parts, body: &Bytes, host: &http::HeaderValue) -> Request<UpstreamBody> {
         let mut headers = parts.headers.clone();
         strip_hop_by_hop(&mut headers);
-        headers.remove(http::header::HOST);
         headers.remove(CONTENT_LENGTH);
+        headers.insert(http::header::HOST, host.clone());
         let mut req = Request::new(Full::new(body.clone()));
         *req.method_mut() = parts.method.clone();
-        *req.uri_mut() = uri.build().unwrap_or_default();
+        // Origin form, as the client sent it: the connection already names the endpoint.
+        *req.uri_mut() = parts
+            .uri
+            .path_and_query()
+            .map_or_else(|| Uri::from_static("/"), |pq| Uri::from(pq.clone()));
         *req.headers_mut() = headers;
         req
     }
@@ -287,13 +282,13 @@ impl Gateway {
             }
             attempts += 1;
             let endpoint = Arc::clone(&state.endpoints[i]);
-            let upstream = Self::upstream_request(&parts, &body, endpoint.authority());
+            let upstream = Self::upstream_request(&parts, &body, endpoint.host());
             endpoint.begin();
             let sent_at = Instant::now();
             let answer =
-                tokio::time::timeout(self.config.first_byte_timeout, self.client.request(upstream)).await;
+                tokio::time::timeout(self.config.first_byte_timeout, self.send(&endpoint, upstream)).await;
             let failure = match answer {
-                Ok(Ok(resp)) => {
+                Ok(Ok((resp, connection))) => {
                     drop(seat.take());
                     let upstream_time = sent_at.elapsed();
                     let status = resp.status();
@@ -326,6 +321,7 @@ impl Gateway {
                         metrics: Arc::clone(&self.metrics),
                         ejection: self.config.ejection,
                         sent_at,
+                        connection: Some(connection),
                     };
                     std::mem::forget(held);
                     let mut proxied = Proxied::new(incoming, in_flight, sse);
@@ -346,8 +342,8 @@ impl Gateway {
                         .added_latency(arrived.elapsed().saturating_sub(upstream_time));
                     return Ok(Response::from_parts(head, body));
                 }
-                Ok(Err(e)) if e.is_connect() => Outcome::Refused,
-                Ok(Err(_)) => Outcome::Reset,
+                Ok(Err(SendError::Refused { .. })) => Outcome::Refused,
+                Ok(Err(SendError::Reset(_))) => Outcome::Reset,
                 Err(_elapsed) => Outcome::Timeout,
             };
             endpoint.end();
@@ -386,11 +382,11 @@ impl Gateway {
             let i = balance::pick(&state.endpoints, tried, Instant::now())?;
             tried.insert(i);
             let endpoint = Arc::clone(&state.endpoints[i]);
-            let upstream = Self::upstream_request(&parts, &body, endpoint.authority());
+            let upstream = Self::upstream_request(&parts, &body, endpoint.host());
             endpoint.begin();
             self.budget.start();
             let sent_at = Instant::now();
-            let in_flight = InFlight {
+            let mut in_flight = InFlight {
                 endpoint: Arc::clone(&endpoint),
                 permit: None,
                 admission: Arc::clone(&state.admission),
@@ -399,23 +395,36 @@ impl Gateway {
                 metrics: Arc::clone(&self.metrics),
                 ejection: self.config.ejection,
                 sent_at,
+                connection: None,
             };
             let answer =
-                tokio::time::timeout(self.config.first_byte_timeout, self.client.request(upstream)).await;
+                tokio::time::timeout(self.config.first_byte_timeout, self.send(&endpoint, upstream)).await;
             let outcome = match answer {
-                Ok(Ok(resp)) if resp.status().is_success() => {
+                Ok(Ok((resp, connection))) if resp.status().is_success() => {
                     endpoint.record(Outcome::Ok, &self.config.ejection, Instant::now());
+                    in_flight.connection = Some(connection);
                     return Some((resp.into_body(), in_flight));
                 }
                 Ok(Ok(_)) => Outcome::ServerError,
-                Ok(Err(e)) if e.is_connect() => Outcome::Refused,
-                Ok(Err(_)) => Outcome::Reset,
+                Ok(Err(SendError::Refused { .. })) => Outcome::Refused,
+                Ok(Err(SendError::Reset(_))) => Outcome::Reset,
                 Err(_) => Outcome::Timeout,
             };
             if endpoint.record(outcome, &self.config.ejection, Instant::now()) {
                 self.metrics.ejection();
             }
         }
+    }
+
+    async fn send(
+        &self,
+        endpoint: &Endpoint,
+        req: Request<UpstreamBody>,
+    ) -> Result<(Response<Incoming>, Connection), SendError> {
+        endpoint
+            .connections()
+            .send(endpoint.addr(), self.config.connect_timeout, req)
+            .await
     }
 
     fn enter_room(&self) -> Result<waiting_room::Seat, Refusal> {

@@ -29,4 +29,5 @@ pub mod route;
 pub mod serve;
 pub mod signals;
 pub mod table;
+pub mod upstream;
 pub mod waiting_room;
