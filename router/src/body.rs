@@ -333,6 +333,10 @@ impl Proxied {
             return Poll::Ready(None);
         }
         if self.after.is_some() {
+            if !self.gathered.is_empty() {
+                // Gathered while priming, before the end or the cut.
+                return Poll::Ready(Some(Ok(Frame::data(self.gathered.take()))));
+            }
             return self.poll_after(cx);
         }
         loop {
@@ -352,22 +356,7 @@ impl Proxied {
             match Pin::new(&mut self.inner).poll_frame(cx) {
                 Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
                     Ok(data) => {
-                        if !self.first_frame_seen {
-                            self.first_frame_seen = true;
-                            if let Some(f) = &self.in_flight {
-                                let ttft = f.sent_at.elapsed();
-                                f.endpoint.record_ttft(ttft);
-                                f.admission.record_ttft(ttft);
-                            }
-                        }
-                        self.yielded = 0;
-                        let data = match &mut self.follow {
-                            Some(f) => f.pass(&data),
-                            None => data,
-                        };
-                        if !data.is_empty() {
-                            self.gathered.push(data);
-                        }
+                        self.take_data(data);
                         if self.gathered.len() >= GATHER_LIMIT {
                             return Poll::Ready(Some(Ok(Frame::data(self.gathered.take()))));
                         }
@@ -389,6 +378,49 @@ impl Proxied {
                     return Poll::Ready(Some(Ok(Frame::data(self.gathered.take()))));
                 }
             }
+        }
+    }
+
+    /// Gathers the frames already at hand before the response head goes out, so that hyper
+    /// writes the head and the first events in one `writev` instead of flushing the head alone.
+    /// Like gathering, it waits at most [`TURNS_FOR_UPSTREAM`] turns, never for the network.
+    pub fn poll_primed(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        while self.after.is_none() && self.gathered.len() < GATHER_LIMIT {
+            match Pin::new(&mut self.inner).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                    Ok(data) => self.take_data(data),
+                    Err(trailers) => self.after = Some(After::Trailers(trailers)),
+                },
+                Poll::Ready(None) => self.after = Some(After::End),
+                Poll::Ready(Some(Err(e))) => self.after = Some(After::Cut(e)),
+                Poll::Pending if self.yielded < TURNS_FOR_UPSTREAM => {
+                    self.yielded += 1;
+                    cx.waker().wake_by_ref();
+                    return Poll::Pending;
+                }
+                // Nothing more at hand: the first poll of the body sends what was gathered.
+                Poll::Pending => return Poll::Ready(()),
+            }
+        }
+        Poll::Ready(())
+    }
+
+    fn take_data(&mut self, data: Bytes) {
+        if !self.first_frame_seen {
+            self.first_frame_seen = true;
+            if let Some(f) = &self.in_flight {
+                let ttft = f.sent_at.elapsed();
+                f.endpoint.record_ttft(ttft);
+                f.admission.record_ttft(ttft);
+            }
+        }
+        self.yielded = 0;
+        let data = match &mut self.follow {
+            Some(f) => f.pass(&data),
+            None => data,
+        };
+        if !data.is_empty() {
+            self.gathered.push(data);
         }
     }
 

@@ -337,6 +337,9 @@ impl Gateway {
                         });
                         proxied = proxied.following(Follow::new(request, resend));
                     }
+                    if sse {
+                        std::future::poll_fn(|cx| proxied.poll_primed(cx)).await;
+                    }
                     let body = RouterBody::Proxied(Box::new(proxied));
                     self.metrics
                         .added_latency(arrived.elapsed().saturating_sub(upstream_time));
