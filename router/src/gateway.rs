@@ -92,24 +92,34 @@ pub struct Gateway {
     metrics: Arc<Metrics>,
 }
 
-/// Headers that belong to one connection and are never forwarded.
-const HOP_BY_HOP: [&str; 8] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "upgrade",
-];
+/// True for a header that belongs to one connection and is never forwarded. Standard names
+/// compare as a tag, the two others as bytes: no name is parsed or hashed per request.
+fn is_hop_by_hop(name: &http::HeaderName) -> bool {
+    use http::header::{
+        CONNECTION, PROXY_AUTHENTICATE, PROXY_AUTHORIZATION, TE, TRAILER, TRANSFER_ENCODING, UPGRADE,
+    };
+    [
+        CONNECTION,
+        PROXY_AUTHENTICATE,
+        PROXY_AUTHORIZATION,
+        TE,
+        TRAILER,
+        TRANSFER_ENCODING,
+        UPGRADE,
+    ]
+    .contains(name)
+        || name.as_str() == "keep-alive"
+        || name.as_str() == "proxy-connection"
+}
 
 /// Removes the connection-scoped headers before a message crosses the proxy.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    for h in HOP_BY_HOP {
-        headers.remove(h);
+    // Most messages carry none (or only Transfer-Encoding): look before removing, since each
+    // removal by name hashes it.
+    let found: Vec<http::HeaderName> = headers.keys().filter(|n| is_hop_by_hop(n)).cloned().collect();
+    for name in found {
+        headers.remove(name);
     }
-    headers.remove(http::header::TRANSFER_ENCODING);
 }
 
 impl Gateway {
@@ -463,5 +473,36 @@ struct Held<'a> {
 impl Drop for Held<'_> {
     fn drop(&mut self) {
         self.budget.finish(self.retries);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn connection_scoped_headers_are_stripped_and_the_rest_kept() {
+        let mut headers = HeaderMap::new();
+        for name in [
+            "connection",
+            "Keep-Alive",
+            "proxy-connection",
+            "proxy-authenticate",
+            "proxy-authorization",
+            "te",
+            "trailer",
+            "upgrade",
+            "transfer-encoding",
+            "content-type",
+            "authorization",
+            "x-understudy-priority",
+        ] {
+            headers.append(http::HeaderName::try_from(name).unwrap(), "v".parse().unwrap());
+        }
+        strip_hop_by_hop(&mut headers);
+        let mut left: Vec<&str> = headers.keys().map(http::HeaderName::as_str).collect();
+        left.sort_unstable();
+        assert_eq!(left, ["authorization", "content-type", "x-understudy-priority"]);
     }
 }
