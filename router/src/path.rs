@@ -32,21 +32,29 @@ const CONTROL: &[&str] = &[
     "/pause",
     "/resume",
     "/update_weights",
-    "/v1/load_lora_adapter",
-    "/v1/unload_lora_adapter",
     "/metrics",
     "/health",
     "/ping",
     "/load",
     "/version",
+    // The `/v1/` entries last, `V1_CONTROL` of them.
+    "/v1/load_lora_adapter",
+    "/v1/unload_lora_adapter",
 ];
+const V1_CONTROL: usize = 2;
 
 /// Classifies a request path (without query).
 #[must_use]
 pub fn classify(path: &str) -> PublicPath {
     // Normalise what a proxy further out might not: repeated or trailing slashes.
     let trimmed = path.trim_end_matches('/');
-    if CONTROL
+    // Under `/v1/` (the common case) only the `/v1/` entries can match, case aside.
+    let candidates = if trimmed.starts_with("/v1/") {
+        &CONTROL[CONTROL.len() - V1_CONTROL..]
+    } else {
+        CONTROL
+    };
+    if candidates
         .iter()
         .any(|c| trimmed.eq_ignore_ascii_case(c) || has_prefix_segment(trimmed, c))
     {
@@ -71,6 +79,17 @@ fn has_prefix_segment(path: &str, control: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_v1_control_entries_are_the_last_ones() {
+        let v1 = CONTROL.iter().filter(|c| c.starts_with("/v1/")).count();
+        assert_eq!(v1, V1_CONTROL);
+        assert!(
+            CONTROL[CONTROL.len() - V1_CONTROL..]
+                .iter()
+                .all(|c| c.starts_with("/v1/"))
+        );
+    }
 
     #[test]
     fn the_openai_api_is_forwarded() {
