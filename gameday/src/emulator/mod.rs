@@ -21,6 +21,7 @@ pub mod cost;
 pub mod engine;
 pub mod faults;
 pub mod generate;
+pub mod local;
 pub mod log;
 pub mod metrics;
 pub mod settings;

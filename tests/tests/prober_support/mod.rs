@@ -1,17 +1,15 @@
 //! An in-process vLLM emulator on loopback for the prober's end-to-end tests.
 //!
-//! Each emulator runs on its own thread and runtime (as the binary does) and is shut down when
-//! the handle drops, so nothing outlives a test. Faults go to its control port.
+//! Each emulator is a [`LocalEmulator`]: its own thread and runtime, shut down when the handle
+//! drops, so nothing outlives a test. Faults go to its control port.
 
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use understudy_gameday::emulator::log::Log;
-use understudy_gameday::emulator::{self, EmulatorConfig};
+use understudy_gameday::emulator::local::LocalEmulator;
 use understudy_prober::probe::Endpoint;
 
 pub const MODEL: &str = "Qwen/Qwen3-0.6B";
@@ -30,27 +28,11 @@ pub fn free_port() -> u16 {
         .port()
 }
 
-/// The emulator's log lines, shared with the test.
-#[derive(Clone, Default)]
-struct Lines(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Lines {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 /// A running emulator with a control port.
 pub struct Emulator {
     pub endpoint: Endpoint,
     pub control_port: u16,
-    lines: Lines,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    local: LocalEmulator,
 }
 
 impl Emulator {
@@ -64,29 +46,12 @@ impl Emulator {
             .collect();
         argv.push(format!("--emu-control-port={control_port}"));
         argv.extend(args.iter().map(|s| s.to_string()));
-        let env: Vec<(String, String)> = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        let config = EmulatorConfig::from_args(&argv, env).expect("emulator arguments");
-        let lines = Lines::default();
-        let log = Arc::new(Log::new(std::process::id(), Box::new(lines.clone())));
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let thread = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            runtime.block_on(async move {
-                tokio::select! {
-                    _ = emulator::run(config, log) => {}
-                    _ = stopped => {}
-                }
-            });
-        });
+        let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let local = LocalEmulator::start(&argv, env).expect("emulator arguments");
         Emulator {
             endpoint: Endpoint::new("127.0.0.1", port),
             control_port,
-            lines,
-            stop: Some(stop),
-            thread: Some(thread),
+            local,
         }
     }
 
@@ -109,19 +74,15 @@ impl Emulator {
     }
 
     pub fn log(&self) -> String {
-        String::from_utf8_lossy(&self.lines.0.lock().unwrap()).into_owned()
+        self.local.log()
     }
 
     pub fn wait_for_line(&self, needle: &str) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !self.log().contains(needle) {
-            assert!(
-                Instant::now() < deadline,
-                "no `{needle}` in 20 s; log:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        assert!(
+            self.local.wait_for_line(needle, Duration::from_secs(20)),
+            "no `{needle}` in 20 s; log:\n{}",
+            self.log()
+        );
     }
 
     /// POSTs a fault spec to the control port; panics unless it is accepted.
@@ -132,17 +93,6 @@ impl Emulator {
     /// POSTs to the API port; the status.
     pub fn post(&self, path: &str, body: &str) -> u16 {
         post(self.endpoint.port, path, body)
-    }
-}
-
-impl Drop for Emulator {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
     }
 }
 
