@@ -9,6 +9,7 @@ pub mod duration;
 pub mod epoch;
 pub mod failover;
 pub mod pool;
+pub mod vllm;
 
 pub use epoch::Epoch;
 pub use pool::Pool;

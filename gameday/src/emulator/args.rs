@@ -153,37 +153,6 @@ pub struct CommandLine {
     pub emu: Vec<(String, String)>,
 }
 
-/// Boolean flags vLLM takes without a value (argparse `store_true` / `BooleanOptionalAction`).
-/// The prober's parity parser keeps a list like this one (`SWITCHES`); keep the two alike.
-const BOOLEAN_FLAGS: &[&str] = &[
-    "enable-sleep-mode",
-    "enforce-eager",
-    "trust-remote-code",
-    "enable-prefix-caching",
-    "no-enable-prefix-caching",
-    "enable-chunked-prefill",
-    "no-enable-chunked-prefill",
-    "disable-log-stats",
-    "disable-log-requests",
-    "enable-log-requests",
-    "enable-force-include-usage",
-    "enable-server-load-tracking",
-    "disable-custom-all-reduce",
-    "enable-auto-tool-choice",
-    "enable-lora",
-    "disable-frontend-multiprocessing",
-    "disable-uvicorn-access-log",
-    "enable-prompt-tokens-details",
-    "enable-request-id-headers",
-    "enable-expert-parallel",
-    "enable-eplb",
-    "disable-sliding-window",
-    "disable-cascade-attn",
-    "headless",
-    "async-scheduling",
-    "skip-tokenizer-init",
-];
-
 /// Emulator settings that are switches.
 const EMU_BOOLEAN_FLAGS: &[&str] = &["emu-instant", "emu-zero-cost"];
 
@@ -215,7 +184,7 @@ pub fn parse(argv: &[String]) -> Result<CommandLine, Error> {
             None => (body.replace('_', "-"), None),
         };
         let takes_value =
-            !BOOLEAN_FLAGS.contains(&name.as_str()) && !EMU_BOOLEAN_FLAGS.contains(&name.as_str());
+            !understudy_core::vllm::is_switch(&name) && !EMU_BOOLEAN_FLAGS.contains(&name.as_str());
         let value = match inline {
             Some(v) => Some(v),
             // argparse nargs="+": every following token up to the next flag is a name.

@@ -9,6 +9,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use understudy_core::vllm::is_switch;
+
 use super::Fingerprint;
 
 /// Which flags to ignore and which values are defaults.
@@ -60,41 +62,6 @@ impl Default for FlagPolicy {
                 .collect(),
         }
     }
-}
-
-/// vLLM's switches (argparse `store_true` / `BooleanOptionalAction`): they take no value, so the
-/// word after one is the next argument (`vllm serve --enforce-eager M` serves `M`). Any `--no-x`
-/// is a switch too. The emulator keeps its own list for its parser; the prober must not depend on
-/// it, so the two are kept alike by hand.
-const SWITCHES: &[&str] = &[
-    "enable-sleep-mode",
-    "enforce-eager",
-    "trust-remote-code",
-    "enable-prefix-caching",
-    "enable-chunked-prefill",
-    "disable-log-stats",
-    "disable-log-requests",
-    "enable-log-requests",
-    "enable-force-include-usage",
-    "enable-server-load-tracking",
-    "disable-custom-all-reduce",
-    "enable-auto-tool-choice",
-    "enable-lora",
-    "disable-frontend-multiprocessing",
-    "disable-uvicorn-access-log",
-    "enable-prompt-tokens-details",
-    "enable-request-id-headers",
-    "enable-expert-parallel",
-    "enable-eplb",
-    "disable-sliding-window",
-    "disable-cascade-attn",
-    "headless",
-    "async-scheduling",
-    "skip-tokenizer-init",
-];
-
-fn is_switch(name: &str) -> bool {
-    name.starts_with("no-") || SWITCHES.contains(&name)
 }
 
 fn short_alias(flag: &str) -> Option<&'static str> {
