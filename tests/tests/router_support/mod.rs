@@ -6,11 +6,10 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use understudy_gameday::emulator::log::Log;
-use understudy_gameday::emulator::{self, EmulatorConfig};
+use understudy_gameday::emulator::local::LocalEmulator;
 use understudy_router::admin::{Admin, AdminToken};
 use understudy_router::fence::{Fence, FenceState, LeaseSource, watch_lease};
 use understudy_router::fencing::StateFile;
@@ -28,19 +27,6 @@ pub fn free_port() -> u16 {
         .local_addr()
         .unwrap()
         .port()
-}
-
-#[derive(Clone, Default)]
-struct Lines(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Lines {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
 }
 
 /// Something running on its own thread and runtime until dropped.
@@ -96,8 +82,7 @@ impl Drop for Background {
 pub struct Emulator {
     pub port: u16,
     pub control_port: u16,
-    lines: Lines,
-    _bg: Background,
+    local: LocalEmulator,
 }
 
 impl Emulator {
@@ -111,18 +96,12 @@ impl Emulator {
         argv.push(format!("--emu-control-port={control_port}"));
         argv.push("--emu-instant".into());
         argv.extend(args.iter().map(|s| s.to_string()));
-        let env: Vec<(String, String)> = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        let config = EmulatorConfig::from_args(&argv, env).expect("emulator arguments");
-        let lines = Lines::default();
-        let log = Arc::new(Log::new(std::process::id(), Box::new(lines.clone())));
-        let bg = Background::run(1, move || async move {
-            let _ = emulator::run(config, log).await;
-        });
+        let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let local = LocalEmulator::start(&argv, env).expect("emulator arguments");
         let e = Emulator {
             port,
             control_port,
-            lines,
-            _bg: bg,
+            local,
         };
         e.wait_for_line("Application startup complete.");
         e
@@ -138,19 +117,15 @@ impl Emulator {
     }
 
     pub fn log(&self) -> String {
-        String::from_utf8_lossy(&self.lines.0.lock().unwrap()).into_owned()
+        self.local.log()
     }
 
     pub fn wait_for_line(&self, needle: &str) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !self.log().contains(needle) {
-            assert!(
-                Instant::now() < deadline,
-                "no `{needle}` in 20 s; log:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        assert!(
+            self.local.wait_for_line(needle, Duration::from_secs(20)),
+            "no `{needle}` in 20 s; log:\n{}",
+            self.log()
+        );
     }
 
     /// Injects a fault through the control port.
