@@ -7,3 +7,4 @@ pub mod lease;
 pub mod metrics;
 pub mod observe;
 pub mod policy;
+pub mod route_push;

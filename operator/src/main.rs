@@ -7,6 +7,7 @@
 //! leader.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Context as _, bail};
@@ -20,6 +21,7 @@ use understudy_operator::leader::{LeaderConfig, LeaderElector};
 use understudy_operator::lease::KubeLease;
 use understudy_operator::metrics::Metrics;
 use understudy_operator::observe::{KubeReplicas, ProbingObservations};
+use understudy_operator::route_push::{RouterAdminUrl, RouterPush, RouterToken};
 
 /// Fails LLM serving over from an active GPU pool to a standby pool, with a fencing epoch.
 #[derive(Debug, Parser)]
@@ -49,6 +51,16 @@ struct Args {
     #[arg(long, env = "POD_NAME")]
     identity: String,
 
+    /// A router's admin API (`http://host:port`), pushed the route and admission settings on
+    /// each promotion. Repeat for every router; without any, those steps are handed off.
+    #[arg(long = "router-admin", env = "UNDERSTUDY_ROUTER_ADMIN", value_delimiter = ',')]
+    router_admin: Vec<RouterAdminUrl>,
+
+    /// File holding the routers' admin bearer token; read once at start. Required with
+    /// --router-admin.
+    #[arg(long, env = "UNDERSTUDY_ROUTER_TOKEN_FILE")]
+    router_token_file: Option<PathBuf>,
+
     /// Log filter, in `tracing_subscriber::EnvFilter` syntax.
     #[arg(long, env = "RUST_LOG", default_value = "info")]
     log_filter: String,
@@ -60,6 +72,13 @@ async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(EnvFilter::try_new(&args.log_filter).context("--log-filter")?)
         .init();
+
+    // Before anything else, so that a router configuration that cannot work stops the start.
+    let router_token = match (&args.router_admin[..], &args.router_token_file) {
+        ([], _) => None,
+        (_, None) => bail!("--router-admin needs --router-token-file (UNDERSTUDY_ROUTER_TOKEN_FILE)"),
+        (_, Some(path)) => Some(RouterToken::read(path)?),
+    };
 
     let client = Client::try_default()
         .await
@@ -99,12 +118,19 @@ async fn main() -> anyhow::Result<()> {
     tracing::info!(identity = %args.identity, namespace = ?args.namespace, "leading: starting the controller");
 
     // Only the leader probes: its reconciles are the only ones that drain what the probes saw.
-    let observations = Arc::new(ProbingObservations::new(Arc::new(KubeReplicas::new(
-        client.clone(),
-    ))));
+    let replicas = Arc::new(KubeReplicas::new(client.clone()));
+    let observations = Arc::new(ProbingObservations::new(replicas.clone()));
     let probing = tokio::spawn(observations.clone().run());
-    let ctx =
-        Arc::new(Context::new(client, metrics, Some(args.identity.clone())).with_observations(observations));
+    let mut ctx = Context::new(client, metrics, Some(args.identity.clone())).with_observations(observations);
+    if let Some(token) = router_token {
+        tracing::info!(routers = ?args.router_admin, "pushing routes to the routers");
+        ctx = ctx.with_steps(Arc::new(RouterPush::new(
+            args.router_admin.clone(),
+            token,
+            replicas,
+        )));
+    }
+    let ctx = Arc::new(ctx);
     readiness.set(Role::Leading);
     let outcome = tokio::select! {
         () = controller::run(ctx, args.namespace.as_deref()) => Ok(()),

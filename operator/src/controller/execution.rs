@@ -2,11 +2,12 @@
 //!
 //! The lease step is done in the reconciler through [`crate::lease::EpochLease`]; scaling and
 //! waiting for replicas to serve are done here against the workload's scale subresource and
-//! status. Fencing, waking, routing and opening admission belong to components that land in later
-//! issues (the fence sidecar, the prober, the router); until then [`HandOffToComponents`] reports
-//! them handed off, never done: the promotion moves on, and an Event and the status timeline say
-//! which component carries each out and that this operator made no call. It must never claim a
-//! call it did not make.
+//! status. Routing and opening admission are pushed to the routers by
+//! [`crate::route_push::RouterPush`] when routers are configured. Fencing and waking, and routing
+//! without routers, belong to other components (the fence sidecar, the prober, the router);
+//! [`HandOffToComponents`] reports them handed off, never done: the promotion moves on, and an
+//! Event and the status timeline say which component carries each out and that this operator made
+//! no call. It must never claim a call it did not make.
 
 use std::fmt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -98,14 +99,26 @@ pub struct StepRequest<'a> {
 /// What became of a step given to the executor.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum StepReport {
-    /// `carried_by` made the call and it is done.
-    Done { carried_by: &'static str },
+    /// `carried_by` made the call and it is done; `note`, when given, is what the status timeline
+    /// shows beside the step.
+    Done {
+        carried_by: &'static str,
+        note: Option<String>,
+    },
     /// Nobody was called: the step is left to `carried_by`, which acts on its own or is not part
     /// of this version. The promotion moves on; `note` says what that means, in a sentence that
     /// status and Events show as it is.
     HandedOff { carried_by: &'static str, note: String },
     /// Not done yet; the promotion waits at this step and the reconciler comes back.
     NotYet { reason: String },
+    /// `carried_by` refused the step in a way somebody should look at (a stale epoch, a wrong
+    /// token): the promotion waits at this step as for [`StepReport::NotYet`], and a Warning Event
+    /// with `reason` and `note` says why.
+    Refused {
+        carried_by: &'static str,
+        reason: &'static str,
+        note: String,
+    },
 }
 
 /// Carries out fencing, waking, routing and opening admission.
@@ -113,9 +126,9 @@ pub trait StepExecutor: Send + Sync + fmt::Debug {
     fn carry_out<'a>(&'a self, request: StepRequest<'a>) -> BoxFuture<'a, StepReport>;
 }
 
-/// The Kubernetes-side executor of this version: it hands every step off and calls nothing. The
-/// fence sidecar reads the epoch Lease itself, so fencing follows the Lease on its own; waking and
-/// routing wait for the prober and the router (later issues).
+/// The executor with no router configured: it hands every step off and calls nothing. The fence
+/// sidecar reads the epoch Lease itself, so fencing follows the Lease on its own; waking waits for
+/// the prober, and routing for routers given to the operator (`--router-admin`).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct HandOffToComponents;
 
@@ -138,11 +151,11 @@ impl StepExecutor for HandOffToComponents {
             ),
             Step::Route => (
                 "router",
-                format!("no router is wired yet; no route was pushed to {pool} at epoch {epoch}"),
+                format!("no router is configured; no route was pushed to {pool} at epoch {epoch}"),
             ),
             Step::OpenAdmission => (
                 "router",
-                format!("no router is wired yet; no admission window was opened on {pool}"),
+                format!("no router is configured; no admission window was opened on {pool}"),
             ),
             Step::AcquireLease | Step::Scale | Step::AwaitServing => (
                 "operator",

@@ -402,19 +402,30 @@ impl Run<'_> {
     }
 
     fn step_handed_off(&mut self, epoch: Epoch, step: Step, carried_by: &'static str, note: String) {
-        // Only the latest promotion's hand-offs are shown; older ones are history.
-        self.handed_off.retain(|h| h.epoch == epoch && h.step != step);
-        self.handed_off.push(HandedOffStep {
-            epoch,
-            step,
-            note: note.clone(),
-        });
+        self.note_step(epoch, step, note.clone(), true);
         self.notices.push(Notice::Handoff {
             step,
             carried_by,
             note,
         });
         self.step_done(epoch, step);
+    }
+
+    /// A step carried out, with what its component said about it, for the timeline.
+    fn step_done_noted(&mut self, epoch: Epoch, step: Step, note: String) {
+        self.note_step(epoch, step, note, false);
+        self.step_done(epoch, step);
+    }
+
+    fn note_step(&mut self, epoch: Epoch, step: Step, note: String, handed_off: bool) {
+        // Only the latest promotion's notes are shown; older ones are history.
+        self.handed_off.retain(|h| h.epoch == epoch && h.step != step);
+        self.handed_off.push(HandedOffStep {
+            epoch,
+            step,
+            note,
+            handed_off,
+        });
     }
 
     fn step_retry(&mut self, epoch: Epoch, step: Step) {
@@ -732,15 +743,30 @@ async fn apply(policy: &FailoverPolicy, ctx: &Context, namespace: &str) -> Resul
                     epoch,
                 };
                 match ctx.steps.carry_out(request).await {
-                    StepReport::Done { carried_by } => {
-                        tracing::debug!(%namespace, policy = %name, ?step, carried_by, "step done");
-                        run.step_done(epoch, step);
+                    StepReport::Done { carried_by, note } => {
+                        tracing::debug!(%namespace, policy = %name, ?step, carried_by, ?note, "step done");
+                        match note {
+                            Some(note) => run.step_done_noted(epoch, step, note),
+                            None => run.step_done(epoch, step),
+                        }
                     }
                     StepReport::HandedOff { carried_by, note } => {
                         run.step_handed_off(epoch, step, carried_by, note);
                     }
                     StepReport::NotYet { reason } => {
                         tracing::debug!(%namespace, policy = %name, ?step, %reason, "step not done yet");
+                        run.step_retry(epoch, step);
+                        break;
+                    }
+                    StepReport::Refused {
+                        carried_by,
+                        reason,
+                        note,
+                    } => {
+                        // Told at once, not after the status write: nothing about it is recorded,
+                        // and the next reconcile reads the Lease again before it tries once more.
+                        tracing::warn!(%namespace, policy = %name, ?step, carried_by, %note, "step refused");
+                        warn(ctx, &reference, reason, note).await;
                         run.step_retry(epoch, step);
                         break;
                     }

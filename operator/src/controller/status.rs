@@ -35,7 +35,8 @@ pub struct OperatorRecord {
     pub handed_off: Vec<HandedOffStep>,
 }
 
-/// A promotion step the operator made no call for.
+/// A promotion step with a note for the timeline: one the operator made no call for, or one
+/// another component confirmed with something worth showing (the routers that took a route).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct HandedOffStep {
@@ -43,6 +44,22 @@ pub struct HandedOffStep {
     pub step: Step,
     /// What the timeline says about it: who carries it, and what was (not) done.
     pub note: String,
+    /// False for a step that was carried out and only has a note. Records written before
+    /// this field held handed-off steps only.
+    #[serde(default = "handed_off_by_default", skip_serializing_if = "is_handed_off")]
+    pub handed_off: bool,
+}
+
+fn handed_off_by_default() -> bool {
+    true
+}
+
+#[expect(
+    clippy::trivially_copy_pass_by_ref,
+    reason = "serde's skip_serializing_if passes a reference"
+)]
+fn is_handed_off(handed_off: &bool) -> bool {
+    *handed_off
 }
 
 /// What a status holds of the operator's record. Each part is read on its own key, so that a
@@ -225,13 +242,14 @@ fn conditions(
         )
     } else {
         match &machine.phase {
-            // No component of this version pushes routes, so holding the Lease is all that is
-            // known: saying the pool serves would claim a route nobody pushed.
+            // Holding the Lease is all that is known: routes are pushed during a promotion only,
+            // so saying the pool serves would claim a route nobody checked.
             Phase::Serving => condition(
                 True,
                 "LeaseHeld",
                 format!(
-                    "{primary} holds the epoch Lease at epoch {}; no router is wired yet, so no route was pushed",
+                    "{primary} holds the epoch Lease at epoch {}; whether the routers route to it is not checked \
+                     here (routes are pushed only during a promotion, to the routers given with --router-admin)",
                     machine.epoch
                 ),
             ),
@@ -350,7 +368,7 @@ pub fn timeline(
         TimelineStep {
             step: step_name(*step).to_owned(),
             at: rfc3339(*at),
-            handed_off: handoff.is_some(),
+            handed_off: handoff.is_some_and(|h| h.handed_off),
             note: match handoff {
                 Some(h) => Some(h.note.clone()),
                 None if adopted => {
@@ -465,7 +483,8 @@ mod tests {
         );
         assert_eq!(
             ready.message,
-            "us-east holds the epoch Lease at epoch 0; no router is wired yet, so no route was pushed"
+            "us-east holds the epoch Lease at epoch 0; whether the routers route to it is not checked here \
+             (routes are pushed only during a promotion, to the routers given with --router-admin)"
         );
         assert_eq!(
             ready.last_transition_time.as_deref(),
@@ -488,6 +507,7 @@ mod tests {
                 epoch: Epoch(4),
                 step: Step::Route,
                 note: "no route was pushed".into(),
+                handed_off: true,
             }],
         };
         let status = status_of(&rec, None);
@@ -672,12 +692,14 @@ mod tests {
                 epoch: Epoch(5),
                 step: Step::FenceOld,
                 note: "left to the fence sidecars".into(),
+                handed_off: true,
             },
             // An older promotion's hand-off says nothing about this one.
             HandedOffStep {
                 epoch: Epoch(4),
                 step: Step::Wake,
                 note: "old".into(),
+                handed_off: true,
             },
         ];
         let steps = timeline(&spec(), &promotion, None, &handed_off).steps;

@@ -1,0 +1,817 @@
+//! Pushes a promotion's route to the routers: the new primary's endpoints under the new epoch,
+//! with the policy's admission settings and stream contract, as one `PUT /route` to each router's
+//! admin API. The routers refuse anything below the highest epoch they have seen, and open the
+//! admission window when they take a route at a new epoch.
+//!
+//! This module must never report a route pushed that a router did not answer 200 to, send a
+//! request without a timeout, or print the admin token.
+
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::future::{BoxFuture, join_all};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper_util::rt::TokioIo;
+use kube::ResourceExt;
+use serde::{Deserialize, Serialize};
+use understudy_core::Epoch;
+use understudy_core::failover::Step;
+
+use crate::controller::{HandOffToComponents, StepExecutor, StepReport, StepRequest};
+use crate::crd::{AdmissionSpec, FailoverPolicySpec, StreamContract};
+use crate::observe::ReplicaEndpoints;
+
+/// Who carries the route and admission steps when routers are configured.
+pub const CARRIED_BY: &str = "router";
+
+/// The longest one push to one router may take, connection included.
+pub const DEFAULT_PUSH_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The most of a router's answer that is read.
+const MAX_ANSWER_BYTES: usize = 64 * 1024;
+
+/// What the router's ramp reaches at the end of the window, per replica, when the policy sets no
+/// maximum; and the router's own defaults for what the policy cannot say.
+const DEFAULT_MAX_CONCURRENCY_PER_REPLICA: u32 = 256;
+const DEFAULT_INITIAL_PREFILL_TOKENS_PER_REPLICA: u64 = 16_384;
+const DEFAULT_MAX_PREFILL_TOKENS_PER_REPLICA: u64 = 1_048_576;
+const DEFAULT_TTFT_BUFFER: f64 = 0.25;
+
+/// Why the router configuration cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum RouterConfigError {
+    /// Not an `http://host[:port][/prefix]` URL.
+    #[error("router admin URL {url:?}: {why}")]
+    BadUrl { url: String, why: &'static str },
+    /// The token file cannot be read.
+    #[error("reading the router admin token from {path}: {source}")]
+    TokenUnreadable {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The token file holds nothing but whitespace.
+    #[error("the router admin token in {path} is empty")]
+    TokenEmpty { path: String },
+}
+
+/// A router's admin API: `http://host[:port][/prefix]`; `PUT /route` goes to `<prefix>/route`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RouterAdminUrl {
+    text: String,
+    host: String,
+    port: u16,
+    prefix: String,
+}
+
+impl RouterAdminUrl {
+    /// The `Host` header value.
+    fn authority(&self) -> String {
+        if self.host.contains(':') {
+            format!("[{}]:{}", self.host, self.port)
+        } else {
+            format!("{}:{}", self.host, self.port)
+        }
+    }
+}
+
+impl fmt::Display for RouterAdminUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl FromStr for RouterAdminUrl {
+    type Err = RouterConfigError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let bad = |why| RouterConfigError::BadUrl {
+            url: text.to_owned(),
+            why,
+        };
+        let text = text.trim();
+        if text.starts_with("https://") {
+            return Err(bad(
+                "https is not supported; the admin API is plain HTTP on the cluster network",
+            ));
+        }
+        let rest = text
+            .strip_prefix("http://")
+            .ok_or_else(|| bad("must start with http://"))?;
+        let (authority, prefix) = match rest.find('/') {
+            Some(i) => (&rest[..i], rest[i..].trim_end_matches('/')),
+            None => (rest, ""),
+        };
+        if authority.contains('@') || prefix.contains(['?', '#']) {
+            return Err(bad("must not carry credentials, a query or a fragment"));
+        }
+        let (host, port) = if let Some(bracketed) = authority.strip_prefix('[') {
+            let (host, after) = bracketed.split_once(']').ok_or_else(|| bad("unclosed '['"))?;
+            (host, after.strip_prefix(':'))
+        } else {
+            match authority.rsplit_once(':') {
+                Some((host, port)) => (host, Some(port)),
+                None => (authority, None),
+            }
+        };
+        if host.is_empty() {
+            return Err(bad("names no host"));
+        }
+        let port = match port {
+            Some(port) => port.parse().map_err(|_| bad("the port is not a number"))?,
+            None => 80,
+        };
+        Ok(RouterAdminUrl {
+            text: text.trim_end_matches('/').to_owned(),
+            host: host.to_owned(),
+            port,
+            prefix: prefix.to_owned(),
+        })
+    }
+}
+
+/// The routers' admin bearer token. Never printed.
+#[derive(Clone)]
+pub struct RouterToken(Arc<str>);
+
+impl fmt::Debug for RouterToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("RouterToken(..)")
+    }
+}
+
+impl RouterToken {
+    /// The token from its text; a trailing newline, as files have, is dropped.
+    pub fn new(text: &str) -> Option<Self> {
+        let text = text.trim();
+        (!text.is_empty()).then(|| RouterToken(text.into()))
+    }
+
+    /// Reads the token from `path`, once, at start.
+    pub fn read(path: &Path) -> Result<Self, RouterConfigError> {
+        let shown = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| RouterConfigError::TokenUnreadable {
+            path: shown.clone(),
+            source,
+        })?;
+        RouterToken::new(&text).ok_or(RouterConfigError::TokenEmpty { path: shown })
+    }
+}
+
+/// The body of `PUT /route`, as the router reads it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RouteBody {
+    pub pool: String,
+    pub endpoints: Vec<SocketAddr>,
+    pub epoch: Epoch,
+    pub admission: RouteAdmission,
+    pub stream_contract: StreamContract,
+}
+
+/// The admission settings of a route: budgets for the whole route, ramping over the window.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RouteAdmission {
+    pub window_s: f64,
+    pub initial_concurrency: u32,
+    pub max_concurrency: u32,
+    pub initial_prefill_tokens: u64,
+    pub max_prefill_tokens: u64,
+    pub ttft_buffer: f64,
+}
+
+impl RouteAdmission {
+    /// The policy's per-replica admission settings as budgets for a route of `replicas`
+    /// endpoints. An unparseable window (validation rejects one) turns admission off rather
+    /// than guessing.
+    #[must_use]
+    pub fn for_replicas(spec: &AdmissionSpec, replicas: usize) -> Self {
+        let n = u32::try_from(replicas.max(1)).unwrap_or(u32::MAX);
+        let initial_concurrency = spec.initial_concurrency.max(1).saturating_mul(n);
+        let max_concurrency = spec
+            .max_concurrency
+            .unwrap_or(DEFAULT_MAX_CONCURRENCY_PER_REPLICA)
+            .saturating_mul(n)
+            .max(initial_concurrency);
+        let initial_prefill_tokens = spec
+            .initial_prefill_tokens
+            .map_or(DEFAULT_INITIAL_PREFILL_TOKENS_PER_REPLICA, u64::from)
+            .max(1)
+            .saturating_mul(u64::from(n));
+        let max_prefill_tokens = DEFAULT_MAX_PREFILL_TOKENS_PER_REPLICA
+            .saturating_mul(u64::from(n))
+            .max(initial_prefill_tokens);
+        RouteAdmission {
+            window_s: spec.window.parse().map_or(0.0, |w| w.as_secs_f64()),
+            initial_concurrency,
+            max_concurrency,
+            initial_prefill_tokens,
+            max_prefill_tokens,
+            ttft_buffer: DEFAULT_TTFT_BUFFER,
+        }
+    }
+}
+
+impl RouteBody {
+    /// The route that makes `pool` primary at `epoch`, served at `endpoints`.
+    #[must_use]
+    pub fn new(spec: &FailoverPolicySpec, pool: &str, endpoints: Vec<SocketAddr>, epoch: Epoch) -> Self {
+        RouteBody {
+            pool: pool.to_owned(),
+            admission: RouteAdmission::for_replicas(&spec.admission, endpoints.len()),
+            endpoints,
+            epoch,
+            stream_contract: spec.stream.contract,
+        }
+    }
+}
+
+/// How one router answered one push.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RouterAnswer {
+    /// 200: the router holds this route (`new_epoch` or `same_epoch`).
+    Taken,
+    /// 409: the router has seen a higher epoch, or another pool at this one.
+    Stale {
+        highest: Option<u64>,
+        pool: Option<String>,
+    },
+    /// 401: the router does not take this token.
+    Unauthorized,
+    /// Another 4xx: the router will not take this route as it is.
+    Rejected { status: u16, message: String },
+    /// No answer, or a 5xx: worth trying again.
+    Unavailable { why: String },
+}
+
+/// The route and admission steps, pushed to the routers; every other step as
+/// [`HandOffToComponents`] hands it off.
+pub struct RouterPush {
+    routers: Vec<RouterAdminUrl>,
+    token: RouterToken,
+    replicas: Arc<dyn ReplicaEndpoints>,
+    timeout: Duration,
+}
+
+impl fmt::Debug for RouterPush {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RouterPush")
+            .field("routers", &self.routers)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RouterPush {
+    /// Pushes to `routers` with `token`, resolving a pool's endpoints through `replicas`.
+    #[must_use]
+    pub fn new(
+        routers: Vec<RouterAdminUrl>,
+        token: RouterToken,
+        replicas: Arc<dyn ReplicaEndpoints>,
+    ) -> Self {
+        RouterPush {
+            routers,
+            token,
+            replicas,
+            timeout: DEFAULT_PUSH_TIMEOUT,
+        }
+    }
+
+    /// The longest one push to one router may take.
+    #[must_use]
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Puts `route` to every router at once; each answer beside the router that gave it.
+    pub async fn push(&self, route: &RouteBody) -> Vec<(&RouterAdminUrl, RouterAnswer)> {
+        // Serializing plain numbers, strings and addresses cannot fail.
+        let body = Bytes::from(serde_json::to_vec(route).unwrap_or_default());
+        let pushes = self.routers.iter().map(|router| {
+            let body = body.clone();
+            async move {
+                let answer =
+                    match tokio::time::timeout(self.timeout, put_route(router, &self.token, body)).await {
+                        Ok(answer) => answer,
+                        Err(_) => RouterAnswer::Unavailable {
+                            why: format!("no answer within {:?}", self.timeout),
+                        },
+                    };
+                (router, answer)
+            }
+        });
+        join_all(pushes).await
+    }
+
+    async fn route(&self, request: StepRequest<'_>) -> StepReport {
+        let policy = request.policy;
+        let pool = &request.pool.name;
+        let namespace = policy.namespace().unwrap_or_default();
+        let resolved = match self.replicas.resolve(&namespace, request.pool).await {
+            Ok(resolved) => resolved,
+            Err(error) => {
+                return StepReport::NotYet {
+                    reason: format!("the endpoints of {pool} cannot be read: {error}"),
+                };
+            }
+        };
+        let endpoints: Vec<SocketAddr> = resolved
+            .iter()
+            .filter_map(|e| Some(SocketAddr::new(e.host.parse::<IpAddr>().ok()?, e.port)))
+            .collect();
+        if endpoints.is_empty() {
+            return StepReport::NotYet {
+                reason: format!("{pool} has no running replica to route to yet"),
+            };
+        }
+        let route = RouteBody::new(&policy.spec, pool, endpoints, request.epoch);
+        let answers = self.push(&route).await;
+        judge(request.step, &route, &answers)
+    }
+}
+
+impl StepExecutor for RouterPush {
+    fn carry_out<'a>(&'a self, request: StepRequest<'a>) -> BoxFuture<'a, StepReport> {
+        match request.step {
+            // The admission window opens when a router takes a route at a new epoch; pushing the
+            // same route again is answered 200 by a router that holds it and leaves a running
+            // window as it is, so a 200 from every router means the window is open on each.
+            Step::Route | Step::OpenAdmission => Box::pin(self.route(request)),
+            _ => HandOffToComponents.carry_out(request),
+        }
+    }
+}
+
+/// What the routers' answers to `route` mean for `step`.
+#[must_use]
+pub fn judge(step: Step, route: &RouteBody, answers: &[(&RouterAdminUrl, RouterAnswer)]) -> StepReport {
+    let (pool, epoch) = (&route.pool, route.epoch);
+    let stale: Vec<String> = answers
+        .iter()
+        .filter_map(|(router, answer)| match answer {
+            RouterAnswer::Stale { highest, pool: held } => Some(format!(
+                "router {router} has seen epoch {} (pool {}); ours is {epoch} for {pool}",
+                highest.map_or_else(|| "?".to_owned(), |h| h.to_string()),
+                held.as_deref().unwrap_or("?"),
+            )),
+            _ => None,
+        })
+        .collect();
+    if !stale.is_empty() {
+        return StepReport::Refused {
+            carried_by: CARRIED_BY,
+            reason: "RouteStale",
+            note: format!(
+                "the route was refused as stale: {}; the Lease is read again before anything else is done",
+                stale.join("; ")
+            ),
+        };
+    }
+    let rejected: Vec<String> = answers
+        .iter()
+        .filter_map(|(router, answer)| match answer {
+            RouterAnswer::Unauthorized => Some(format!(
+                "router {router} refused the admin token (401); check --router-token-file"
+            )),
+            RouterAnswer::Rejected { status, message } => {
+                Some(format!("router {router} answered {status}: {message}"))
+            }
+            _ => None,
+        })
+        .collect();
+    if !rejected.is_empty() {
+        return StepReport::Refused {
+            carried_by: CARRIED_BY,
+            reason: "RouteRejected",
+            note: format!(
+                "the route to {pool} at epoch {epoch} was not taken: {}",
+                rejected.join("; ")
+            ),
+        };
+    }
+    let unavailable: Vec<String> = answers
+        .iter()
+        .filter_map(|(router, answer)| match answer {
+            RouterAnswer::Unavailable { why } => Some(format!("router {router}: {why}")),
+            _ => None,
+        })
+        .collect();
+    if !unavailable.is_empty() {
+        return StepReport::NotYet {
+            reason: format!(
+                "the route to {pool} at epoch {epoch} is not on every router yet: {}",
+                unavailable.join("; ")
+            ),
+        };
+    }
+    let routers = answers.len();
+    let note = match step {
+        Step::OpenAdmission => {
+            let a = &route.admission;
+            format!(
+                "the route at epoch {epoch} carried the admission settings and all {routers} router(s) \
+                 hold it, so their window is open: {}s, {} to {} concurrent requests, {} to {} prompt \
+                 tokens",
+                a.window_s,
+                a.initial_concurrency,
+                a.max_concurrency,
+                a.initial_prefill_tokens,
+                a.max_prefill_tokens
+            )
+        }
+        _ => format!(
+            "pushed to all {routers} router(s): {pool} at epoch {epoch}, {} endpoint(s)",
+            route.endpoints.len()
+        ),
+    };
+    StepReport::Done {
+        carried_by: CARRIED_BY,
+        note: Some(note),
+    }
+}
+
+/// One `PUT <prefix>/route` on a fresh connection; no timeout here, the caller bounds it.
+async fn put_route(router: &RouterAdminUrl, token: &RouterToken, body: Bytes) -> RouterAnswer {
+    let unavailable = |why: String| RouterAnswer::Unavailable { why };
+    let stream = match tokio::net::TcpStream::connect((router.host.as_str(), router.port)).await {
+        Ok(stream) => stream,
+        Err(error) => return unavailable(format!("cannot connect: {error}")),
+    };
+    let (mut sender, connection) =
+        match hyper::client::conn::http1::handshake::<_, Full<Bytes>>(TokioIo::new(stream)).await {
+            Ok(pair) => pair,
+            Err(error) => return unavailable(format!("HTTP handshake failed: {error}")),
+        };
+    let connection = tokio::spawn(connection);
+    let request = http::Request::builder()
+        .method(http::Method::PUT)
+        .uri(format!("{}/route", router.prefix))
+        .header(http::header::HOST, router.authority())
+        .header(http::header::AUTHORIZATION, format!("Bearer {}", token.0))
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(Full::new(body));
+    let answer = match request {
+        Err(error) => unavailable(format!("the request cannot be built: {error}")),
+        Ok(request) => match sender.send_request(request).await {
+            Err(error) => unavailable(format!("the request failed: {error}")),
+            Ok(response) => {
+                let status = response.status();
+                let body = Limited::new(response.into_body(), MAX_ANSWER_BYTES)
+                    .collect()
+                    .await
+                    .map(|b| b.to_bytes())
+                    .unwrap_or_default();
+                classify(status, &body)
+            }
+        },
+    };
+    connection.abort();
+    answer
+}
+
+/// What a router's status and body say.
+fn classify(status: http::StatusCode, body: &[u8]) -> RouterAnswer {
+    let json: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
+    let message = || {
+        json.get("error").and_then(|e| e.as_str()).map_or_else(
+            || String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned(),
+            str::to_owned,
+        )
+    };
+    match status.as_u16() {
+        200..=299 => RouterAnswer::Taken,
+        409 => RouterAnswer::Stale {
+            highest: json.get("highest_epoch").and_then(serde_json::Value::as_u64),
+            pool: json.get("pool").and_then(|p| p.as_str()).map(str::to_owned),
+        },
+        401 | 403 => RouterAnswer::Unauthorized,
+        code @ 400..=499 => RouterAnswer::Rejected {
+            status: code,
+            message: message(),
+        },
+        code => RouterAnswer::Unavailable {
+            why: format!("answered {code}: {}", message()),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+    use tokio::sync::mpsc;
+    use understudy_prober::probe::Endpoint;
+
+    use super::*;
+    use crate::crd::FailoverPolicy;
+    use crate::observe::FixedReplicas;
+
+    const TOKEN: &str = "s3cret";
+
+    fn policy() -> FailoverPolicy {
+        serde_yaml::from_str(
+            r"
+apiVersion: understudy.dev/v1alpha1
+kind: FailoverPolicy
+metadata: {name: chat, namespace: serving}
+spec:
+  pools:
+    - {name: east, workload: {kind: Deployment, name: chat-east}, replicas: 2}
+    - {name: west, workload: {kind: Deployment, name: chat-west}, replicas: 2}
+  recoveryObjective: 1m
+  admission: {window: 90s, initialConcurrency: 3, maxConcurrency: 40}
+  stream: {contract: continuation}
+",
+        )
+        .unwrap()
+    }
+
+    /// A request as a test router received it.
+    #[derive(Debug)]
+    struct Received {
+        head: String,
+        body: serde_json::Value,
+    }
+
+    impl Received {
+        fn header(&self, name: &str) -> Option<&str> {
+            self.head.lines().find_map(|l| {
+                let (k, v) = l.split_once(':')?;
+                k.eq_ignore_ascii_case(name).then_some(v.trim())
+            })
+        }
+    }
+
+    /// A router that answers every request with `status` and `body`, and hands over what it got.
+    async fn router(status: u16, body: &'static str) -> (RouterAdminUrl, mpsc::UnboundedReceiver<Received>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap())
+            .parse()
+            .unwrap();
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let mut raw = Vec::new();
+                let mut buf = [0u8; 4096];
+                let (head, request_body) = loop {
+                    let n = stream.read(&mut buf).await.unwrap();
+                    assert!(n > 0, "closed before a whole request");
+                    raw.extend_from_slice(&buf[..n]);
+                    let Some(end) = raw.windows(4).position(|w| w == b"\r\n\r\n") else {
+                        continue;
+                    };
+                    let head = String::from_utf8_lossy(&raw[..end]).into_owned();
+                    let length: usize = head
+                        .lines()
+                        .find_map(|l| {
+                            l.to_ascii_lowercase()
+                                .strip_prefix("content-length:")
+                                .map(|v| v.trim().parse().unwrap())
+                        })
+                        .unwrap_or(0);
+                    if raw.len() >= end + 4 + length {
+                        break (head, raw[end + 4..end + 4 + length].to_vec());
+                    }
+                };
+                let answer = format!(
+                    "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                stream.write_all(answer.as_bytes()).await.unwrap();
+                let _ = tx.send(Received {
+                    head,
+                    body: serde_json::from_slice(&request_body).unwrap(),
+                });
+            }
+        });
+        (url, rx)
+    }
+
+    /// An address where nothing listens.
+    async fn nobody() -> RouterAdminUrl {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap())
+            .parse()
+            .unwrap();
+        drop(listener);
+        url
+    }
+
+    fn push_to(routers: Vec<RouterAdminUrl>) -> RouterPush {
+        let replicas = FixedReplicas::default().with_pool(
+            "west",
+            vec![Endpoint::new("10.0.0.1", 8000), Endpoint::new("10.0.0.2", 8000)],
+        );
+        RouterPush::new(routers, RouterToken::new(TOKEN).unwrap(), Arc::new(replicas))
+    }
+
+    async fn carry_out(push: &RouterPush, step: Step, epoch: u64) -> StepReport {
+        let policy = policy();
+        let request = StepRequest {
+            policy: &policy,
+            step,
+            pool: &policy.spec.pools[1],
+            epoch: Epoch(epoch),
+        };
+        push.carry_out(request).await
+    }
+
+    #[tokio::test]
+    async fn a_route_taken_by_every_router_is_done_and_carries_pool_endpoints_epoch_and_admission() {
+        let (one, mut got_one) = router(200, r#"{"applied":"new_epoch","epoch":3,"pool":"west"}"#).await;
+        let (two, mut got_two) = router(200, r#"{"applied":"same_epoch","epoch":3,"pool":"west"}"#).await;
+        let report = carry_out(&push_to(vec![one, two]), Step::Route, 3).await;
+        let StepReport::Done { carried_by, note } = report else {
+            panic!("not done: {report:?}");
+        };
+        assert_eq!(carried_by, "router");
+        assert!(note.unwrap().contains("all 2 router(s)"));
+        for got in [&mut got_one, &mut got_two] {
+            let got = got.recv().await.unwrap();
+            assert!(got.head.starts_with("PUT /route HTTP/1.1"), "{}", got.head);
+            assert_eq!(got.header("authorization"), Some("Bearer s3cret"));
+            assert_eq!(got.header("content-type"), Some("application/json"));
+            let body = &got.body;
+            assert_eq!(body["pool"], "west");
+            assert_eq!(body["epoch"], 3);
+            assert_eq!(
+                body["endpoints"],
+                serde_json::json!(["10.0.0.1:8000", "10.0.0.2:8000"])
+            );
+            assert_eq!(body["stream_contract"], "continuation");
+            // Per replica in the policy, for the whole route at the router.
+            assert_eq!(body["admission"]["window_s"], 90.0);
+            assert_eq!(body["admission"]["initial_concurrency"], 6);
+            assert_eq!(body["admission"]["max_concurrency"], 80);
+        }
+    }
+
+    #[tokio::test]
+    async fn open_admission_pushes_the_same_route_and_says_the_window_came_with_it() {
+        let (one, mut got) = router(200, r#"{"applied":"same_epoch","epoch":3,"pool":"west"}"#).await;
+        let report = carry_out(&push_to(vec![one]), Step::OpenAdmission, 3).await;
+        let StepReport::Done { note: Some(note), .. } = report else {
+            panic!("not done with a note: {report:?}");
+        };
+        assert!(note.contains("carried the admission settings"), "{note}");
+        assert!(note.contains("90s, 6 to 80 concurrent requests"), "{note}");
+        assert_eq!(got.recv().await.unwrap().body["epoch"], 3);
+    }
+
+    #[tokio::test]
+    async fn a_router_at_a_higher_epoch_refuses_the_route_as_stale_naming_both_epochs() {
+        let (taken, _) = router(200, r#"{"applied":"new_epoch"}"#).await;
+        let (stale, _) = router(
+            409,
+            r#"{"error":"stale epoch","epoch":3,"highest_epoch":5,"pool":"east"}"#,
+        )
+        .await;
+        let shown = stale.to_string();
+        let report = carry_out(&push_to(vec![taken, stale]), Step::Route, 3).await;
+        let StepReport::Refused {
+            carried_by,
+            reason,
+            note,
+        } = report
+        else {
+            panic!("not refused: {report:?}");
+        };
+        assert_eq!((carried_by, reason), ("router", "RouteStale"));
+        assert!(note.contains(&shown), "{note}");
+        assert!(note.contains("epoch 5 (pool east); ours is 3 for west"), "{note}");
+    }
+
+    #[tokio::test]
+    async fn a_wrong_token_is_refused_with_a_hint_at_the_token_file() {
+        let (router, _) = router(401, r#"{"error":"a valid bearer token is required"}"#).await;
+        let report = carry_out(&push_to(vec![router]), Step::Route, 1).await;
+        let StepReport::Refused { reason, note, .. } = report else {
+            panic!("not refused: {report:?}");
+        };
+        assert_eq!(reason, "RouteRejected");
+        assert!(
+            note.contains("401") && note.contains("--router-token-file"),
+            "{note}"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_or_failing_router_leaves_the_step_to_be_tried_again() {
+        let (failing, _) = router(500, r#"{"error":"could not persist the epoch"}"#).await;
+        let report = carry_out(&push_to(vec![nobody().await, failing]), Step::Route, 1).await;
+        let StepReport::NotYet { reason } = report else {
+            panic!("not left for later: {report:?}");
+        };
+        assert!(reason.contains("cannot connect"), "{reason}");
+        assert!(
+            reason.contains("answered 500: could not persist the epoch"),
+            "{reason}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_router_that_never_answers_is_given_up_on_after_the_timeout() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url: RouterAdminUrl = format!("http://{}", listener.local_addr().unwrap())
+            .parse()
+            .unwrap();
+        // Accepts the connection and says nothing.
+        let _held = tokio::spawn(async move {
+            let kept = listener.accept().await;
+            std::future::pending::<()>().await;
+            drop(kept);
+        });
+        let push = push_to(vec![url]).with_timeout(Duration::from_secs(3));
+        let report = carry_out(&push, Step::Route, 1).await;
+        let StepReport::NotYet { reason } = report else {
+            panic!("not left for later: {report:?}");
+        };
+        assert!(reason.contains("no answer within 3s"), "{reason}");
+    }
+
+    #[tokio::test]
+    async fn a_pool_with_no_running_replica_is_not_routed_to() {
+        let (router, mut got) = router(200, "{}").await;
+        let push = RouterPush::new(
+            vec![router],
+            RouterToken::new(TOKEN).unwrap(),
+            Arc::new(FixedReplicas::default()),
+        );
+        let report = carry_out(&push, Step::Route, 1).await;
+        assert!(matches!(report, StepReport::NotYet { .. }), "{report:?}");
+        assert!(got.try_recv().is_err(), "a route with no endpoints was pushed");
+    }
+
+    #[tokio::test]
+    async fn steps_that_are_not_the_routers_are_still_handed_off() {
+        let report = carry_out(&push_to(vec![nobody().await]), Step::FenceOld, 1).await;
+        assert!(
+            matches!(
+                report,
+                StepReport::HandedOff {
+                    carried_by: "fence-sidecar",
+                    ..
+                }
+            ),
+            "{report:?}"
+        );
+    }
+
+    #[test]
+    fn admin_urls_are_plain_http_with_a_host_and_an_optional_port_and_prefix() {
+        let url: RouterAdminUrl = "http://router-admin.serving:9091/".parse().unwrap();
+        assert_eq!(
+            (url.host.as_str(), url.port, url.prefix.as_str()),
+            ("router-admin.serving", 9091, "")
+        );
+        assert_eq!(url.to_string(), "http://router-admin.serving:9091");
+        let url: RouterAdminUrl = "http://[::1]:9091/gw/a".parse().unwrap();
+        assert_eq!(
+            (url.host.as_str(), url.port, url.prefix.as_str()),
+            ("::1", 9091, "/gw/a")
+        );
+        assert_eq!(url.authority(), "[::1]:9091");
+        assert_eq!("http://router".parse::<RouterAdminUrl>().unwrap().port, 80);
+        for bad in [
+            "https://router:9091",
+            "router:9091",
+            "http://:9091",
+            "http://router:x",
+            "http://u@router",
+        ] {
+            assert!(bad.parse::<RouterAdminUrl>().is_err(), "{bad} was taken");
+        }
+    }
+
+    #[test]
+    fn a_missing_or_empty_token_file_is_an_error_that_names_the_file() {
+        let missing = RouterToken::read(Path::new("/nonexistent/understudy/token")).unwrap_err();
+        assert!(
+            missing.to_string().contains("/nonexistent/understudy/token"),
+            "{missing}"
+        );
+        assert!(RouterToken::new(" \n").is_none());
+        assert_eq!(
+            format!("{:?}", RouterToken::new("s3cret\n").unwrap()),
+            "RouterToken(..)"
+        );
+    }
+
+    #[test]
+    fn admission_without_a_maximum_ramps_to_the_routers_default_per_replica() {
+        let spec = AdmissionSpec::default();
+        let admission = RouteAdmission::for_replicas(&spec, 3);
+        assert_eq!(admission.window_s, 300.0);
+        assert_eq!(admission.initial_concurrency, 12);
+        assert_eq!(admission.max_concurrency, 3 * 256);
+        assert!(admission.initial_prefill_tokens <= admission.max_prefill_tokens);
+    }
+}
