@@ -1,0 +1,126 @@
+//! The operator's route push against a real gateway on loopback, with vLLM emulators behind it:
+//! a route pushed at a new epoch moves the gateway's traffic to the new primary, and a stale
+//! operator's push at a lower epoch is refused and changes nothing.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod router_support;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use router_support::{Emulator, Router, TOKEN, completion, route};
+use understudy_core::Epoch;
+use understudy_core::failover::Step;
+use understudy_operator::controller::{StepExecutor, StepReport, StepRequest};
+use understudy_operator::crd::FailoverPolicy;
+use understudy_operator::observe::FixedReplicas;
+use understudy_operator::route_push::{RouteBody, RouterAdminUrl, RouterPush, RouterToken};
+use understudy_prober::probe::Endpoint;
+use understudy_router::gateway::GatewayConfig;
+
+fn policy() -> FailoverPolicy {
+    serde_yaml::from_str(
+        r"
+apiVersion: understudy.dev/v1alpha1
+kind: FailoverPolicy
+metadata: {name: chat, namespace: serving}
+spec:
+  pools:
+    - {name: east, workload: {kind: Deployment, name: chat-east}, replicas: 1}
+    - {name: west, workload: {kind: Deployment, name: chat-west}, replicas: 1}
+  recoveryObjective: 1m
+  admission: {window: 90s, initialConcurrency: 8, maxConcurrency: 64}
+",
+    )
+    .unwrap()
+}
+
+/// An operator that resolves `pool` to `addr` and pushes to `router`.
+fn operator(router: &Router, pool: &str, addr: SocketAddr) -> RouterPush {
+    let admin: RouterAdminUrl = format!("http://127.0.0.1:{}", router.admin).parse().unwrap();
+    let replicas =
+        FixedReplicas::default().with_pool(pool, vec![Endpoint::new(addr.ip().to_string(), addr.port())]);
+    RouterPush::new(vec![admin], RouterToken::new(TOKEN).unwrap(), Arc::new(replicas))
+}
+
+/// Carries out the route step for the pool at `pool_index` at `epoch`, as a reconcile would.
+fn push_route(push: &RouterPush, pool_index: usize, epoch: u64) -> StepReport {
+    let policy = policy();
+    let request = StepRequest {
+        policy: &policy,
+        step: Step::Route,
+        pool: &policy.spec.pools[pool_index],
+        epoch: Epoch(epoch),
+    };
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(push.carry_out(request))
+}
+
+#[test]
+fn a_route_pushed_at_epoch_1_moves_the_gateway_and_a_stale_push_at_epoch_0_changes_nothing() {
+    let east = Emulator::fast();
+    let west = Emulator::fast();
+    let (east_addr, west_addr) = (east.addr(), west.addr());
+    let r = Router::start(GatewayConfig::default(), None);
+    // Before the failover: the home pool serves at epoch 0.
+    assert_eq!(r.put_route(&route("east", 0, &[east_addr])).status, 200);
+    assert_eq!(r.complete(&completion(4, false), &[]).status, 200);
+
+    let report = push_route(&operator(&r, "west", west_addr), 1, 1);
+    assert!(
+        matches!(
+            report,
+            StepReport::Done {
+                carried_by: "router",
+                ..
+            }
+        ),
+        "{report:?}"
+    );
+    let held = r.admin_get("/route").json();
+    assert_eq!(held["route"]["pool"], "west");
+    assert_eq!(held["route"]["epoch"], 1);
+    assert_eq!(held["route"]["endpoints"], serde_json::json!([west_addr]));
+    assert_eq!(held["route"]["admission"]["window_s"], 90.0);
+    assert_eq!(held["route"]["admission"]["initial_concurrency"], 8);
+    // With the old primary gone, every request is served by the new one.
+    drop(east);
+    for _ in 0..5 {
+        assert_eq!(r.complete(&completion(4, false), &[]).status, 200);
+    }
+
+    // An operator that missed the failover pushes its old view.
+    let stale = push_route(&operator(&r, "east", east_addr), 0, 0);
+    let StepReport::Refused { reason, note, .. } = stale else {
+        panic!("the stale push was not refused: {stale:?}");
+    };
+    assert_eq!(reason, "RouteStale");
+    assert!(note.contains("epoch 1 (pool west); ours is 0 for east"), "{note}");
+    let held = r.admin_get("/route").json();
+    assert_eq!(
+        (&held["route"]["pool"], &held["route"]["epoch"]),
+        (&"west".into(), &1.into())
+    );
+    assert_eq!(r.complete(&completion(4, false), &[]).status, 200);
+}
+
+#[test]
+fn the_operators_route_body_is_a_route_the_router_reads() {
+    let policy = policy();
+    let body = RouteBody::new(
+        &policy.spec,
+        "west",
+        vec![SocketAddr::from(([10, 0, 0, 1], 8000))],
+        Epoch(4),
+    );
+    let read: understudy_router::route::Route =
+        serde_json::from_value(serde_json::to_value(&body).unwrap()).unwrap();
+    read.validate().unwrap();
+    assert_eq!((read.pool.as_str(), read.epoch), ("west", Epoch(4)));
+    assert_eq!(read.admission.window_s, 90.0);
+    assert_eq!(read.admission.max_concurrency, 64);
+}
