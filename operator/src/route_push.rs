@@ -49,7 +49,7 @@ pub enum RouterConfigError {
     #[error("router admin URL {url:?}: {why}")]
     BadUrl { url: String, why: &'static str },
     /// The token file cannot be read.
-    #[error("reading the router admin token from {path}: {source}")]
+    #[error("reading the router admin token from {path}")]
     TokenUnreadable {
         path: String,
         #[source]
