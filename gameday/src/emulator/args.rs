@@ -72,7 +72,6 @@ pub struct ServeArgs {
     pub served_model_name: Vec<String>,
     pub max_model_len: Option<u32>,
     pub max_num_seqs: u32,
-    pub max_num_batched_tokens: Option<u32>,
     pub block_size: u32,
     pub enable_sleep_mode: bool,
     pub enable_prefix_caching: bool,
@@ -100,7 +99,6 @@ impl ServeArgs {
             served_model_name: Vec::new(),
             max_model_len: None,
             max_num_seqs: 256,
-            max_num_batched_tokens: None,
             block_size: 16,
             enable_sleep_mode: false,
             enable_prefix_caching: true,
@@ -288,10 +286,6 @@ fn apply_flag(serve: &mut ServeArgs, name: &str, value: Option<String>) -> Resul
                 return Err(flag_error(name, "must be at least 1"));
             }
             ArgValue::Int(i64::from(serve.max_num_seqs))
-        }
-        "max-num-batched-tokens" => {
-            serve.max_num_batched_tokens = Some(number(name, value)?);
-            ArgValue::Int(i64::from(serve.max_num_batched_tokens.unwrap_or_default()))
         }
         "block-size" => {
             serve.block_size = number(name, value)?;

@@ -294,6 +294,7 @@ mod tests {
     fn tokenizing_counts_words_and_splits_long_ones() {
         assert_eq!(tokenize("The capital of France").len(), 5);
         assert_eq!(tokenize("").len(), 0);
-        assert_eq!(tokenize("héllo wörld"), tokenize("héllo wörld"));
+        // Long words split by characters, not bytes: accents do not change the count.
+        assert_eq!(tokenize("héllo wörld").len(), tokenize("hello world").len());
     }
 }

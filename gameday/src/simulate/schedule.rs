@@ -125,12 +125,8 @@ pub enum ScheduleError {
         other_first: u32,
         other_last: u32,
     },
-    #[error(
-        "policy.promote_after ({promote_after}) must not be below policy.suspect_after ({suspect_after})"
-    )]
-    PromoteBeforeSuspect { suspect_after: u32, promote_after: u32 },
-    #[error("policy.hard_promote_after ({hard}) must not be above policy.promote_after ({promote_after})")]
-    HardAfterSoft { hard: u32, promote_after: u32 },
+    #[error("policy.{0}")]
+    Policy(understudy_core::failover::ConfigError),
 }
 
 impl Schedule {
@@ -154,43 +150,16 @@ impl Schedule {
 }
 
 impl SimPolicy {
-    /// Refuses thresholds the state machine could not run.
+    /// Refuses thresholds the state machine could not run: its own rules, in the schedule's words.
     pub fn check(&self) -> Result<(), ScheduleError> {
-        let policy = self;
-        for (field, value) in [
-            ("promote_after", policy.promote_after),
-            ("suspect_after", policy.suspect_after),
-            (
-                "hard_promote_after",
-                policy.hard_promote_after.unwrap_or(policy.promote_after),
-            ),
-            ("standby_ready_after", policy.standby_ready_after),
-        ] {
-            if value == 0 {
-                return Err(ScheduleError::Zero { field });
-            }
-        }
-        if let SimFailback::Automatic { healthy_rounds: 0 } = policy.failback {
+        if let SimFailback::Automatic { healthy_rounds: 0 } = self.failback {
             return Err(ScheduleError::Zero {
                 field: "failback.healthy_rounds",
             });
         }
-        if policy.promote_after < policy.suspect_after {
-            return Err(ScheduleError::PromoteBeforeSuspect {
-                suspect_after: policy.suspect_after,
-                promote_after: policy.promote_after,
-            });
-        }
-        if let Some(hard) = policy
-            .hard_promote_after
-            .filter(|hard| *hard > policy.promote_after)
-        {
-            return Err(ScheduleError::HardAfterSoft {
-                hard,
-                promote_after: policy.promote_after,
-            });
-        }
-        Ok(())
+        super::failover_config(self)
+            .check()
+            .map_err(ScheduleError::Policy)
     }
 }
 
