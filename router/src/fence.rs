@@ -6,7 +6,7 @@
 //!
 //! Until the first successful read, and when no Lease exists, the sidecar is fenced: it fails
 //! closed. When the Lease store is unreachable it keeps its last verdict (a store outage is not a
-//! failover; see resilience reference §7.4), and the first read after the outage decides, so a
+//! failover: the operator pauses control actions, and the data path keeps serving), and the first read after the outage decides, so a
 //! partitioned old primary that comes back fences itself before it serves again.
 //!
 //! What this module must never do: let generation through while fenced, or refuse a probe or a
@@ -18,15 +18,18 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
-use bytes::Bytes;
-use http::header::{CONTENT_TYPE, HeaderValue};
+use http::header::HeaderValue;
 use http::{Request, Response, StatusCode, Uri};
 use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
 use understudy_core::Epoch;
 use understudy_operator::lease::{EpochLease, LeaseError, LeaseRecord};
 
 use crate::body::RouterBody;
-use crate::gateway::{UpstreamClient, strip_hop_by_hop, upstream_client};
+use crate::gateway::strip_hop_by_hop;
+use crate::refusal::error_response;
 
 /// The header on the sidecar's refusals, carrying the current epoch.
 pub const FENCE_HEADER: &str = "x-understudy-fenced";
@@ -120,12 +123,28 @@ pub async fn watch_lease<L: LeaseSource>(lease: L, state: Arc<FenceState>, inter
     }
 }
 
+/// The sidecar's client to its local replica: HTTP/1.1, pooled keep-alive connections, no Nagle.
+/// It streams each request body through without buffering it, which the gateway's own pool
+/// (`upstream::Pool`, bodies read once and kept for a retry) does not; the price is a task per
+/// request inside hyper-util's pool.
+type UpstreamClient = Client<HttpConnector, Incoming>;
+
+fn upstream_client(connect_timeout: Duration) -> UpstreamClient {
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    connector.set_connect_timeout(Some(connect_timeout));
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(30))
+        .pool_max_idle_per_host(1024)
+        .build(connector)
+}
+
 /// The sidecar's proxy to its local replica.
 #[derive(Debug, Clone)]
 pub struct Fence {
     state: Arc<FenceState>,
     upstream: http::uri::Authority,
-    client: UpstreamClient<Incoming>,
+    client: UpstreamClient,
 }
 
 impl Fence {
@@ -147,14 +166,8 @@ impl Fence {
         if req.uri().path().starts_with("/v1/")
             && let Some(epoch) = self.state.fenced_at()
         {
-            let body = serde_json::json!({"error": {
-                "message": format!("pool {} does not hold epoch {epoch}: fenced", self.state.pool),
-                "type": "fenced", "code": 503
-            }});
-            let mut resp = Response::new(RouterBody::from(Bytes::from(body.to_string())));
-            *resp.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
-            resp.headers_mut()
-                .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            let message = format!("pool {} does not hold epoch {epoch}: fenced", self.state.pool);
+            let mut resp = error_response(StatusCode::SERVICE_UNAVAILABLE, "fenced", &message);
             resp.headers_mut()
                 .insert(FENCE_HEADER, HeaderValue::from(epoch.0));
             return resp;
@@ -174,16 +187,13 @@ impl Fence {
                 Response::from_parts(head, RouterBody::Plain(body))
             }
             Err(e) => {
-                let mut resp = Response::new(RouterBody::from(format!(
-                    "{{\"error\": {{\"message\": \"local replica unreachable: {}\", \"type\": \"upstream_failed\", \"code\": 502}}}}",
-                    if e.is_connect() {
-                        "connection refused"
-                    } else {
-                        "connection failed"
-                    }
-                )));
-                *resp.status_mut() = StatusCode::BAD_GATEWAY;
-                resp
+                let why = if e.is_connect() {
+                    "connection refused"
+                } else {
+                    "connection failed"
+                };
+                let message = format!("local replica unreachable: {why}");
+                error_response(StatusCode::BAD_GATEWAY, "upstream_failed", &message)
             }
         }
     }

@@ -5,8 +5,8 @@
 //!
 //! What this path must never do: forward a control endpoint; retry once a response byte went to
 //! the client, or retry a request that timed out (the replica may be working on it); keep the
-//! request body past the moment its response headers arrive; take a lock or wait on anything but
-//! the upstream and the waiting room.
+//! request body past the moment its response headers arrive; hold a lock across an await, or wait
+//! on anything but the upstream and the waiting room.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,9 +17,6 @@ use http::request::Parts;
 use http::{Method, Request, Response, Uri};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use tokio::time::Instant;
 
 use crate::admission::{Ask, DEADLINE_HEADER, PRIORITY_HEADER, Priority, estimate_prompt_tokens};
@@ -63,25 +60,6 @@ impl Default for GatewayConfig {
     }
 }
 
-/// The upstream client: HTTP/1.1, pooled keep-alive connections, no Nagle.
-pub type UpstreamClient<B> = Client<HttpConnector, B>;
-
-/// A pooled upstream client.
-#[must_use]
-pub fn upstream_client<B>(connect_timeout: Duration) -> UpstreamClient<B>
-where
-    B: http_body::Body + Send + 'static,
-    B::Data: Send,
-{
-    let mut connector = HttpConnector::new();
-    connector.set_nodelay(true);
-    connector.set_connect_timeout(Some(connect_timeout));
-    Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(30))
-        .pool_max_idle_per_host(1024)
-        .build(connector)
-}
-
 /// The gateway: route table, counters, the retry budget and the waiting room.
 #[derive(Debug)]
 pub struct Gateway {
@@ -116,8 +94,7 @@ fn is_hop_by_hop(name: &http::HeaderName) -> bool {
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // Most messages carry none (or only Transfer-Encoding): look before removing, since each
     // removal by name hashes it.
-    let found: Vec<http::HeaderName> = headers.keys().filter(|n| is_hop_by_hop(n)).cloned().collect();
-    for name in found {
+    while let Some(name) = headers.keys().find(|n| is_hop_by_hop(n)).cloned() {
         headers.remove(name);
     }
 }

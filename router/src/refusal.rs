@@ -108,14 +108,7 @@ impl Refusal {
     /// The response.
     #[must_use]
     pub fn into_response(self) -> Response<RouterBody> {
-        let status = self.status();
-        let body = serde_json::json!({"error": {
-            "message": self.to_string(), "type": self.kind(), "code": status.as_u16()
-        }});
-        let mut resp = Response::new(RouterBody::from(Bytes::from(body.to_string())));
-        *resp.status_mut() = status;
-        resp.headers_mut()
-            .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        let mut resp = error_response(self.status(), self.kind(), &self.to_string());
         let retry_after = match self {
             Refusal::Shed { retry_after_s, .. } | Refusal::Unavailable { retry_after_s, .. } => {
                 Some(retry_after_s)
@@ -127,4 +120,16 @@ impl Refusal {
         }
         resp
     }
+}
+
+/// An error in the OpenAI shape (`{"error": {"message", "type", "code"}}`) as JSON with `status`:
+/// every answer the router or the fence makes up itself looks like this.
+#[must_use]
+pub fn error_response(status: StatusCode, kind: &str, message: &str) -> Response<RouterBody> {
+    let body = serde_json::json!({"error": {"message": message, "type": kind, "code": status.as_u16()}});
+    let mut resp = Response::new(RouterBody::from(Bytes::from(body.to_string())));
+    *resp.status_mut() = status;
+    resp.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    resp
 }

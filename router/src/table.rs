@@ -1,8 +1,9 @@
 //! The route table: the one route the gateway serves now, swapped whole when a newer epoch
 //! arrives, and the fencing record that decides whether an update is newer.
 //!
-//! Readers on the hot path take the current route as one `Arc` clone from a `watch` channel, and
-//! waiters in the waiting room are woken by the same channel. What this module must never do:
+//! Readers on the hot path take the current route as one `Arc` clone from a `watch` channel (a
+//! read lock held for that clone only, never contended but by a route update), and waiters in the
+//! waiting room are woken by the same channel. What this module must never do:
 //! publish a route before its epoch is on disk, or publish anything for a stale update.
 
 use std::sync::{Arc, Mutex, PoisonError};

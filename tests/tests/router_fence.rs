@@ -104,6 +104,12 @@ async fn a_partitioned_old_primary_that_comes_back_fences_itself() {
     // Away: the sidecar cannot read the Lease, and the operator promotes pool-b meanwhile.
     cut.store(true, Ordering::Relaxed);
     tokio::time::sleep(POLL * 5).await;
+    // An unreadable Lease is not a failover: the sidecar keeps its last verdict and serves.
+    let during = tokio::task::spawn_blocking(move || generate(port)).await.unwrap();
+    assert_eq!(
+        during.status, 200,
+        "a store outage must not fence a pool that held the Lease"
+    );
     lease.compare_and_set(&first, "pool-b", Epoch(5)).await.unwrap();
     // Back: the first read after the partition fences it.
     cut.store(false, Ordering::Relaxed);
