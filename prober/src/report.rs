@@ -7,14 +7,12 @@
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use serde::Serialize;
 use understudy_core::Pool;
 use understudy_core::failover::{CheckResult, Input};
 
-use crate::coldstart::{StageDuration, Timeline};
 use crate::outcome::pool_verdict;
 use crate::parity::DriftReport;
 use crate::probe::ProbeReport;
@@ -98,20 +96,14 @@ struct EndpointLabels {
     endpoint: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct StageLabels {
-    pod: String,
-    stage: String,
-}
-
-/// The prober's metrics. Probe traffic is counted here and nowhere near user metrics.
+/// The prober's metrics. Probe traffic is counted here and nowhere near user metrics. Parity and
+/// cold-start results are reported by the commands that compute them, not here: a gauge that
+/// nothing sets would read as "no drift".
 #[derive(Debug)]
 pub struct ProberMetrics {
     registry: Registry,
     probes: Family<ProbeLabels, Counter>,
     first_token: Family<EndpointLabels, Histogram>,
-    cold_start: Family<StageLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
-    parity_differences: Gauge,
 }
 
 impl Default for ProberMetrics {
@@ -127,24 +119,10 @@ impl Default for ProberMetrics {
             "Time to first token of passing probes",
             first_token.clone(),
         );
-        let cold_start = Family::default();
-        registry.register(
-            "cold_start_stage_seconds",
-            "The last cold start's stages, where known",
-            cold_start.clone(),
-        );
-        let parity_differences = Gauge::default();
-        registry.register(
-            "parity_differences",
-            "Keys that differ between the pools' fingerprints",
-            parity_differences.clone(),
-        );
         ProberMetrics {
             registry,
             probes,
             first_token,
-            cold_start,
-            parity_differences,
         }
     }
 }
@@ -170,24 +148,6 @@ impl ProberMetrics {
                     .observe(first_token.as_secs_f64());
             }
         }
-    }
-
-    /// Known stages only: an unknown stage has no sample rather than a made-up zero.
-    pub fn record_cold_start(&self, timeline: &Timeline) {
-        for s in &timeline.stages {
-            if let StageDuration::Known(d) = s.duration {
-                self.cold_start
-                    .get_or_create(&StageLabels {
-                        pod: timeline.pod.clone(),
-                        stage: s.stage.as_str().to_owned(),
-                    })
-                    .set(d.as_secs_f64());
-            }
-        }
-    }
-
-    pub fn record_parity(&self, report: &DriftReport) {
-        self.parity_differences.set(report.differences.len() as i64);
     }
 
     /// The OpenMetrics text for `/metrics`.
