@@ -3,9 +3,14 @@
 //! admin API. The routers refuse anything below the highest epoch they have seen, and open the
 //! admission window when they take a route at a new epoch.
 //!
+//! Between promotions the same route is kept in place ([`RouterPush::keep_route`]): each router
+//! is asked for what it holds (`GET /route`) and is sent the route only when it holds none, an
+//! older epoch, or other endpoints, so that an equal route is never pushed again.
+//!
 //! This module must never report a route pushed that a router did not answer 200 to, send a
 //! request without a timeout, or print the admin token.
 
+use std::collections::BTreeSet;
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
@@ -22,8 +27,10 @@ use serde::{Deserialize, Serialize};
 use understudy_core::Epoch;
 use understudy_core::failover::Step;
 
-use crate::controller::{HandOffToComponents, StepExecutor, StepReport, StepRequest};
-use crate::crd::{AdmissionSpec, FailoverPolicySpec, StreamContract};
+use crate::controller::{
+    HandOffToComponents, RouteSyncReport, RouteSyncRequest, StepExecutor, StepReport, StepRequest,
+};
+use crate::crd::{AdmissionSpec, FailoverPolicy, FailoverPolicySpec, PoolSpec, StreamContract};
 use crate::observe::ReplicaEndpoints;
 
 /// Who carries the route and admission steps when routers are configured.
@@ -291,49 +298,121 @@ impl RouterPush {
 
     /// Puts `route` to every router at once; each answer beside the router that gave it.
     pub async fn push(&self, route: &RouteBody) -> Vec<(&RouterAdminUrl, RouterAnswer)> {
-        // Serializing plain numbers, strings and addresses cannot fail.
-        let body = Bytes::from(serde_json::to_vec(route).unwrap_or_default());
+        let body = route_bytes(route);
         let pushes = self.routers.iter().map(|router| {
             let body = body.clone();
-            async move {
-                let answer =
-                    match tokio::time::timeout(self.timeout, put_route(router, &self.token, body)).await {
-                        Ok(answer) => answer,
-                        Err(_) => RouterAnswer::Unavailable {
-                            why: format!("no answer within {:?}", self.timeout),
-                        },
-                    };
-                (router, answer)
-            }
+            async move { (router, self.put_one(router, body).await) }
         });
         join_all(pushes).await
     }
 
-    async fn route(&self, request: StepRequest<'_>) -> StepReport {
-        let policy = request.policy;
-        let pool = &request.pool.name;
+    /// One `PUT /route` to one router, under the timeout.
+    async fn put_one(&self, router: &RouterAdminUrl, body: Bytes) -> RouterAnswer {
+        match tokio::time::timeout(self.timeout, put_route(router, &self.token, body)).await {
+            Ok(answer) => answer,
+            Err(_) => RouterAnswer::Unavailable {
+                why: format!("no answer within {:?}", self.timeout),
+            },
+        }
+    }
+
+    /// The route that makes `pool` primary at `epoch`, with the endpoints its replicas serve at
+    /// now; `Err` says why there is none to push yet.
+    async fn route_for(
+        &self,
+        policy: &FailoverPolicy,
+        pool: &PoolSpec,
+        epoch: Epoch,
+    ) -> Result<RouteBody, String> {
+        let name = &pool.name;
         let namespace = policy.namespace().unwrap_or_default();
-        let resolved = match self.replicas.resolve(&namespace, request.pool).await {
-            Ok(resolved) => resolved,
-            Err(error) => {
-                return StepReport::NotYet {
-                    reason: format!("the endpoints of {pool} cannot be read: {error}"),
-                };
-            }
-        };
+        let resolved = self
+            .replicas
+            .resolve(&namespace, pool)
+            .await
+            .map_err(|error| format!("the endpoints of {name} cannot be read: {error}"))?;
         let endpoints: Vec<SocketAddr> = resolved
             .iter()
             .filter_map(|e| Some(SocketAddr::new(e.host.parse::<IpAddr>().ok()?, e.port)))
             .collect();
         if endpoints.is_empty() {
-            return StepReport::NotYet {
-                reason: format!("{pool} has no running replica to route to yet"),
-            };
+            return Err(format!("{name} has no running replica to route to yet"));
         }
-        let route = RouteBody::new(&policy.spec, pool, endpoints, request.epoch);
+        Ok(RouteBody::new(&policy.spec, name, endpoints, epoch))
+    }
+
+    async fn route(&self, request: StepRequest<'_>) -> StepReport {
+        let route = match self.route_for(request.policy, request.pool, request.epoch).await {
+            Ok(route) => route,
+            Err(reason) => return StepReport::NotYet { reason },
+        };
         let answers = self.push(&route).await;
         judge(request.step, &route, &answers)
     }
+
+    /// Makes every router hold `request`'s route, asking each first and pushing only to those
+    /// that lack it; one router's failure never keeps the route from the others.
+    pub async fn keep_route(&self, request: RouteSyncRequest<'_>) -> RouteSyncReport {
+        let route = match self.route_for(request.policy, request.pool, request.epoch).await {
+            Ok(route) => route,
+            Err(reason) => {
+                // Nothing to route to is not news between promotions; the next reconcile looks again.
+                tracing::debug!(%reason, "no route to keep on the routers yet");
+                return RouteSyncReport::default();
+            }
+        };
+        let route = &route;
+        let kept = join_all(
+            self.routers
+                .iter()
+                .map(|router| async move { (router, self.keep_on(router, route).await) }),
+        )
+        .await;
+        for (router, sync) in &kept {
+            match sync {
+                RouterSync::Pushed { had } => {
+                    tracing::info!(%router, pool = %route.pool, epoch = %route.epoch, %had, "route pushed to a router that lacked it");
+                }
+                RouterSync::Failed(RouterAnswer::Unavailable { why }) => {
+                    tracing::debug!(%router, %why, "router unavailable; the route is kept on it later");
+                }
+                _ => {}
+            }
+        }
+        judge_sync(route, &kept)
+    }
+
+    /// Asks `router` what it holds, and pushes `route` when that is not it.
+    async fn keep_on(&self, router: &RouterAdminUrl, route: &RouteBody) -> RouterSync {
+        let held = match tokio::time::timeout(self.timeout, get_route(router, &self.token)).await {
+            Ok(Ok(held)) => held,
+            Ok(Err(answer)) => return RouterSync::Failed(answer),
+            Err(_) => {
+                return RouterSync::Failed(RouterAnswer::Unavailable {
+                    why: format!("no answer within {:?}", self.timeout),
+                });
+            }
+        };
+        let body = match plan(&held, route) {
+            Plan::InPlace => return RouterSync::InPlace,
+            Plan::Ahead { epoch, pool } => return RouterSync::Ahead { epoch, pool },
+            Plan::Push(body) => body,
+        };
+        match self.put_one(router, route_bytes(&body)).await {
+            RouterAnswer::Taken => RouterSync::Pushed { had: held.describe() },
+            // Moved on between the question and the push.
+            RouterAnswer::Stale { highest, pool } => RouterSync::Ahead {
+                epoch: highest.map(Epoch),
+                pool,
+            },
+            failed => RouterSync::Failed(failed),
+        }
+    }
+}
+
+/// A route as JSON. Serializing plain numbers, strings and addresses cannot fail.
+fn route_bytes(route: &RouteBody) -> Bytes {
+    Bytes::from(serde_json::to_vec(route).unwrap_or_default())
 }
 
 impl StepExecutor for RouterPush {
@@ -346,6 +425,171 @@ impl StepExecutor for RouterPush {
             _ => HandOffToComponents.carry_out(request),
         }
     }
+
+    fn keep_route<'a>(&'a self, request: RouteSyncRequest<'a>) -> BoxFuture<'a, RouteSyncReport> {
+        Box::pin(RouterPush::keep_route(self, request))
+    }
+}
+
+/// What a router says it holds (`GET /route`): the route it serves, and the highest epoch it has
+/// seen, which a router restarted with its state file knows before it has a route again.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+pub struct RouterHolds {
+    pub route: Option<HeldRoute>,
+    pub highest: Option<HeldEpoch>,
+}
+
+/// The route a router serves, as much of it as keeping it in place needs.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+pub struct HeldRoute {
+    pub pool: String,
+    pub endpoints: Vec<SocketAddr>,
+    pub epoch: Epoch,
+    pub admission: Option<RouteAdmission>,
+    pub stream_contract: Option<StreamContract>,
+}
+
+/// The highest epoch a router has taken, and the pool at it.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+pub struct HeldEpoch {
+    pub epoch: Epoch,
+    pub pool: String,
+}
+
+impl RouterHolds {
+    /// What the router had, for a log line.
+    fn describe(&self) -> String {
+        match (&self.route, &self.highest) {
+            (Some(r), _) => format!(
+                "{} at epoch {}, {} endpoint(s)",
+                r.pool,
+                r.epoch,
+                r.endpoints.len()
+            ),
+            (None, Some(h)) => format!("no route (epoch {} for {} seen)", h.epoch, h.pool),
+            (None, None) => "no route".to_owned(),
+        }
+    }
+}
+
+/// What to do about one router.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Plan {
+    /// It holds the route: send nothing, so that nothing it keeps (its admission window, its
+    /// endpoints' counters) is disturbed.
+    InPlace,
+    /// It lacks the route: push this.
+    Push(RouteBody),
+    /// It has seen a higher epoch than ours, or another pool at ours: our view is stale.
+    Ahead {
+        epoch: Option<Epoch>,
+        pool: Option<String>,
+    },
+}
+
+/// What `route` means for a router that holds `held`.
+///
+/// At the same epoch and pool the route is pushed again only for other endpoints (pods come and
+/// go) or another stream contract, and with the admission settings the router holds: they scale
+/// with the number of endpoints, and a router restarts its window on other settings, which would
+/// throttle a pool at full speed back to its initial budget because a replica came or went.
+#[must_use]
+pub fn plan(held: &RouterHolds, route: &RouteBody) -> Plan {
+    let seen = held
+        .highest
+        .iter()
+        .map(|h| (h.epoch, h.pool.as_str()))
+        .chain(held.route.iter().map(|r| (r.epoch, r.pool.as_str())));
+    for (epoch, pool) in seen {
+        if epoch > route.epoch || (epoch == route.epoch && pool != route.pool) {
+            return Plan::Ahead {
+                epoch: Some(epoch),
+                pool: Some(pool.to_owned()),
+            };
+        }
+    }
+    let Some(current) = held.route.as_ref().filter(|r| r.epoch == route.epoch) else {
+        // None, or an older epoch: the route is new to this router.
+        return Plan::Push(route.clone());
+    };
+    let endpoints = |e: &[SocketAddr]| e.iter().copied().collect::<BTreeSet<_>>();
+    let same_endpoints = endpoints(&current.endpoints) == endpoints(&route.endpoints);
+    let same_contract = current.stream_contract.unwrap_or_default() == route.stream_contract;
+    if same_endpoints && same_contract {
+        return Plan::InPlace;
+    }
+    let mut refreshed = route.clone();
+    if let Some(admission) = &current.admission {
+        refreshed.admission = admission.clone();
+    }
+    Plan::Push(refreshed)
+}
+
+/// How keeping the route on one router went.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RouterSync {
+    /// It held the route; nothing was sent.
+    InPlace,
+    /// It lacked the route and took it; `had` is what it held before.
+    Pushed { had: String },
+    /// It has seen a higher epoch, or another pool at ours; nothing was pushed.
+    Ahead {
+        epoch: Option<Epoch>,
+        pool: Option<String>,
+    },
+    /// Its answer to the question or the push.
+    Failed(RouterAnswer),
+}
+
+/// What the routers' answers mean: a Warning for each router ahead of us or refusing us, and a
+/// stale view when any is ahead. A router that cannot be reached is left for the next reconcile.
+#[must_use]
+pub fn judge_sync(route: &RouteBody, kept: &[(&RouterAdminUrl, RouterSync)]) -> RouteSyncReport {
+    let (pool, epoch) = (&route.pool, route.epoch);
+    let mut report = RouteSyncReport::default();
+    for (router, sync) in kept {
+        let ahead = |theirs: Option<Epoch>, held: Option<&str>| {
+            (
+                "RouterAhead",
+                format!(
+                    "router {router} has seen epoch {} (pool {}); ours is {epoch} for {pool}; nothing was \
+                     pushed to it, and the Lease is read again",
+                    theirs.map_or_else(|| "?".to_owned(), |e| e.to_string()),
+                    held.unwrap_or("?"),
+                ),
+            )
+        };
+        let warning = match sync {
+            RouterSync::InPlace | RouterSync::Pushed { .. } => continue,
+            RouterSync::Failed(RouterAnswer::Unavailable { .. } | RouterAnswer::Taken) => continue,
+            RouterSync::Ahead {
+                epoch: theirs,
+                pool: held,
+            } => {
+                report.view_stale = true;
+                ahead(*theirs, held.as_deref())
+            }
+            RouterSync::Failed(RouterAnswer::Stale { highest, pool: held }) => {
+                report.view_stale = true;
+                ahead(highest.map(Epoch), held.as_deref())
+            }
+            RouterSync::Failed(RouterAnswer::Unauthorized) => (
+                "RouteRejected",
+                format!(
+                    "router {router} refused the admin token (401); check --router-token-file; it is not \
+                     kept on {pool} at epoch {epoch}"
+                ),
+            ),
+            RouterSync::Failed(RouterAnswer::Rejected { status, message }) => (
+                "RouteRejected",
+                format!(
+                    "router {router} answered {status}: {message}; it is not kept on {pool} at epoch {epoch}"
+                ),
+            ),
+        };
+        report.warnings.push(warning);
+    }
+    report
 }
 
 /// What the routers' answers to `route` mean for `step`.
@@ -438,28 +682,61 @@ pub fn judge(step: Step, route: &RouteBody, answers: &[(&RouterAdminUrl, RouterA
 
 /// One `PUT <prefix>/route` on a fresh connection; no timeout here, the caller bounds it.
 async fn put_route(router: &RouterAdminUrl, token: &RouterToken, body: Bytes) -> RouterAnswer {
-    let unavailable = |why: String| RouterAnswer::Unavailable { why };
-    let stream = match tokio::net::TcpStream::connect((router.host.as_str(), router.port)).await {
-        Ok(stream) => stream,
-        Err(error) => return unavailable(format!("cannot connect: {error}")),
-    };
+    match exchange(router, token, http::Method::PUT, Some(body)).await {
+        Ok((status, body)) => classify(status, &body),
+        Err(why) => RouterAnswer::Unavailable { why },
+    }
+}
+
+/// One `GET <prefix>/route` on a fresh connection: what the router holds, or the answer that says
+/// why it did not tell. No timeout here, the caller bounds it.
+async fn get_route(router: &RouterAdminUrl, token: &RouterToken) -> Result<RouterHolds, RouterAnswer> {
+    let (status, body) = exchange(router, token, http::Method::GET, None)
+        .await
+        .map_err(|why| RouterAnswer::Unavailable { why })?;
+    if status != http::StatusCode::OK {
+        return Err(match classify(status, &body) {
+            // Only a 200 carries what the router holds.
+            RouterAnswer::Taken | RouterAnswer::Stale { .. } => RouterAnswer::Rejected {
+                status: status.as_u16(),
+                message: "GET /route did not answer 200".to_owned(),
+            },
+            answer => answer,
+        });
+    }
+    serde_json::from_slice(&body).map_err(|error| RouterAnswer::Unavailable {
+        why: format!("GET /route answered what is not a route: {error}"),
+    })
+}
+
+/// One request to `<prefix>/route` on a fresh connection, with the token; the status and up to
+/// [`MAX_ANSWER_BYTES`] of the answer, or why there is none.
+async fn exchange(
+    router: &RouterAdminUrl,
+    token: &RouterToken,
+    method: http::Method,
+    body: Option<Bytes>,
+) -> Result<(http::StatusCode, Bytes), String> {
+    let stream = tokio::net::TcpStream::connect((router.host.as_str(), router.port))
+        .await
+        .map_err(|error| format!("cannot connect: {error}"))?;
     let (mut sender, connection) =
-        match hyper::client::conn::http1::handshake::<_, Full<Bytes>>(TokioIo::new(stream)).await {
-            Ok(pair) => pair,
-            Err(error) => return unavailable(format!("HTTP handshake failed: {error}")),
-        };
+        hyper::client::conn::http1::handshake::<_, Full<Bytes>>(TokioIo::new(stream))
+            .await
+            .map_err(|error| format!("HTTP handshake failed: {error}"))?;
     let connection = tokio::spawn(connection);
-    let request = http::Request::builder()
-        .method(http::Method::PUT)
+    let mut request = http::Request::builder()
+        .method(method)
         .uri(format!("{}/route", router.prefix))
         .header(http::header::HOST, router.authority())
-        .header(http::header::AUTHORIZATION, format!("Bearer {}", token.0))
-        .header(http::header::CONTENT_TYPE, "application/json")
-        .body(Full::new(body));
-    let answer = match request {
-        Err(error) => unavailable(format!("the request cannot be built: {error}")),
+        .header(http::header::AUTHORIZATION, format!("Bearer {}", token.0));
+    if body.is_some() {
+        request = request.header(http::header::CONTENT_TYPE, "application/json");
+    }
+    let answer = match request.body(Full::new(body.unwrap_or_default())) {
+        Err(error) => Err(format!("the request cannot be built: {error}")),
         Ok(request) => match sender.send_request(request).await {
-            Err(error) => unavailable(format!("the request failed: {error}")),
+            Err(error) => Err(format!("the request failed: {error}")),
             Ok(response) => {
                 let status = response.status();
                 let body = Limited::new(response.into_body(), MAX_ANSWER_BYTES)
@@ -467,7 +744,7 @@ async fn put_route(router: &RouterAdminUrl, token: &RouterToken, body: Bytes) ->
                     .await
                     .map(|b| b.to_bytes())
                     .unwrap_or_default();
-                classify(status, &body)
+                Ok((status, body))
             }
         },
     };
@@ -552,6 +829,26 @@ spec:
 
     /// A router that answers every request with `status` and `body`, and hands over what it got.
     async fn router(status: u16, body: &'static str) -> (RouterAdminUrl, mpsc::UnboundedReceiver<Received>) {
+        router_answering(move |_| (status, body)).await
+    }
+
+    /// A router that answers `GET /route` with 200 and `held`, and takes every `PUT`.
+    async fn router_holding(held: &'static str) -> (RouterAdminUrl, mpsc::UnboundedReceiver<Received>) {
+        router_answering(move |head| {
+            if head.starts_with("GET ") {
+                (200, held)
+            } else {
+                (200, r#"{"applied":"new_epoch"}"#)
+            }
+        })
+        .await
+    }
+
+    /// A router that answers each request as `answer` says from its head, and hands over what it
+    /// got before it answers, so that a test that has the answer finds the request already handed.
+    async fn router_answering(
+        answer: impl Fn(&str) -> (u16, &'static str) + Send + 'static,
+    ) -> (RouterAdminUrl, mpsc::UnboundedReceiver<Received>) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap())
             .parse()
@@ -581,15 +878,16 @@ spec:
                         break (head, raw[end + 4..end + 4 + length].to_vec());
                     }
                 };
+                let (status, body) = answer(&head);
+                let _ = tx.send(Received {
+                    head,
+                    body: serde_json::from_slice(&request_body).unwrap_or_default(),
+                });
                 let answer = format!(
                     "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
                     body.len()
                 );
                 stream.write_all(answer.as_bytes()).await.unwrap();
-                let _ = tx.send(Received {
-                    head,
-                    body: serde_json::from_slice(&request_body).unwrap(),
-                });
             }
         });
         (url, rx)
@@ -762,6 +1060,172 @@ spec:
                 }
             ),
             "{report:?}"
+        );
+    }
+
+    /// Keeps west at `epoch` on `push`'s routers, as a reconcile between promotions would.
+    async fn keep(push: &RouterPush, epoch: u64) -> RouteSyncReport {
+        let policy = policy();
+        let request = RouteSyncRequest {
+            policy: &policy,
+            pool: &policy.spec.pools[1],
+            epoch: Epoch(epoch),
+        };
+        push.keep_route(request).await
+    }
+
+    /// West as a router holding it would answer `GET /route`: the endpoints in another order, and
+    /// admission settings of its own that a refresh must carry back.
+    const HOLDS_WEST_AT_3: &str = r#"{
+        "route": {"pool": "west", "endpoints": ["10.0.0.2:8000", "10.0.0.1:8000"], "epoch": 3,
+                  "admission": {"window_s": 90.0, "initial_concurrency": 5, "max_concurrency": 77,
+                                "initial_prefill_tokens": 100, "max_prefill_tokens": 1000, "ttft_buffer": 0.25},
+                  "stream_contract": "continuation"},
+        "highest": {"epoch": 3, "pool": "west"}
+    }"#;
+
+    /// The requests a router got, by their first line.
+    async fn requests(got: &mut mpsc::UnboundedReceiver<Received>) -> Vec<Received> {
+        let mut all = Vec::new();
+        while let Ok(one) = got.try_recv() {
+            all.push(one);
+        }
+        all
+    }
+
+    fn lines(requests: &[Received]) -> Vec<&str> {
+        requests
+            .iter()
+            .map(|r| r.head.lines().next().unwrap_or_default())
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_router_with_no_route_is_asked_and_then_sent_the_route() {
+        let (router, mut got) = router_holding(r#"{"route": null, "highest": null}"#).await;
+        let report = keep(&push_to(vec![router]), 0).await;
+        assert_eq!(report, RouteSyncReport::default());
+        let requests = requests(&mut got).await;
+        assert_eq!(lines(&requests), ["GET /route HTTP/1.1", "PUT /route HTTP/1.1"]);
+        assert_eq!(requests[0].header("authorization"), Some("Bearer s3cret"));
+        let body = &requests[1].body;
+        assert_eq!((&body["pool"], &body["epoch"]), (&"west".into(), &0.into()));
+        assert_eq!(
+            body["endpoints"],
+            serde_json::json!(["10.0.0.1:8000", "10.0.0.2:8000"])
+        );
+        assert_eq!(body["admission"]["initial_concurrency"], 6);
+    }
+
+    #[tokio::test]
+    async fn a_router_that_holds_the_route_is_sent_nothing() {
+        let (router, mut got) = router_holding(HOLDS_WEST_AT_3).await;
+        let report = keep(&push_to(vec![router]), 3).await;
+        assert_eq!(report, RouteSyncReport::default());
+        assert_eq!(lines(&requests(&mut got).await), ["GET /route HTTP/1.1"]);
+    }
+
+    #[tokio::test]
+    async fn a_router_at_a_lower_epoch_is_sent_the_route_with_the_policys_admission() {
+        let (router, mut got) = router_holding(HOLDS_WEST_AT_3).await;
+        let report = keep(&push_to(vec![router]), 4).await;
+        assert_eq!(report, RouteSyncReport::default());
+        let requests = requests(&mut got).await;
+        assert_eq!(lines(&requests), ["GET /route HTTP/1.1", "PUT /route HTTP/1.1"]);
+        assert_eq!(requests[1].body["epoch"], 4);
+        // A new epoch opens a new window, with the policy's settings.
+        assert_eq!(requests[1].body["admission"]["initial_concurrency"], 6);
+    }
+
+    #[tokio::test]
+    async fn other_endpoints_at_the_same_epoch_are_pushed_with_the_admission_the_router_holds() {
+        let (router, mut got) = router_holding(HOLDS_WEST_AT_3).await;
+        let replicas = FixedReplicas::default().with_pool(
+            "west",
+            vec![Endpoint::new("10.0.0.1", 8000), Endpoint::new("10.0.0.3", 8000)],
+        );
+        let push = RouterPush::new(vec![router], RouterToken::new(TOKEN).unwrap(), Arc::new(replicas));
+        assert_eq!(keep(&push, 3).await, RouteSyncReport::default());
+        let requests = requests(&mut got).await;
+        assert_eq!(lines(&requests), ["GET /route HTTP/1.1", "PUT /route HTTP/1.1"]);
+        let body = &requests[1].body;
+        assert_eq!(
+            body["endpoints"],
+            serde_json::json!(["10.0.0.1:8000", "10.0.0.3:8000"])
+        );
+        // The router's own settings: other ones would restart its admission window.
+        assert_eq!(body["admission"]["initial_concurrency"], 5);
+        assert_eq!(body["admission"]["max_concurrency"], 77);
+    }
+
+    #[tokio::test]
+    async fn a_router_at_a_higher_epoch_is_sent_nothing_and_said_to_be_ahead() {
+        let (router, mut got) = router_holding(HOLDS_WEST_AT_3).await;
+        let shown = router.to_string();
+        let report = keep(&push_to(vec![router]), 2).await;
+        assert!(report.view_stale);
+        let [(reason, note)] = &report.warnings[..] else {
+            panic!("not one warning: {report:?}");
+        };
+        assert_eq!(*reason, "RouterAhead");
+        assert!(note.contains(&shown), "{note}");
+        assert!(note.contains("epoch 3 (pool west); ours is 2 for west"), "{note}");
+        assert_eq!(lines(&requests(&mut got).await), ["GET /route HTTP/1.1"]);
+    }
+
+    #[tokio::test]
+    async fn a_router_that_is_down_does_not_keep_the_route_from_the_others_and_is_not_warned_of() {
+        let (up, mut got) = router_holding(r#"{"route": null, "highest": null}"#).await;
+        let report = keep(&push_to(vec![nobody().await, up]), 1).await;
+        assert_eq!(report, RouteSyncReport::default());
+        let requests = requests(&mut got).await;
+        assert_eq!(lines(&requests), ["GET /route HTTP/1.1", "PUT /route HTTP/1.1"]);
+        assert_eq!(requests[1].body["epoch"], 1);
+    }
+
+    #[tokio::test]
+    async fn a_router_that_refuses_the_token_is_warned_of_and_the_others_still_get_the_route() {
+        let (refusing, _) = router(401, r#"{"error":"a valid bearer token is required"}"#).await;
+        let (up, mut got) = router_holding(r#"{"route": null, "highest": null}"#).await;
+        let report = keep(&push_to(vec![refusing, up]), 1).await;
+        assert!(!report.view_stale);
+        let [(reason, note)] = &report.warnings[..] else {
+            panic!("not one warning: {report:?}");
+        };
+        assert_eq!(*reason, "RouteRejected");
+        assert!(note.contains("--router-token-file"), "{note}");
+        assert_eq!(requests(&mut got).await.len(), 2);
+    }
+
+    #[test]
+    fn a_router_restarted_with_its_epoch_but_no_route_is_sent_it_and_another_pool_at_ours_is_ahead() {
+        let route = RouteBody::new(
+            &policy().spec,
+            "west",
+            vec![SocketAddr::from(([10, 0, 0, 1], 8000))],
+            Epoch(3),
+        );
+        let restarted = RouterHolds {
+            route: None,
+            highest: Some(HeldEpoch {
+                epoch: Epoch(3),
+                pool: "west".into(),
+            }),
+        };
+        assert_eq!(plan(&restarted, &route), Plan::Push(route.clone()));
+        let other_pool = RouterHolds {
+            route: None,
+            highest: Some(HeldEpoch {
+                epoch: Epoch(3),
+                pool: "east".into(),
+            }),
+        };
+        assert_eq!(
+            plan(&other_pool, &route),
+            Plan::Ahead {
+                epoch: Some(Epoch(3)),
+                pool: Some("east".into())
+            }
         );
     }
 

@@ -121,9 +121,34 @@ pub enum StepReport {
     },
 }
 
+/// The route the routers should hold between promotions: the primary at the current epoch.
+#[derive(Clone, Copy, Debug)]
+pub struct RouteSyncRequest<'a> {
+    pub policy: &'a FailoverPolicy,
+    /// The primary pool, as the Lease names it.
+    pub pool: &'a PoolSpec,
+    pub epoch: Epoch,
+}
+
+/// What keeping the route in place found that somebody should hear of.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RouteSyncReport {
+    /// Warning Events to publish, as `(reason, note)`.
+    pub warnings: Vec<(&'static str, String)>,
+    /// A router has seen an epoch this operator has not: the Lease should be read again soon.
+    pub view_stale: bool,
+}
+
 /// Carries out fencing, waking, routing and opening admission.
 pub trait StepExecutor: Send + Sync + fmt::Debug {
     fn carry_out<'a>(&'a self, request: StepRequest<'a>) -> BoxFuture<'a, StepReport>;
+
+    /// Makes whatever serves the route hold `request`'s route, outside a promotion, so that a
+    /// router that lost its route or never had one learns it. Without routers there is nothing to
+    /// keep in place: no call is made and nothing is reported.
+    fn keep_route<'a>(&'a self, _request: RouteSyncRequest<'a>) -> BoxFuture<'a, RouteSyncReport> {
+        Box::pin(async { RouteSyncReport::default() })
+    }
 }
 
 /// The executor with no router configured: it hands every step off and calls nothing. The fence

@@ -5,7 +5,7 @@
 //! `status.failover` (or start afresh, and let the Lease's epoch be adopted) → feed it the Lease,
 //! observations, a command from the annotation and a tick → carry out the promotion step it asks
 //! for, one after the other → apply the status → publish its events and count what finished →
-//! requeue.
+//! between promotions, keep the Lease's route on the routers → requeue.
 //!
 //! The epoch Lease has no owner reference and outlives its policy: routers and fence sidecars
 //! refuse anything below the highest epoch they have seen, so a policy deleted and created again
@@ -52,8 +52,8 @@ use understudy_core::{Epoch, Pool};
 
 pub use self::command::{COMMAND_ANNOTATION, COMMAND_WORDS, CommandRequest, HandledCommand, pending_command};
 pub use self::execution::{
-    Clock, HandOffToComponents, NoObservations, Observation, ObservationSource, StepExecutor, StepReport,
-    StepRequest, SystemClock, Workload, serving_quorum,
+    Clock, HandOffToComponents, NoObservations, Observation, ObservationSource, RouteSyncReport,
+    RouteSyncRequest, StepExecutor, StepReport, StepRequest, SystemClock, Workload, serving_quorum,
 };
 pub use self::status::{
     HandedOffStep, OperatorRecord, StatusFacts, StoredRecord, desired_status, invalid_spec_patch,
@@ -793,6 +793,7 @@ async fn apply(policy: &FailoverPolicy, ctx: &Context, namespace: &str) -> Resul
                 .failover_finished(namespace, &name, TransitionKind::as_str(done.kind));
         }
     }
+    let view_stale = keep_route(ctx, &run, &lease_now, policy, &reference).await;
     match (written, step_error) {
         // The step's failure is the cause (an unreachable Lease usually fails the status write
         // too); the status error is only logged, so the error counts under the step's category.
@@ -805,9 +806,42 @@ async fn apply(policy: &FailoverPolicy, ctx: &Context, namespace: &str) -> Resul
         (Err(error), None) => Err(error),
         (Ok(()), None) => Ok(Action::requeue(match run.machine.phase {
             Phase::Promoting(_) => PROMOTING_REQUEUE.min(validated.probe.interval),
+            // A router ahead of us means the Lease moved: read it again soon.
+            _ if view_stale => PROMOTING_REQUEUE.min(validated.probe.interval),
             _ => validated.probe.interval,
         })),
     }
+}
+
+/// Between promotions, makes the routers hold the primary at the current epoch: the home pool's
+/// epoch-0 route, and the route for a router that restarted without its state or was just added,
+/// are pushed by no promotion. Only what the Lease read in this reconcile says is pushed; the
+/// routers fence anything older themselves. Returns whether a router was seen ahead of us.
+async fn keep_route(
+    ctx: &Context,
+    run: &Run<'_>,
+    lease: &LeaseRecord,
+    policy: &FailoverPolicy,
+    reference: &ObjectReference,
+) -> bool {
+    let machine = &run.machine;
+    if matches!(machine.phase, Phase::Promoting(_))
+        || lease.epoch != machine.epoch
+        || lease.holder != pool_name(run.spec, machine.primary)
+    {
+        return false;
+    }
+    let request = RouteSyncRequest {
+        policy,
+        pool: run.pool_spec(machine.primary),
+        epoch: machine.epoch,
+    };
+    let report = ctx.steps.keep_route(request).await;
+    // Told at once and every time: nothing about the routers is recorded in status.
+    for (reason, note) in report.warnings {
+        warn(ctx, reference, reason, note).await;
+    }
+    report.view_stale
 }
 
 /// Reports a Lease whose epoch went below the recorded one (deleted and recreated by hand,
