@@ -52,7 +52,8 @@ struct Args {
     identity: String,
 
     /// A router's admin API (`http://host:port`), pushed the route and admission settings on
-    /// each promotion. Repeat for every router; without any, those steps are handed off.
+    /// each promotion and kept on the current route between them. Repeat for every router;
+    /// without any, those steps are handed off and no router is called.
     #[arg(long = "router-admin", env = "UNDERSTUDY_ROUTER_ADMIN", value_delimiter = ',')]
     router_admin: Vec<RouterAdminUrl>,
 

@@ -1,6 +1,7 @@
 //! The operator's route push against a real gateway on loopback, with vLLM emulators behind it:
 //! a route pushed at a new epoch moves the gateway's traffic to the new primary, and a stale
-//! operator's push at a lower epoch is refused and changes nothing.
+//! operator's push at a lower epoch is refused and changes nothing; between promotions, a gateway
+//! that has no route is given the Lease's route by the operator's route sync.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -12,10 +13,14 @@ use std::sync::Arc;
 use router_support::{Emulator, Router, TOKEN, completion, route};
 use understudy_core::Epoch;
 use understudy_core::failover::Step;
-use understudy_operator::controller::{StepExecutor, StepReport, StepRequest};
+use understudy_operator::controller::{
+    RouteSyncReport, RouteSyncRequest, StepExecutor, StepReport, StepRequest,
+};
 use understudy_operator::crd::FailoverPolicy;
 use understudy_operator::observe::FixedReplicas;
-use understudy_operator::route_push::{RouteBody, RouterAdminUrl, RouterPush, RouterToken};
+use understudy_operator::route_push::{
+    Plan, RouteBody, RouterAdminUrl, RouterHolds, RouterPush, RouterToken, plan,
+};
 use understudy_prober::probe::Endpoint;
 use understudy_router::gateway::GatewayConfig;
 
@@ -106,6 +111,68 @@ fn a_route_pushed_at_epoch_1_moves_the_gateway_and_a_stale_push_at_epoch_0_chang
         (&"west".into(), &1.into())
     );
     assert_eq!(r.complete(&completion(4, false), &[]).status, 200);
+}
+
+/// Keeps the pool at `pool_index` at `epoch` on the routers, as a reconcile between promotions
+/// would.
+fn keep_route(push: &RouterPush, pool_index: usize, epoch: u64) -> RouteSyncReport {
+    let policy = policy();
+    let request = RouteSyncRequest {
+        policy: &policy,
+        pool: &policy.spec.pools[pool_index],
+        epoch: Epoch(epoch),
+    };
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(push.keep_route(request))
+}
+
+#[test]
+fn a_fresh_gateway_is_given_the_home_pool_at_epoch_0_by_the_route_sync_and_serves_through_it() {
+    let east = Emulator::fast();
+    let east_addr = east.addr();
+    let r = Router::start(GatewayConfig::default(), None);
+    // No promotion ever pushed a route to it.
+    assert_eq!(r.admin_get("/ready").status, 503);
+    let operator = operator(&r, "east", east_addr);
+
+    assert_eq!(keep_route(&operator, 0, 0), RouteSyncReport::default());
+    let held = r.admin_get("/route").json();
+    assert_eq!(
+        (&held["route"]["pool"], &held["route"]["epoch"]),
+        (&"east".into(), &0.into())
+    );
+    assert_eq!(held["route"]["endpoints"], serde_json::json!([east_addr]));
+    assert_eq!(r.admin_get("/ready").status, 200);
+    assert_eq!(r.complete(&completion(4, false), &[]).status, 200);
+
+    // Kept again, it is left as it is: the router's own answer reads as the route it holds, so
+    // nothing is pushed and its admission window runs on.
+    let holds: RouterHolds = serde_json::from_value(held.clone()).unwrap();
+    let ours = RouteBody::new(&policy().spec, "east", vec![east_addr], Epoch(0));
+    assert_eq!(plan(&holds, &ours), Plan::InPlace);
+    assert_eq!(keep_route(&operator, 0, 0), RouteSyncReport::default());
+    assert_eq!(r.admin_get("/route").json(), held);
+    assert_eq!(r.complete(&completion(4, false), &[]).status, 200);
+}
+
+#[test]
+fn the_route_sync_pushes_nothing_to_a_gateway_ahead_of_it_and_says_so() {
+    let west = Emulator::fast();
+    let r = Router::start(GatewayConfig::default(), None);
+    assert_eq!(r.put_route(&route("west", 2, &[west.addr()])).status, 200);
+
+    let report = keep_route(&operator(&r, "east", west.addr()), 0, 1);
+    assert!(report.view_stale, "{report:?}");
+    assert_eq!(report.warnings.len(), 1, "{report:?}");
+    assert_eq!(report.warnings[0].0, "RouterAhead");
+    let held = r.admin_get("/route").json();
+    assert_eq!(
+        (&held["route"]["pool"], &held["route"]["epoch"]),
+        (&"west".into(), &2.into())
+    );
 }
 
 #[test]
