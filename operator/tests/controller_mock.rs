@@ -36,7 +36,7 @@ use understudy_core::failover::{
 use understudy_core::{Epoch, Pool};
 use understudy_operator::controller::{
     Clock, Context, HandedOffStep, HandledCommand, Observation, ObservationSource, OperatorRecord,
-    StepExecutor, StepReport, StepRequest, error_policy, reconcile,
+    RouteSyncReport, RouteSyncRequest, StepExecutor, StepReport, StepRequest, error_policy, reconcile,
 };
 use understudy_operator::crd::FailoverPolicy;
 use understudy_operator::metrics::Metrics;
@@ -1675,4 +1675,70 @@ mod cluster {
             .unwrap_err();
         assert!(refused.to_string().contains("promoteAfter"), "{refused}");
     }
+}
+
+/// Routers as the route sync reports them between promotions: one has seen a higher epoch.
+#[derive(Debug)]
+struct RouterAheadOfUs {
+    asked: Mutex<Vec<(String, u64)>>,
+}
+
+impl StepExecutor for RouterAheadOfUs {
+    fn carry_out<'a>(&'a self, _: StepRequest<'a>) -> futures::future::BoxFuture<'a, StepReport> {
+        panic!("no step is carried out between promotions")
+    }
+
+    fn keep_route<'a>(
+        &'a self,
+        request: RouteSyncRequest<'a>,
+    ) -> futures::future::BoxFuture<'a, RouteSyncReport> {
+        self.asked
+            .lock()
+            .unwrap()
+            .push((request.pool.name.clone(), request.epoch.0));
+        Box::pin(async {
+            RouteSyncReport {
+                warnings: vec![(
+                    "RouterAhead",
+                    "router http://r:9091 has seen epoch 4 (pool us-west); ours is 0 for us-east".into(),
+                )],
+                view_stale: true,
+            }
+        })
+    }
+}
+
+#[tokio::test]
+async fn between_promotions_the_leases_route_is_kept_and_a_router_ahead_is_a_warning_and_a_soon_requeue() {
+    let object = with_record(
+        policy(),
+        &record(FailoverState::starting_at(Pool::A, Epoch(0)), None),
+    );
+    let (ctx, server) = context(Vec::new());
+    let routers = Arc::new(RouterAheadOfUs {
+        asked: Mutex::new(Vec::new()),
+    });
+    let ctx = Arc::new(Arc::into_inner(ctx).unwrap().with_steps(routers.clone()));
+    let stored = object.clone();
+    let (result, events) = run_scenario(
+        &object,
+        ctx,
+        |mut server| async move {
+            server
+                .expect("GET", LEASE_PATH)
+                .await
+                .answer(200, &lease("us-east", 0, "41"));
+            let applied = answer_status(server.expect("PATCH", STATUS_PATH).await, &stored);
+            assert_eq!(applied["state"], "Serving");
+            server.expect_no_more().await
+        },
+        server,
+    )
+    .await;
+    assert_eq!(*routers.asked.lock().unwrap(), [("us-east".to_owned(), 0)]);
+    // Looked at again soon, so that the Lease is read again.
+    assert_eq!(result.unwrap(), Action::requeue(Duration::from_secs(2)));
+    let ahead = events.iter().find(|e| e.reason == "RouterAhead").unwrap();
+    assert_eq!(ahead.type_, "Warning");
+    assert!(ahead.note.contains("epoch 4"), "{}", ahead.note);
 }
