@@ -2,9 +2,11 @@
 pub mod admin;
 pub mod controller;
 pub mod crd;
+mod http1;
 pub mod leader;
 pub mod lease;
 pub mod metrics;
 pub mod observe;
 pub mod policy;
 pub mod route_push;
+pub mod wake;

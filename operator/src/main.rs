@@ -16,12 +16,13 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::{Api, Client};
 use tracing_subscriber::EnvFilter;
 use understudy_operator::admin::{self, Readiness, Role};
-use understudy_operator::controller::{self, Context};
+use understudy_operator::controller::{self, Context, HandOffToComponents, StepExecutor};
 use understudy_operator::leader::{LeaderConfig, LeaderElector};
 use understudy_operator::lease::KubeLease;
 use understudy_operator::metrics::Metrics;
 use understudy_operator::observe::{KubeReplicas, ProbingObservations};
 use understudy_operator::route_push::{RouterAdminUrl, RouterPush, RouterToken};
+use understudy_operator::wake::WakeReplicas;
 
 /// Fails LLM serving over from an active GPU pool to a standby pool, with a fencing epoch.
 #[derive(Debug, Parser)]
@@ -122,15 +123,20 @@ async fn main() -> anyhow::Result<()> {
     let replicas = Arc::new(KubeReplicas::new(client.clone()));
     let observations = Arc::new(ProbingObservations::new(replicas.clone()));
     let probing = tokio::spawn(observations.clone().run());
-    let mut ctx = Context::new(client, metrics, Some(args.identity.clone())).with_observations(observations);
+    let mut steps: Arc<dyn StepExecutor> = Arc::new(HandOffToComponents);
     if let Some(token) = router_token {
         tracing::info!(routers = ?args.router_admin, "pushing routes to the routers");
-        ctx = ctx.with_steps(Arc::new(RouterPush::new(
+        steps = Arc::new(RouterPush::new(
             args.router_admin.clone(),
             token,
-            replicas,
-        )));
+            replicas.clone(),
+        ));
     }
+    // The operator reaches the pods it probes, so it wakes the new primary's warm replicas itself.
+    let steps = Arc::new(WakeReplicas::new(replicas, steps));
+    let ctx = Context::new(client, metrics, Some(args.identity.clone()))
+        .with_observations(observations)
+        .with_steps(steps);
     let ctx = Arc::new(ctx);
     readiness.set(Role::Leading);
     let outcome = tokio::select! {

@@ -20,8 +20,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures::future::{BoxFuture, join_all};
-use http_body_util::{BodyExt, Full, Limited};
-use hyper_util::rt::TokioIo;
 use kube::ResourceExt;
 use serde::{Deserialize, Serialize};
 use understudy_core::Epoch;
@@ -31,6 +29,7 @@ use crate::controller::{
     HandOffToComponents, RouteSyncReport, RouteSyncRequest, StepExecutor, StepReport, StepRequest,
 };
 use crate::crd::{AdmissionSpec, FailoverPolicy, FailoverPolicySpec, PoolSpec, StreamContract};
+use crate::http1;
 use crate::observe::ReplicaEndpoints;
 
 /// Who carries the route and admission steps when routers are configured.
@@ -38,9 +37,6 @@ pub const CARRIED_BY: &str = "router";
 
 /// The longest one push to one router may take, connection included.
 pub const DEFAULT_PUSH_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// The most of a router's answer that is read.
-const MAX_ANSWER_BYTES: usize = 64 * 1024;
 
 /// What the router's ramp reaches at the end of the window, per replica, when the policy sets no
 /// maximum; and the router's own defaults for what the policy cannot say.
@@ -74,17 +70,6 @@ pub struct RouterAdminUrl {
     host: String,
     port: u16,
     prefix: String,
-}
-
-impl RouterAdminUrl {
-    /// The `Host` header value.
-    fn authority(&self) -> String {
-        if self.host.contains(':') {
-            format!("[{}]:{}", self.host, self.port)
-        } else {
-            format!("{}:{}", self.host, self.port)
-        }
-    }
 }
 
 impl fmt::Display for RouterAdminUrl {
@@ -709,47 +694,24 @@ async fn get_route(router: &RouterAdminUrl, token: &RouterToken) -> Result<Route
     })
 }
 
-/// One request to `<prefix>/route` on a fresh connection, with the token; the status and up to
-/// [`MAX_ANSWER_BYTES`] of the answer, or why there is none.
+/// One request to `<prefix>/route` on a fresh connection, with the token; no timeout here, the
+/// caller bounds it.
 async fn exchange(
     router: &RouterAdminUrl,
     token: &RouterToken,
     method: http::Method,
     body: Option<Bytes>,
 ) -> Result<(http::StatusCode, Bytes), String> {
-    let stream = tokio::net::TcpStream::connect((router.host.as_str(), router.port))
-        .await
-        .map_err(|error| format!("cannot connect: {error}"))?;
-    let (mut sender, connection) =
-        hyper::client::conn::http1::handshake::<_, Full<Bytes>>(TokioIo::new(stream))
-            .await
-            .map_err(|error| format!("HTTP handshake failed: {error}"))?;
-    let connection = tokio::spawn(connection);
-    let mut request = http::Request::builder()
-        .method(method)
-        .uri(format!("{}/route", router.prefix))
-        .header(http::header::HOST, router.authority())
-        .header(http::header::AUTHORIZATION, format!("Bearer {}", token.0));
-    if body.is_some() {
-        request = request.header(http::header::CONTENT_TYPE, "application/json");
-    }
-    let answer = match request.body(Full::new(body.unwrap_or_default())) {
-        Err(error) => Err(format!("the request cannot be built: {error}")),
-        Ok(request) => match sender.send_request(request).await {
-            Err(error) => Err(format!("the request failed: {error}")),
-            Ok(response) => {
-                let status = response.status();
-                let body = Limited::new(response.into_body(), MAX_ANSWER_BYTES)
-                    .collect()
-                    .await
-                    .map(|b| b.to_bytes())
-                    .unwrap_or_default();
-                Ok((status, body))
-            }
-        },
-    };
-    connection.abort();
-    answer
+    let target = format!("{}/route", router.prefix);
+    http1::exchange(http1::Call {
+        host: &router.host,
+        port: router.port,
+        method,
+        target: &target,
+        bearer: Some(&token.0),
+        json: body,
+    })
+    .await
 }
 
 /// What a router's status and body say.
@@ -1242,7 +1204,6 @@ spec:
             (url.host.as_str(), url.port, url.prefix.as_str()),
             ("::1", 9091, "/gw/a")
         );
-        assert_eq!(url.authority(), "[::1]:9091");
         assert_eq!("http://router".parse::<RouterAdminUrl>().unwrap().port, 80);
         for bad in [
             "https://router:9091",

@@ -3,11 +3,12 @@
 //! The lease step is done in the reconciler through [`crate::lease::EpochLease`]; scaling and
 //! waiting for replicas to serve are done here against the workload's scale subresource and
 //! status. Routing and opening admission are pushed to the routers by
-//! [`crate::route_push::RouterPush`] when routers are configured. Fencing and waking, and routing
-//! without routers, belong to other components (the fence sidecar, the prober, the router);
-//! [`HandOffToComponents`] reports them handed off, never done: the promotion moves on, and an
-//! Event and the status timeline say which component carries each out and that this operator made
-//! no call. It must never claim a call it did not make.
+//! [`crate::route_push::RouterPush`] when routers are configured, and the operator wakes the new
+//! primary's warm replicas through [`crate::wake::WakeReplicas`]. Fencing, and routing without
+//! routers, belong to other components (the fence sidecar, the router); [`HandOffToComponents`]
+//! reports them handed off, never done: the promotion moves on, and an Event and the status
+//! timeline say which component carries each out and that this operator made no call. It must
+//! never claim a call it did not make.
 
 use std::fmt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -151,9 +152,10 @@ pub trait StepExecutor: Send + Sync + fmt::Debug {
     }
 }
 
-/// The executor with no router configured: it hands every step off and calls nothing. The fence
-/// sidecar reads the epoch Lease itself, so fencing follows the Lease on its own; waking waits for
-/// the prober, and routing for routers given to the operator (`--router-admin`).
+/// The executor that calls nothing: it hands every step off. The fence sidecar reads the epoch
+/// Lease itself, so fencing follows the Lease on its own; routing waits for routers given to the
+/// operator (`--router-admin`), and waking for [`crate::wake::WakeReplicas`], which the operator
+/// puts in front of this.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct HandOffToComponents;
 
@@ -169,10 +171,8 @@ impl StepExecutor for HandOffToComponents {
                 ),
             ),
             Step::Wake => (
-                "prober",
-                format!(
-                    "waking {pool} belongs to the prober, not part of this version; no replica was woken"
-                ),
+                "operator",
+                format!("no executor that wakes replicas is configured; no replica of {pool} was woken"),
             ),
             Step::Route => (
                 "router",

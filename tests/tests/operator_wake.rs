@@ -1,0 +1,205 @@
+//! The promotion's Wake step against emulated vLLM replicas on loopback: sleeping replicas are
+//! woken and confirmed awake through `/is_sleeping`, a level-2 sleeper generates the model's text
+//! again, and a replica without dev mode counts as awake.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod prober_support;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::Arc;
+use std::time::Duration;
+
+use prober_support::{Emulator, MODEL};
+use understudy_core::Epoch;
+use understudy_core::failover::Step;
+use understudy_operator::controller::{HandOffToComponents, StepExecutor, StepReport, StepRequest};
+use understudy_operator::crd::FailoverPolicy;
+use understudy_operator::observe::FixedReplicas;
+use understudy_operator::wake::WakeReplicas;
+use understudy_prober::probe::Endpoint;
+
+const DEV_MODE: &[(&str, &str)] = &[("VLLM_SERVER_DEV_MODE", "1")];
+
+/// A policy whose second pool, `west`, waits as `standby` says.
+fn policy(standby: &str) -> FailoverPolicy {
+    serde_yaml::from_str(&format!(
+        r"
+apiVersion: understudy.dev/v1alpha1
+kind: FailoverPolicy
+metadata: {{name: chat, namespace: serving}}
+spec:
+  pools:
+    - {{name: east, workload: {{kind: Deployment, name: chat-east}}, replicas: 2}}
+    - {{name: west, workload: {{kind: Deployment, name: chat-west}}, replicas: 2, standby: {standby}}}
+  recoveryObjective: 1m
+  admission: {{window: 90s, initialConcurrency: 3}}
+"
+    ))
+    .unwrap()
+}
+
+fn warm(level: u8) -> String {
+    format!("[{{tier: warm, replicas: 2, sleepLevel: {level}}}]")
+}
+
+/// One blocking request on a fresh loopback connection: the status and the body.
+fn request(endpoint: &Endpoint, method: &str, path: &str, body: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(("127.0.0.1", endpoint.port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut raw = String::new();
+    let _ = s.read_to_string(&mut raw);
+    let status = raw.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = raw
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+fn is_sleeping(e: &Emulator) -> bool {
+    let (status, body) = request(&e.endpoint, "GET", "/is_sleeping", "");
+    assert_eq!(status, 200, "{body}");
+    let json: serde_json::Value = serde_json::from_str(&body).unwrap();
+    json["is_sleeping"].as_bool().unwrap()
+}
+
+fn put_to_sleep(e: &Emulator, level: u8) {
+    assert_eq!(e.post(&format!("/sleep?level={level}"), ""), 200);
+    assert!(is_sleeping(e));
+}
+
+/// The temperature-0 text of a short completion.
+fn complete(endpoint: &Endpoint) -> String {
+    let body = serde_json::json!({
+        "model": MODEL, "prompt": "The capital of France is", "max_tokens": 16, "temperature": 0
+    })
+    .to_string();
+    let (status, answer) = request(endpoint, "POST", "/v1/completions", &body);
+    assert_eq!(status, 200, "{answer}");
+    let json: serde_json::Value = serde_json::from_str(&answer).unwrap();
+    json["choices"][0]["text"].as_str().unwrap().to_owned()
+}
+
+/// Runs the Wake step of promoting `west`, served at `endpoints`.
+async fn wake(policy: &FailoverPolicy, endpoints: Vec<Endpoint>) -> StepReport {
+    let replicas = Arc::new(FixedReplicas::default().with_pool("west", endpoints));
+    let steps = WakeReplicas::new(replicas, Arc::new(HandOffToComponents));
+    let request = StepRequest {
+        policy,
+        step: Step::Wake,
+        pool: &policy.spec.pools[1],
+        epoch: Epoch(1),
+    };
+    steps.carry_out(request).await
+}
+
+fn done_note(report: StepReport) -> String {
+    match report {
+        StepReport::Done { carried_by, note } => {
+            assert_eq!(carried_by, "operator");
+            note.unwrap()
+        }
+        other => panic!("the Wake step is not done: {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn two_warm_replicas_asleep_at_level_1_are_woken_and_serve() {
+    let a = Emulator::ready(&["--enable-sleep-mode"], DEV_MODE);
+    let b = Emulator::ready(&["--enable-sleep-mode"], DEV_MODE);
+    put_to_sleep(&a, 1);
+    put_to_sleep(&b, 1);
+
+    let note = done_note(wake(&policy(&warm(1)), vec![a.endpoint.clone(), b.endpoint.clone()]).await);
+
+    assert!(
+        note.starts_with("woke 2 of 2 replica(s) of west from sleep level 1"),
+        "{note}"
+    );
+    assert!(!is_sleeping(&a) && !is_sleeping(&b));
+    assert!(!complete(&a.endpoint).is_empty());
+    assert!(!complete(&b.endpoint).is_empty());
+}
+
+#[tokio::test]
+async fn a_level_2_sleeper_generates_the_models_text_again_after_the_wake_step() {
+    let never_slept = Emulator::ready(&["--enable-sleep-mode"], DEV_MODE);
+    let sleeper = Emulator::ready(&["--enable-sleep-mode"], DEV_MODE);
+    let expected = complete(&never_slept.endpoint);
+    put_to_sleep(&sleeper, 2);
+
+    let note = done_note(wake(&policy(&warm(2)), vec![sleeper.endpoint.clone()]).await);
+
+    assert!(
+        note.starts_with("woke 1 of 1 replica(s) of west from sleep level 2"),
+        "{note}"
+    );
+    assert!(!is_sleeping(&sleeper));
+    assert_eq!(complete(&sleeper.endpoint), expected);
+}
+
+#[tokio::test]
+async fn a_plain_wake_up_after_level_2_serves_garbage_which_is_why_the_step_reloads() {
+    // The control for the test above: without reload_weights the emulator's text differs.
+    let never_slept = Emulator::ready(&["--enable-sleep-mode"], DEV_MODE);
+    let sleeper = Emulator::ready(&["--enable-sleep-mode"], DEV_MODE);
+    put_to_sleep(&sleeper, 2);
+    assert_eq!(sleeper.post("/wake_up", ""), 200);
+    assert!(!is_sleeping(&sleeper));
+    assert_ne!(complete(&sleeper.endpoint), complete(&never_slept.endpoint));
+}
+
+#[tokio::test]
+async fn a_replica_without_dev_mode_counts_as_awake() {
+    let plain = Emulator::ready(&[], &[]);
+    assert_eq!(request(&plain.endpoint, "GET", "/is_sleeping", "").0, 404);
+    let asleep = Emulator::ready(&["--enable-sleep-mode"], DEV_MODE);
+    put_to_sleep(&asleep, 1);
+
+    let note = done_note(
+        wake(
+            &policy(&warm(1)),
+            vec![plain.endpoint.clone(), asleep.endpoint.clone()],
+        )
+        .await,
+    );
+
+    assert!(note.starts_with("woke 1 of 2 replica(s) of west"), "{note}");
+    assert!(note.contains("1 have no sleep API"), "{note}");
+    assert!(!is_sleeping(&asleep));
+}
+
+#[tokio::test]
+async fn an_unreachable_replica_holds_the_step_but_not_the_others() {
+    let asleep = Emulator::ready(&["--enable-sleep-mode"], DEV_MODE);
+    put_to_sleep(&asleep, 1);
+    let gone = Endpoint::new("127.0.0.1", prober_support::free_port());
+
+    let report = wake(&policy(&warm(1)), vec![gone, asleep.endpoint.clone()]).await;
+
+    let StepReport::NotYet { reason } = report else {
+        panic!("{report:?}")
+    };
+    assert!(
+        reason.starts_with("1 of 2 replica(s) of west are not awake yet"),
+        "{reason}"
+    );
+    assert!(!is_sleeping(&asleep), "the reachable replica was woken anyway");
+}
+
+#[tokio::test]
+async fn a_pool_without_a_warm_tier_is_done_without_a_call() {
+    // Nothing listens there: a call would fail the step.
+    let nobody = Endpoint::new("127.0.0.1", prober_support::free_port());
+    let note = done_note(wake(&policy("[{tier: hot, replicas: 2}]"), vec![nobody]).await);
+    assert!(note.contains("no warm tier"), "{note}");
+}
