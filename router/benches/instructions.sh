@@ -15,6 +15,7 @@ SMALL=${1:-2000}
 STREAMS=${2:-500}
 WARM=50
 cd "$(dirname "$0")/../.."
+. router/benches/nginx.sh
 
 if ! command -v valgrind >/dev/null || ! command -v nginx >/dev/null; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q valgrind nginx-light >/dev/null 2>&1 ||
@@ -31,30 +32,7 @@ wait_port() { for _ in $(seq 600); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/n
 
 target/release/vllm-emulator serve Qwen/Qwen3-0.6B --host 127.0.0.1 --port $BACKEND --emu-instant --emu-zero-cost >"$T/emu.log" 2>&1 &
 PIDS+=($!)
-mkdir -p "$T/nginx"
-cat >"$T/nginx.conf" <<NGINX
-worker_processes 1;
-daemon off;
-master_process off;
-pid $T/nginx.pid;
-error_log $T/nginx/error.log;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  client_body_temp_path $T/nginx/body; proxy_temp_path $T/nginx/proxy;
-  fastcgi_temp_path $T/nginx/fcgi; uwsgi_temp_path $T/nginx/uwsgi; scgi_temp_path $T/nginx/scgi;
-  upstream backend { server 127.0.0.1:$BACKEND; keepalive 256; }
-  server {
-    listen 127.0.0.1:$NGINX;
-    location / {
-      proxy_pass http://backend;
-      proxy_http_version 1.1;
-      proxy_set_header Connection "";
-      proxy_buffering off;
-    }
-  }
-}
-NGINX
+write_nginx_conf "$T" "$BACKEND" "$NGINX" $'master_process off;\n'
 STREAM_BODY='{"model":"Qwen/Qwen3-0.6B","prompt":"The capital of France is","max_tokens":16,"ignore_eos":true,"temperature":0,"stream":true}'
 
 # curl sends N requests one after another on one keep-alive connection.

@@ -15,6 +15,7 @@ set -euo pipefail
 SECS=${1:-5}
 CONNS=${2:-16}
 cd "$(dirname "$0")/../.."
+. router/benches/nginx.sh
 
 if ! command -v nginx >/dev/null || ! command -v wrk >/dev/null; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q nginx-light wrk >/dev/null 2>&1 ||
@@ -37,29 +38,7 @@ PIDS+=($!)
 UNDERSTUDY_ADMIN_TOKEN=bench RUST_LOG=warn target/release/understudy-router gateway \
   --listen 127.0.0.1:$ROUTER --admin-listen 127.0.0.1:$ADMIN --workers 1 >"$T/router.log" 2>&1 &
 PIDS+=($!)
-mkdir -p "$T/nginx"
-cat >"$T/nginx.conf" <<NGINX
-worker_processes 1;
-daemon off;
-pid $T/nginx.pid;
-error_log $T/nginx/error.log;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  client_body_temp_path $T/nginx/body; proxy_temp_path $T/nginx/proxy;
-  fastcgi_temp_path $T/nginx/fcgi; uwsgi_temp_path $T/nginx/uwsgi; scgi_temp_path $T/nginx/scgi;
-  upstream backend { server 127.0.0.1:$BACKEND; keepalive 256; }
-  server {
-    listen 127.0.0.1:$NGINX;
-    location / {
-      proxy_pass http://backend;
-      proxy_http_version 1.1;
-      proxy_set_header Connection "";
-      proxy_buffering off;
-    }
-  }
-}
-NGINX
+write_nginx_conf "$T" "$BACKEND" "$NGINX"
 nginx -c "$T/nginx.conf" -p "$T/nginx" >"$T/nginx.out" 2>&1 &
 PIDS+=($!)
 wait_port $BACKEND; wait_port $ROUTER; wait_port $ADMIN; wait_port $NGINX
