@@ -1,9 +1,10 @@
 //! The response body the router sends back: a small answer of its own, or an upstream body passed
-//! through frame by frame with no buffering. When an upstream stream breaks after bytes went to
-//! the client, the stream contract decides what the client sees: for an SSE stream, one error
-//! event marked `"retryable": true` and then the end, never a `[DONE]`, or under `continuation`
-//! the rest of a completions stream from another endpoint; for anything else the
-//! connection is cut, so the client sees an incomplete body rather than a finished one.
+//! through as it arrives, with no buffering (each poll sends on everything read so far). When an
+//! upstream stream breaks after bytes went to the client, the stream contract decides what the
+//! client sees: for an SSE stream, one error event marked `"retryable": true` and then the end,
+//! never a `[DONE]`, or under `continuation` the rest of a completions stream from another
+//! endpoint; for anything else the connection is cut, so the client sees an incomplete body rather
+//! than a finished one.
 //!
 //! This module must never buffer a stream, retry after a byte went out, or end a cut stream the
 //! way a finished one ends.
@@ -13,7 +14,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use tokio::time::Instant;
@@ -23,12 +24,12 @@ use crate::continuation::{Delivered, Events, follow_up, restamp};
 use crate::endpoint::{EjectionPolicy, Endpoint, Outcome};
 use crate::metrics::Metrics;
 use crate::retry::RetryBudget;
-use crate::upstream::Connection;
+use crate::upstream::{BodyError, ResponseBody};
 
 /// The error a cut non-SSE stream ends with (hyper then aborts the connection).
 #[derive(Debug, thiserror::Error)]
 #[error("the upstream stream was cut: {0}")]
-pub struct StreamCut(#[source] hyper::Error);
+pub struct StreamCut(#[source] Box<dyn std::error::Error + Send + Sync>);
 
 /// The SSE event that ends a cut stream under the `retryable-error` contract.
 pub const RETRYABLE_ERROR_EVENT: &[u8] =
@@ -56,15 +57,13 @@ pub struct InFlight {
     pub ejection: EjectionPolicy,
     /// When the request was sent upstream, for the first-token sample.
     pub sent_at: Instant,
-    /// The connection the response arrives on: back to the endpoint's idle connections once the
-    /// response has been read to its end, closed otherwise.
-    pub connection: Option<Connection>,
 }
 
 impl InFlight {
-    /// The response was read to its end: its connection may carry the next request.
-    fn finish_clean(mut self) {
-        if let Some(c) = self.connection.take() {
+    /// `body` was read to its end: its connection goes back to the endpoint's idle ones, if it
+    /// may carry the next request.
+    fn finish_clean(self, body: &mut ResponseBody) {
+        if let Some(c) = body.take_reusable() {
             self.endpoint.connections().put_back(c);
         }
     }
@@ -77,35 +76,14 @@ impl Drop for InFlight {
     }
 }
 
-/// The most bytes gathered from frames already at hand before they are sent on.
-const GATHER_LIMIT: usize = 64 * 1024;
-/// Room made for gathering at its first copy, so that a short stream's events fit without the
-/// buffer growing again (callgrind: about 900 fewer instructions per 16-token stream).
-const GATHER_RESERVE: usize = 4 * 1024;
-/// Turns without a new frame before what was gathered goes out. Measured with strace: hyper's
-/// client connection task needs two turns to hand over the next chunk it has already read.
-const TURNS_FOR_UPSTREAM: u8 = 2;
-
 /// A proxied upstream body.
-///
-/// Frames that are already at hand are gathered into one before they go out: hyper's client
-/// hands a body over one chunk per turn of its connection task, and hyper's server flushes
-/// whenever the body is not ready, so passing frames on one by one cost one `writev` per SSE
-/// event (18 for a 16-token stream that arrived in one read; now 1). Gathering waits at most
-/// [`TURNS_FOR_UPSTREAM`] scheduler turns without a new frame for the connection task to decode
-/// what it has already read; it never waits for the network.
 #[derive(Debug)]
 pub struct Proxied {
-    inner: Incoming,
+    inner: ResponseBody,
     in_flight: Option<InFlight>,
     sse: bool,
     first_frame_seen: bool,
     ended: bool,
-    gathered: Gathered,
-    /// Turns yielded in a row, without a new frame, to let the upstream connection task run.
-    yielded: u8,
-    /// What comes after the gathered bytes have gone out: the end, or the cut.
-    after: Option<After>,
     /// Under the `continuation` contract: what was delivered and how to carry on.
     follow: Option<Box<Follow>>,
 }
@@ -115,7 +93,7 @@ pub struct Proxied {
 pub type Resend = Box<dyn FnOnce(Bytes, std::net::SocketAddr) -> FollowUp + Send>;
 
 /// A follow-up on its way: the new stream and its place in the data path, if one answered.
-pub type FollowUp = Pin<Box<dyn Future<Output = Option<(Incoming, InFlight)>> + Send>>;
+pub type FollowUp = Pin<Box<dyn Future<Output = Option<(ResponseBody, InFlight)>> + Send>>;
 
 /// A completions stream under the `continuation` contract.
 pub struct Follow {
@@ -178,63 +156,16 @@ impl Follow {
     }
 }
 
-#[derive(Debug)]
-enum After {
-    End,
-    Cut(hyper::Error),
-    Trailers(Frame<Bytes>),
-}
-
-/// Data frames gathered so far: the first kept as is (no copy), later ones appended.
-#[derive(Debug, Default)]
-struct Gathered {
-    first: Option<Bytes>,
-    more: BytesMut,
-}
-
-impl Gathered {
-    fn len(&self) -> usize {
-        self.first.as_ref().map_or(0, Bytes::len) + self.more.len()
-    }
-
-    fn is_empty(&self) -> bool {
-        self.first.is_none() && self.more.is_empty()
-    }
-
-    fn push(&mut self, data: Bytes) {
-        match &mut self.first {
-            None if self.more.is_empty() => self.first = Some(data),
-            first => {
-                if let Some(f) = first.take() {
-                    self.more.reserve(GATHER_RESERVE.max(f.len() + data.len() * 4));
-                    self.more.extend_from_slice(&f);
-                }
-                self.more.extend_from_slice(&data);
-            }
-        }
-    }
-
-    fn take(&mut self) -> Bytes {
-        match self.first.take() {
-            Some(b) => b,
-            None => self.more.split().freeze(),
-        }
-    }
-}
-
 impl Proxied {
     /// Streams `inner` under `in_flight`; `sse` says whether the response is an event stream.
     #[must_use]
-    pub fn new(inner: Incoming, in_flight: InFlight, sse: bool) -> Self {
+    pub fn new(inner: ResponseBody, in_flight: InFlight, sse: bool) -> Self {
         Proxied {
             inner,
             in_flight: Some(in_flight),
             sse,
             first_frame_seen: false,
             ended: false,
-            gathered: Gathered::default(),
-            yielded: 0,
-            after: None,
             follow: None,
         }
     }
@@ -288,7 +219,7 @@ impl Body for RouterBody {
     ) -> Poll<Option<Result<Frame<Bytes>, StreamCut>>> {
         match self.get_mut() {
             RouterBody::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
-            RouterBody::Plain(inner) => Pin::new(inner).poll_frame(cx).map_err(StreamCut),
+            RouterBody::Plain(inner) => Pin::new(inner).poll_frame(cx).map_err(|e| StreamCut(e.into())),
             RouterBody::Proxied(p) => p.poll(cx),
         }
     }
@@ -298,13 +229,7 @@ impl Body for RouterBody {
             RouterBody::Full(b) => b.is_none(),
             RouterBody::Plain(inner) => inner.is_end_stream(),
             RouterBody::Proxied(p) => {
-                p.ended
-                    || (p.gathered.is_empty()
-                        && (matches!(p.after, Some(After::End))
-                            || (p.after.is_none()
-                                && p.follow.is_none()
-                                && p.in_flight.is_some()
-                                && p.inner.is_end_stream())))
+                p.ended || (p.follow.is_none() && p.in_flight.is_some() && p.inner.is_end_stream())
             }
         }
     }
@@ -313,7 +238,7 @@ impl Body for RouterBody {
         match self {
             RouterBody::Full(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
             RouterBody::Plain(inner) => inner.size_hint(),
-            RouterBody::Proxied(p) if p.gathered.is_empty() && p.after.is_none() => p.inner.size_hint(),
+            RouterBody::Proxied(p) if p.follow.is_none() => p.inner.size_hint(),
             RouterBody::Proxied(_) => SizeHint::default(),
         }
     }
@@ -323,9 +248,9 @@ impl Drop for Proxied {
     fn drop(&mut self) {
         // hyper stops polling a body that says it has ended, so its end may never be polled.
         if let Some(f) = self.in_flight.take()
-            && (matches!(self.after, Some(After::End)) || self.inner.is_end_stream())
+            && self.inner.is_end_stream()
         {
-            f.finish_clean();
+            f.finish_clean(&mut self.inner);
         }
     }
 }
@@ -334,13 +259,6 @@ impl Proxied {
     fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, StreamCut>>> {
         if self.ended {
             return Poll::Ready(None);
-        }
-        if self.after.is_some() {
-            if !self.gathered.is_empty() {
-                // Gathered while priming, before the end or the cut.
-                return Poll::Ready(Some(Ok(Frame::data(self.gathered.take()))));
-            }
-            return self.poll_after(cx);
         }
         loop {
             if let Some(f) = &mut self.follow
@@ -356,59 +274,21 @@ impl Proxied {
                 self.inner = inner;
                 self.in_flight = Some(in_flight);
             }
-            match Pin::new(&mut self.inner).poll_frame(cx) {
-                Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
-                    Ok(data) => {
-                        self.take_data(data);
-                        if self.gathered.len() >= GATHER_LIMIT {
-                            return Poll::Ready(Some(Ok(Frame::data(self.gathered.take()))));
-                        }
+            match ready!(self.inner.poll_data(cx)) {
+                Some(Ok(data)) => {
+                    let data = self.take_data(data);
+                    // Under `continuation`, a half event waits for the rest of it.
+                    if !data.is_empty() {
+                        return Poll::Ready(Some(Ok(Frame::data(data))));
                     }
-                    Err(trailers) => return self.send_gathered_then(After::Trailers(trailers), cx),
-                },
-                Poll::Ready(None) => return self.send_gathered_then(After::End, cx),
-                Poll::Ready(Some(Err(e))) => return self.send_gathered_then(After::Cut(e), cx),
-                Poll::Pending if self.gathered.is_empty() => return Poll::Pending,
-                Poll::Pending if self.yielded < TURNS_FOR_UPSTREAM => {
-                    // Our poll just asked the connection task for the next chunk; let it run
-                    // before sending what we have.
-                    self.yielded += 1;
-                    cx.waker().wake_by_ref();
-                    return Poll::Pending;
                 }
-                Poll::Pending => {
-                    self.yielded = 0;
-                    return Poll::Ready(Some(Ok(Frame::data(self.gathered.take()))));
-                }
+                None => return self.end(),
+                Some(Err(e)) => return self.cut(e, cx),
             }
         }
     }
 
-    /// Gathers the frames already at hand before the response head goes out, so that hyper
-    /// writes the head and the first events in one `writev` instead of flushing the head alone.
-    /// Like gathering, it waits at most [`TURNS_FOR_UPSTREAM`] turns, never for the network.
-    pub fn poll_primed(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        while self.after.is_none() && self.gathered.len() < GATHER_LIMIT {
-            match Pin::new(&mut self.inner).poll_frame(cx) {
-                Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
-                    Ok(data) => self.take_data(data),
-                    Err(trailers) => self.after = Some(After::Trailers(trailers)),
-                },
-                Poll::Ready(None) => self.after = Some(After::End),
-                Poll::Ready(Some(Err(e))) => self.after = Some(After::Cut(e)),
-                Poll::Pending if self.yielded < TURNS_FOR_UPSTREAM => {
-                    self.yielded += 1;
-                    cx.waker().wake_by_ref();
-                    return Poll::Pending;
-                }
-                // Nothing more at hand: the first poll of the body sends what was gathered.
-                Poll::Pending => return Poll::Ready(()),
-            }
-        }
-        Poll::Ready(())
-    }
-
-    fn take_data(&mut self, data: Bytes) {
+    fn take_data(&mut self, data: Bytes) -> Bytes {
         if !self.first_frame_seen {
             self.first_frame_seen = true;
             if let Some(f) = &self.in_flight {
@@ -417,50 +297,21 @@ impl Proxied {
                 f.admission.record_ttft(ttft);
             }
         }
-        self.yielded = 0;
-        let data = match &mut self.follow {
+        match &mut self.follow {
             Some(f) => f.pass(&data),
             None => data,
-        };
-        if !data.is_empty() {
-            self.gathered.push(data);
-        }
-    }
-
-    fn send_gathered_then(
-        &mut self,
-        after: After,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, StreamCut>>> {
-        if self.gathered.is_empty() {
-            self.after = Some(after);
-            return self.poll_after(cx);
-        }
-        self.after = Some(after);
-        Poll::Ready(Some(Ok(Frame::data(self.gathered.take()))))
-    }
-
-    fn poll_after(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, StreamCut>>> {
-        match self.after.take() {
-            Some(After::End) | None => self.end(),
-            Some(After::Cut(e)) => self.cut(e, cx),
-            Some(After::Trailers(t)) => Poll::Ready(Some(Ok(t))),
         }
     }
 
     fn end(&mut self) -> Poll<Option<Result<Frame<Bytes>, StreamCut>>> {
         self.ended = true;
         if let Some(f) = self.in_flight.take() {
-            f.finish_clean();
+            f.finish_clean(&mut self.inner);
         }
         Poll::Ready(None)
     }
 
-    fn cut(
-        &mut self,
-        e: hyper::Error,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, StreamCut>>> {
+    fn cut(&mut self, e: BodyError, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, StreamCut>>> {
         let failed = self.in_flight.take().map(|f| {
             f.metrics.stream_cut();
             if f.endpoint.record(Outcome::Cut, &f.ejection, Instant::now()) {
@@ -485,7 +336,7 @@ impl Proxied {
             self.end_with_error()
         } else {
             self.ended = true;
-            Poll::Ready(Some(Err(StreamCut(e))))
+            Poll::Ready(Some(Err(StreamCut(e.into()))))
         }
     }
 

@@ -14,8 +14,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderMap};
 use http::request::Parts;
-use http::{Method, Request, Response, Uri};
-use http_body_util::{BodyExt, Full, Limited};
+use http::{Method, Request, Response};
+use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use tokio::time::Instant;
 
@@ -30,7 +30,8 @@ use crate::refusal::Refusal;
 use crate::retry::RetryBudget;
 use crate::route::StreamContract;
 use crate::table::RouteTable;
-use crate::upstream::{Connection, SendError, UpstreamBody};
+use crate::upstream::codec::is_hop_by_hop;
+use crate::upstream::{Outgoing, ResponseBody, SendError};
 use crate::waiting_room::{self, WaitingRoom, WaitingRoomConfig};
 
 /// How the gateway behaves.
@@ -68,26 +69,6 @@ pub struct Gateway {
     budget: Arc<RetryBudget>,
     room: Arc<WaitingRoom>,
     metrics: Arc<Metrics>,
-}
-
-/// True for a header that belongs to one connection and is never forwarded. Standard names
-/// compare as a tag, the two others as bytes: no name is parsed or hashed per request.
-fn is_hop_by_hop(name: &http::HeaderName) -> bool {
-    use http::header::{
-        CONNECTION, PROXY_AUTHENTICATE, PROXY_AUTHORIZATION, TE, TRAILER, TRANSFER_ENCODING, UPGRADE,
-    };
-    [
-        CONNECTION,
-        PROXY_AUTHENTICATE,
-        PROXY_AUTHORIZATION,
-        TE,
-        TRAILER,
-        TRANSFER_ENCODING,
-        UPGRADE,
-    ]
-    .contains(name)
-        || name.as_str() == "keep-alive"
-        || name.as_str() == "proxy-connection"
 }
 
 /// Removes the connection-scoped headers before a message crosses the proxy.
@@ -167,20 +148,10 @@ impl Gateway {
         Ok((parts, body))
     }
 
-    fn upstream_request(parts: &Parts, body: &Bytes, host: &http::HeaderValue) -> Request<UpstreamBody> {
-        let mut headers = parts.headers.clone();
-        strip_hop_by_hop(&mut headers);
-        headers.remove(CONTENT_LENGTH);
-        headers.insert(http::header::HOST, host.clone());
-        let mut req = Request::new(Full::new(body.clone()));
-        *req.method_mut() = parts.method.clone();
+    fn upstream_request(parts: &Parts, body: &Bytes, host: &http::HeaderValue) -> Outgoing {
         // Origin form, as the client sent it: the connection already names the endpoint.
-        *req.uri_mut() = parts
-            .uri
-            .path_and_query()
-            .map_or_else(|| Uri::from_static("/"), |pq| Uri::from(pq.clone()));
-        *req.headers_mut() = headers;
-        req
+        let target = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
+        Outgoing::new(&parts.method, target, &parts.headers, host, body)
     }
 
     async fn forward(
@@ -273,12 +244,12 @@ impl Gateway {
             endpoint.begin();
             let sent_at = Instant::now();
             let answer =
-                tokio::time::timeout(self.config.first_byte_timeout, self.send(&endpoint, upstream)).await;
+                tokio::time::timeout(self.config.first_byte_timeout, self.send(&endpoint, &upstream)).await;
             let failure = match answer {
-                Ok(Ok((resp, connection))) => {
+                Ok(Ok((head, incoming))) => {
                     drop(seat.take());
                     let upstream_time = sent_at.elapsed();
-                    let status = resp.status();
+                    let status = head.status;
                     let outcome = if status.is_server_error() {
                         Outcome::ServerError
                     } else {
@@ -293,8 +264,6 @@ impl Gateway {
                         RequestOutcome::Forwarded
                     };
                     self.metrics.request(metric, priority);
-                    let (mut head, incoming) = resp.into_parts();
-                    strip_hop_by_hop(&mut head.headers);
                     let sse = head
                         .headers
                         .get(CONTENT_TYPE)
@@ -308,7 +277,6 @@ impl Gateway {
                         metrics: Arc::clone(&self.metrics),
                         ejection: self.config.ejection,
                         sent_at,
-                        connection: Some(connection),
                     };
                     std::mem::forget(held);
                     let mut proxied = Proxied::new(incoming, in_flight, sse);
@@ -324,9 +292,6 @@ impl Gateway {
                         });
                         proxied = proxied.following(Follow::new(request, resend));
                     }
-                    if sse {
-                        std::future::poll_fn(|cx| proxied.poll_primed(cx)).await;
-                    }
                     let body = RouterBody::Proxied(Box::new(proxied));
                     self.metrics
                         .added_latency(arrived.elapsed().saturating_sub(upstream_time));
@@ -334,6 +299,14 @@ impl Gateway {
                 }
                 Ok(Err(SendError::Refused { .. })) => Outcome::Refused,
                 Ok(Err(SendError::Reset(_))) => Outcome::Reset,
+                Ok(Err(SendError::Malformed(m))) => {
+                    // Not retried: the endpoint answered, and may have done the work.
+                    endpoint.end();
+                    if endpoint.record(Outcome::ServerError, &self.config.ejection, Instant::now()) {
+                        self.metrics.ejection();
+                    }
+                    return Err(Refusal::UpstreamMalformed(m.0));
+                }
                 Err(_elapsed) => Outcome::Timeout,
             };
             endpoint.end();
@@ -360,7 +333,7 @@ impl Gateway {
         parts: Parts,
         body: Bytes,
         avoid: std::net::SocketAddr,
-    ) -> Option<(Incoming, InFlight)> {
+    ) -> Option<(ResponseBody, InFlight)> {
         let state = self.routes.current()?;
         let mut tried = Tried::default();
         for (i, e) in state.endpoints.iter().enumerate() {
@@ -376,7 +349,7 @@ impl Gateway {
             endpoint.begin();
             self.budget.start();
             let sent_at = Instant::now();
-            let mut in_flight = InFlight {
+            let in_flight = InFlight {
                 endpoint: Arc::clone(&endpoint),
                 permit: None,
                 admission: Arc::clone(&state.admission),
@@ -385,17 +358,15 @@ impl Gateway {
                 metrics: Arc::clone(&self.metrics),
                 ejection: self.config.ejection,
                 sent_at,
-                connection: None,
             };
             let answer =
-                tokio::time::timeout(self.config.first_byte_timeout, self.send(&endpoint, upstream)).await;
+                tokio::time::timeout(self.config.first_byte_timeout, self.send(&endpoint, &upstream)).await;
             let outcome = match answer {
-                Ok(Ok((resp, connection))) if resp.status().is_success() => {
+                Ok(Ok((head, body))) if head.status.is_success() => {
                     endpoint.record(Outcome::Ok, &self.config.ejection, Instant::now());
-                    in_flight.connection = Some(connection);
-                    return Some((resp.into_body(), in_flight));
+                    return Some((body, in_flight));
                 }
-                Ok(Ok(_)) => Outcome::ServerError,
+                Ok(Ok(_) | Err(SendError::Malformed(_))) => Outcome::ServerError,
                 Ok(Err(SendError::Refused { .. })) => Outcome::Refused,
                 Ok(Err(SendError::Reset(_))) => Outcome::Reset,
                 Err(_) => Outcome::Timeout,
@@ -409,8 +380,8 @@ impl Gateway {
     async fn send(
         &self,
         endpoint: &Endpoint,
-        req: Request<UpstreamBody>,
-    ) -> Result<(Response<Incoming>, Connection), SendError> {
+        req: &Outgoing,
+    ) -> Result<(http::response::Parts, ResponseBody), SendError> {
         endpoint
             .connections()
             .send(endpoint.addr(), self.config.connect_timeout, req)

@@ -54,6 +54,10 @@ pub enum Refusal {
     /// Every try failed before any response byte and no retry was left.
     #[error("upstream failed before answering ({0}) and the retry budget is spent")]
     UpstreamFailed(&'static str),
+    /// The upstream's answer could not be read as HTTP; not retried, the replica may have done
+    /// the work.
+    #[error("upstream sent a malformed response: {0}")]
+    UpstreamMalformed(&'static str),
     /// No response headers within the first-byte timeout; not retried, the replica may be working.
     #[error("upstream did not answer in time")]
     UpstreamTimeout,
@@ -71,7 +75,7 @@ impl Refusal {
             Refusal::Malformed(_) => StatusCode::BAD_REQUEST,
             Refusal::Shed { .. } => StatusCode::TOO_MANY_REQUESTS,
             Refusal::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
-            Refusal::UpstreamFailed(_) => StatusCode::BAD_GATEWAY,
+            Refusal::UpstreamFailed(_) | Refusal::UpstreamMalformed(_) => StatusCode::BAD_GATEWAY,
             Refusal::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
         }
     }
@@ -87,7 +91,9 @@ impl Refusal {
             | Refusal::Malformed(_) => RequestOutcome::Rejected,
             Refusal::Shed { .. } => RequestOutcome::Shed,
             Refusal::Unavailable { .. } => RequestOutcome::Unavailable,
-            Refusal::UpstreamFailed(_) | Refusal::UpstreamTimeout => RequestOutcome::UpstreamFailed,
+            Refusal::UpstreamFailed(_) | Refusal::UpstreamMalformed(_) | Refusal::UpstreamTimeout => {
+                RequestOutcome::UpstreamFailed
+            }
         }
     }
 
@@ -100,7 +106,7 @@ impl Refusal {
             Refusal::Malformed(_) => "invalid_request",
             Refusal::Shed { .. } => "shed",
             Refusal::Unavailable { .. } => "unavailable",
-            Refusal::UpstreamFailed(_) => "upstream_failed",
+            Refusal::UpstreamFailed(_) | Refusal::UpstreamMalformed(_) => "upstream_failed",
             Refusal::UpstreamTimeout => "upstream_timeout",
         }
     }

@@ -1,0 +1,426 @@
+//! Connections to one upstream endpoint, and the HTTP/1.1 the gateway speaks on them.
+//!
+//! The gateway is its own HTTP/1.1 client ([`codec`]), driven inside the request's task: it
+//! writes a request in one write, reads the response head, and hands the connection to the
+//! response body, which decodes the body straight from the connection's read buffer and gives
+//! everything already read to the client as one frame. When the body has been read to its end,
+//! the connection goes back to the endpoint's idle connections ([`Pool::put_back`]).
+//!
+//! Why not hyper's client: it runs each connection in a task of its own, decodes one chunk per
+//! frame and hands every frame across to the request's task. For a 16-token SSE stream that was
+//! two thirds of the router's instructions per request (router/benches/instructions.sh).
+//!
+//! What this module must never do: hand out a connection another response is still using, hold
+//! its lock across an await, reuse a connection that carried anything it could not account for,
+//! or resend a request a connection may have taken (it resends only when writing to a connection
+//! that was idle fails; what else is retryable is the gateway's decision).
+
+pub mod codec;
+
+use std::collections::VecDeque;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::{Mutex, PoisonError};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http_body::{Body, Frame, SizeHint};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+use codec::{Decoder, Gathered, Head};
+pub use codec::{Malformed, Outgoing};
+
+/// Idle connections kept per endpoint, at most.
+const MAX_IDLE: usize = 1024;
+/// An idle connection older than this is closed instead of reused. Below the 5 s after which
+/// vLLM's API server (uvicorn, `VLLM_HTTP_TIMEOUT_KEEP_ALIVE`) closes an idle connection, so the
+/// router does not send on a connection the replica is closing.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(4);
+/// Room made in a connection's read buffer before each read.
+const READ_BYTES: usize = 8 * 1024;
+/// The most body bytes gathered into one frame.
+const GATHER_LIMIT: usize = 64 * 1024;
+
+/// Why a request got no response head, by what the endpoint did.
+#[derive(Debug, thiserror::Error)]
+pub enum SendError {
+    /// No connection could be made (refused, unreachable, or not within the connect timeout):
+    /// the request never reached the endpoint.
+    #[error("connecting to {addr} failed: {reason}")]
+    Refused {
+        /// The endpoint.
+        addr: SocketAddr,
+        /// What the connect said.
+        reason: io::Error,
+    },
+    /// The connection broke before a response head arrived.
+    #[error("the connection broke before a response: {0}")]
+    Reset(#[source] io::Error),
+    /// What came back is not an HTTP/1.1 response head the gateway can forward.
+    #[error("the upstream's response is malformed: {0}")]
+    Malformed(#[source] Malformed),
+}
+
+/// Why a response body ended before its end.
+#[derive(Debug, thiserror::Error)]
+pub enum BodyError {
+    /// The upstream closed the connection inside the body.
+    #[error("the upstream closed the connection before the body's end")]
+    Closed,
+    /// Reading from the upstream failed.
+    #[error("reading the upstream failed: {0}")]
+    Io(#[source] io::Error),
+    /// The body's framing is broken.
+    #[error("the upstream's body is malformed: {0}")]
+    Malformed(#[source] Malformed),
+}
+
+/// One HTTP/1.1 connection to an endpoint, with the bytes read from it and not yet decoded.
+#[derive(Debug)]
+pub struct Connection {
+    stream: TcpStream,
+    buf: BytesMut,
+}
+
+impl Connection {
+    /// Connects, without Nagle.
+    async fn open(addr: SocketAddr, timeout: Duration) -> Result<Self, SendError> {
+        let refused = |reason| SendError::Refused { addr, reason };
+        let stream = match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => return Err(refused(e)),
+            Err(_) => return Err(refused(io::ErrorKind::TimedOut.into())),
+        };
+        stream.set_nodelay(true).map_err(refused)?;
+        Ok(Connection {
+            stream,
+            buf: BytesMut::with_capacity(READ_BYTES),
+        })
+    }
+
+    async fn write(&mut self, req: &Outgoing) -> io::Result<()> {
+        for part in req.parts() {
+            if !part.is_empty() {
+                self.stream.write_all(part).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads what has arrived into the buffer; `Ok(0)` at the end of the connection.
+    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        if self.buf.capacity() - self.buf.len() < READ_BYTES / 2 {
+            self.buf.reserve(READ_BYTES);
+        }
+        tokio_util::io::poll_read_buf(Pin::new(&mut self.stream), cx, &mut self.buf)
+    }
+
+    /// Reads the response head; the body follows in the buffer and on the connection.
+    async fn read_head(&mut self) -> Result<Head, SendError> {
+        loop {
+            if let Some(head) = codec::parse_head(&mut self.buf).map_err(SendError::Malformed)? {
+                return Ok(head);
+            }
+            let n = std::future::poll_fn(|cx| self.poll_fill(cx))
+                .await
+                .map_err(SendError::Reset)?;
+            if n == 0 {
+                return Err(SendError::Reset(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "the upstream closed the connection before a complete response head",
+                )));
+            }
+        }
+    }
+
+    /// True when something arrived while the connection was idle: the endpoint closed it, or sent
+    /// bytes no request asked for. Asks the runtime's readiness, with no system call.
+    fn heard_from_while_idle(&self) -> bool {
+        let mut cx = Context::from_waker(Waker::noop());
+        !self.buf.is_empty() || self.stream.poll_read_ready(&mut cx).is_ready()
+    }
+}
+
+/// The idle connections to one endpoint, most recently used last.
+#[derive(Debug, Default)]
+pub struct Pool {
+    // A lock for a push or a pop, never held across an await; uncontended on a current-thread
+    // runtime. An atomic cannot hold a connection.
+    idle: Mutex<VecDeque<Idle>>,
+}
+
+#[derive(Debug)]
+struct Idle {
+    connection: Connection,
+    since: Instant,
+}
+
+impl Pool {
+    /// Sends `req` over an idle connection, or a new one to `addr`, and reads the response head;
+    /// the body comes with the connection that carries it.
+    pub async fn send(
+        &self,
+        addr: SocketAddr,
+        connect_timeout: Duration,
+        req: &Outgoing,
+    ) -> Result<(http::response::Parts, ResponseBody), SendError> {
+        let mut idle = self.take_idle();
+        loop {
+            let reused = idle.is_some();
+            let mut connection = match idle.take() {
+                Some(c) => c,
+                None => Connection::open(addr, connect_timeout).await?,
+            };
+            let head = match connection.write(req).await {
+                Ok(()) => connection.read_head().await,
+                Err(e) => Err(SendError::Reset(e)),
+            };
+            match head {
+                Ok(head) => {
+                    let body = ResponseBody {
+                        connection: Some(connection),
+                        decoder: Decoder::new(head.framing),
+                        keep_alive: head.keep_alive,
+                        failed: None,
+                    };
+                    return Ok((head.parts, body));
+                }
+                // An idle connection the endpoint closed as the request went out, with not a
+                // byte of answer: one more try on a new connection, as nginx gives a cached one.
+                Err(SendError::Reset(_)) if reused && connection.buf.is_empty() => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Keeps `connection` for the next request; its response has been read to the end.
+    pub fn put_back(&self, connection: Connection) {
+        let now = Instant::now();
+        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        while idle
+            .front()
+            .is_some_and(|i| now.saturating_duration_since(i.since) > IDLE_TIMEOUT)
+        {
+            idle.pop_front();
+        }
+        if idle.len() < MAX_IDLE {
+            idle.push_back(Idle {
+                connection,
+                since: now,
+            });
+        }
+    }
+
+    /// The most recently used idle connection that is still open and not too old.
+    fn take_idle(&self) -> Option<Connection> {
+        let now = Instant::now();
+        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        while let Some(i) = idle.pop_back() {
+            if !i.connection.heard_from_while_idle() && now.saturating_duration_since(i.since) <= IDLE_TIMEOUT
+            {
+                return Some(i.connection);
+            }
+        }
+        None
+    }
+
+    /// Idle connections now.
+    #[must_use]
+    pub fn idle(&self) -> usize {
+        self.idle.lock().unwrap_or_else(PoisonError::into_inner).len()
+    }
+}
+
+/// A response body, decoded from the connection that carries it.
+#[derive(Debug)]
+pub struct ResponseBody {
+    /// Gone once the body failed (the connection is closed with it) or was handed back.
+    connection: Option<Connection>,
+    decoder: Decoder,
+    keep_alive: bool,
+    /// A failure met after data that went out first.
+    failed: Option<BodyError>,
+}
+
+impl ResponseBody {
+    /// Everything of the body that has arrived, as one piece (at most 64 KiB); `None` at its
+    /// end. Reads until the connection has nothing more, never waits for more once it has data.
+    pub fn poll_data(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, BodyError>>> {
+        if let Some(e) = self.failed.take() {
+            return Poll::Ready(Some(Err(e)));
+        }
+        let Some(connection) = self.connection.as_mut() else {
+            return Poll::Ready(None);
+        };
+        let mut out = Gathered::default();
+        let failure = loop {
+            if let Err(e) = self.decoder.decode(&mut connection.buf, &mut out, GATHER_LIMIT) {
+                break BodyError::Malformed(e);
+            }
+            if self.decoder.is_done() || out.len() >= GATHER_LIMIT {
+                return Poll::Ready((!out.is_empty()).then(|| Ok(out.take())));
+            }
+            match connection.poll_fill(cx) {
+                Poll::Ready(Ok(0)) if self.decoder.closed() => {
+                    self.keep_alive = false;
+                    return Poll::Ready((!out.is_empty()).then(|| Ok(out.take())));
+                }
+                Poll::Ready(Ok(0)) => break BodyError::Closed,
+                Poll::Ready(Ok(_)) => {}
+                Poll::Ready(Err(e)) => break BodyError::Io(e),
+                Poll::Pending if out.is_empty() => return Poll::Pending,
+                Poll::Pending => return Poll::Ready(Some(Ok(out.take()))),
+            }
+        };
+        self.connection = None;
+        if out.is_empty() {
+            return Poll::Ready(Some(Err(failure)));
+        }
+        self.failed = Some(failure);
+        Poll::Ready(Some(Ok(out.take())))
+    }
+
+    /// True once the body has been read to its end.
+    #[must_use]
+    pub fn is_end_stream(&self) -> bool {
+        self.decoder.is_done() && self.failed.is_none()
+    }
+
+    /// The connection, once the body has been read to its end and the connection may carry the
+    /// next request; `None` otherwise (it is closed when the body is dropped).
+    pub fn take_reusable(&mut self) -> Option<Connection> {
+        if !(self.keep_alive && self.is_end_stream()) {
+            return None;
+        }
+        self.connection.take().filter(|c| c.buf.is_empty())
+    }
+}
+
+impl Body for ResponseBody {
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        self.get_mut()
+            .poll_data(cx)
+            .map(|o| o.map(|r| r.map(Frame::data)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        ResponseBody::is_end_stream(self)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.decoder
+            .remaining()
+            .map_or_else(SizeHint::default, SizeHint::with_exact)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    use super::*;
+
+    const ANSWER: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+
+    /// A server that answers `per_connection` requests on each connection, then closes it;
+    /// returns its address and how many connections it accepted.
+    async fn server(per_connection: usize) -> (SocketAddr, Arc<AtomicUsize>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = Arc::clone(&accepted);
+        tokio::spawn(async move {
+            loop {
+                let (mut s, _) = listener.accept().await.unwrap();
+                count.fetch_add(1, Relaxed);
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    for _ in 0..per_connection {
+                        while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                            let mut chunk = [0u8; 1024];
+                            match s.read(&mut chunk).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                            }
+                        }
+                        buf.clear();
+                        s.write_all(ANSWER).await.unwrap();
+                    }
+                });
+            }
+        });
+        (addr, accepted)
+    }
+
+    fn get(addr: SocketAddr) -> Outgoing {
+        let host = http::HeaderValue::from_str(&addr.to_string()).unwrap();
+        Outgoing::new(
+            &http::Method::GET,
+            "/v1/models",
+            &http::HeaderMap::new(),
+            &host,
+            &Bytes::new(),
+        )
+    }
+
+    async fn round_trip(pool: &Pool, addr: SocketAddr) -> Result<Bytes, SendError> {
+        let (_, mut body) = pool.send(addr, Duration::from_secs(1), &get(addr)).await?;
+        let data = std::future::poll_fn(|cx| body.poll_data(cx))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(body.is_end_stream());
+        pool.put_back(body.take_reusable().unwrap());
+        Ok(data)
+    }
+
+    #[tokio::test]
+    async fn a_connection_read_to_its_end_carries_the_next_request() {
+        let (addr, accepted) = server(usize::MAX).await;
+        let pool = Pool::default();
+        for _ in 0..5 {
+            assert_eq!(round_trip(&pool, addr).await.unwrap(), "ok");
+        }
+        assert_eq!(accepted.load(Relaxed), 1);
+        assert_eq!(pool.idle(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_connection_the_endpoint_closed_while_idle_is_replaced_not_failed() {
+        let (addr, accepted) = server(1).await;
+        let pool = Pool::default();
+        for _ in 0..5 {
+            assert_eq!(round_trip(&pool, addr).await.unwrap(), "ok");
+        }
+        assert_eq!(accepted.load(Relaxed), 5);
+    }
+
+    #[tokio::test]
+    async fn nothing_listening_is_refused() {
+        let addr = TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let pool = Pool::default();
+        assert!(matches!(
+            pool.send(addr, Duration::from_secs(1), &get(addr)).await,
+            Err(SendError::Refused { .. })
+        ));
+    }
+}
