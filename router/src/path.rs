@@ -60,7 +60,7 @@ pub fn classify(path: &str) -> PublicPath {
     {
         return PublicPath::Control;
     }
-    if path.contains("//") || path.contains("/../") || path.ends_with("/..") || path.contains("%") {
+    if !is_plain(path) {
         return PublicPath::Unknown;
     }
     if path.starts_with("/v1/") && path.len() > 4 {
@@ -68,6 +68,22 @@ pub fn classify(path: &str) -> PublicPath {
     } else {
         PublicPath::Unknown
     }
+}
+
+/// True for a path with no empty segment inside (`//`), no `..` segment and no percent-encoding:
+/// nothing a server further in might read as another path. One pass over the bytes.
+fn is_plain(path: &str) -> bool {
+    let bytes = path.as_bytes();
+    let mut segment = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        match b {
+            b'%' => return false,
+            b'/' if i > 0 && (segment == i || &bytes[segment..i] == b"..") => return false,
+            b'/' => segment = i + 1,
+            _ => {}
+        }
+    }
+    &bytes[segment..] != b".."
 }
 
 fn has_prefix_segment(path: &str, control: &str) -> bool {
@@ -97,6 +113,8 @@ mod tests {
             "/v1/completions",
             "/v1/chat/completions",
             "/v1/models",
+            "/v1/models/",
+            "/v1/models/a..b",
             "/v1/embeddings",
         ] {
             assert_eq!(classify(p), PublicPath::Api, "{p}");
@@ -129,6 +147,8 @@ mod tests {
             "/tokenize",
             "//v1/completions",
             "/v1/../sleep",
+            "/v1/models/..",
+            "/v1//models",
             "/v1/%2e%2e/sleep",
         ] {
             assert_ne!(classify(p), PublicPath::Api, "{p}");

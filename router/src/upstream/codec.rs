@@ -306,6 +306,12 @@ impl Gathered {
         }
     }
 
+    /// Makes room for `additional` more bytes to be copied in.
+    pub fn reserve(&mut self, additional: usize) {
+        self.more
+            .reserve(self.first.as_ref().map_or(0, Bytes::len) + additional);
+    }
+
     /// Copies `data` after what was gathered.
     pub fn extend(&mut self, data: &[u8]) {
         if let Some(first) = self.first.take() {
@@ -397,84 +403,103 @@ impl Decoder {
     /// stops when `buf` runs out, the body ends, or `out` holds `limit` bytes. Bytes after the
     /// body's end are left in `buf`.
     pub fn decode(&mut self, buf: &mut BytesMut, out: &mut Gathered, limit: usize) -> Result<(), Malformed> {
-        while !buf.is_empty() && out.len() < limit {
+        match self.state {
+            State::Done => {}
+            _ if buf.is_empty() || out.len() >= limit => {}
+            State::Length(n) => {
+                // As it arrived, without a copy.
+                let take = n.min(buf.len() as u64);
+                out.push(buf.split_to(take as usize).freeze());
+                self.state = if take == n {
+                    State::Done
+                } else {
+                    State::Length(n - take)
+                };
+            }
+            State::UntilClose => out.push(buf.split().freeze()),
+            _ => {
+                // Chunked: walk the buffer, copy the data out, and consume what was walked once.
+                out.reserve(buf.len());
+                let (walked, result) = self.chunked(buf, out, limit);
+                buf.advance(walked);
+                return result;
+            }
+        }
+        Ok(())
+    }
+
+    /// Decodes the chunked framing at the front of `bytes`; returns how many bytes it consumed.
+    fn chunked(&mut self, bytes: &[u8], out: &mut Gathered, limit: usize) -> (usize, Result<(), Malformed>) {
+        let mut at = 0;
+        while at < bytes.len() && out.len() < limit {
+            let rest = &bytes[at..];
             match self.state {
-                State::Done => return Ok(()),
-                State::Length(n) => {
-                    let take = n.min(buf.len() as u64);
-                    out.push(buf.split_to(take as usize).freeze());
-                    self.state = if take == n {
-                        State::Done
-                    } else {
-                        State::Length(n - take)
-                    };
-                }
-                State::UntilClose => out.push(buf.split().freeze()),
                 State::ChunkSize => {
-                    let Some(line) = take_line(buf)? else {
-                        return Ok(());
+                    let line = match line(rest) {
+                        Ok(Some(line)) => line,
+                        Ok(None) => break,
+                        Err(e) => return (at, Err(e)),
                     };
-                    let size = chunk_size(&line)?;
-                    self.state = if size == 0 {
-                        State::Trailers
-                    } else {
-                        State::ChunkData(size)
-                    };
+                    at += line.len() + 2;
+                    match chunk_size(line) {
+                        Ok(0) => self.state = State::Trailers,
+                        Ok(size) => self.state = State::ChunkData(size),
+                        Err(e) => return (at, Err(e)),
+                    }
                 }
                 State::ChunkData(n) => {
-                    let take = n.min(buf.len() as u64);
-                    out.extend(&buf[..take as usize]);
-                    buf.advance(take as usize);
+                    let take = n.min(rest.len() as u64);
+                    out.extend(&rest[..take as usize]);
+                    at += take as usize;
                     self.state = if take == n {
                         State::ChunkEnd
                     } else {
                         State::ChunkData(n - take)
                     };
                 }
-                State::ChunkEnd => {
-                    if buf.len() < 2 {
-                        if buf[0] != b'\r' {
-                            return Err(Malformed("a chunk's data is longer than its size"));
-                        }
-                        return Ok(());
+                State::ChunkEnd => match rest {
+                    [b'\r', b'\n', ..] => {
+                        at += 2;
+                        self.state = State::ChunkSize;
                     }
-                    if &buf[..2] != b"\r\n" {
-                        return Err(Malformed("a chunk's data is longer than its size"));
-                    }
-                    buf.advance(2);
-                    self.state = State::ChunkSize;
-                }
+                    [b'\r'] => break,
+                    _ => return (at, Err(Malformed("a chunk's data is longer than its size"))),
+                },
                 State::Trailers => {
-                    let Some(line) = take_line(buf)? else {
-                        return Ok(());
+                    let line = match line(rest) {
+                        Ok(Some(line)) => line,
+                        Ok(None) => break,
+                        Err(e) => return (at, Err(e)),
                     };
+                    at += line.len() + 2;
                     if line.is_empty() {
                         self.state = State::Done;
-                    } else {
-                        // Trailer fields are skipped: vLLM sends none, and none is forwarded.
-                        self.trailer_bytes += line.len() + 2;
-                        if self.trailer_bytes > MAX_TRAILER_BYTES {
-                            return Err(Malformed("the response's trailer fields are longer than 16 KiB"));
-                        }
+                        break;
+                    }
+                    // Trailer fields are skipped: vLLM sends none, and none is forwarded.
+                    self.trailer_bytes += line.len() + 2;
+                    if self.trailer_bytes > MAX_TRAILER_BYTES {
+                        return (
+                            at,
+                            Err(Malformed("the response's trailer fields are longer than 16 KiB")),
+                        );
                     }
                 }
+                State::Length(_) | State::UntilClose | State::Done => break,
             }
         }
-        Ok(())
+        (at, Ok(()))
     }
 }
 
-/// Takes one CRLF-terminated line off the front of `buf` (without the CRLF); `None` while the line
-/// is incomplete.
-fn take_line(buf: &mut BytesMut) -> Result<Option<BytesMut>, Malformed> {
-    let window = &buf[..buf.len().min(MAX_LINE_BYTES + 2)];
-    match window.windows(2).position(|w| w == b"\r\n") {
-        Some(end) => {
-            let line = buf.split_to(end);
-            buf.advance(2);
-            Ok(Some(line))
-        }
-        None if buf.len() > MAX_LINE_BYTES + 1 => {
+/// The CRLF-terminated line at the front of `bytes` (without the CRLF); `None` while it is
+/// incomplete.
+fn line(bytes: &[u8]) -> Result<Option<&[u8]>, Malformed> {
+    let window = &bytes[..bytes.len().min(MAX_LINE_BYTES + 2)];
+    match window.iter().position(|&b| b == b'\n') {
+        Some(end) if end > 0 && window[end - 1] == b'\r' => Ok(Some(&window[..end - 1])),
+        Some(_) => Err(Malformed("a chunk-size or trailer line does not end in CRLF")),
+        None if bytes.len() > MAX_LINE_BYTES + 1 => {
             Err(Malformed("a chunk-size or trailer line is longer than 4 KiB"))
         }
         None => Ok(None),
@@ -761,7 +786,8 @@ mod tests {
 
     #[test]
     fn a_garbled_chunked_body_is_refused_with_its_reason() {
-        let cases: [(&[u8], &str); 6] = [
+        let cases: [(&[u8], &str); 7] = [
+            (b"2\nab\r\n", "does not end in CRLF"),
             (b"zz\r\n", "not a hexadecimal number"),
             (b"\r\n", "hexadecimal number of 64 bits"),
             (b"5x\r\n", "not a hexadecimal number"),
