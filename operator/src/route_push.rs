@@ -7,21 +7,26 @@
 //! is asked for what it holds (`GET /route`) and is sent the route only when it holds none, an
 //! older epoch, or other endpoints, so that an equal route is never pushed again.
 //!
+//! A router that stays ahead of us or keeps refusing the route is told in a Warning Event the
+//! first time, then again only after a back-off ([`WarningBackoff`]), as client-go's event
+//! correlator does for repeated Events; what is pushed and reported otherwise does not change.
+//!
 //! This module must never report a route pushed that a router did not answer 200 to, send a
 //! request without a timeout, or print the admin token.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
 use std::str::FromStr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use bytes::Bytes;
 use futures::future::{BoxFuture, join_all};
 use kube::ResourceExt;
 use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
 use understudy_core::Epoch;
 use understudy_core::failover::Step;
 
@@ -45,6 +50,12 @@ const DEFAULT_INITIAL_PREFILL_TOKENS_PER_REPLICA: u64 = 16_384;
 const DEFAULT_MAX_PREFILL_TOKENS_PER_REPLICA: u64 = 1_048_576;
 const DEFAULT_TTFT_BUFFER: f64 = 0.25;
 
+/// How long a Warning about a router is not told again after it is first told; each time it is
+/// told again the quiet time doubles, up to the longest, which stays well inside the hour the API
+/// server keeps Events, so a condition that lasts always has a recent Event to `kubectl describe`.
+const WARNING_FIRST_QUIET: Duration = Duration::from_secs(30);
+const WARNING_LONGEST_QUIET: Duration = Duration::from_secs(600);
+
 /// Why the router configuration cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum RouterConfigError {
@@ -64,7 +75,7 @@ pub enum RouterConfigError {
 }
 
 /// A router's admin API: `http://host[:port][/prefix]`; `PUT /route` goes to `<prefix>/route`.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct RouterAdminUrl {
     text: String,
     host: String,
@@ -247,6 +258,9 @@ pub struct RouterPush {
     token: RouterToken,
     replicas: Arc<dyn ReplicaEndpoints>,
     timeout: Duration,
+    /// The Warnings told about the routers, by policy (`namespace/name`): one policy's are never
+    /// held back by another's.
+    warnings: Mutex<HashMap<String, WarningBackoff>>,
 }
 
 impl fmt::Debug for RouterPush {
@@ -271,6 +285,7 @@ impl RouterPush {
             token,
             replicas,
             timeout: DEFAULT_PUSH_TIMEOUT,
+            warnings: Mutex::default(),
         }
     }
 
@@ -332,7 +347,24 @@ impl RouterPush {
             Err(reason) => return StepReport::NotYet { reason },
         };
         let answers = self.push(&route).await;
-        judge(request.step, &route, &answers)
+        let report = judge(request.step, &route, &answers);
+        let now = Instant::now();
+        self.with_warnings(request.policy, |warnings| {
+            hold_back(report, &answers, warnings, now)
+        })
+    }
+
+    /// Runs `f` on `policy`'s Warning back-off; a policy whose routers all agree again is
+    /// forgotten, so that nothing is kept for it.
+    fn with_warnings<T>(&self, policy: &FailoverPolicy, f: impl FnOnce(&mut WarningBackoff) -> T) -> T {
+        let key = format!("{}/{}", policy.namespace().unwrap_or_default(), policy.name_any());
+        let mut all = self.warnings.lock().unwrap_or_else(PoisonError::into_inner);
+        let warnings = all.entry(key.clone()).or_default();
+        let out = f(warnings);
+        if warnings.told.is_empty() {
+            all.remove(&key);
+        }
+        out
     }
 
     /// Makes every router hold `request`'s route, asking each first and pushing only to those
@@ -364,7 +396,8 @@ impl RouterPush {
                 _ => {}
             }
         }
-        judge_sync(route, &kept)
+        let now = Instant::now();
+        self.with_warnings(request.policy, |warnings| judge_sync(route, &kept, warnings, now))
     }
 
     /// Asks `router` what it holds, and pushes `route` when that is not it.
@@ -526,10 +559,63 @@ pub enum RouterSync {
     Failed(RouterAnswer),
 }
 
-/// What the routers' answers mean: a Warning for each router ahead of us or refusing us, and a
-/// stale view when any is ahead. A router that cannot be reached is left for the next reconcile.
+/// When a Warning about a router is told: at once the first time the router shows a reason, then
+/// again only once a quiet time has passed, which doubles from 30 s to at most 10 minutes while
+/// the router keeps showing that reason. Once the router agrees with us again, whatever it shows
+/// next is told at once.
+///
+/// Repeats are held back the way client-go's event correlator holds them back: a router that stays
+/// ahead of the Lease is looked at every couple of seconds, and one Event each time would bury the
+/// policy's other Events and spend the API server's writes on what was already said.
+#[derive(Clone, Debug, Default)]
+pub struct WarningBackoff {
+    told: HashMap<(RouterAdminUrl, &'static str), Told>,
+}
+
+/// When a Warning was last told, and how long it is not told again.
+#[derive(Clone, Copy, Debug)]
+struct Told {
+    until: Instant,
+    quiet: Duration,
+}
+
+impl WarningBackoff {
+    /// Whether a Warning with `reason` about `router` is to be told at `now`; when it is, it is
+    /// taken as told.
+    pub fn due(&mut self, router: &RouterAdminUrl, reason: &'static str, now: Instant) -> bool {
+        let key = (router.clone(), reason);
+        let quiet = match self.told.get(&key) {
+            None => WARNING_FIRST_QUIET,
+            Some(told) if now < told.until => return false,
+            Some(told) => told.quiet.saturating_mul(2).min(WARNING_LONGEST_QUIET),
+        };
+        self.told.insert(
+            key,
+            Told {
+                until: now + quiet,
+                quiet,
+            },
+        );
+        true
+    }
+
+    /// `router` holds our route again: whatever it shows next is news.
+    pub fn agrees(&mut self, router: &RouterAdminUrl) {
+        self.told.retain(|(told, _), _| told != router);
+    }
+}
+
+/// What the routers' answers mean: a stale view when any is ahead, and a Warning for each router
+/// ahead of us or refusing us that `warnings` says is due at `now`. A router that holds the route
+/// is news again the next time it differs; one that cannot be reached is left for the next
+/// reconcile, and its back-off as it was.
 #[must_use]
-pub fn judge_sync(route: &RouteBody, kept: &[(&RouterAdminUrl, RouterSync)]) -> RouteSyncReport {
+pub fn judge_sync(
+    route: &RouteBody,
+    kept: &[(&RouterAdminUrl, RouterSync)],
+    warnings: &mut WarningBackoff,
+    now: Instant,
+) -> RouteSyncReport {
     let (pool, epoch) = (&route.pool, route.epoch);
     let mut report = RouteSyncReport::default();
     for (router, sync) in kept {
@@ -545,7 +631,10 @@ pub fn judge_sync(route: &RouteBody, kept: &[(&RouterAdminUrl, RouterSync)]) -> 
             )
         };
         let warning = match sync {
-            RouterSync::InPlace | RouterSync::Pushed { .. } => continue,
+            RouterSync::InPlace | RouterSync::Pushed { .. } => {
+                warnings.agrees(router);
+                continue;
+            }
             RouterSync::Failed(RouterAnswer::Unavailable { .. } | RouterAnswer::Taken) => continue,
             RouterSync::Ahead {
                 epoch: theirs,
@@ -572,9 +661,52 @@ pub fn judge_sync(route: &RouteBody, kept: &[(&RouterAdminUrl, RouterSync)]) -> 
                 ),
             ),
         };
-        report.warnings.push(warning);
+        if warnings.due(router, warning.0, now) {
+            report.warnings.push(warning);
+        }
     }
     report
+}
+
+/// `report` on `answers` as the back-off lets it be told: a refusal is told when the Warning about
+/// any router it names is due at `now` (see [`WarningBackoff`]), and is otherwise left as
+/// [`StepReport::NotYet`], which the promotion waits at just as it waits at a refusal, without the
+/// Event. A router that took the route is news again the next time it refuses.
+#[must_use]
+pub fn hold_back(
+    report: StepReport,
+    answers: &[(&RouterAdminUrl, RouterAnswer)],
+    warnings: &mut WarningBackoff,
+    now: Instant,
+) -> StepReport {
+    let refused = match &report {
+        StepReport::Refused { reason, .. } => Some(*reason),
+        _ => None,
+    };
+    let mut due = false;
+    for (router, answer) in answers {
+        // As `judge` names them.
+        let shows = match answer {
+            RouterAnswer::Taken => {
+                warnings.agrees(router);
+                continue;
+            }
+            RouterAnswer::Unavailable { .. } => continue,
+            RouterAnswer::Stale { .. } => "RouteStale",
+            RouterAnswer::Unauthorized | RouterAnswer::Rejected { .. } => "RouteRejected",
+        };
+        // A router the refusal does not name (one that rejects while another is ahead) keeps its
+        // back-off as it was. Every named router is asked, so each one's back-off moves on.
+        if refused == Some(shows) {
+            due |= warnings.due(router, shows, now);
+        }
+    }
+    match report {
+        StepReport::Refused { note, .. } if !due => StepReport::NotYet {
+            reason: format!("{note} (told in a Warning already, not again yet)"),
+        },
+        report => report,
+    }
 }
 
 /// What the routers' answers to `route` mean for `step`.
@@ -744,6 +876,8 @@ fn classify(status: http::StatusCode, body: &[u8]) -> RouterAnswer {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+    use std::sync::atomic::Ordering;
+
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpListener;
     use tokio::sync::mpsc;
@@ -754,6 +888,10 @@ mod tests {
     use crate::observe::FixedReplicas;
 
     const TOKEN: &str = "s3cret";
+
+    fn secs(s: u64) -> Duration {
+        Duration::from_secs(s)
+    }
 
     fn policy() -> FailoverPolicy {
         serde_yaml::from_str(
@@ -1157,6 +1295,246 @@ spec:
         assert_eq!(*reason, "RouteRejected");
         assert!(note.contains("--router-token-file"), "{note}");
         assert_eq!(requests(&mut got).await.len(), 2);
+    }
+
+    fn west_at(epoch: u64) -> RouteBody {
+        let endpoints = vec![SocketAddr::from(([10, 0, 0, 1], 8000))];
+        RouteBody::new(&policy().spec, "west", endpoints, Epoch(epoch))
+    }
+
+    fn admin(name: &str) -> RouterAdminUrl {
+        format!("http://{name}:9091").parse().unwrap()
+    }
+
+    fn ahead_at_3() -> RouterSync {
+        RouterSync::Ahead {
+            epoch: Some(Epoch(3)),
+            pool: Some("west".into()),
+        }
+    }
+
+    /// The reasons of the Warnings `judge_sync` tells for `kept` at `at`, and whether it still
+    /// calls the view stale.
+    fn told(
+        kept: &[(&RouterAdminUrl, RouterSync)],
+        warnings: &mut WarningBackoff,
+        at: Instant,
+    ) -> (Vec<&'static str>, bool) {
+        let report = judge_sync(&west_at(2), kept, warnings, at);
+        let reasons = report.warnings.iter().map(|(reason, _)| *reason).collect();
+        (reasons, report.view_stale)
+    }
+
+    #[test]
+    fn a_router_that_stays_ahead_is_warned_of_at_once_then_after_a_quiet_time_that_doubles_to_ten_minutes() {
+        let router = admin("r1");
+        let mut warnings = WarningBackoff::default();
+        let start = Instant::now();
+        let mut told_at = Vec::new();
+        // Forty minutes of reconciles two seconds apart, the router ahead at every one.
+        for s in (0..2400).step_by(2) {
+            let (reasons, view_stale) = told(&[(&router, ahead_at_3())], &mut warnings, start + secs(s));
+            // Only the Event is held back: the Lease is read again soon every time.
+            assert!(view_stale, "at {s}s");
+            if !reasons.is_empty() {
+                assert_eq!(reasons, ["RouterAhead"], "at {s}s");
+                told_at.push(s);
+            }
+        }
+        // Quiet for 30 s, 60 s, 2 min, 4 min, 8 min, then 10 min each time.
+        assert_eq!(told_at, [0, 30, 90, 210, 450, 930, 1530, 2130]);
+    }
+
+    #[test]
+    fn a_router_that_agrees_again_is_warned_of_at_once_when_it_is_ahead_again() {
+        let router = admin("r1");
+        let mut warnings = WarningBackoff::default();
+        let start = Instant::now();
+        let ahead = [(&router, ahead_at_3())];
+        assert_eq!(told(&ahead, &mut warnings, start).0, ["RouterAhead"]);
+        assert!(told(&ahead, &mut warnings, start + secs(2)).0.is_empty());
+        let agrees = [(&router, RouterSync::InPlace)];
+        assert_eq!(told(&agrees, &mut warnings, start + secs(4)), (vec![], false));
+        assert_eq!(told(&ahead, &mut warnings, start + secs(6)).0, ["RouterAhead"]);
+        // And the back-off starts again from its first quiet time.
+        assert!(told(&ahead, &mut warnings, start + secs(35)).0.is_empty());
+        assert_eq!(told(&ahead, &mut warnings, start + secs(36)).0, ["RouterAhead"]);
+    }
+
+    #[test]
+    fn a_router_unreachable_for_a_while_is_not_news_when_it_is_ahead_again_but_another_reason_is() {
+        let router = admin("r1");
+        let mut warnings = WarningBackoff::default();
+        let start = Instant::now();
+        assert_eq!(
+            told(&[(&router, ahead_at_3())], &mut warnings, start).0,
+            ["RouterAhead"]
+        );
+        let down = RouterSync::Failed(RouterAnswer::Unavailable {
+            why: "cannot connect".into(),
+        });
+        assert_eq!(
+            told(&[(&router, down)], &mut warnings, start + secs(2)),
+            (vec![], false)
+        );
+        assert!(
+            told(&[(&router, ahead_at_3())], &mut warnings, start + secs(4))
+                .0
+                .is_empty()
+        );
+        let refusing = RouterSync::Failed(RouterAnswer::Unauthorized);
+        assert_eq!(
+            told(&[(&router, refusing)], &mut warnings, start + secs(6)).0,
+            ["RouteRejected"]
+        );
+    }
+
+    #[test]
+    fn each_router_has_its_own_back_off() {
+        let (one, two) = (admin("r1"), admin("r2"));
+        let mut warnings = WarningBackoff::default();
+        let start = Instant::now();
+        assert_eq!(
+            told(&[(&one, ahead_at_3())], &mut warnings, start).0,
+            ["RouterAhead"]
+        );
+        let both = [(&one, ahead_at_3()), (&two, ahead_at_3())];
+        let report = judge_sync(&west_at(2), &both, &mut warnings, start + secs(2));
+        let [(_, note)] = &report.warnings[..] else {
+            panic!("not one warning: {report:?}");
+        };
+        assert!(note.contains("router http://r2:9091"), "{note}");
+    }
+
+    /// The route step's answer from routers that all refuse it as stale, at `at`.
+    fn refused_as_stale(
+        routers: &[&RouterAdminUrl],
+        warnings: &mut WarningBackoff,
+        at: Instant,
+    ) -> StepReport {
+        let stale = RouterAnswer::Stale {
+            highest: Some(3),
+            pool: Some("east".into()),
+        };
+        let answers: Vec<_> = routers.iter().map(|r| (*r, stale.clone())).collect();
+        let route = west_at(2);
+        hold_back(judge(Step::Route, &route, &answers), &answers, warnings, at)
+    }
+
+    #[test]
+    fn a_route_refused_again_within_the_back_off_waits_without_a_warning_until_it_is_due() {
+        let router = admin("r1");
+        let mut warnings = WarningBackoff::default();
+        let start = Instant::now();
+        let first = refused_as_stale(&[&router], &mut warnings, start);
+        assert!(
+            matches!(
+                first,
+                StepReport::Refused {
+                    reason: "RouteStale",
+                    ..
+                }
+            ),
+            "{first:?}"
+        );
+        let again = refused_as_stale(&[&router], &mut warnings, start + secs(2));
+        let StepReport::NotYet { reason } = again else {
+            panic!("told again at once: {again:?}");
+        };
+        assert!(reason.contains("ours is 2 for west"), "{reason}");
+        let due = refused_as_stale(&[&router], &mut warnings, start + secs(30));
+        assert!(matches!(due, StepReport::Refused { .. }), "{due:?}");
+        // A router new to the refusal is news, and the note names both.
+        let other = admin("r2");
+        let with_other = refused_as_stale(&[&router, &other], &mut warnings, start + secs(32));
+        let StepReport::Refused { note, .. } = with_other else {
+            panic!("a new router was not told: {with_other:?}");
+        };
+        assert!(note.contains("r1") && note.contains("r2"), "{note}");
+    }
+
+    #[test]
+    fn a_router_that_took_the_route_is_warned_of_at_once_when_it_refuses_again() {
+        let router = admin("r1");
+        let mut warnings = WarningBackoff::default();
+        let start = Instant::now();
+        assert!(matches!(
+            refused_as_stale(&[&router], &mut warnings, start),
+            StepReport::Refused { .. }
+        ));
+        let taken = [(&router, RouterAnswer::Taken)];
+        let route = west_at(2);
+        let done = hold_back(
+            judge(Step::Route, &route, &taken),
+            &taken,
+            &mut warnings,
+            start + secs(2),
+        );
+        assert!(matches!(done, StepReport::Done { .. }), "{done:?}");
+        let again = refused_as_stale(&[&router], &mut warnings, start + secs(4));
+        assert!(matches!(again, StepReport::Refused { .. }), "{again:?}");
+    }
+
+    #[tokio::test]
+    async fn a_router_kept_ahead_is_warned_of_once_and_again_at_once_after_it_held_our_route() {
+        let holds_ours = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let restarted = holds_ours.clone();
+        // Ahead of us at first; then restarted without its state, when it takes our route.
+        let (router, _) = router_answering(move |head| {
+            match (head.starts_with("GET "), restarted.load(Ordering::SeqCst)) {
+                (true, false) => (200, HOLDS_WEST_AT_3),
+                (true, true) => (200, r#"{"route": null, "highest": null}"#),
+                (false, _) => (200, r#"{"applied":"new_epoch"}"#),
+            }
+        })
+        .await;
+        let push = push_to(vec![router]);
+        let reasons = |report: &RouteSyncReport| report.warnings.iter().map(|w| w.0).collect::<Vec<_>>();
+
+        let first = keep(&push, 2).await;
+        assert_eq!((reasons(&first), first.view_stale), (vec!["RouterAhead"], true));
+        let again = keep(&push, 2).await;
+        assert_eq!((reasons(&again), again.view_stale), (vec![], true));
+
+        holds_ours.store(true, Ordering::SeqCst);
+        assert_eq!(keep(&push, 2).await, RouteSyncReport::default());
+        holds_ours.store(false, Ordering::SeqCst);
+        let ahead_again = keep(&push, 2).await;
+        assert_eq!(reasons(&ahead_again), ["RouterAhead"]);
+    }
+
+    #[tokio::test]
+    async fn a_stale_refusal_is_told_once_per_policy_and_the_promotion_waits_at_the_route_each_time() {
+        let (stale, _) = router(
+            409,
+            r#"{"error":"stale epoch","epoch":3,"highest_epoch":5,"pool":"east"}"#,
+        )
+        .await;
+        let push = push_to(vec![stale]);
+        let first = carry_out(&push, Step::Route, 3).await;
+        assert!(
+            matches!(
+                first,
+                StepReport::Refused {
+                    reason: "RouteStale",
+                    ..
+                }
+            ),
+            "{first:?}"
+        );
+        let again = carry_out(&push, Step::Route, 3).await;
+        assert!(matches!(again, StepReport::NotYet { .. }), "{again:?}");
+        // Another policy's Events are its own.
+        let mut other = policy();
+        other.metadata.name = Some("embed".into());
+        let request = StepRequest {
+            policy: &other,
+            step: Step::Route,
+            pool: &other.spec.pools[1],
+            epoch: Epoch(3),
+        };
+        let theirs = push.carry_out(request).await;
+        assert!(matches!(theirs, StepReport::Refused { .. }), "{theirs:?}");
     }
 
     #[test]

@@ -837,7 +837,8 @@ async fn keep_route(
         epoch: machine.epoch,
     };
     let report = ctx.steps.keep_route(request).await;
-    // Told at once and every time: nothing about the routers is recorded in status.
+    // Told at once, as the route sync's back-off lets them be: nothing about the routers is
+    // recorded in status.
     for (reason, note) in report.warnings {
         warn(ctx, reference, reason, note).await;
     }
