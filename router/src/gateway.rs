@@ -99,6 +99,16 @@ impl Gateway {
         &self.routes
     }
 
+    /// Closes the current route's idle upstream connections that have waited past their
+    /// timeout. Run now and then ([`housekeeping`]).
+    pub fn close_expired_connections(&self) {
+        if let Some(routed) = self.routes.current() {
+            for e in &routed.endpoints {
+                e.connections().close_expired();
+            }
+        }
+    }
+
     /// Handles one public request; never fails, refusals are answers.
     pub async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<RouterBody> {
         let arrived = Instant::now();
@@ -409,6 +419,20 @@ impl Gateway {
                 reason,
                 retry_after_s: self.config.waiting_room.deadline.as_secs().clamp(1, 30),
             })
+    }
+}
+
+/// Runs for as long as `gateway` serves: every half second, closes the idle upstream connections
+/// past their timeout. It also keeps a timer due within a second at all times: tokio wakes its
+/// driver (an eventfd write, a system call) whenever a timer is armed that is due before every
+/// other one, and with this one always sooner, arming each request's first-byte timeout is a
+/// plain insert into the timer wheel.
+pub async fn housekeeping(gateway: Arc<Gateway>) {
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        gateway.close_expired_connections();
     }
 }
 

@@ -12,7 +12,7 @@ use understudy_router::admin::{Admin, AdminToken};
 use understudy_router::endpoint::EjectionPolicy;
 use understudy_router::fence::{Fence, FenceState, watch_lease};
 use understudy_router::fencing::StateFile;
-use understudy_router::gateway::{Gateway, GatewayConfig};
+use understudy_router::gateway::{Gateway, GatewayConfig, housekeeping};
 use understudy_router::metrics::Metrics;
 use understudy_router::serve::serve;
 use understudy_router::table::RouteTable;
@@ -166,24 +166,13 @@ async fn gateway(args: GatewayArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding {}", args.admin_listen))?;
     tracing::info!(public = %public.local_addr()?, admin = %admin_listener.local_addr()?, "gateway listening");
-    tokio::spawn(keep_the_timer_armed());
+    tokio::spawn(housekeeping(Arc::clone(&gw)));
     let admin_task = tokio::spawn(serve(admin_listener, move |req| admin.clone().handle(req)));
     let public_task = tokio::spawn(serve(public, move |req| Arc::clone(&gw).handle(req)));
     tokio::select! {
         _ = admin_task => anyhow::bail!("admin server stopped"),
         _ = public_task => anyhow::bail!("public server stopped"),
         r = tokio::signal::ctrl_c() => { r?; Ok(()) }
-    }
-}
-
-/// Keeps a timer due within a second at all times. tokio wakes its driver (an eventfd write, a
-/// syscall) whenever a timer is armed that is due before every other one; with this one always
-/// sooner, arming each request's first-byte timeout is a plain insert into the timer wheel.
-async fn keep_the_timer_armed() {
-    let mut tick = tokio::time::interval(Duration::from_millis(500));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
     }
 }
 

@@ -1,13 +1,17 @@
 //! The gateway end to end over real sockets with the vLLM emulator behind it: streams pass
 //! through intact, refused endpoints are retried elsewhere, a mid-stream death follows the
 //! stream contract, stale epochs change nothing, control endpoints are unreachable, the waiting
-//! room releases requests to a new route, and admission sheds batch first and then opens up.
+//! room releases requests to a new route, admission sheds batch first and then opens up, and an
+//! answer that is not HTTP is a 502 that is not sent again.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod router_support;
 
-use std::net::SocketAddr;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::time::Duration;
 
 use router_support::{
@@ -43,6 +47,43 @@ fn a_stream_passes_through_intact_and_ends_with_done() {
         plain.json()["choices"][0]["text"]
             .as_str()
             .is_some_and(|s| !s.is_empty())
+    );
+}
+
+/// An endpoint that reads each request's head and answers with something that is not HTTP;
+/// returns its address and the number of requests it read.
+fn garbled_endpoint() -> (SocketAddr, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let requests = Arc::new(AtomicUsize::new(0));
+    let count = Arc::clone(&requests);
+    std::thread::spawn(move || {
+        for mut s in listener.incoming().map_while(Result::ok) {
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") && s.read(&mut byte).is_ok_and(|n| n == 1) {
+                head.push(byte[0]);
+            }
+            count.fetch_add(1, SeqCst);
+            let _ = s.write_all(b"SSH-2.0-OpenSSH_9.6\r\n\r\n");
+        }
+    });
+    (addr, requests)
+}
+
+#[test]
+fn an_answer_that_is_not_http_is_a_502_and_not_sent_again() {
+    let (a, seen_a) = garbled_endpoint();
+    let (b, seen_b) = garbled_endpoint();
+    let r = Router::start(GatewayConfig::default(), None);
+    assert_eq!(r.put_route(&route("a", 1, &[a, b])).status, 200);
+    let reply = r.complete(&completion(4, false), &[]);
+    assert_eq!(reply.status, 502, "{}", reply.text());
+    assert!(reply.text().contains("malformed"), "{}", reply.text());
+    assert_eq!(
+        seen_a.load(SeqCst) + seen_b.load(SeqCst),
+        1,
+        "the request went to one endpoint once"
     );
 }
 

@@ -10,7 +10,9 @@
 //! is decoding, or forward a connection-scoped header.
 
 use bytes::{Buf, Bytes, BytesMut};
-use http::header::{CONNECTION, CONTENT_LENGTH, HOST, HeaderMap, HeaderName, HeaderValue, TRANSFER_ENCODING};
+use http::header::{
+    CONNECTION, CONTENT_LENGTH, EXPECT, HOST, HeaderMap, HeaderName, HeaderValue, TRANSFER_ENCODING,
+};
 use http::{Method, StatusCode, Version};
 
 /// The largest response head taken.
@@ -77,7 +79,8 @@ impl Outgoing {
         head.extend_from_slice(host.as_bytes());
         head.extend_from_slice(b"\r\n");
         for (name, value) in headers {
-            if name == HOST || name == CONTENT_LENGTH || is_hop_by_hop(name) {
+            // Expect: the whole body goes at once, so a 100 Continue would only delay the answer.
+            if name == HOST || name == CONTENT_LENGTH || name == EXPECT || is_hop_by_hop(name) {
                 continue;
             }
             head.extend_from_slice(name.as_str().as_bytes());
@@ -141,6 +144,9 @@ pub fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, Malformed> {
         let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
         let mut resp = httparse::Response::new(&mut slots);
         let len = match resp.parse(buf) {
+            Ok(httparse::Status::Complete(len)) if len > MAX_HEAD_BYTES => {
+                return Err(Malformed("the response head is larger than 64 KiB"));
+            }
             Ok(httparse::Status::Complete(len)) => len,
             Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD_BYTES => {
                 return Err(Malformed("the response head is larger than 64 KiB"));
@@ -209,6 +215,8 @@ pub fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, Malformed> {
                 headers.remove(CONTENT_LENGTH);
                 close = true;
             }
+            // RFC 9112 §6.1: Transfer-Encoding in an HTTP/1.0 message means the connection closes.
+            close |= !http11;
             if chunked {
                 Framing::Chunked
             } else {
@@ -248,8 +256,13 @@ fn trim(mut s: &[u8]) -> &[u8] {
     s
 }
 
+/// The last non-empty item of a comma-separated list.
 fn last_token(value: &[u8]) -> &[u8] {
-    trim(value.rsplit(|&b| b == b',').next().unwrap_or_default())
+    value
+        .rsplit(|&b| b == b',')
+        .map(trim)
+        .find(|t| !t.is_empty())
+        .unwrap_or_default()
 }
 
 /// A Content-Length value: digits, or a list of the same digits repeated (RFC 9110 §8.6).
@@ -557,6 +570,7 @@ mod tests {
         headers.insert(CONNECTION, "keep-alive".parse().unwrap());
         headers.insert(CONTENT_LENGTH, "999".parse().unwrap());
         headers.insert(TRANSFER_ENCODING, "chunked".parse().unwrap());
+        headers.insert(EXPECT, "100-continue".parse().unwrap());
         headers.insert("content-type", "application/json".parse().unwrap());
         headers.append("x-many", "1".parse().unwrap());
         headers.append("x-many", "2".parse().unwrap());
@@ -647,6 +661,16 @@ mod tests {
                 "HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\n\r\n",
                 Framing::Chunked,
                 true,
+            ),
+            (
+                "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked,\r\n\r\n",
+                Framing::Chunked,
+                true,
+            ),
+            (
+                "HTTP/1.0 200 OK\r\ntransfer-encoding: chunked\r\nconnection: keep-alive\r\n\r\n",
+                Framing::Chunked,
+                false,
             ),
             (
                 "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked, gzip\r\n\r\n",

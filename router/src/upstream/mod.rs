@@ -13,7 +13,8 @@
 //! What this module must never do: hand out a connection another response is still using, hold
 //! its lock across an await, reuse a connection that carried anything it could not account for,
 //! or resend a request a connection may have taken (it resends only when writing to a connection
-//! that was idle fails; what else is retryable is the gateway's decision).
+//! that was idle fails; what else is retryable is the gateway's decision, and a response that
+//! broke after its first byte is not).
 
 pub mod codec;
 
@@ -22,7 +23,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::{Mutex, PoisonError};
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -119,29 +120,40 @@ impl Connection {
         tokio_util::io::poll_read_buf(Pin::new(&mut self.stream), cx, &mut self.buf)
     }
 
-    /// Reads the response head; the body follows in the buffer and on the connection.
+    /// Reads the response head; the body follows in the buffer and on the connection. A
+    /// connection that breaks before any byte of answer is a reset (retryable); one that breaks
+    /// after (inside the head, or after an interim 1xx) is a malformed answer, not retried.
     async fn read_head(&mut self) -> Result<Head, SendError> {
+        let mut answered = false;
         loop {
             if let Some(head) = codec::parse_head(&mut self.buf).map_err(SendError::Malformed)? {
                 return Ok(head);
             }
-            let n = std::future::poll_fn(|cx| self.poll_fill(cx))
-                .await
-                .map_err(SendError::Reset)?;
-            if n == 0 {
-                return Err(SendError::Reset(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "the upstream closed the connection before a complete response head",
-                )));
+            let read = std::future::poll_fn(|cx| self.poll_fill(cx)).await;
+            match read {
+                Ok(0) | Err(_) if answered => {
+                    return Err(SendError::Malformed(Malformed(
+                        "the upstream closed the connection inside its response head",
+                    )));
+                }
+                Ok(0) => {
+                    return Err(SendError::Reset(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "the upstream closed the connection before answering",
+                    )));
+                }
+                Ok(_) => answered = true,
+                Err(e) => return Err(SendError::Reset(e)),
             }
         }
     }
 
-    /// True when something arrived while the connection was idle: the endpoint closed it, or sent
-    /// bytes no request asked for. Asks the runtime's readiness, with no system call.
-    fn heard_from_while_idle(&self) -> bool {
-        let mut cx = Context::from_waker(Waker::noop());
-        !self.buf.is_empty() || self.stream.poll_read_ready(&mut cx).is_ready()
+    /// True when the connection is open and nothing arrived on it while it was idle. Asks the
+    /// kernel (one non-blocking read), not the runtime's readiness, which may not have seen a
+    /// close yet or may still show a read that was already taken.
+    fn quiet(&self) -> bool {
+        self.buf.is_empty()
+            && matches!(self.stream.try_read(&mut [0u8; 1]), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
     }
 }
 
@@ -168,45 +180,33 @@ impl Pool {
         connect_timeout: Duration,
         req: &Outgoing,
     ) -> Result<(http::response::Parts, ResponseBody), SendError> {
-        let mut idle = self.take_idle();
-        loop {
-            let reused = idle.is_some();
-            let mut connection = match idle.take() {
-                Some(c) => c,
-                None => Connection::open(addr, connect_timeout).await?,
+        let mut connection = loop {
+            let Some(mut connection) = self.take_idle() else {
+                let mut connection = Connection::open(addr, connect_timeout).await?;
+                connection.write(req).await.map_err(SendError::Reset)?;
+                break connection;
             };
-            let head = match connection.write(req).await {
-                Ok(()) => connection.read_head().await,
-                Err(e) => Err(SendError::Reset(e)),
-            };
-            match head {
-                Ok(head) => {
-                    let body = ResponseBody {
-                        connection: Some(connection),
-                        decoder: Decoder::new(head.framing),
-                        keep_alive: head.keep_alive,
-                        failed: None,
-                    };
-                    return Ok((head.parts, body));
-                }
-                // An idle connection the endpoint closed as the request went out, with not a
-                // byte of answer: one more try on a new connection, as nginx gives a cached one.
-                Err(SendError::Reset(_)) if reused && connection.buf.is_empty() => {}
-                Err(e) => return Err(e),
+            // Closed by the endpoint as the request went out: it cannot have taken the request
+            // whole, and will not answer it. The next idle connection, or a new one.
+            if connection.write(req).await.is_ok() {
+                break connection;
             }
-        }
+        };
+        let head = connection.read_head().await?;
+        let body = ResponseBody {
+            connection: Some(connection),
+            decoder: Decoder::new(head.framing),
+            keep_alive: head.keep_alive,
+            failed: None,
+        };
+        Ok((head.parts, body))
     }
 
     /// Keeps `connection` for the next request; its response has been read to the end.
     pub fn put_back(&self, connection: Connection) {
         let now = Instant::now();
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
-        while idle
-            .front()
-            .is_some_and(|i| now.saturating_duration_since(i.since) > IDLE_TIMEOUT)
-        {
-            idle.pop_front();
-        }
+        close_expired(&mut idle, now);
         if idle.len() < MAX_IDLE {
             idle.push_back(Idle {
                 connection,
@@ -215,23 +215,41 @@ impl Pool {
         }
     }
 
-    /// The most recently used idle connection that is still open and not too old.
+    /// The most recently used idle connection that is still open and quiet, and not too old.
     fn take_idle(&self) -> Option<Connection> {
         let now = Instant::now();
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
         while let Some(i) = idle.pop_back() {
-            if !i.connection.heard_from_while_idle() && now.saturating_duration_since(i.since) <= IDLE_TIMEOUT
-            {
+            if now.saturating_duration_since(i.since) <= IDLE_TIMEOUT && i.connection.quiet() {
                 return Some(i.connection);
             }
         }
         None
     }
 
+    /// Closes the idle connections kept longer than the idle timeout. The gateway calls it now
+    /// and then, so that an endpoint no request goes to does not keep sockets open.
+    pub fn close_expired(&self) {
+        close_expired(
+            &mut self.idle.lock().unwrap_or_else(PoisonError::into_inner),
+            Instant::now(),
+        );
+    }
+
     /// Idle connections now.
     #[must_use]
     pub fn idle(&self) -> usize {
         self.idle.lock().unwrap_or_else(PoisonError::into_inner).len()
+    }
+}
+
+/// Closes the connections at the front (the least recently used) that have been idle too long.
+fn close_expired(idle: &mut VecDeque<Idle>, now: Instant) {
+    while idle
+        .front()
+        .is_some_and(|i| now.saturating_duration_since(i.since) > IDLE_TIMEOUT)
+    {
+        idle.pop_front();
     }
 }
 
@@ -247,8 +265,8 @@ pub struct ResponseBody {
 }
 
 impl ResponseBody {
-    /// Everything of the body that has arrived, as one piece (at most 64 KiB); `None` at its
-    /// end. Reads until the connection has nothing more, never waits for more once it has data.
+    /// Everything of the body that has arrived, as one piece (gathering stops past 64 KiB); `None`
+    /// at its end. Reads until the connection has nothing more, never waits once it has data.
     pub fn poll_data(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, BodyError>>> {
         if let Some(e) = self.failed.take() {
             return Poll::Ready(Some(Err(e)));
@@ -327,30 +345,43 @@ impl Body for ResponseBody {
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
-    use std::sync::Arc;
+    use std::collections::VecDeque;
     use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+    use std::sync::{Arc, Mutex};
 
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpListener;
 
     use super::*;
 
-    const ANSWER: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+    const OK: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
 
-    /// A server that answers `per_connection` requests on each connection, then closes it;
-    /// returns its address and how many connections it accepted.
-    async fn server(per_connection: usize) -> (SocketAddr, Arc<AtomicUsize>) {
+    /// A scripted endpoint on loopback.
+    struct Scripted {
+        addr: SocketAddr,
+        /// Requests read, on all connections.
+        requests: Arc<AtomicUsize>,
+        /// Connections accepted.
+        accepted: Arc<AtomicUsize>,
+    }
+
+    /// An endpoint that answers each request it reads, on whatever connection, with the next
+    /// step: the bytes to write, and whether to close the connection after them. With no step
+    /// left it closes the connection.
+    async fn scripted(steps: &[(&'static [u8], bool)]) -> Scripted {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let accepted = Arc::new(AtomicUsize::new(0));
-        let count = Arc::clone(&accepted);
+        let steps = Arc::new(Mutex::new(steps.iter().copied().collect::<VecDeque<_>>()));
+        let (requests, accepted) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let (r, a) = (Arc::clone(&requests), Arc::clone(&accepted));
         tokio::spawn(async move {
             loop {
                 let (mut s, _) = listener.accept().await.unwrap();
-                count.fetch_add(1, Relaxed);
+                a.fetch_add(1, Relaxed);
+                let (steps, r) = (Arc::clone(&steps), Arc::clone(&r));
                 tokio::spawn(async move {
                     let mut buf = Vec::new();
-                    for _ in 0..per_connection {
+                    loop {
                         while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
                             let mut chunk = [0u8; 1024];
                             match s.read(&mut chunk).await {
@@ -359,12 +390,23 @@ mod tests {
                             }
                         }
                         buf.clear();
-                        s.write_all(ANSWER).await.unwrap();
+                        r.fetch_add(1, Relaxed);
+                        let Some((answer, close)) = steps.lock().unwrap().pop_front() else {
+                            return;
+                        };
+                        s.write_all(answer).await.unwrap();
+                        if close {
+                            return;
+                        }
                     }
                 });
             }
         });
-        (addr, accepted)
+        Scripted {
+            addr,
+            requests,
+            accepted,
+        }
     }
 
     fn get(addr: SocketAddr) -> Outgoing {
@@ -378,36 +420,114 @@ mod tests {
         )
     }
 
+    async fn next(body: &mut ResponseBody) -> Option<Result<Bytes, BodyError>> {
+        std::future::poll_fn(|cx| body.poll_data(cx)).await
+    }
+
+    /// Sends a GET and reads its body to the end, handing the connection back when it may be
+    /// reused.
     async fn round_trip(pool: &Pool, addr: SocketAddr) -> Result<Bytes, SendError> {
         let (_, mut body) = pool.send(addr, Duration::from_secs(1), &get(addr)).await?;
-        let data = std::future::poll_fn(|cx| body.poll_data(cx))
-            .await
-            .unwrap()
-            .unwrap();
-        assert!(body.is_end_stream());
-        pool.put_back(body.take_reusable().unwrap());
+        let data = next(&mut body).await.unwrap().unwrap();
+        assert!(next(&mut body).await.is_none());
+        if let Some(c) = body.take_reusable() {
+            pool.put_back(c);
+        }
         Ok(data)
     }
 
     #[tokio::test]
     async fn a_connection_read_to_its_end_carries_the_next_request() {
-        let (addr, accepted) = server(usize::MAX).await;
+        let endpoint = scripted(&[(OK, false); 5]).await;
         let pool = Pool::default();
         for _ in 0..5 {
-            assert_eq!(round_trip(&pool, addr).await.unwrap(), "ok");
+            assert_eq!(round_trip(&pool, endpoint.addr).await.unwrap(), "ok");
         }
-        assert_eq!(accepted.load(Relaxed), 1);
+        assert_eq!(endpoint.accepted.load(Relaxed), 1);
         assert_eq!(pool.idle(), 1);
     }
 
     #[tokio::test]
     async fn a_connection_the_endpoint_closed_while_idle_is_replaced_not_failed() {
-        let (addr, accepted) = server(1).await;
+        let endpoint = scripted(&[(OK, true); 5]).await;
         let pool = Pool::default();
         for _ in 0..5 {
-            assert_eq!(round_trip(&pool, addr).await.unwrap(), "ok");
+            assert_eq!(round_trip(&pool, endpoint.addr).await.unwrap(), "ok");
         }
-        assert_eq!(accepted.load(Relaxed), 5);
+        assert_eq!(endpoint.accepted.load(Relaxed), 5);
+        assert_eq!(endpoint.requests.load(Relaxed), 5, "no request was sent twice");
+    }
+
+    #[tokio::test]
+    async fn a_request_the_endpoint_read_and_dropped_is_a_reset_and_not_resent() {
+        let endpoint = scripted(&[(OK, false), (b"", true)]).await;
+        let pool = Pool::default();
+        assert_eq!(round_trip(&pool, endpoint.addr).await.unwrap(), "ok");
+        let second = round_trip(&pool, endpoint.addr).await;
+        assert!(matches!(second, Err(SendError::Reset(_))), "{second:?}");
+        assert_eq!(endpoint.requests.load(Relaxed), 2);
+        assert_eq!(endpoint.accepted.load(Relaxed), 1);
+    }
+
+    #[tokio::test]
+    async fn an_answer_that_breaks_after_its_first_byte_is_malformed_not_a_reset() {
+        for answer in [
+            &b"HTTP/1.1 100 Continue\r\n\r\n"[..],
+            b"HTTP/1.1 200 OK\r\ncontent-",
+            b"SSH-2.0-OpenSSH_9.6\r\n\r\n",
+        ] {
+            let endpoint = scripted(&[(answer, true)]).await;
+            let sent = round_trip(&Pool::default(), endpoint.addr).await;
+            assert!(matches!(sent, Err(SendError::Malformed(_))), "{sent:?}");
+            assert_eq!(endpoint.requests.load(Relaxed), 1);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_connection_is_reused_only_after_a_clean_keep_alive_end() {
+        for first in [
+            &b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 2\r\n\r\nok"[..],
+            b"HTTP/1.0 200 OK\r\ncontent-length: 2\r\n\r\nok",
+            b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nokHTTP/1.1 200 OK\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\ncontent-length: 5, 2\r\n\r\nok",
+        ] {
+            let endpoint = scripted(&[(first, false), (OK, false)]).await;
+            let pool = Pool::default();
+            let _ = round_trip(&pool, endpoint.addr).await;
+            assert_eq!(round_trip(&pool, endpoint.addr).await.unwrap(), "ok");
+            assert_eq!(
+                endpoint.accepted.load(Relaxed),
+                2,
+                "{}",
+                String::from_utf8_lossy(first)
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_body_gives_what_arrived_and_then_the_cut() {
+        let endpoint = scripted(&[(
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n3\r\ndef\r\n",
+            true,
+        )])
+        .await;
+        let pool = Pool::default();
+        let (head, mut body) = pool
+            .send(endpoint.addr, Duration::from_secs(1), &get(endpoint.addr))
+            .await
+            .unwrap();
+        assert_eq!(head.status, http::StatusCode::OK);
+        let mut data = Vec::new();
+        let cut = loop {
+            match next(&mut body).await.unwrap() {
+                Ok(piece) => data.extend_from_slice(&piece),
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(data, b"abcdef");
+        assert!(matches!(cut, BodyError::Closed), "{cut}");
+        assert!(!body.is_end_stream());
+        assert!(body.take_reusable().is_none());
     }
 
     #[tokio::test]
@@ -422,5 +542,21 @@ mod tests {
             pool.send(addr, Duration::from_secs(1), &get(addr)).await,
             Err(SendError::Refused { .. })
         ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn idle_connections_past_the_idle_timeout_are_closed() {
+        let endpoint = scripted(&[(OK, false), (OK, false)]).await;
+        let pool = Pool::default();
+        round_trip(&pool, endpoint.addr).await.unwrap();
+        assert_eq!(pool.idle(), 1);
+        tokio::time::advance(IDLE_TIMEOUT).await;
+        pool.close_expired();
+        assert_eq!(pool.idle(), 1, "not past the timeout yet");
+        tokio::time::advance(Duration::from_millis(1)).await;
+        pool.close_expired();
+        assert_eq!(pool.idle(), 0);
+        round_trip(&pool, endpoint.addr).await.unwrap();
+        assert_eq!(endpoint.accepted.load(Relaxed), 2);
     }
 }
