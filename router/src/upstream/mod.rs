@@ -20,6 +20,7 @@ pub mod codec;
 
 use std::collections::VecDeque;
 use std::io;
+use std::mem::MaybeUninit;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::{Mutex, PoisonError};
@@ -28,6 +29,7 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
+use socket2::SockRef;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
@@ -149,11 +151,12 @@ impl Connection {
     }
 
     /// True when the connection is open and nothing arrived on it while it was idle. Asks the
-    /// kernel (one non-blocking read), not the runtime's readiness, which may not have seen a
-    /// close yet or may still show a read that was already taken.
+    /// kernel (a non-blocking peek), not the runtime's readiness, which may not have seen a close
+    /// yet, or may still show a read that was already taken.
     fn quiet(&self) -> bool {
+        let mut byte = [MaybeUninit::uninit()];
         self.buf.is_empty()
-            && matches!(self.stream.try_read(&mut [0u8; 1]), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+            && matches!(SockRef::from(&self.stream).peek(&mut byte), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
     }
 }
 
@@ -456,6 +459,41 @@ mod tests {
         }
         assert_eq!(endpoint.accepted.load(Relaxed), 5);
         assert_eq!(endpoint.requests.load(Relaxed), 5, "no request was sent twice");
+    }
+
+    /// The runtime is kept from running (a blocking sleep) while the endpoint closes the idle
+    /// connection, so only the kernel knows it is closed when the next request goes out.
+    #[tokio::test]
+    async fn a_close_the_runtime_has_not_seen_yet_is_caught_before_the_request_goes_out() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let served = std::thread::spawn(move || {
+            use std::io::{Read, Write};
+            let mut requests = 0;
+            for (i, s) in listener.incoming().take(2).enumerate() {
+                let mut s = s.unwrap();
+                let mut buf = [0u8; 1024];
+                let mut head = Vec::new();
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    let n = s.read(&mut buf).unwrap();
+                    head.extend_from_slice(&buf[..n]);
+                }
+                requests += 1;
+                s.write_all(OK).unwrap();
+                if i == 0 {
+                    std::thread::sleep(Duration::from_millis(20));
+                    drop(s);
+                } else {
+                    return requests;
+                }
+            }
+            requests
+        });
+        let pool = Pool::default();
+        assert_eq!(round_trip(&pool, addr).await.unwrap(), "ok");
+        std::thread::sleep(Duration::from_millis(200));
+        assert_eq!(round_trip(&pool, addr).await.unwrap(), "ok");
+        assert_eq!(served.join().unwrap(), 2, "one request per connection, none lost");
     }
 
     #[tokio::test]
