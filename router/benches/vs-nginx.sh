@@ -2,18 +2,20 @@
 # The router against nginx as plain reverse proxies in front of the same backend (the vLLM
 # emulator with the cost model zero), side by side in one run, on loopback only.
 #
-#   router/benches/vs-nginx.sh [SECONDS] [CONNECTIONS]
+#   [ROUNDS=3] router/benches/vs-nginx.sh [SECONDS] [CONNECTIONS]
 #
 # Installs nginx and wrk with apt-get when missing. For small responses (GET /v1/models) and
 # for streams (POST /v1/completions, stream, 16 tokens) it reports requests per second and
 # p50/p99 latency for the direct path, nginx and the router, then the proxies' added latency
 # (proxied minus direct) and their ratios to nginx and to the direct path. Each proxy gets one
 # worker; wrk one thread. Then, at a fixed 5,000 req/s (benches/open_loop.rs, open loop over 32
-# keep-alive connections), the added p50/p99 of each proxy over the direct path.
+# keep-alive connections), the added p50/p99 of each proxy over the direct path. Every
+# measurement runs ROUNDS times, the three targets taking turns, and the median is reported.
 # It asserts nothing: it prints what it measured.
 set -euo pipefail
 SECS=${1:-5}
 CONNS=${2:-16}
+ROUNDS=${ROUNDS:-3}
 cd "$(dirname "$0")/../.."
 . router/benches/nginx.sh
 
@@ -64,46 +66,69 @@ measure() {
     END { if (bad > 0) print "non-2xx:" bad > "/dev/stderr"; printf "%.0f %.1f %.1f\n", rps, p50, p99 }'
 }
 
+# The median of the numbers on stdin.
+median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+
+# Runs `$1 TARGET` for each target, ROUNDS times in turn (direct, nginx, router, direct, ...), so
+# that a slow moment of this shared machine falls on all three alike; prints for each target the
+# median of each column, as "direct|nginx|router a b c".
+rounds() {
+  local run=$1 out="$T/rounds" i
+  : >"$out"
+  for i in $(seq "$ROUNDS"); do
+    for p in $BACKEND $NGINX $ROUTER; do echo "$p $($run $p)" >>"$out"; done
+  done
+  for p in $BACKEND $NGINX $ROUTER; do
+    local cols=()
+    for c in 2 3 4 5; do cols+=("$(awk -v p="$p" -v c="$c" '$1 == p && NF >= c { print $c }' "$out" | median)"); done
+    case $p in $BACKEND) echo "direct ${cols[*]}" ;; $NGINX) echo "nginx ${cols[*]}" ;; *) echo "router ${cols[*]}" ;; esac
+  done
+}
+
 report() {
   local name=$1 path=$2 script=$3
   # Warm the connection pools, then measure each target in turn.
   for p in $BACKEND $NGINX $ROUTER; do wrk -t1 -c"$CONNS" -d1s -s "$script" "http://127.0.0.1:$p$path" >/dev/null 2>&1; done
-  read -r d_rps d_p50 d_p99 < <(measure $BACKEND "$path" "$script")
-  read -r n_rps n_p50 n_p99 < <(measure $NGINX "$path" "$script")
-  read -r r_rps r_p50 r_p99 < <(measure $ROUTER "$path" "$script")
-  awk -v name="$name" -v c="$CONNS" -v s="$SECS" \
-      -v drps="$d_rps" -v dp50="$d_p50" -v dp99="$d_p99" \
-      -v nrps="$n_rps" -v np50="$n_p50" -v np99="$n_p99" \
-      -v rrps="$r_rps" -v rp50="$r_p50" -v rp99="$r_p99" 'BEGIN {
-    printf "\n== %s (%d connections, %d s each) ==\n", name, c, s
-    printf "%-8s %10s %10s %10s %14s %14s\n", "path", "req/s", "p50 us", "p99 us", "added p50 us", "added p99 us"
-    printf "%-8s %10d %10.1f %10.1f %14s %14s\n", "direct", drps, dp50, dp99, "-", "-"
-    printf "%-8s %10d %10.1f %10.1f %14.1f %14.1f\n", "nginx", nrps, np50, np99, np50-dp50, np99-dp99
-    printf "%-8s %10d %10.1f %10.1f %14.1f %14.1f\n", "router", rrps, rp50, rp99, rp50-dp50, rp99-dp99
-    printf "router/nginx: req/s x%.2f, p50 x%.2f, p99 x%.2f\n", rrps/nrps, rp50/np50, rp99/np99
-    printf "router/direct: req/s x%.2f, p50 x%.2f, p99 x%.2f\n", rrps/drps, rp50/dp50, rp99/dp99
-    printf "nginx/direct:  req/s x%.2f, p50 x%.2f, p99 x%.2f\n", nrps/drps, np50/dp50, np99/dp99
-  }'
+  wrk_one() { measure "$1" "$path" "$script"; }
+  rounds wrk_one | awk -v name="$name" -v c="$CONNS" -v s="$SECS" -v r="$ROUNDS" '
+    { rps[$1] = $2; p50[$1] = $3; p99[$1] = $4 }
+    END {
+      printf "\n== %s (%d connections, %d s each, median of %d rounds) ==\n", name, c, s, r
+      printf "%-8s %10s %10s %10s %14s %14s\n", "path", "req/s", "p50 us", "p99 us", "added p50 us", "added p99 us"
+      printf "%-8s %10d %10.1f %10.1f %14s %14s\n", "direct", rps["direct"], p50["direct"], p99["direct"], "-", "-"
+      for (i = 0; i < 2; i++) {
+        n = i ? "router" : "nginx"
+        printf "%-8s %10d %10.1f %10.1f %14.1f %14.1f\n", n, rps[n], p50[n], p99[n], p50[n] - p50["direct"], p99[n] - p99["direct"]
+      }
+      printf "router/nginx: req/s x%.2f, p50 x%.2f, p99 x%.2f\n", rps["router"] / rps["nginx"], p50["router"] / p50["nginx"], p99["router"] / p99["nginx"]
+      printf "router/direct: req/s x%.2f, p50 x%.2f, p99 x%.2f\n", rps["router"] / rps["direct"], p50["router"] / p50["direct"], p99["router"] / p99["direct"]
+      printf "nginx/direct:  req/s x%.2f, p50 x%.2f, p99 x%.2f\n", rps["nginx"] / rps["direct"], p50["nginx"] / p50["direct"], p99["nginx"] / p99["direct"]
+    }'
 }
 
 echo "router vs nginx on $(nproc) cores; backend: vllm-emulator --emu-zero-cost"
 report "small responses: GET /v1/models" /v1/models "$T/small.lua"
 report "streams: POST /v1/completions, 16 tokens, SSE" /v1/completions "$T/stream.lua"
 
-# Fixed rate: prints "sent p50_us p99_us late" for each target.
+# Fixed rate: for each target, the median over the rounds of "sent p50_us p99_us late".
 fixed() {
   local name=$1 path=$2 body=${3:-}
   local rate=5000
-  printf "\n== %s at %d req/s (open loop, 32 connections, %d s each) ==\n" "$name" $rate "$SECS"
-  printf "%-8s %8s %10s %10s %14s %14s %6s\n" path sent "p50 us" "p99 us" "added p50 us" "added p99 us" late
-  local d_p50 d_p99
-  for p in $BACKEND $NGINX $ROUTER; do
-    "$OPEN_LOOP" 127.0.0.1:$p "$path" $rate 1 32 ${body:+"$body"} >/dev/null
-    read -r sent p50 p99 late < <("$OPEN_LOOP" 127.0.0.1:$p "$path" $rate "$SECS" 32 ${body:+"$body"})
-    case $p in $BACKEND) n=direct; d_p50=$p50; d_p99=$p99 ;; $NGINX) n=nginx ;; *) n=router ;; esac
-    awk -v n=$n -v s="$sent" -v a="$p50" -v b="$p99" -v da="$d_p50" -v db="$d_p99" -v l="$late" \
-      'BEGIN { printf "%-8s %8d %10.1f %10.1f %14.1f %14.1f %6d\n", n, s, a, b, a-da, b-db, l }'
-  done
+  open_loop_one() {
+    "$OPEN_LOOP" 127.0.0.1:$1 "$path" $rate 1 32 ${body:+"$body"} >/dev/null
+    "$OPEN_LOOP" 127.0.0.1:$1 "$path" $rate "$SECS" 32 ${body:+"$body"}
+  }
+  rounds open_loop_one | awk -v name="$name" -v rate=$rate -v s="$SECS" -v r="$ROUNDS" '
+    { sent[$1] = $2; p50[$1] = $3; p99[$1] = $4; late[$1] = $5 }
+    END {
+      printf "\n== %s at %d req/s (open loop, 32 connections, %d s each, median of %d rounds) ==\n", name, rate, s, r
+      printf "%-8s %8s %10s %10s %14s %14s %6s\n", "path", "sent", "p50 us", "p99 us", "added p50 us", "added p99 us", "late"
+      split("direct nginx router", order, " ")
+      for (i = 1; i <= 3; i++) {
+        n = order[i]
+        printf "%-8s %8d %10.1f %10.1f %14.1f %14.1f %6d\n", n, sent[n], p50[n], p99[n], p50[n] - p50["direct"], p99[n] - p99["direct"], late[n]
+      }
+    }'
 }
 fixed "small responses: GET /v1/models" /v1/models
 fixed "streams: POST /v1/completions, 16 tokens, SSE" /v1/completions \
