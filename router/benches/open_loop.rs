@@ -1,7 +1,7 @@
-//! An open-loop load generator for `vs-nginx.sh`: requests at a fixed rate over keep-alive
-//! connections, latency measured from the moment each request is handed to a connection (a
-//! slow answer does not slow the schedule; requests that wait for a free connection count as
-//! late), loopback only.
+//! An open-loop load generator for `vs-nginx.sh`: requests arriving at a fixed mean rate (a
+//! Poisson process) over keep-alive connections, latency measured from the moment each request
+//! is handed to a connection (a slow answer does not slow the schedule; requests that wait for a
+//! free connection count as late), loopback only.
 //!
 //!   open_loop ADDR PATH RATE SECONDS [CONNECTIONS] [BODY]
 //!
@@ -30,7 +30,6 @@ async fn main() -> anyhow::Result<()> {
     let conns: usize = args.get(5).map_or(Ok(64), |s| s.parse())?;
     let body: Option<Bytes> = args.get(6).map(|b| Bytes::from(b.clone()));
     let total = (rate * secs) as usize;
-    let interval = Duration::from_secs_f64(1.0 / rate);
     let start = Instant::now() + Duration::from_millis(100);
     let (tx, rx) = async_channel(conns);
     let mut workers = Vec::new();
@@ -66,25 +65,37 @@ async fn main() -> anyhow::Result<()> {
             lat
         }));
     }
-    let mut late = 0usize;
-    // Tokio's timer ticks in milliseconds: at each tick, every request then due is handed out,
-    // stamped with the moment it is handed out.
-    let mut i = 0;
-    while i < total {
-        tokio::time::sleep_until(start + interval.mul_f64(i as f64)).await;
-        let now = Instant::now();
-        while i < total && start + interval.mul_f64(i as f64) <= now {
-            let handed = Instant::now();
-            if tx.try_send(handed).is_err() {
-                late += 1;
-                if tx.send(handed).await.is_err() {
-                    break;
-                }
+    // Arrivals are a Poisson process (exponential gaps, mean 1/rate, fixed seed), timed by a
+    // thread of their own that sleeps until each one is due: tokio's timer ticks in milliseconds
+    // and would hand requests out in bursts (5 at once every millisecond at 5,000 req/s), which a
+    // one-worker proxy must then serve one after the other.
+    let pacer = std::thread::spawn(move || {
+        let mut rng = fastrand::Rng::with_seed(7);
+        let mut due = start.into_std();
+        let mut late = 0usize;
+        for _ in 0..total {
+            let now = std::time::Instant::now();
+            if due > now {
+                std::thread::sleep(due - now);
             }
-            i += 1;
+            let handed = Instant::now();
+            match tx.try_send(handed) {
+                Ok(()) => {}
+                Err(tokio::sync::mpsc::error::TrySendError::Full(_)) => {
+                    late += 1;
+                    if tx.blocking_send(handed).is_err() {
+                        break;
+                    }
+                }
+                Err(tokio::sync::mpsc::error::TrySendError::Closed(_)) => break,
+            }
+            due += Duration::from_secs_f64(-(1.0 - rng.f64()).ln() / rate);
         }
-    }
-    drop(tx);
+        late
+    });
+    let late = tokio::task::spawn_blocking(move || pacer.join())
+        .await?
+        .map_err(|_| anyhow::anyhow!("the pacer panicked"))?;
     let mut all = Vec::with_capacity(total);
     for w in workers {
         all.extend(w.await?);
