@@ -8,7 +8,7 @@
 # for streams (POST /v1/completions, stream, 16 tokens) it reports requests per second and
 # p50/p99 latency for the direct path, nginx and the router, then the proxies' added latency
 # (proxied minus direct) and their ratios to nginx and to the direct path. Each proxy gets one
-# worker; wrk one thread. Then, at a fixed 5,000 req/s (benches/open_loop.rs, open loop over 32
+# worker; wrk one thread. Then, at 5,000 req/s on average (benches/open_loop.rs: Poisson arrivals, open loop over 32
 # keep-alive connections), the added p50/p99 of each proxy over the direct path. Every
 # measurement runs ROUNDS times, the three targets taking turns, and the median is reported.
 # It asserts nothing: it prints what it measured.
@@ -121,7 +121,7 @@ fixed() {
   rounds open_loop_one | awk -v name="$name" -v rate=$rate -v s="$SECS" -v r="$ROUNDS" '
     { sent[$1] = $2; p50[$1] = $3; p99[$1] = $4; late[$1] = $5 }
     END {
-      printf "\n== %s at %d req/s (open loop, 32 connections, %d s each, median of %d rounds) ==\n", name, rate, s, r
+      printf "\n== %s at %d req/s (Poisson arrivals, open loop, 32 connections, %d s each, median of %d rounds) ==\n", name, rate, s, r
       printf "%-8s %8s %10s %10s %14s %14s %6s\n", "path", "sent", "p50 us", "p99 us", "added p50 us", "added p99 us", "late"
       split("direct nginx router", order, " ")
       for (i = 1; i <= 3; i++) {
