@@ -8,9 +8,10 @@
 # for streams (POST /v1/completions, stream, 16 tokens) it reports requests per second and
 # p50/p99 latency for the direct path, nginx and the router, then the proxies' added latency
 # (proxied minus direct) and their ratios to nginx and to the direct path. Each proxy gets one
-# worker; wrk one thread. Then, at 5,000 req/s on average (benches/open_loop.rs: Poisson arrivals, open loop over 32
-# keep-alive connections), the added p50/p99 of each proxy over the direct path. Every
-# measurement runs ROUNDS times, the three targets taking turns, and the median is reported.
+# worker; wrk one thread. Then, at 5,000 req/s on average (benches/open_loop.rs: Poisson
+# arrivals, open loop over 32 keep-alive connections), the added p50/p99 of each proxy over the
+# direct path. Every measurement runs ROUNDS times, the three targets taking turns, and the
+# median of each column is reported.
 # It asserts nothing: it prints what it measured.
 set -euo pipefail
 SECS=${1:-5}
