@@ -8,5 +8,6 @@ pub mod lease;
 pub mod metrics;
 pub mod observe;
 pub mod policy;
+pub mod reserve;
 pub mod route_push;
 pub mod wake;
