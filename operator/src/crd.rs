@@ -712,6 +712,11 @@ pub struct FailoverPolicyStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub cold_start: Vec<ColdStartBreakdown>,
 
+    /// The placeholder pods that hold GPUs for the standby's pilot-light replicas; absent when
+    /// none are held.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_reserve: Option<GpuReserve>,
+
     /// The operator's own record of the state machine, so that a restarted operator resumes
     /// where the last one stopped. Its shape belongs to the state machine, not to this schema.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -725,6 +730,19 @@ fn preserve_unknown_object(_: &mut SchemaGenerator) -> Schema {
         "nullable": true,
         "x-kubernetes-preserve-unknown-fields": true,
     })
+}
+
+/// The GPU reserve of a policy: a Deployment of placeholder pods at a low priority, which the
+/// scheduler preempts when the pool's pilot-light replicas scale up.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuReserve {
+    /// The pool whose GPUs are held: the standby.
+    pub pool: String,
+    /// The Deployment of placeholder pods, in the policy's namespace.
+    pub deployment: String,
+    /// The pilot-light replicas whose GPUs are held (a LeaderWorkerSet replica is several pods).
+    pub replicas: u32,
 }
 
 /// One condition; its type is its key in the status's conditions map.

@@ -21,6 +21,7 @@ use understudy_operator::leader::{LeaderConfig, LeaderElector};
 use understudy_operator::lease::KubeLease;
 use understudy_operator::metrics::Metrics;
 use understudy_operator::observe::{KubeReplicas, ProbingObservations};
+use understudy_operator::reserve::{self, ReserveConfig};
 use understudy_operator::route_push::{RouterAdminUrl, RouterPush, RouterToken};
 use understudy_operator::wake::WakeReplicas;
 
@@ -62,6 +63,20 @@ struct Args {
     /// --router-admin.
     #[arg(long, env = "UNDERSTUDY_ROUTER_TOKEN_FILE")]
     router_token_file: Option<PathBuf>,
+
+    /// The image of the placeholder pods that hold GPUs for pilot-light replicas
+    /// (`standby[].reserveGpus`): a pause container, mirrored where the registry is unreachable.
+    #[arg(long, env = "UNDERSTUDY_RESERVE_IMAGE", default_value = reserve::DEFAULT_PAUSE_IMAGE)]
+    reserve_image: String,
+
+    /// The PriorityClass of the placeholder pods: negative, with `preemptionPolicy: Never`, so
+    /// that they give way to any workload and never push one out. The chart installs it.
+    #[arg(
+        long,
+        env = "UNDERSTUDY_RESERVE_PRIORITY_CLASS",
+        default_value = reserve::DEFAULT_PRIORITY_CLASS
+    )]
+    reserve_priority_class: String,
 
     /// Log filter, in `tracing_subscriber::EnvFilter` syntax.
     #[arg(long, env = "RUST_LOG", default_value = "info")]
@@ -136,7 +151,11 @@ async fn main() -> anyhow::Result<()> {
     let steps = Arc::new(WakeReplicas::new(replicas, steps));
     let ctx = Context::new(client, metrics, Some(args.identity.clone()))
         .with_observations(observations)
-        .with_steps(steps);
+        .with_steps(steps)
+        .with_reserve(ReserveConfig {
+            image: args.reserve_image.clone(),
+            priority_class: args.reserve_priority_class.clone(),
+        });
     let ctx = Arc::new(ctx);
     readiness.set(Role::Leading);
     let outcome = tokio::select! {

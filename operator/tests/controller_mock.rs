@@ -1608,6 +1608,344 @@ async fn a_deleted_policy_that_no_longer_deserializes_can_still_go_away() {
     assert_eq!(result.unwrap(), Action::await_change());
 }
 
+const EAST_PATH: &str = "/apis/apps/v1/namespaces/serving/deployments/vllm-east";
+const WEST_RESERVE_PATH: &str = "/apis/apps/v1/namespaces/serving/deployments/llama-us-west-reserve";
+const EAST_RESERVE_PATH: &str = "/apis/apps/v1/namespaces/serving/deployments/llama-us-east-reserve";
+
+/// Both pools keep two of their four replicas as a pilot light with the GPUs reserved.
+fn reserving_policy() -> Value {
+    let mut object = policy();
+    for pool in object["spec"]["pools"].as_array_mut().unwrap() {
+        pool["standby"] = json!([
+            {"tier": "hot", "replicas": 2},
+            {"tier": "pilotLight", "replicas": 2, "reserveGpus": true},
+        ]);
+    }
+    object
+}
+
+/// A vLLM Deployment as its owner wrote it: two GPUs a replica, on H100 nodes, tolerating the
+/// GPU taint.
+fn vllm(name: &str, zone: &str) -> Value {
+    json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "replicas": 2,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "nodeSelector": {"topology.kubernetes.io/zone": zone},
+                    "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                    "containers": [{
+                        "name": "vllm", "image": "vllm/vllm-openai:v0.11.0",
+                        "resources": {
+                            "requests": {"cpu": "8", "memory": "64Gi"},
+                            "limits": {"nvidia.com/gpu": "2", "memory": "64Gi"},
+                        },
+                    }],
+                },
+            },
+        },
+        "status": {"replicas": 2, "readyReplicas": 2},
+    })
+}
+
+/// Answers a reserve apply with what was applied, and returns it.
+fn answer_reserve(call: Call) -> Value {
+    assert_eq!(call.content_type, "application/apply-patch+yaml");
+    assert!(
+        call.query.contains("fieldManager=understudy-operator"),
+        "{}",
+        call.query
+    );
+    assert!(call.query.contains("force=true"), "{}", call.query);
+    let applied = call.body.clone();
+    call.answer(200, &applied);
+    applied
+}
+
+fn deleted(name: &str) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Status", "status": "Success", "metadata": {},
+        "details": {"name": name, "group": "apps", "kind": "deployments"},
+    })
+}
+
+#[tokio::test]
+async fn the_standby_gets_a_gpu_reserve_shaped_like_its_workload_and_the_primary_gets_none() {
+    let object = with_record(
+        reserving_policy(),
+        &record(FailoverState::starting_at(Pool::A, Epoch(0)), None),
+    );
+    let (ctx, server) = context(Vec::new());
+    let stored = object.clone();
+    let (result, events) = run_scenario(
+        &object,
+        ctx,
+        |mut server| async move {
+            server
+                .expect("GET", LEASE_PATH)
+                .await
+                .answer(200, &lease("us-east", 0, "41"));
+            // The standby's template is read; us-east holds the Lease, so nothing of its own.
+            server
+                .expect("GET", WEST_PATH)
+                .await
+                .answer(200, &vllm("vllm-west", "us-west-2a"));
+            let reserve = answer_reserve(server.expect("PATCH", WEST_RESERVE_PATH).await);
+            assert_eq!(reserve["kind"], "Deployment");
+            assert_eq!(reserve["spec"]["replicas"], 2);
+            assert_eq!(reserve["metadata"]["labels"]["understudy.dev/pool"], "us-west");
+            assert_eq!(
+                reserve["metadata"]["labels"]["app.kubernetes.io/component"],
+                "gpu-reserve"
+            );
+            let owner = &reserve["metadata"]["ownerReferences"][0];
+            assert_eq!(
+                (&owner["kind"], &owner["uid"]),
+                (&json!("FailoverPolicy"), &json!(UID))
+            );
+            let pod = &reserve["spec"]["template"]["spec"];
+            assert_eq!(pod["priorityClassName"], "understudy-gpu-reserve");
+            assert_eq!(
+                pod["nodeSelector"],
+                json!({"topology.kubernetes.io/zone": "us-west-2a"})
+            );
+            assert_eq!(pod["tolerations"][0]["key"], "nvidia.com/gpu");
+            let container = &pod["containers"][0];
+            assert_eq!(container["image"], "registry.k8s.io/pause:3.10");
+            assert_eq!(
+                container["resources"],
+                json!({
+                    "requests": {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": "2"},
+                    "limits": {"nvidia.com/gpu": "2"},
+                })
+            );
+            let applied = answer_status(server.expect("PATCH", STATUS_PATH).await, &stored);
+            assert_eq!(
+                applied["gpuReserve"],
+                json!({"pool": "us-west", "deployment": "llama-us-west-reserve", "replicas": 2})
+            );
+            server.expect_no_more().await
+        },
+        server,
+    )
+    .await;
+    assert_eq!(result.unwrap(), Action::requeue(Duration::from_secs(10)));
+    let held = events.iter().find(|e| e.reason == "GpuReserveHeld").unwrap();
+    assert!(
+        held.note.contains("2 pilot-light replicas of us-west"),
+        "{}",
+        held.note
+    );
+
+    // The next reconcile applies the same reserve again and tells nobody: nothing changed.
+    let mut object = object;
+    object["status"]["gpuReserve"] =
+        json!({"pool": "us-west", "deployment": "llama-us-west-reserve", "replicas": 2});
+    let (ctx, server) = context(Vec::new());
+    let stored = object.clone();
+    let (result, events) = run_scenario(
+        &object,
+        ctx,
+        |mut server| async move {
+            server
+                .expect("GET", LEASE_PATH)
+                .await
+                .answer(200, &lease("us-east", 0, "41"));
+            server
+                .expect("GET", WEST_PATH)
+                .await
+                .answer(200, &vllm("vllm-west", "us-west-2a"));
+            answer_reserve(server.expect("PATCH", WEST_RESERVE_PATH).await);
+            let applied = answer_status(server.expect("PATCH", STATUS_PATH).await, &stored);
+            assert_eq!(applied["gpuReserve"]["deployment"], "llama-us-west-reserve");
+            server.expect_no_more().await
+        },
+        server,
+    )
+    .await;
+    assert!(result.is_ok(), "{result:?}");
+    assert!(events.is_empty(), "{events:?}");
+}
+
+#[tokio::test]
+async fn a_failover_releases_the_new_primarys_reserve_and_reserves_for_the_new_standby() {
+    let mut object = with_record(
+        reserving_policy(),
+        &record(FailoverState::starting_at(Pool::A, Epoch(0)), None),
+    );
+    object["status"]["gpuReserve"] =
+        json!({"pool": "us-west", "deployment": "llama-us-west-reserve", "replicas": 2});
+    object["metadata"]["annotations"] = json!({"understudy.dev/command": "force-failover"});
+    let (ctx, server) = context(Vec::new());
+    let stored = object.clone();
+    let (result, events) = run_scenario(
+        &object,
+        ctx,
+        |mut server| async move {
+            server
+                .expect("GET", LEASE_PATH)
+                .await
+                .answer(200, &lease("us-east", 0, "41"));
+            let intent = answer_status(server.expect("PATCH", STATUS_PATH).await, &stored);
+            // Written ahead of the Lease: the reserve is not touched before the Lease moves.
+            assert_eq!(intent["gpuReserve"]["pool"], "us-west");
+            server
+                .expect("PUT", LEASE_PATH)
+                .await
+                .answer(200, &lease("us-west", 1, "42"));
+            server
+                .expect("GET", &format!("{WEST_PATH}/scale"))
+                .await
+                .answer(200, &west_scale(4));
+            server
+                .expect("GET", WEST_PATH)
+                .await
+                .answer(200, &west_deployment(2));
+            // us-west holds the Lease now: its placeholders go, pods and all, and us-east, the
+            // new standby, gets its own.
+            let delete = server.expect("DELETE", WEST_RESERVE_PATH).await;
+            assert_eq!(delete.body["propagationPolicy"], "Background");
+            delete.answer(200, &deleted("llama-us-west-reserve"));
+            server
+                .expect("GET", EAST_PATH)
+                .await
+                .answer(200, &vllm("vllm-east", "us-east-1a"));
+            let reserve = answer_reserve(server.expect("PATCH", EAST_RESERVE_PATH).await);
+            assert_eq!(reserve["metadata"]["labels"]["understudy.dev/pool"], "us-east");
+            assert_eq!(
+                reserve["spec"]["template"]["spec"]["nodeSelector"]["topology.kubernetes.io/zone"],
+                "us-east-1a"
+            );
+            let applied = answer_status(server.expect("PATCH", STATUS_PATH).await, &stored);
+            assert_eq!(applied["primaryPool"], "us-west");
+            assert_eq!(
+                applied["gpuReserve"],
+                json!({"pool": "us-east", "deployment": "llama-us-east-reserve", "replicas": 2})
+            );
+            server.expect_no_more().await
+        },
+        server,
+    )
+    .await;
+    assert!(result.is_ok(), "{result:?}");
+    let reasons = reasons(&events);
+    assert!(reasons.contains(&"GpuReserveReleased"), "{reasons:?}");
+    assert!(reasons.contains(&"GpuReserveHeld"), "{reasons:?}");
+}
+
+#[tokio::test]
+async fn turning_reserve_gpus_off_deletes_the_reserve() {
+    let mut object = with_record(
+        reserving_policy(),
+        &record(FailoverState::starting_at(Pool::A, Epoch(0)), None),
+    );
+    object["spec"]["pools"][1]["standby"][1]["reserveGpus"] = json!(false);
+    object["status"]["gpuReserve"] =
+        json!({"pool": "us-west", "deployment": "llama-us-west-reserve", "replicas": 2});
+    let (ctx, server) = context(Vec::new());
+    let stored = object.clone();
+    let (result, events) = run_scenario(
+        &object,
+        ctx,
+        |mut server| async move {
+            server
+                .expect("GET", LEASE_PATH)
+                .await
+                .answer(200, &lease("us-east", 0, "41"));
+            server
+                .expect("DELETE", WEST_RESERVE_PATH)
+                .await
+                .answer(200, &deleted("llama-us-west-reserve"));
+            let applied = answer_status(server.expect("PATCH", STATUS_PATH).await, &stored);
+            assert!(applied.get("gpuReserve").is_none(), "{applied}");
+            server.expect_no_more().await
+        },
+        server,
+    )
+    .await;
+    assert!(result.is_ok(), "{result:?}");
+    assert_eq!(reasons(&events), ["GpuReserveReleased"]);
+}
+
+#[tokio::test]
+async fn a_reserve_already_deleted_by_hand_counts_as_released() {
+    let mut object = with_record(
+        policy(),
+        &record(FailoverState::starting_at(Pool::A, Epoch(0)), None),
+    );
+    object["status"]["gpuReserve"] =
+        json!({"pool": "us-west", "deployment": "llama-us-west-reserve", "replicas": 2});
+    let (ctx, server) = context(Vec::new());
+    let stored = object.clone();
+    let (result, _) = run_scenario(
+        &object,
+        ctx,
+        |mut server| async move {
+            server
+                .expect("GET", LEASE_PATH)
+                .await
+                .answer(200, &lease("us-east", 0, "41"));
+            server.expect("DELETE", WEST_RESERVE_PATH).await.answer(
+                404,
+                &status(
+                    404,
+                    "NotFound",
+                    "deployments.apps \"llama-us-west-reserve\" not found",
+                ),
+            );
+            let applied = answer_status(server.expect("PATCH", STATUS_PATH).await, &stored);
+            assert!(applied.get("gpuReserve").is_none(), "{applied}");
+            server.expect_no_more().await
+        },
+        server,
+    )
+    .await;
+    assert!(result.is_ok(), "{result:?}");
+}
+
+#[tokio::test]
+async fn a_reserve_the_operator_may_not_write_is_a_warning_and_the_status_is_still_written() {
+    let object = with_record(
+        reserving_policy(),
+        &record(FailoverState::starting_at(Pool::A, Epoch(0)), None),
+    );
+    let (ctx, server) = context(Vec::new());
+    let stored = object.clone();
+    let (result, events) = run_scenario(
+        &object,
+        ctx,
+        |mut server| async move {
+            server
+                .expect("GET", LEASE_PATH)
+                .await
+                .answer(200, &lease("us-east", 0, "41"));
+            server
+                .expect("GET", WEST_PATH)
+                .await
+                .answer(200, &vllm("vllm-west", "us-west-2a"));
+            server.expect("PATCH", WEST_RESERVE_PATH).await.answer(
+                403,
+                &status(403, "Forbidden", "deployments.apps is forbidden: cannot patch"),
+            );
+            let applied = answer_status(server.expect("PATCH", STATUS_PATH).await, &stored);
+            assert_eq!(applied["state"], "Serving");
+            assert!(applied.get("gpuReserve").is_none(), "nothing is held: {applied}");
+            server.expect_no_more().await
+        },
+        server,
+    )
+    .await;
+    let error = result.unwrap_err();
+    assert_eq!(error.category(), "reserve");
+    let failed = events.iter().find(|e| e.reason == "GpuReserveFailed").unwrap();
+    assert_eq!(failed.type_, "Warning");
+    assert!(failed.note.contains("llama-us-west-reserve"), "{}", failed.note);
+}
+
 /// Cluster tests: a real API server, the CRD installed, nothing else.
 mod cluster {
     use k8s_openapi::api::coordination::v1::Lease;
@@ -1674,6 +2012,74 @@ mod cluster {
             .await
             .unwrap_err();
         assert!(refused.to_string().contains("promoteAfter"), "{refused}");
+    }
+
+    #[tokio::test]
+    #[ignore = "needs a cluster: kind create cluster; kubectl apply -f crds/; cargo test -- --ignored"]
+    async fn a_standby_with_reserved_gpus_gets_placeholders_that_go_with_the_policy() {
+        use k8s_openapi::api::apps::v1::Deployment;
+
+        const POLICY: &str = "understudy-cluster-reserve";
+        const RESERVE: &str = "understudy-cluster-reserve-us-west-reserve";
+        let client = Client::try_default().await.unwrap();
+        let namespace = client.default_namespace().to_owned();
+        let policies: Api<FailoverPolicy> = Api::namespaced(client.clone(), &namespace);
+        let deployments: Api<Deployment> = Api::namespaced(client.clone(), &namespace);
+        // The standby's workload, at zero replicas: only its template matters here.
+        let mut workload = vllm("vllm-west", "us-west-2a");
+        workload["metadata"] = json!({"name": "vllm-west"});
+        workload["spec"]["replicas"] = json!(0);
+        workload.as_object_mut().unwrap().remove("status");
+        let _ = deployments.delete("vllm-west", &DeleteParams::default()).await;
+        deployments
+            .create(&PostParams::default(), &serde_json::from_value(workload).unwrap())
+            .await
+            .unwrap();
+        let mut object = reserving_policy();
+        object["metadata"] = json!({"name": POLICY});
+        let _ = policies.delete(POLICY, &DeleteParams::default()).await;
+        policies
+            .create(&PostParams::default(), &serde_json::from_value(object).unwrap())
+            .await
+            .unwrap();
+
+        let ctx = Arc::new(Context::new(client, Arc::new(Metrics::new()), None));
+        let run_namespace = namespace.clone();
+        let controller = tokio::spawn(async move {
+            understudy_operator::controller::run(ctx, Some(&run_namespace)).await;
+        });
+        let mut reserve = None;
+        for _ in 0..60 {
+            if let Some(found) = deployments.get_opt(RESERVE).await.unwrap() {
+                reserve = Some(found);
+                break;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        let reserve = reserve.expect("no reserve within a minute");
+        assert_eq!(reserve.spec.as_ref().and_then(|s| s.replicas), Some(2));
+        let owner = &reserve.metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.name.as_str()),
+            ("FailoverPolicy", POLICY)
+        );
+        let status = policies.get(POLICY).await.unwrap().status.unwrap();
+        assert_eq!(status.gpu_reserve.map(|r| r.deployment).as_deref(), Some(RESERVE));
+
+        // Deleting the policy (the controller still running, to release its finalizer) takes
+        // the placeholders with it, through the owner reference.
+        policies.delete(POLICY, &DeleteParams::default()).await.unwrap();
+        let mut gone = false;
+        for _ in 0..60 {
+            if deployments.get_opt(RESERVE).await.unwrap().is_none() {
+                gone = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        controller.abort();
+        let _ = deployments.delete("vllm-west", &DeleteParams::default()).await;
+        assert!(gone, "the reserve outlived its policy");
     }
 }
 

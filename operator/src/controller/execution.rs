@@ -258,6 +258,11 @@ impl Workload {
         Ok(true)
     }
 
+    /// The workload as it is stored, pod template included.
+    pub async fn get(&self) -> Result<DynamicObject, kube::Error> {
+        self.api.get(&self.name).await
+    }
+
     /// How many replicas are ready, from the workload's `status.readyReplicas`.
     pub async fn ready_replicas(&self) -> Result<u32, kube::Error> {
         let object = self.api.get(&self.name).await?;

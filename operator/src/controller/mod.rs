@@ -5,7 +5,9 @@
 //! `status.failover` (or start afresh, and let the Lease's epoch be adopted) → feed it the Lease,
 //! observations, a command from the annotation and a tick → carry out the promotion step it asks
 //! for, one after the other → apply the status → publish its events and count what finished →
-//! between promotions, keep the Lease's route on the routers → requeue.
+//! between promotions, keep the Lease's route on the routers → requeue. Before the status is
+//! applied, the GPU reserve is kept where the Lease says the standby is ([`crate::reserve`]):
+//! placeholder pods for the standby's pilot-light groups with `reserveGpus`, none for the primary.
 //!
 //! The epoch Lease has no owner reference and outlives its policy: routers and fence sidecars
 //! refuse anything below the highest epoch they have seen, so a policy deleted and created again
@@ -22,7 +24,9 @@
 //!   and commands wait, while the data path keeps its primary;
 //! - crash-loop on a policy it cannot read: a malformed object or spec is reported as a Warning
 //!   Event and `Ready=False` (reason `InvalidSpec`), and nothing else is touched;
-//! - scale a pool down, or stop serving when a policy is deleted.
+//! - scale a pool down, or stop serving when a policy is deleted;
+//! - hold a GPU reserve for the pool that holds the epoch Lease, or touch a reserve while the
+//!   Lease cannot be read or was lost.
 
 mod command;
 mod execution;
@@ -34,9 +38,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use futures::StreamExt;
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams};
 use kube::core::DeserializeGuard;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
@@ -59,10 +64,13 @@ pub use self::status::{
     HandedOffStep, OperatorRecord, StatusFacts, StoredRecord, desired_status, invalid_spec_patch,
     load_record, merge_conditions, phase_name, rfc3339, step_name, timeline,
 };
-use crate::crd::{Condition, FailoverPolicy, FailoverPolicySpec, FailoverPolicyStatus, condition_type};
+use crate::crd::{
+    Condition, FailoverPolicy, FailoverPolicySpec, FailoverPolicyStatus, GpuReserve, condition_type,
+};
 use crate::lease::{EpochLease, FIELD_MANAGER, KubeLease, LeaseError, LeaseRecord};
 use crate::metrics::Metrics;
 use crate::policy::{self, pool_by_name, pool_name};
+use crate::reserve::{ReserveConfig, ReserveError, reserve_deployment, reserve_plan, workload_shape};
 
 /// The finalizer the controller puts on every FailoverPolicy it runs.
 pub const FINALIZER: &str = "understudy.dev/cleanup";
@@ -112,6 +120,16 @@ pub enum Error {
     /// The status patch got no answer in time.
     #[error("status patch got no answer within {0:?}")]
     StatusTimeout(Duration),
+    /// Reading the standby's workload, or applying or deleting a GPU reserve, failed.
+    #[error("GPU reserve: {object}: {source}")]
+    Reserve {
+        object: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// The standby's workload does not say what a replica requests.
+    #[error("GPU reserve: {0}")]
+    ReserveShape(#[source] ReserveError),
     /// The operator's record could not be serialized.
     #[error("the operator's record cannot be serialized: {0}")]
     Record(#[source] serde_json::Error),
@@ -131,6 +149,7 @@ impl Error {
             Error::LostRace => "lost_race",
             Error::ControlPlaneUnreachable(_) => "control_plane_unreachable",
             Error::Workload { .. } => "workload",
+            Error::Reserve { .. } | Error::ReserveShape(_) => "reserve",
             Error::StatusPatch(_) | Error::StatusTimeout(_) => "status",
             Error::Record(_) => "record",
             Error::Finalizer(inner) => match inner.as_ref() {
@@ -151,6 +170,8 @@ pub struct Context {
     pub clock: Arc<dyn Clock>,
     /// The longest a status patch or an Event may take.
     pub write_timeout: Duration,
+    /// How GPU reserves' placeholder pods run.
+    pub reserve: ReserveConfig,
     /// Consecutive failures per policy, for the error policy's backoff.
     failures: Mutex<HashMap<(String, String), u32>>,
 }
@@ -162,6 +183,7 @@ impl fmt::Debug for Context {
             .field("steps", &self.steps)
             .field("clock", &self.clock)
             .field("write_timeout", &self.write_timeout)
+            .field("reserve", &self.reserve)
             .finish_non_exhaustive()
     }
 }
@@ -182,6 +204,7 @@ impl Context {
             steps: Arc::new(HandOffToComponents),
             clock: Arc::new(SystemClock),
             write_timeout: Duration::from_secs(10),
+            reserve: ReserveConfig::default(),
             failures: Mutex::new(HashMap::new()),
         }
     }
@@ -195,6 +218,12 @@ impl Context {
     #[must_use]
     pub fn with_steps(mut self, steps: Arc<dyn StepExecutor>) -> Self {
         self.steps = steps;
+        self
+    }
+
+    #[must_use]
+    pub fn with_reserve(mut self, reserve: ReserveConfig) -> Self {
+        self.reserve = reserve;
         self
     }
 
@@ -356,6 +385,10 @@ enum Notice {
     CommandNotRun {
         value: String,
     },
+    /// Placeholder pods hold, or now hold a different number of, the standby's GPUs.
+    ReserveHeld(GpuReserve),
+    /// A reserve no longer wanted (its pool is primary, or the spec stopped asking) was deleted.
+    ReserveReleased(GpuReserve),
 }
 
 /// The working state of one reconcile of a valid policy.
@@ -369,6 +402,8 @@ struct Run<'a> {
     finished: Option<Promotion>,
     /// The latest promotion's steps that were left to other components.
     handed_off: Vec<HandedOffStep>,
+    /// The GPU reserve held, as the status last recorded it and this reconcile left it.
+    gpu_reserve: Option<GpuReserve>,
 }
 
 impl Run<'_> {
@@ -537,6 +572,7 @@ async fn apply(policy: &FailoverPolicy, ctx: &Context, namespace: &str) -> Resul
         notices: Vec::new(),
         finished: None,
         handed_off: stored.handed_off,
+        gpu_reserve: policy.status.as_ref().and_then(|s| s.gpu_reserve.clone()),
     };
 
     let recorded = recorded_position(stored_machine.as_ref(), policy.status.as_ref(), spec);
@@ -776,6 +812,21 @@ async fn apply(policy: &FailoverPolicy, ctx: &Context, namespace: &str) -> Resul
         }
     }
 
+    // The reserve follows the Lease as read or written in this reconcile, never a Lease that
+    // could not be read or was lost.
+    let reserve_error = match pool_by_name(spec, &lease_now.holder) {
+        Some(primary) if run.machine.control_plane == ControlPlane::Reachable && run.machine.lease_known => {
+            keep_reserve(ctx, &mut run, policy, namespace, primary)
+                .await
+                .err()
+        }
+        _ => None,
+    };
+    if let Some(error) = &reserve_error {
+        // Told at once: nothing about a failed reserve is recorded, and it is tried again.
+        warn(ctx, &reference, "GpuReserveFailed", error.to_string()).await;
+    }
+
     let record = run.record(handled_command);
     let written = write_status(ctx, policy, namespace, &run, &record, None).await;
     // Events and counts follow the status that records them: after a failed write the next
@@ -794,7 +845,7 @@ async fn apply(policy: &FailoverPolicy, ctx: &Context, namespace: &str) -> Resul
         }
     }
     let view_stale = keep_route(ctx, &run, &lease_now, policy, &reference).await;
-    match (written, step_error) {
+    match (written, step_error.or(reserve_error)) {
         // The step's failure is the cause (an unreachable Lease usually fails the status write
         // too); the status error is only logged, so the error counts under the step's category.
         (written, Some(error)) => {
@@ -811,6 +862,73 @@ async fn apply(policy: &FailoverPolicy, ctx: &Context, namespace: &str) -> Resul
             _ => validated.probe.interval,
         })),
     }
+}
+
+/// Keeps the GPU reserve where `primary`, the Lease's holder, wants it: placeholder pods for the
+/// standby's reserved pilot-light replicas, applied with server-side apply on every reconcile, and
+/// the reserve recorded in status deleted once it is not that one (its pool became primary, or the
+/// spec no longer asks for it). A reserve is deleted rather than scaled to zero: its existence is
+/// what holds GPUs, and the next one is built afresh from the workload's template.
+async fn keep_reserve(
+    ctx: &Context,
+    run: &mut Run<'_>,
+    policy: &FailoverPolicy,
+    namespace: &str,
+    primary: Pool,
+) -> Result<(), Error> {
+    let plan = reserve_plan(&policy.name_any(), run.spec, primary);
+    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), namespace);
+    if let Some(held) = run.gpu_reserve.clone()
+        && plan
+            .as_ref()
+            .is_none_or(|plan| plan.deployment != held.deployment)
+    {
+        match deployments
+            .delete(&held.deployment, &DeleteParams::background())
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.is_not_found() => {}
+            Err(source) => {
+                return Err(Error::Reserve {
+                    object: format!("deleting Deployment {}", held.deployment),
+                    source,
+                });
+            }
+        }
+        run.gpu_reserve = None;
+        run.notices.push(Notice::ReserveReleased(held));
+    }
+    let Some(plan) = plan else {
+        return Ok(());
+    };
+    let pool = run.pool_spec(plan.pool);
+    let workload = Workload::new(ctx.client.clone(), namespace, &pool.workload);
+    let object = workload.get().await.map_err(|source| Error::Reserve {
+        object: format!("reading {:?} {}", pool.workload.kind, pool.workload.name),
+        source,
+    })?;
+    let shape =
+        workload_shape(pool.workload.kind, &pool.workload.name, &object.data).map_err(Error::ReserveShape)?;
+    let deployment = reserve_deployment(policy, &plan, &shape, &ctx.reserve).map_err(Error::ReserveShape)?;
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    deployments
+        .patch(&plan.deployment, &params, &Patch::Apply(&deployment))
+        .await
+        .map_err(|source| Error::Reserve {
+            object: format!("applying Deployment {}", plan.deployment),
+            source,
+        })?;
+    let held = GpuReserve {
+        pool: plan.pool_name,
+        deployment: plan.deployment,
+        replicas: plan.replicas,
+    };
+    if run.gpu_reserve.as_ref() != Some(&held) {
+        run.notices.push(Notice::ReserveHeld(held.clone()));
+    }
+    run.gpu_reserve = Some(held);
+    Ok(())
 }
 
 /// Between promotions, makes the routers hold the primary at the current epoch: the home pool's
@@ -877,7 +995,8 @@ async fn report_lease_regressed(
 
 /// A deleted policy leaves its pools as they are, and its epoch Lease too: serving must not stop
 /// because a policy was removed, and a policy created again under the same name must carry on
-/// from the Lease's epoch rather than start again at 0.
+/// from the Lease's epoch rather than start again at 0. Its GPU reserve, which holds GPUs and
+/// serves nothing, goes with it through its owner reference.
 fn cleanup(policy: &FailoverPolicy, ctx: &Context, namespace: &str) -> Result<Action, Error> {
     ctx.observations.forget(&ObjectRef::from_obj(policy));
     ctx.metrics.forget_policy(namespace, &policy.name_any());
@@ -901,6 +1020,7 @@ async fn write_status(
         record,
         finished: run.finished.as_ref(),
         lease_behind,
+        gpu_reserve: run.gpu_reserve.as_ref(),
         now: run.now,
     })
     .map_err(Error::Record)?;
@@ -1082,6 +1202,24 @@ fn describe(notice: &Notice, spec: &FailoverPolicySpec) -> KubeEvent {
             "StepHandedOff",
             format!("{}: handed off to {carried_by}; {note}", step_name(*step)),
             "Promote",
+        ),
+        Notice::ReserveHeld(reserve) => (
+            EventType::Normal,
+            "GpuReserveHeld",
+            format!(
+                "placeholder pods (Deployment {}) hold the GPUs of {} pilot-light replicas of {}",
+                reserve.deployment, reserve.replicas, reserve.pool
+            ),
+            "Reserve",
+        ),
+        Notice::ReserveReleased(reserve) => (
+            EventType::Normal,
+            "GpuReserveReleased",
+            format!(
+                "deleted Deployment {}: the GPUs held for {} are released",
+                reserve.deployment, reserve.pool
+            ),
+            "Reserve",
         ),
         Notice::UnknownCommand { value } => (
             EventType::Warning,

@@ -16,8 +16,8 @@ use understudy_core::{Epoch, Pool};
 
 use super::command::HandledCommand;
 use crate::crd::{
-    Condition, ConditionStatus, FailoverPolicySpec, FailoverPolicyStatus, FailoverTimeline, TimelineStep,
-    TransitionKind, condition_type,
+    Condition, ConditionStatus, FailoverPolicySpec, FailoverPolicyStatus, FailoverTimeline, GpuReserve,
+    TimelineStep, TransitionKind, condition_type,
 };
 use crate::policy::pool_name;
 
@@ -162,6 +162,8 @@ pub struct StatusFacts<'a> {
     pub finished: Option<&'a Promotion>,
     /// The epoch Lease's epoch, when it is below the record's: the Lease went back.
     pub lease_behind: Option<Epoch>,
+    /// The GPU reserve held after this reconcile.
+    pub gpu_reserve: Option<&'a GpuReserve>,
     pub now: Duration,
 }
 
@@ -193,6 +195,7 @@ pub fn desired_status(facts: &StatusFacts<'_>) -> Result<FailoverPolicyStatus, s
         last_failover,
         // Cold-start breakdowns come from the prober; kept as they are until it lands.
         cold_start: previous.cold_start,
+        gpu_reserve: facts.gpu_reserve.cloned(),
         failover: Some(serde_json::to_value(facts.record)?),
     })
 }
@@ -455,6 +458,7 @@ mod tests {
             record,
             finished: None,
             lease_behind: None,
+            gpu_reserve: None,
             now: NOW,
         })
         .unwrap()
@@ -562,6 +566,7 @@ mod tests {
             record: &rec,
             finished: None,
             lease_behind: Some(Epoch(2)),
+            gpu_reserve: None,
             now: NOW,
         })
         .unwrap();
