@@ -7,10 +7,10 @@ mod emulator_support;
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use emulator_support::{Emulator, OpenStream, completion_body, request, try_request};
+use emulator_support::{
+    CONTROL_PORT as CONTROL, Emulator, OpenStream, completion_body, request, try_request,
+};
 use serde_json::json;
-
-const CONTROL: &str = "--emu-control-port=auto";
 
 #[test]
 fn the_control_endpoint_is_not_on_the_api_port() {

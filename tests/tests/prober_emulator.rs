@@ -7,7 +7,7 @@ mod prober_support;
 
 use std::time::Duration;
 
-use prober_support::{Emulator, free_port};
+use prober_support::{ClosedPort, Emulator};
 use understudy_core::failover::CheckResult;
 use understudy_prober::outcome::{ProbeOutcome, pool_verdict};
 use understudy_prober::probe::{self, Budget, Endpoint, Expectation, ProbeSpec};
@@ -55,7 +55,8 @@ async fn a_healthy_replica_answers_the_golden_answer_again_within_budget() {
 
 #[tokio::test]
 async fn a_closed_port_and_a_replica_still_loading_weights_are_refused() {
-    let closed = probe::probe(&Endpoint::new("127.0.0.1", free_port()), &spec()).await;
+    let closed_port = ClosedPort::bind();
+    let closed = probe::probe(&Endpoint::new("127.0.0.1", closed_port.port), &spec()).await;
     assert_eq!(closed.outcome, ProbeOutcome::Refused);
     // 30 GiB at 1 GiB/s: the port refuses for half a minute; the emulator is dropped long before.
     let starting = Emulator::spawn(&["--emu-weights-gib=30", "--emu-load-gib-per-s=1"], &[]);

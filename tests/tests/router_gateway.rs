@@ -15,14 +15,10 @@ use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::time::Duration;
 
 use router_support::{
-    Emulator, Router, completion, free_port, read_until, request, route, send, streamed_text,
+    ClosedPort, Emulator, Router, completion, read_until, request, route, send, streamed_text,
 };
 use understudy_router::gateway::GatewayConfig;
 use understudy_router::waiting_room::WaitingRoomConfig;
-
-fn dead_endpoint() -> SocketAddr {
-    SocketAddr::from(([127, 0, 0, 1], free_port()))
-}
 
 #[test]
 fn a_stream_passes_through_intact_and_ends_with_done() {
@@ -129,8 +125,9 @@ fn a_pool_whose_every_endpoint_refuses_is_reported_as_all_refused_and_requests_g
         ..GatewayConfig::default()
     };
     let r = Router::start(config, None);
+    let dead = [ClosedPort::bind(), ClosedPort::bind()];
     assert_eq!(
-        r.put_route(&route("a", 1, &[dead_endpoint(), dead_endpoint()]))
+        r.put_route(&route("a", 1, &[dead[0].addr(), dead[1].addr()]))
             .status,
         200
     );
@@ -211,7 +208,8 @@ fn the_highest_epoch_survives_a_router_restart() {
 #[test]
 fn the_admin_api_rejects_a_missing_or_wrong_token() {
     let r = Router::start(GatewayConfig::default(), None);
-    let body = route("a", 1, &[dead_endpoint()]).to_string();
+    let dead = ClosedPort::bind();
+    let body = route("a", 1, &[dead.addr()]).to_string();
     assert_eq!(request(r.admin, "PUT", "/route", &[], &body).status, 401);
     assert_eq!(
         request(

@@ -2,18 +2,21 @@
 //! local game day or an end-to-end test needs it.
 //!
 //! It behaves as the binary does (the same [`run`](super::run) on a current-thread runtime), keeps
-//! its log lines in memory for the caller to read, and stops when the handle drops: nothing
-//! outlives its owner. A `crash` fault ends its thread instead of the process.
+//! its log lines in memory for the caller to read, tells the caller the ports it bound (start it
+//! on port 0 and ask, rather than pick a free port and race others for it), and stops when the
+//! handle drops: nothing outlives its owner. A `crash` fault ends its thread instead of the
+//! process.
 
 use std::io::Write;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
 use super::log::Log;
-use super::{EmulatorConfig, Error, run};
+use super::{BoundAddrs, EmulatorConfig, Error, run_reporting};
 
 /// The emulator's log, shared between its thread and the handle.
 #[derive(Clone, Debug, Default)]
@@ -37,6 +40,8 @@ impl Write for Lines {
 #[derive(Debug)]
 pub struct LocalEmulator {
     lines: Lines,
+    bound: Arc<BoundAddrs>,
+    has_control_port: bool,
     stop: Option<oneshot::Sender<()>>,
     thread: Option<JoinHandle<()>>,
 }
@@ -47,21 +52,26 @@ impl LocalEmulator {
     pub fn start(args: &[String], env: Vec<(String, String)>) -> Result<LocalEmulator, Error> {
         let config = EmulatorConfig::from_args(args, env)?;
         let lines = Lines::default();
+        let bound = Arc::new(BoundAddrs::default());
+        let has_control_port = config.emu.control_port.is_some();
         let log = Arc::new(Log::new(std::process::id(), Box::new(lines.clone())));
         let (stop, stopped) = oneshot::channel::<()>();
+        let reporting = Arc::clone(&bound);
         let thread = std::thread::spawn(move || {
             let Ok(runtime) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
                 return;
             };
             runtime.block_on(async move {
                 tokio::select! {
-                    _ = run(config, log) => {}
+                    _ = run_reporting(config, log, reporting) => {}
                     _ = stopped => {}
                 }
             });
         });
         Ok(LocalEmulator {
             lines,
+            bound,
+            has_control_port,
             stop: Some(stop),
             thread: Some(thread),
         })
@@ -70,6 +80,38 @@ impl LocalEmulator {
     /// Everything it has logged so far.
     pub fn log(&self) -> String {
         String::from_utf8_lossy(&self.lines.0.lock().unwrap_or_else(PoisonError::into_inner)).into_owned()
+    }
+
+    /// Waits until the API port is bound (early in startup, long before it accepts connections)
+    /// and returns its address; `None` if `limit` passed or the emulator stopped first.
+    pub fn api_addr(&self, limit: Duration) -> Option<SocketAddr> {
+        self.wait_for_addr(&self.bound.api, limit)
+    }
+
+    /// Waits until the control port (`--emu-control-port`) is bound and returns its address; `None`
+    /// at once without a control port, and if `limit` passed or the emulator stopped first.
+    pub fn control_addr(&self, limit: Duration) -> Option<SocketAddr> {
+        if !self.has_control_port {
+            return None;
+        }
+        self.wait_for_addr(&self.bound.control, limit)
+    }
+
+    fn wait_for_addr(&self, addr: &OnceLock<SocketAddr>, limit: Duration) -> Option<SocketAddr> {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(a) = addr.get() {
+                return Some(*a);
+            }
+            if self.thread.as_ref().is_none_or(JoinHandle::is_finished) {
+                // It may have bound just before it stopped.
+                return addr.get().copied();
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 
     /// Waits until a logged line contains `needle`; false if `limit` passed first.

@@ -29,8 +29,9 @@ pub mod sleep;
 pub mod sse;
 pub mod startup;
 
-use std::sync::Arc;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use axum::serve::ListenerExt;
@@ -196,8 +197,26 @@ impl Exit {
     }
 }
 
+/// The addresses the emulator has bound, each set once bound. With `--port 0` or
+/// `--emu-control-port 0` the OS picks the port; this is how an in-process owner learns it (a
+/// process reads the log lines that carry it).
+#[derive(Debug, Default)]
+pub struct BoundAddrs {
+    pub api: OnceLock<SocketAddr>,
+    pub control: OnceLock<SocketAddr>,
+}
+
 /// Runs the emulator until a fault ends it (or forever).
 pub async fn run(config: EmulatorConfig, log: Arc<Log>) -> Result<Exit, Error> {
+    run_reporting(config, log, Arc::default()).await
+}
+
+/// [`run`], recording in `bound` each address as soon as it is bound.
+pub async fn run_reporting(
+    config: EmulatorConfig,
+    log: Arc<Log>,
+    bound: Arc<BoundAddrs>,
+) -> Result<Exit, Error> {
     let started = Instant::now();
     let engine = config.build_engine(Arc::clone(&log));
     for fault in &config.faults {
@@ -206,12 +225,13 @@ pub async fn run(config: EmulatorConfig, log: Arc<Log>) -> Result<Exit, Error> {
     let ready = Arc::new(AtomicBool::new(false));
     if let Some(port) = config.emu.control_port {
         let addr = startup::resolve(Some(&config.emu.control_host), port).await?;
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .map_err(|source| Error::Bind {
-                addr: addr.to_string(),
-                source,
-            })?;
+        let bind_err = |source| Error::Bind {
+            addr: addr.to_string(),
+            source,
+        };
+        let listener = tokio::net::TcpListener::bind(addr).await.map_err(bind_err)?;
+        let addr = listener.local_addr().map_err(bind_err)?;
+        let _ = bound.control.set(addr);
         let control = Arc::new(control::Control {
             engine: Arc::clone(&engine),
             ready: Arc::clone(&ready),
@@ -245,7 +265,7 @@ pub async fn run(config: EmulatorConfig, log: Arc<Log>) -> Result<Exit, Error> {
                 max_model_len: config.max_model_len(),
                 dev_mode: config.dev_mode,
             };
-            let listener = startup::run(&config.serve, &config.emu, &facts, &log).await?;
+            let listener = startup::run(&config.serve, &config.emu, &facts, &log, &bound.api).await?;
             ready.store(true, Ordering::SeqCst);
             let info = ServerInfo {
                 version: config.emu.vllm_version.clone(),

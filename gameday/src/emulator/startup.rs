@@ -3,12 +3,13 @@
 //!
 //! vLLM binds its socket before building the engine and listens only once the app is built, so
 //! a connect gets *connection refused* until `Application startup complete.`; this module does
-//! the same with a bound, unlistened socket. Stage times come from the settings (weight size over
-//! load bandwidth, compile, CUDA graph capture, profiling) and the printed numbers are measured,
-//! not copied from the settings. This module must never answer HTTP.
+//! the same with a bound, unlistened socket, and logs the port it bound as soon as it has, so
+//! `--port 0` can be used while the port still refuses. Stage times come from the settings
+//! (weight size over load bandwidth, compile, CUDA graph capture, profiling) and the printed
+//! numbers are measured, not copied from the settings. This module must never answer HTTP.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpSocket};
@@ -105,12 +106,14 @@ async fn stage(d: Duration) -> f64 {
     t0.elapsed().as_secs_f64()
 }
 
-/// Runs the stages, printing vLLM's lines, and returns the listening socket once ready.
+/// Runs the stages, printing vLLM's lines, and returns the listening socket once ready. The
+/// address it binds (the OS's pick under `--port 0`) goes into `bound` as soon as it is bound.
 pub async fn run(
     serve: &ServeArgs,
     emu: &EmuSettings,
     facts: &StartupFacts,
     log: &Arc<Log>,
+    bound: &OnceLock<SocketAddr>,
 ) -> Result<TcpListener, Error> {
     let api = Proc::ApiServer;
     let core = Proc::EngineCore;
@@ -143,6 +146,18 @@ pub async fn run(
     }
     let addr = resolve(serve.host.as_deref(), serve.port).await?;
     let socket = reserve(addr)?;
+    let addr = socket.local_addr().map_err(|source| Error::Bind {
+        addr: addr.to_string(),
+        source,
+    })?;
+    let _ = bound.set(addr);
+    // vLLM says where it serves only once ready; whoever started us with `--port 0` needs the
+    // port while we still refuse (to see the refusal), so this line of our own says it now.
+    log.info(
+        api,
+        "vllm_emulator.py:1",
+        &format!("emulator API endpoint bound, refusing connections until ready, on http://{addr}"),
+    );
     let plan = StagePlan::new(serve, emu);
 
     log.info(
@@ -253,6 +268,8 @@ pub async fn run(
         .as_deref()
         .filter(|h| !h.is_empty())
         .unwrap_or("0.0.0.0");
+    // vLLM prints its `--port`: the bound port, except under `--port 0`, where `:0` would tell
+    // nobody where to connect.
     log.info(
         api,
         "api_server.py:1912",

@@ -6,26 +6,15 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
+use std::net::{Shutdown, TcpStream};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
 use std::time::{Duration, Instant};
 
 pub const MODEL: &str = "Qwen/Qwen3-0.6B";
 
-/// A port nobody listens on right now.
-///
-/// Racy: another process may take the port between this drop and the emulator's bind. Port 0
-/// would remove the race, but the emulator prints the resolved port (0), not the bound one, and
-/// prints it only once ready, after the tests that knock during weight load need it; fixing that
-/// means logging `local_addr()` early in the emulator. Left as is for now.
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+/// Asks [`Emulator::spawn`] for a control port.
+pub const CONTROL_PORT: &str = "--emu-control-port=auto";
 
 /// A running emulator.
 pub struct Emulator {
@@ -37,17 +26,35 @@ pub struct Emulator {
 }
 
 impl Emulator {
-    /// Starts `vllm-emulator serve MODEL --host 127.0.0.1 --port P ARGS…` with `env` added.
+    /// Starts `vllm-emulator serve MODEL --host 127.0.0.1 --port 0 ARGS…` with `env` added, and
+    /// reads the ports it bound from its log. [`CONTROL_PORT`] among `args` asks for a control
+    /// port, also on port 0. The OS picks every port at bind time, so tests running side by side
+    /// never race for one; the API port is known early, while it still refuses connections.
     pub fn spawn(args: &[&str], env: &[(&str, &str)]) -> Emulator {
-        let port = free_port();
-        let control_port = args.contains(&"--emu-control-port=auto").then(free_port);
+        let mut e = Emulator::launch(args, env);
+        e.port = e.bound_port("emulator API endpoint bound");
+        if args.contains(&CONTROL_PORT) {
+            e.control_port = Some(e.bound_port("emulator control endpoint on"));
+        }
+        e
+    }
+
+    /// Starts one that must refuse to start, before it binds anything, and returns how it exited.
+    pub fn refused_start(args: &[&str], env: &[(&str, &str)]) -> ExitStatus {
+        let mut e = Emulator::launch(args, env);
+        e.wait_exit(Duration::from_secs(10))
+            .unwrap_or_else(|| panic!("still running; log:\n{}", e.drain_log().join("\n")))
+    }
+
+    fn launch(args: &[&str], env: &[(&str, &str)]) -> Emulator {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_vllm-emulator"));
-        cmd.args(["serve", MODEL, "--host", "127.0.0.1", "--port", &port.to_string()]);
+        cmd.args(["serve", MODEL, "--host", "127.0.0.1", "--port", "0"]);
         for a in args {
-            match (*a, control_port) {
-                ("--emu-control-port=auto", Some(p)) => cmd.arg(format!("--emu-control-port={p}")),
-                _ => cmd.arg(a),
-            };
+            cmd.arg(if *a == CONTROL_PORT {
+                "--emu-control-port=0"
+            } else {
+                a
+            });
         }
         cmd.env_remove("VLLM_SERVER_DEV_MODE")
             .env_remove("VLLM_KEEP_ALIVE_ON_ENGINE_DEATH");
@@ -72,9 +79,18 @@ impl Emulator {
             child,
             lines,
             log: Vec::new(),
-            port,
-            control_port,
+            port: 0,
+            control_port: None,
         }
+    }
+
+    /// The port at the end of the line containing `needle` (`… on http://127.0.0.1:PORT`).
+    fn bound_port(&mut self, needle: &str) -> u16 {
+        let line = self.wait_for_line(needle);
+        line.rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("no port at the end of `{line}`"))
     }
 
     /// Starts one with instant startup and a zero cost model, and waits until it is ready.
@@ -151,7 +167,7 @@ impl Emulator {
     /// POSTs a fault spec to the control port.
     pub fn inject(&self, spec: &str) -> Response {
         request(
-            self.control_port.expect("started with --emu-control-port=auto"),
+            self.control_port.expect("started with CONTROL_PORT"),
             "POST",
             "/faults",
             Some(spec),

@@ -6,7 +6,7 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
 use understudy_gameday::emulator::local::LocalEmulator;
@@ -14,18 +14,27 @@ use understudy_prober::probe::Endpoint;
 
 pub const MODEL: &str = "Qwen/Qwen3-0.6B";
 
-/// A port nobody listens on right now.
-///
-/// Racy: another process may take the port between this drop and the emulator's bind. Port 0
-/// would remove the race, but the emulator prints the resolved port (0), not the bound one, and
-/// prints it only once ready, after the tests that knock during weight load need it; fixing that
-/// means logging `local_addr()` early in the emulator. Left as is for now.
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+/// A loopback port that refuses every connection, as a dead replica's does: bound, so the OS
+/// gives it to nobody else while this lives, and never listened on, so a connect gets a reset.
+pub struct ClosedPort {
+    _socket: tokio::net::TcpSocket,
+    pub port: u16,
+}
+
+impl ClosedPort {
+    pub fn bind() -> ClosedPort {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind(SocketAddr::from(([127, 0, 0, 1], 0))).unwrap();
+        let port = socket.local_addr().unwrap().port();
+        ClosedPort {
+            _socket: socket,
+            port,
+        }
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
 }
 
 /// A running emulator with a control port.
@@ -36,21 +45,25 @@ pub struct Emulator {
 }
 
 impl Emulator {
-    /// Starts `serve MODEL --host 127.0.0.1 --port P --emu-control-port C ARGS…` without waiting.
+    /// Starts `serve MODEL --host 127.0.0.1 --port 0 --emu-control-port 0 ARGS…` and waits only
+    /// until its ports are bound (early: the API port still refuses connections). The OS picks
+    /// each port when it binds it, so tests side by side never race for one.
     pub fn spawn(args: &[&str], env: &[(&str, &str)]) -> Emulator {
-        let port = free_port();
-        let control_port = free_port();
-        let mut argv: Vec<String> = ["serve", MODEL, "--host", "127.0.0.1", "--port", &port.to_string()]
+        let mut argv: Vec<String> = ["serve", MODEL, "--host", "127.0.0.1", "--port", "0"]
             .iter()
             .map(|s| s.to_string())
             .collect();
-        argv.push(format!("--emu-control-port={control_port}"));
+        argv.push("--emu-control-port=0".into());
         argv.extend(args.iter().map(|s| s.to_string()));
         let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         let local = LocalEmulator::start(&argv, env).expect("emulator arguments");
+        let bound = |addr: Option<SocketAddr>, which: &str| {
+            addr.unwrap_or_else(|| panic!("no {which} port bound in 20 s; log:\n{}", local.log()))
+                .port()
+        };
         Emulator {
-            endpoint: Endpoint::new("127.0.0.1", port),
-            control_port,
+            endpoint: Endpoint::new("127.0.0.1", bound(local.api_addr(Duration::from_secs(20)), "API")),
+            control_port: bound(local.control_addr(Duration::from_secs(20)), "control"),
             local,
         }
     }

@@ -21,12 +21,27 @@ use understudy_router::table::RouteTable;
 pub const MODEL: &str = "Qwen/Qwen3-0.6B";
 pub const TOKEN: &str = "test-admin-token";
 
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+/// A loopback port that refuses every connection, as a dead replica's does: bound, so the OS
+/// gives it to nobody else while this lives, and never listened on, so a connect gets a reset.
+pub struct ClosedPort {
+    _socket: tokio::net::TcpSocket,
+    pub port: u16,
+}
+
+impl ClosedPort {
+    pub fn bind() -> ClosedPort {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind(SocketAddr::from(([127, 0, 0, 1], 0))).unwrap();
+        let port = socket.local_addr().unwrap().port();
+        ClosedPort {
+            _socket: socket,
+            port,
+        }
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
 }
 
 /// Something running on its own thread and runtime until dropped.
@@ -86,21 +101,25 @@ pub struct Emulator {
 }
 
 impl Emulator {
+    /// Starts one on ports the OS picks when it binds them (port 0), so tests side by side never
+    /// race for a port, and waits until it serves.
     pub fn start(args: &[&str], env: &[(&str, &str)]) -> Emulator {
-        let port = free_port();
-        let control_port = free_port();
-        let mut argv: Vec<String> = ["serve", MODEL, "--host", "127.0.0.1", "--port", &port.to_string()]
+        let mut argv: Vec<String> = ["serve", MODEL, "--host", "127.0.0.1", "--port", "0"]
             .iter()
             .map(|s| s.to_string())
             .collect();
-        argv.push(format!("--emu-control-port={control_port}"));
+        argv.push("--emu-control-port=0".into());
         argv.push("--emu-instant".into());
         argv.extend(args.iter().map(|s| s.to_string()));
         let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         let local = LocalEmulator::start(&argv, env).expect("emulator arguments");
+        let bound = |addr: Option<SocketAddr>, which: &str| {
+            addr.unwrap_or_else(|| panic!("no {which} port bound in 20 s; log:\n{}", local.log()))
+                .port()
+        };
         let e = Emulator {
-            port,
-            control_port,
+            port: bound(local.api_addr(Duration::from_secs(20)), "API"),
+            control_port: bound(local.control_addr(Duration::from_secs(20)), "control"),
             local,
         };
         e.wait_for_line("Application startup complete.");
