@@ -65,7 +65,8 @@ pub struct ReservePlan {
     pub pool_name: String,
     /// The reserve Deployment's name.
     pub deployment: String,
-    /// The replicas of the standby's pilot-light groups with `reserveGpus: true`.
+    /// The replicas of the standby's pilot-light groups with `reserveGpus: true`; the controller
+    /// lowers it to those not running ([`waiting_reserved`]).
     pub replicas: u32,
 }
 
@@ -121,6 +122,15 @@ pub fn reserve_plan(policy: &str, spec: &FailoverPolicySpec, primary: Pool) -> O
         deployment: reserve_name(policy, &pool.name),
         replicas,
     })
+}
+
+/// How many of `reserved` pilot-light replicas wait without running, when the pool's workload
+/// runs `running` of its `total` replicas: the running ones hold their GPUs already. A pool scales
+/// up as a whole, so the replicas beyond `running` are the pilot light, reserved ones counted
+/// first.
+#[must_use]
+pub fn waiting_reserved(reserved: u32, total: u32, running: u32) -> u32 {
+    reserved.min(total.saturating_sub(running))
 }
 
 /// What one replica of a workload runs: its pod template, and how many pods make one replica.
@@ -466,6 +476,15 @@ mod tests {
                 }
             }}
         })
+    }
+
+    #[test]
+    fn only_reserved_replicas_that_are_not_running_are_held() {
+        // Six replicas, two hot, three reserved pilot light, one unreserved.
+        assert_eq!(waiting_reserved(3, 6, 2), 3, "a standby as configured");
+        assert_eq!(waiting_reserved(3, 6, 4), 2, "two of the pilot light run already");
+        assert_eq!(waiting_reserved(3, 6, 6), 0, "an old primary runs them all");
+        assert_eq!(waiting_reserved(3, 6, 9), 0, "scaled beyond the spec by hand");
     }
 
     #[test]

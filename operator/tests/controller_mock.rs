@@ -1806,14 +1806,14 @@ async fn a_failover_releases_the_new_primarys_reserve_and_reserves_for_the_new_s
                 .await
                 .answer(200, &west_deployment(2));
             // us-west holds the Lease now: its placeholders go, pods and all, and us-east, the
-            // new standby, gets its own.
-            let delete = server.expect("DELETE", WEST_RESERVE_PATH).await;
-            assert_eq!(delete.body["propagationPolicy"], "Background");
-            delete.answer(200, &deleted("llama-us-west-reserve"));
+            // new standby, gets its own for the pilot-light replicas it does not run.
             server
                 .expect("GET", EAST_PATH)
                 .await
                 .answer(200, &vllm("vllm-east", "us-east-1a"));
+            let delete = server.expect("DELETE", WEST_RESERVE_PATH).await;
+            assert_eq!(delete.body["propagationPolicy"], "Background");
+            delete.answer(200, &deleted("llama-us-west-reserve"));
             let reserve = answer_reserve(server.expect("PATCH", EAST_RESERVE_PATH).await);
             assert_eq!(reserve["metadata"]["labels"]["understudy.dev/pool"], "us-east");
             assert_eq!(
@@ -1835,6 +1835,44 @@ async fn a_failover_releases_the_new_primarys_reserve_and_reserves_for_the_new_s
     let reasons = reasons(&events);
     assert!(reasons.contains(&"GpuReserveReleased"), "{reasons:?}");
     assert!(reasons.contains(&"GpuReserveHeld"), "{reasons:?}");
+}
+
+#[tokio::test]
+async fn an_old_primary_still_running_its_pilot_light_holds_no_reserve() {
+    // us-west is primary after a failover; us-east, the standby now, still runs all four of its
+    // replicas, so its pilot light holds its GPUs itself.
+    let mut object = with_record(
+        reserving_policy(),
+        &record(FailoverState::starting_at(Pool::B, Epoch(1)), None),
+    );
+    object["status"]["gpuReserve"] =
+        json!({"pool": "us-east", "deployment": "llama-us-east-reserve", "replicas": 2});
+    let (ctx, server) = context(Vec::new());
+    let stored = object.clone();
+    let (result, events) = run_scenario(
+        &object,
+        ctx,
+        |mut server| async move {
+            server
+                .expect("GET", LEASE_PATH)
+                .await
+                .answer(200, &lease("us-west", 1, "42"));
+            let mut east = vllm("vllm-east", "us-east-1a");
+            east["spec"]["replicas"] = json!(4);
+            server.expect("GET", EAST_PATH).await.answer(200, &east);
+            server
+                .expect("DELETE", EAST_RESERVE_PATH)
+                .await
+                .answer(200, &deleted("llama-us-east-reserve"));
+            let applied = answer_status(server.expect("PATCH", STATUS_PATH).await, &stored);
+            assert!(applied["gpuReserve"].is_null(), "{applied}");
+            server.expect_no_more().await
+        },
+        server,
+    )
+    .await;
+    assert!(result.is_ok(), "{result:?}");
+    assert_eq!(reasons(&events), ["GpuReserveReleased"]);
 }
 
 #[tokio::test]

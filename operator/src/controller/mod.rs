@@ -70,7 +70,9 @@ use crate::crd::{
 use crate::lease::{EpochLease, FIELD_MANAGER, KubeLease, LeaseError, LeaseRecord};
 use crate::metrics::Metrics;
 use crate::policy::{self, pool_by_name, pool_name};
-use crate::reserve::{ReserveConfig, ReserveError, reserve_deployment, reserve_plan, workload_shape};
+use crate::reserve::{
+    ReserveConfig, ReserveError, reserve_deployment, reserve_plan, waiting_reserved, workload_shape,
+};
 
 /// The finalizer the controller puts on every FailoverPolicy it runs.
 pub const FINALIZER: &str = "understudy.dev/cleanup";
@@ -865,10 +867,12 @@ async fn apply(policy: &FailoverPolicy, ctx: &Context, namespace: &str) -> Resul
 }
 
 /// Keeps the GPU reserve where `primary`, the Lease's holder, wants it: placeholder pods for the
-/// standby's reserved pilot-light replicas, applied with server-side apply on every reconcile, and
-/// the reserve recorded in status deleted once it is not that one (its pool became primary, or the
-/// spec no longer asks for it). A reserve is deleted rather than scaled to zero: its existence is
-/// what holds GPUs, and the next one is built afresh from the workload's template.
+/// standby's reserved pilot-light replicas that are not running (an old primary after a failover
+/// still runs them all, and needs none), applied with server-side apply on every reconcile, and
+/// the reserve recorded in status deleted once it is not that one (its pool became primary, its
+/// pilot light is running, or the spec no longer asks for it). A reserve is deleted rather than
+/// scaled to zero: its existence is what holds GPUs, and the next one is built afresh from the
+/// workload's template.
 async fn keep_reserve(
     ctx: &Context,
     run: &mut Run<'_>,
@@ -876,12 +880,31 @@ async fn keep_reserve(
     namespace: &str,
     primary: Pool,
 ) -> Result<(), Error> {
-    let plan = reserve_plan(&policy.name_any(), run.spec, primary);
+    let mut wanted = None;
+    if let Some(mut plan) = reserve_plan(&policy.name_any(), run.spec, primary) {
+        let pool = run.pool_spec(plan.pool);
+        let workload = Workload::new(ctx.client.clone(), namespace, &pool.workload);
+        let object = workload.get().await.map_err(|source| Error::Reserve {
+            object: format!("reading {:?} {}", pool.workload.kind, pool.workload.name),
+            source,
+        })?;
+        let running = object
+            .data
+            .pointer("/spec/replicas")
+            .and_then(serde_json::Value::as_u64)
+            .map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX));
+        plan.replicas = waiting_reserved(plan.replicas, pool.replicas, running);
+        if plan.replicas > 0 {
+            let shape = workload_shape(pool.workload.kind, &pool.workload.name, &object.data)
+                .map_err(Error::ReserveShape)?;
+            wanted = Some((plan, shape));
+        }
+    }
     let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), namespace);
     if let Some(held) = run.gpu_reserve.clone()
-        && plan
+        && wanted
             .as_ref()
-            .is_none_or(|plan| plan.deployment != held.deployment)
+            .is_none_or(|(plan, _)| plan.deployment != held.deployment)
     {
         match deployments
             .delete(&held.deployment, &DeleteParams::background())
@@ -899,17 +922,9 @@ async fn keep_reserve(
         run.gpu_reserve = None;
         run.notices.push(Notice::ReserveReleased(held));
     }
-    let Some(plan) = plan else {
+    let Some((plan, shape)) = wanted else {
         return Ok(());
     };
-    let pool = run.pool_spec(plan.pool);
-    let workload = Workload::new(ctx.client.clone(), namespace, &pool.workload);
-    let object = workload.get().await.map_err(|source| Error::Reserve {
-        object: format!("reading {:?} {}", pool.workload.kind, pool.workload.name),
-        source,
-    })?;
-    let shape =
-        workload_shape(pool.workload.kind, &pool.workload.name, &object.data).map_err(Error::ReserveShape)?;
     let deployment = reserve_deployment(policy, &plan, &shape, &ctx.reserve).map_err(Error::ReserveShape)?;
     let params = PatchParams::apply(FIELD_MANAGER).force();
     deployments
