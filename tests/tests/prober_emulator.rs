@@ -7,10 +7,11 @@ mod prober_support;
 
 use std::time::Duration;
 
-use prober_support::{ClosedPort, Emulator};
+use prober_support::Emulator;
 use understudy_core::failover::CheckResult;
 use understudy_prober::outcome::{ProbeOutcome, pool_verdict};
 use understudy_prober::probe::{self, Budget, Endpoint, Expectation, ProbeSpec};
+use understudy_tests::ClosedPort;
 
 const DEV: &[(&str, &str)] = &[("VLLM_SERVER_DEV_MODE", "1")];
 

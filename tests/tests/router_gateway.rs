@@ -14,11 +14,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::time::Duration;
 
-use router_support::{
-    ClosedPort, Emulator, Router, completion, read_until, request, route, send, streamed_text,
-};
+use router_support::{Emulator, Router, completion, read_until, request, route, send, streamed_text};
 use understudy_router::gateway::GatewayConfig;
 use understudy_router::waiting_room::WaitingRoomConfig;
+use understudy_tests::ClosedPort;
 
 #[test]
 fn a_stream_passes_through_intact_and_ends_with_done() {

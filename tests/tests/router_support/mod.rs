@@ -21,29 +21,6 @@ use understudy_router::table::RouteTable;
 pub const MODEL: &str = "Qwen/Qwen3-0.6B";
 pub const TOKEN: &str = "test-admin-token";
 
-/// A loopback port that refuses every connection, as a dead replica's does: bound, so the OS
-/// gives it to nobody else while this lives, and never listened on, so a connect gets a reset.
-pub struct ClosedPort {
-    _socket: tokio::net::TcpSocket,
-    pub port: u16,
-}
-
-impl ClosedPort {
-    pub fn bind() -> ClosedPort {
-        let socket = tokio::net::TcpSocket::new_v4().unwrap();
-        socket.bind(SocketAddr::from(([127, 0, 0, 1], 0))).unwrap();
-        let port = socket.local_addr().unwrap().port();
-        ClosedPort {
-            _socket: socket,
-            port,
-        }
-    }
-
-    pub fn addr(&self) -> SocketAddr {
-        SocketAddr::from(([127, 0, 0, 1], self.port))
-    }
-}
-
 /// Something running on its own thread and runtime until dropped.
 struct Background {
     stop: Option<tokio::sync::oneshot::Sender<()>>,
