@@ -1,5 +1,5 @@
-//! The FailoverPolicy custom resource: what a user writes (spec) and what the operator reports
-//! (status).
+//! The FailoverPolicy and GameDay custom resources: what a user writes (spec) and what the
+//! operator reports (status).
 //!
 //! The schema carries every rule an apiserver can enforce on its own (types, enums, bounds and
 //! CEL `x-kubernetes-validations`), so a nonsense policy is refused at `kubectl apply` with a
@@ -833,4 +833,307 @@ pub struct ColdStartBreakdown {
     /// firstToken); a stage not measured has no value.
     #[serde(default)]
     pub stages: BTreeMap<String, Option<f64>>,
+}
+
+/// Fails a FailoverPolicy over for real, on a schedule or on demand, and records the timeline and
+/// a verdict.
+///
+/// The fault goes through the policy's own command annotation, so the promotion is the real one,
+/// fenced by the epoch Lease; the game day only asks, watches the policy's status, and judges.
+#[allow(
+    clippy::duplicated_attributes,
+    reason = "several printer columns are `type_ = \"string\"`, which clippy reads as a duplicate"
+)]
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "understudy.dev",
+    version = "v1alpha1",
+    kind = "GameDay",
+    plural = "gamedays",
+    shortname = "gd",
+    namespaced,
+    status = "GameDayStatus",
+    derive = "PartialEq",
+    doc = "Fails a FailoverPolicy over for real, on a schedule or on demand, and records a verdict.",
+    printcolumn(name = "Policy", type_ = "string", json_path = ".spec.policyRef.name"),
+    printcolumn(name = "Schedule", type_ = "string", json_path = ".spec.schedule"),
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(name = "Last Verdict", type_ = "string", json_path = ".status.lastVerdict"),
+    printcolumn(name = "Next Run", type_ = "date", json_path = ".status.nextRunAt")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct GameDaySpec {
+    /// The FailoverPolicy, in this namespace, that the game day fails over.
+    pub policy_ref: PolicyRef,
+
+    /// When to run, as a five-field cron expression (`minute hour day-of-month month
+    /// day-of-week`) in UTC, e.g. `0 10 * * TUE`. Without it, the game day runs only when given
+    /// the annotation `understudy.dev/command: run`. A run due while another is still going is
+    /// skipped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 128))]
+    #[x_kube(
+        validation = Rule::new(format!("self.matches('{CRON_PATTERN}')")).message(
+            "must be a five-field cron expression (minute hour day-of-month month day-of-week), \
+             e.g. '0 10 * * TUE', or @hourly, @daily, @weekly, @monthly, @yearly"
+        ),
+    )]
+    pub schedule: Option<String>,
+
+    /// What is injected.
+    #[serde(default)]
+    pub fault: Fault,
+
+    /// What must hold before anything is injected. A run that finds it broken injects nothing
+    /// and is recorded Aborted.
+    #[serde(default)]
+    pub steady_state: SteadyStateSpec,
+
+    /// Stop condition: the run fails when the new primary is not serving this long after the
+    /// fault was injected (and likewise for the failback), e.g. `5m`.
+    #[x_kube(validation = positive_duration())]
+    pub max_recovery: GoDuration,
+
+    /// Whether the game day gives the primary role back to the home pool itself.
+    #[serde(default)]
+    pub failback: GameDayFailback,
+
+    /// Finished runs kept in `status.lastRuns`, newest first.
+    #[serde(default = "default_history_limit")]
+    #[schemars(range(min = 1, max = 50))]
+    pub history_limit: u32,
+}
+
+/// Five whitespace-separated fields of digits, names, `*`, `,`, `-` and `/`, or a macro. The
+/// operator's parser (`crate::cron`) checks the ranges and says which field is wrong.
+const CRON_PATTERN: &str = "^(@(yearly|annually|monthly|weekly|daily|midnight|hourly)|\
+                            [*,/0-9A-Za-z-]+( +[*,/0-9A-Za-z-]+){4})$";
+
+/// A FailoverPolicy in the game day's namespace.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct PolicyRef {
+    /// The FailoverPolicy's name.
+    #[schemars(length(min = 1, max = 253))]
+    #[x_kube(
+        validation = Rule::new(format!("self.matches('{DNS_SUBDOMAIN_PATTERN}')"))
+            .message("must be a Kubernetes object name (RFC 1123 subdomain)"),
+    )]
+    pub name: String,
+}
+
+/// The fault a game day injects.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[serde(rename_all = "camelCase")]
+pub enum Fault {
+    /// Ask the policy to fail over (its `failover` command): the real promotion, fenced by the
+    /// epoch Lease, from a primary that is still healthy.
+    #[default]
+    Failover,
+}
+
+/// The steady state a run checks before it injects. Always checked, from the policy's status:
+/// `Ready` is True and the state is Serving (no promotion under way, primary not suspect); the
+/// standby is proven (`StandbyProven` True) and parity is not broken; the home pool is primary;
+/// the policy's minimum dwell since its last transition has passed; no other game day is running
+/// on the policy.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct SteadyStateSpec {
+    /// Also require the policy's `Ready` condition to have been True at least this long, e.g.
+    /// `30m`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = non_negative_duration())]
+    pub ready_for: Option<GoDuration>,
+}
+
+/// Whether and when a game day fails back.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("self.mode != 'after' || has(self.after)")
+        .message("after is required when mode is after"),
+    validation = Rule::new("self.mode != 'manual' || !has(self.after)")
+        .message("after is not used when mode is manual"),
+)]
+pub struct GameDayFailback {
+    /// `manual`: the run ends once the standby serves, and stays there until someone gives the
+    /// policy a failback command. `after`: the game day holds on the standby for `after`, then
+    /// gives the failback command itself.
+    #[serde(default)]
+    pub mode: GameDayFailbackMode,
+
+    /// How long to hold on the standby before failing back. The policy refuses a promotion
+    /// within its `trigger.minDwell`, so the failback waits for that too when it is longer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = positive_duration())]
+    pub after: Option<GoDuration>,
+}
+
+/// Game-day failback modes.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[serde(rename_all = "camelCase")]
+pub enum GameDayFailbackMode {
+    #[default]
+    Manual,
+    After,
+}
+
+fn default_history_limit() -> u32 {
+    10
+}
+
+/// What the operator observed of a game day's runs.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct GameDayStatus {
+    /// The current run's phase, or Idle.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+
+    /// The run under way, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_run: Option<GameDayRun>,
+
+    /// Finished runs, newest first, at most `spec.historyLimit`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub last_runs: Vec<GameDayRun>,
+
+    /// The verdict of the newest finished run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_verdict: Option<Verdict>,
+
+    /// When the schedule next fires, RFC 3339; absent without a schedule.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_run_at: Option<String>,
+
+    /// Why nothing is scheduled, when the schedule cannot be read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+
+    /// The last `understudy.dev/command` value handled, so that it is not run twice.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handled_command: Option<String>,
+
+    /// The spec generation `nextRunAt` was computed for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
+
+/// One run of a game day.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct GameDayRun {
+    /// The run's id, from the time it was due, e.g. `20240604-100000`.
+    pub id: String,
+    /// What started it.
+    pub trigger: RunTrigger,
+    /// Where the run is.
+    pub phase: RunPhase,
+    /// Every phase the run entered, in order, with when.
+    #[serde(default)]
+    pub transitions: Vec<RunTransition>,
+    /// The pool that was primary when the fault was injected.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_pool: Option<String>,
+    /// The standby the fault was to promote.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to_pool: Option<String>,
+    /// The policy's epoch before the fault.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub baseline_epoch: Option<u64>,
+    /// The command annotation value given to the policy to inject the fault.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<String>,
+    /// The recovery, as the policy's own status recorded it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovery: Option<RecoveryTimeline>,
+    /// The failback, as the policy's own status recorded it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failback: Option<RecoveryTimeline>,
+    /// A stop condition that fired while holding on the standby: the run fails back early and
+    /// fails.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_condition: Option<String>,
+    /// Set when the run is over.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verdict: Option<Verdict>,
+    /// Why the verdict is what it is, or what the run waits for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// What started a run.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[serde(rename_all = "camelCase")]
+pub enum RunTrigger {
+    Schedule,
+    Command,
+}
+
+/// The phases of a run.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RunPhase {
+    Scheduled,
+    CheckingSteadyState,
+    Injected,
+    Recovered,
+    HoldingOnStandby,
+    FailingBack,
+    Done,
+    Aborted,
+    Failed,
+}
+
+impl RunPhase {
+    /// Whether the run is over.
+    #[must_use]
+    pub fn is_final(self) -> bool {
+        matches!(self, RunPhase::Done | RunPhase::Aborted | RunPhase::Failed)
+    }
+}
+
+/// A phase a run entered and when, RFC 3339.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct RunTransition {
+    pub phase: RunPhase,
+    pub at: String,
+}
+
+/// A run's verdict.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Verdict {
+    /// The standby served within `maxRecovery` (and, with `failback.mode: after`, the home pool
+    /// took the role back within it).
+    Passed,
+    /// A stop condition fired: serving did not come back within `maxRecovery`, or the standby
+    /// lost its steady state while holding.
+    Failed,
+    /// Nothing was judged: the steady state did not hold, so nothing was injected, or the policy
+    /// refused or went its own way.
+    Aborted,
+}
+
+/// One promotion a run caused, from the command to serving, with the policy's own timeline.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct RecoveryTimeline {
+    /// When the game day gave the command, RFC 3339.
+    pub commanded_at: String,
+    /// The epoch the promotion claimed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epoch: Option<u64>,
+    /// When the policy started the promotion (its `lastFailover.startedAt`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<String>,
+    /// When the policy finished it (its `lastFailover.finishedAt`): the new primary serves.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serving_at: Option<String>,
+    /// Seconds from the command to serving.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seconds: Option<u64>,
+    /// The promotion's steps, as the policy recorded them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub steps: Vec<TimelineStep>,
 }

@@ -2,6 +2,8 @@
 pub mod admin;
 pub mod controller;
 pub mod crd;
+pub mod cron;
+pub mod gameday;
 mod http1;
 pub mod leader;
 pub mod lease;

@@ -1,6 +1,6 @@
 //! The understudy operator: parses its configuration, serves the admin port, contends for
-//! leadership, and while it leads runs the FailoverPolicy controller and the generating probes
-//! that feed it.
+//! leadership, and while it leads runs the FailoverPolicy controller, the generating probes that
+//! feed it, and the GameDay controller.
 //!
 //! Losing leadership ends the process with an error, as client-go controllers do: Kubernetes
 //! restarts it, and the fresh process contends again with nothing left over from its time as
@@ -17,6 +17,7 @@ use kube::{Api, Client};
 use tracing_subscriber::EnvFilter;
 use understudy_operator::admin::{self, Readiness, Role};
 use understudy_operator::controller::{self, Context, HandOffToComponents, StepExecutor};
+use understudy_operator::gameday;
 use understudy_operator::leader::{LeaderConfig, LeaderElector};
 use understudy_operator::lease::KubeLease;
 use understudy_operator::metrics::Metrics;
@@ -33,7 +34,7 @@ struct Args {
     #[arg(long, env = "UNDERSTUDY_ADMIN_ADDR", default_value = "0.0.0.0:9090")]
     admin_addr: SocketAddr,
 
-    /// Watch FailoverPolicies in this namespace only; all namespaces when unset.
+    /// Watch FailoverPolicies and GameDays in this namespace only; all namespaces when unset.
     #[arg(long, env = "UNDERSTUDY_NAMESPACE")]
     namespace: Option<String>,
 
@@ -149,6 +150,11 @@ async fn main() -> anyhow::Result<()> {
     }
     // The operator reaches the pods it probes, so it wakes the new primary's warm replicas itself.
     let steps = Arc::new(WakeReplicas::new(replicas, steps));
+    // Same leader, same client: a game day only ever asks the policy controller to act.
+    let gamedays = Arc::new(gameday::controller::Context::new(
+        client.clone(),
+        Some(args.identity.clone()),
+    ));
     let ctx = Context::new(client, metrics, Some(args.identity.clone()))
         .with_observations(observations)
         .with_steps(steps)
@@ -159,7 +165,12 @@ async fn main() -> anyhow::Result<()> {
     let ctx = Arc::new(ctx);
     readiness.set(Role::Leading);
     let outcome = tokio::select! {
-        () = controller::run(ctx, args.namespace.as_deref()) => Ok(()),
+        ((), ()) = async {
+            tokio::join!(
+                controller::run(ctx, args.namespace.as_deref()),
+                gameday::controller::run(gamedays, args.namespace.as_deref()),
+            )
+        } => Ok(()),
         lost = leading.wait_for(|leads| !*leads) => {
             lost.context("the leader elector stopped")?;
             Err(anyhow::anyhow!("lost leadership; exiting so that a fresh process contends again"))

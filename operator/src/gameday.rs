@@ -1,0 +1,668 @@
+//! The run of a game day, as a state machine: Scheduled → CheckingSteadyState → Injected →
+//! Recovered → (HoldingOnStandby → FailingBack →) Done, or Aborted / Failed with a reason.
+//!
+//! Pure: it reads a [`PolicyView`] (what the FailoverPolicy's status says) and the time it is
+//! given, updates the run record that `GameDay.status` shows, and says which command the policy
+//! should be given. The controller ([`controller`]) does the reading and writing. The record is
+//! the CRD's own type, which is why this lives in the operator and not in core.
+//!
+//! What a run must never do: inject while the steady state does not hold, or take any action on
+//! the policy other than its own `failover` and `failback` commands, which the policy carries out
+//! (or refuses) behind its fencing epoch. A run that stops does not undo a promotion in progress:
+//! the policy finishes it and keeps a primary throughout.
+
+pub mod controller;
+
+use std::time::Duration;
+
+use k8s_openapi::jiff::Timestamp;
+
+use crate::controller::rfc3339;
+use crate::crd::{
+    Condition, ConditionStatus, FailoverPolicy, FailoverTimeline, GameDayFailbackMode, GameDayRun,
+    GameDaySpec, RecoveryTimeline, RunPhase, RunTransition, RunTrigger, TransitionKind, Verdict,
+    condition_type,
+};
+
+/// The policy's `minDwell` is counted from a finish time recorded to the second; waiting one
+/// second more makes sure the policy's own clock agrees the dwell is over.
+const DWELL_MARGIN: Duration = Duration::from_secs(1);
+
+/// What a run needs from the GameDay's spec, parsed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunConfig {
+    pub max_recovery: Duration,
+    /// `None`: failback is manual.
+    pub failback_after: Option<Duration>,
+    pub ready_for: Option<Duration>,
+}
+
+impl RunConfig {
+    /// Parses the spec's durations; the schema has checked them, this reports any it did not.
+    pub fn from_spec(spec: &GameDaySpec) -> Result<Self, String> {
+        let max_recovery = spec
+            .max_recovery
+            .parse()
+            .map_err(|e| format!("maxRecovery: {e}"))?;
+        let failback_after = match (spec.failback.mode, &spec.failback.after) {
+            (GameDayFailbackMode::Manual, _) => None,
+            (GameDayFailbackMode::After, Some(after)) => {
+                Some(after.parse().map_err(|e| format!("failback.after: {e}"))?)
+            }
+            (GameDayFailbackMode::After, None) => {
+                return Err("failback.after is required when failback.mode is after".to_owned());
+            }
+        };
+        let ready_for = spec
+            .steady_state
+            .ready_for
+            .as_ref()
+            .map(|d| d.parse().map_err(|e| format!("steadyState.readyFor: {e}")))
+            .transpose()?;
+        Ok(RunConfig {
+            max_recovery,
+            failback_after,
+            ready_for,
+        })
+    }
+}
+
+/// What a FailoverPolicy's status and metadata say, as a run reads them.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PolicyView {
+    /// The home primary (the first pool) and the home standby (the second).
+    pub home: String,
+    pub home_standby: String,
+    pub primary: Option<String>,
+    pub epoch: Option<u64>,
+    pub state: Option<String>,
+    pub ready: Option<Condition>,
+    pub standby_proven: Option<Condition>,
+    pub parity: Option<Condition>,
+    pub last_transition: Option<FailoverTimeline>,
+    /// The `understudy.dev/command` annotation on the policy.
+    pub command: Option<String>,
+    /// The last command value the policy handled.
+    pub handled_command: Option<String>,
+    /// The policy's `trigger.minDwell`.
+    pub min_dwell: Duration,
+    /// Another game day with a run under way on this policy.
+    pub claimed_by: Option<String>,
+}
+
+impl PolicyView {
+    /// Reads a policy; `claimed_by` is another game day the controller found running on it.
+    #[must_use]
+    pub fn of(policy: &FailoverPolicy, command: Option<&str>, claimed_by: Option<String>) -> Self {
+        let pool = |i: usize| {
+            policy
+                .spec
+                .pools
+                .get(i)
+                .map(|p| p.name.clone())
+                .unwrap_or_default()
+        };
+        let status = policy.status.clone().unwrap_or_default();
+        let handled_command = status
+            .failover
+            .as_ref()
+            .and_then(|f| f.pointer("/handledCommand/value"))
+            .and_then(serde_json::Value::as_str)
+            .map(str::to_owned);
+        PolicyView {
+            home: pool(0),
+            home_standby: pool(1),
+            primary: status.primary_pool,
+            epoch: status.epoch,
+            state: status.state,
+            ready: status.conditions.get(condition_type::READY).cloned(),
+            standby_proven: status.conditions.get(condition_type::STANDBY_PROVEN).cloned(),
+            parity: status.conditions.get(condition_type::PARITY_HOLDS).cloned(),
+            last_transition: status.last_failover,
+            command: command.map(str::to_owned),
+            handled_command,
+            min_dwell: policy.spec.trigger.min_dwell.parse().unwrap_or_default(),
+            claimed_by,
+        }
+    }
+
+    fn standby(&self) -> &str {
+        if self.primary.as_deref() == Some(self.home.as_str()) {
+            &self.home_standby
+        } else {
+            &self.home
+        }
+    }
+
+    fn promoting(&self) -> bool {
+        self.state.as_deref() == Some("Promoting")
+    }
+
+    /// The policy's latest transition, when it is newer than `epoch`.
+    fn transition_after(&self, epoch: u64) -> Option<&FailoverTimeline> {
+        self.last_transition.as_ref().filter(|t| t.epoch > epoch)
+    }
+
+    fn saw(&self, command: &str) -> bool {
+        self.command.as_deref() == Some(command) || self.handled_command.as_deref() == Some(command)
+    }
+
+    /// When the policy's minimum dwell after its last transition ends.
+    fn dwell_until(&self) -> Option<Duration> {
+        let finished = instant(self.last_transition.as_ref()?.finished_at.as_deref()?)?;
+        Some(finished + self.min_dwell + DWELL_MARGIN)
+    }
+}
+
+/// A command a run gives the policy, with the annotation value that carries it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PolicyCommand {
+    Failover(String),
+    Failback(String),
+}
+
+impl PolicyCommand {
+    /// The `understudy.dev/command` annotation value.
+    #[must_use]
+    pub fn value(&self) -> &str {
+        match self {
+            PolicyCommand::Failover(value) | PolicyCommand::Failback(value) => value,
+        }
+    }
+}
+
+/// A run's id, from the time it was due: `20240604-100000`.
+#[must_use]
+pub fn run_id(due: Duration) -> String {
+    rfc3339(due)
+        .chars()
+        .filter(|c| c.is_ascii_digit() || *c == 'T')
+        .collect::<String>()
+        .replace('T', "-")
+}
+
+/// The annotation value that gives `word` to the policy for one run; the token after `@` makes
+/// every run's command new to the policy, which handles each value once.
+#[must_use]
+pub fn command_value(word: &str, gameday: &str, run: &str) -> String {
+    format!("{word}@gameday-{gameday}-{run}")
+}
+
+/// Reads an RFC 3339 time as time since the Unix epoch.
+#[must_use]
+pub fn instant(text: &str) -> Option<Duration> {
+    let at: Timestamp = text.parse().ok()?;
+    Some(Duration::from_secs(u64::try_from(at.as_second()).ok()?))
+}
+
+fn condition_is_true(condition: Option<&Condition>) -> bool {
+    condition.is_some_and(|c| c.status == ConditionStatus::True)
+}
+
+fn describe_condition(kind: &str, condition: Option<&Condition>) -> String {
+    match condition {
+        Some(c) => format!("{kind} is {:?} ({}): {}", c.status, c.reason, c.message),
+        None => format!("the policy reports no {kind} condition yet"),
+    }
+}
+
+/// Everything about the policy that forbids injecting now; empty when the steady state holds.
+#[must_use]
+pub fn steady_state_violations(view: &PolicyView, config: &RunConfig, now: Duration) -> Vec<String> {
+    let mut violations = Vec::new();
+    if let Some(other) = &view.claimed_by {
+        violations.push(format!("game day {other} is running on the policy"));
+    }
+    if condition_is_true(view.ready.as_ref()) {
+        let since = view
+            .ready
+            .as_ref()
+            .and_then(|c| c.last_transition_time.as_deref())
+            .and_then(instant);
+        if let Some(ready_for) = config.ready_for
+            && since.is_none_or(|since| now < since + ready_for)
+        {
+            violations.push(format!(
+                "Ready has been True for less than steadyState.readyFor ({})",
+                understudy_core::duration::format(ready_for)
+            ));
+        }
+    } else {
+        violations.push(describe_condition("Ready", view.ready.as_ref()));
+    }
+    match view.state.as_deref() {
+        Some("Serving") => {}
+        Some(state) => violations.push(format!("the policy is {state}, not Serving")),
+        None => violations.push("the policy reports no state yet".to_owned()),
+    }
+    if !condition_is_true(view.standby_proven.as_ref()) {
+        violations.push(describe_condition("StandbyProven", view.standby_proven.as_ref()));
+    }
+    if view
+        .parity
+        .as_ref()
+        .is_some_and(|c| c.status == ConditionStatus::False)
+    {
+        violations.push(describe_condition("ParityHolds", view.parity.as_ref()));
+    }
+    if view.primary.as_deref() != Some(view.home.as_str()) {
+        violations.push(format!(
+            "the primary is {}, not the home pool {}: fail back first",
+            view.primary.as_deref().unwrap_or("unknown"),
+            view.home
+        ));
+    }
+    if let Some(until) = view.dwell_until()
+        && now < until
+    {
+        violations.push(format!(
+            "the policy's minDwell after its last transition lasts until {}; it would refuse a failover",
+            rfc3339(until)
+        ));
+    }
+    violations
+}
+
+fn seconds_between(from: &str, to: &str) -> Option<u64> {
+    Some(instant(to)?.saturating_sub(instant(from)?).as_secs())
+}
+
+fn from_policy(recorded: &mut RecoveryTimeline, timeline: &FailoverTimeline) {
+    recorded.epoch = Some(timeline.epoch);
+    recorded.started_at = Some(timeline.started_at.clone());
+    recorded.serving_at.clone_from(&timeline.finished_at);
+    recorded.seconds = timeline
+        .finished_at
+        .as_deref()
+        .and_then(|finished| seconds_between(&recorded.commanded_at, finished));
+    recorded.steps.clone_from(&timeline.steps);
+}
+
+impl GameDayRun {
+    /// A run due at `due`, not started.
+    #[must_use]
+    pub fn due(trigger: RunTrigger, due: Duration) -> Self {
+        GameDayRun {
+            id: run_id(due),
+            trigger,
+            phase: RunPhase::Scheduled,
+            transitions: vec![RunTransition {
+                phase: RunPhase::Scheduled,
+                at: rfc3339(due),
+            }],
+            from_pool: None,
+            to_pool: None,
+            baseline_epoch: None,
+            command: None,
+            recovery: None,
+            failback: None,
+            verdict: None,
+            reason: None,
+            stop_condition: None,
+        }
+    }
+
+    fn enter(&mut self, phase: RunPhase, now: Duration) {
+        self.phase = phase;
+        self.transitions.push(RunTransition {
+            phase,
+            at: rfc3339(now),
+        });
+    }
+
+    fn finish(&mut self, phase: RunPhase, verdict: Verdict, reason: String, now: Duration) {
+        self.enter(phase, now);
+        self.verdict = Some(verdict);
+        self.reason = Some(reason);
+    }
+
+    fn abort(&mut self, reason: String, now: Duration) {
+        self.finish(RunPhase::Aborted, Verdict::Aborted, reason, now);
+    }
+
+    fn fail(&mut self, reason: String, now: Duration) {
+        self.finish(RunPhase::Failed, Verdict::Failed, reason, now);
+    }
+
+    /// Moves the run as far as `view` and `now` allow, and returns the command the policy must be
+    /// given, if any. The controller records the run before it gives the command (write-ahead),
+    /// and a command that did not reach the policy is asked for again on the next call.
+    pub fn advance(
+        &mut self,
+        config: &RunConfig,
+        gameday: &str,
+        view: Option<&PolicyView>,
+        now: Duration,
+    ) -> Option<PolicyCommand> {
+        for _ in 0..RunPhase::COUNT {
+            let before = self.phase;
+            if let Some(command) = self.advance_once(config, gameday, view, now) {
+                return Some(command);
+            }
+            if self.phase == before || self.phase.is_final() {
+                break;
+            }
+        }
+        None
+    }
+
+    fn advance_once(
+        &mut self,
+        config: &RunConfig,
+        gameday: &str,
+        view: Option<&PolicyView>,
+        now: Duration,
+    ) -> Option<PolicyCommand> {
+        let max = understudy_core::duration::format(config.max_recovery);
+        if self.phase.is_final() {
+            return None;
+        }
+        if self.phase == RunPhase::Scheduled {
+            self.enter(RunPhase::CheckingSteadyState, now);
+            return None;
+        }
+        let Some(view) = view else {
+            self.abort("not steady: the FailoverPolicy does not exist".to_owned(), now);
+            return None;
+        };
+        match self.phase {
+            RunPhase::CheckingSteadyState => {
+                let violations = steady_state_violations(view, config, now);
+                if !violations.is_empty() {
+                    self.abort(format!("not steady: {}", violations.join("; ")), now);
+                    return None;
+                }
+                let command = command_value("failover", gameday, &self.id);
+                self.from_pool = view.primary.clone();
+                self.to_pool = Some(view.standby().to_owned());
+                self.baseline_epoch = view.epoch;
+                self.command = Some(command.clone());
+                self.recovery = Some(RecoveryTimeline {
+                    commanded_at: rfc3339(now),
+                    epoch: None,
+                    started_at: None,
+                    serving_at: None,
+                    seconds: None,
+                    steps: Vec::new(),
+                });
+                self.enter(RunPhase::Injected, now);
+                Some(PolicyCommand::Failover(command))
+            }
+            RunPhase::Injected => self.injected(config, view, now, &max),
+            RunPhase::Recovered => {
+                match config.failback_after {
+                    None => {
+                        let reason = format!(
+                            "{}; failback is manual: {} stays primary until the policy is given a failback command",
+                            self.reason.clone().unwrap_or_default(),
+                            self.to_pool.as_deref().unwrap_or_default()
+                        );
+                        self.finish(RunPhase::Done, Verdict::Passed, reason, now);
+                    }
+                    Some(_) => self.enter(RunPhase::HoldingOnStandby, now),
+                }
+                None
+            }
+            RunPhase::HoldingOnStandby => self.holding(config, gameday, view, now),
+            RunPhase::FailingBack => self.failing_back(config, view, now, &max),
+            RunPhase::Scheduled | RunPhase::Done | RunPhase::Aborted | RunPhase::Failed => None,
+        }
+    }
+
+    fn injected(
+        &mut self,
+        config: &RunConfig,
+        view: &PolicyView,
+        now: Duration,
+        max: &str,
+    ) -> Option<PolicyCommand> {
+        let command = self.command.clone().unwrap_or_default();
+        let recovery = self.recovery.clone()?;
+        let commanded = instant(&recovery.commanded_at).unwrap_or(now);
+        let baseline = self.baseline_epoch.unwrap_or(0);
+        let timed_out = now >= commanded + config.max_recovery;
+        if !view.saw(&command) {
+            if timed_out {
+                self.fail(
+                    format!("the failover command did not reach the policy within maxRecovery ({max})"),
+                    now,
+                );
+                return None;
+            }
+            // The command was recorded but not given, or was overwritten before the policy read
+            // it: give it again, but only while the steady state still holds.
+            let violations = steady_state_violations(view, config, now);
+            if !violations.is_empty() {
+                self.abort(
+                    format!(
+                        "not steady before the command reached the policy: {}",
+                        violations.join("; ")
+                    ),
+                    now,
+                );
+                return None;
+            }
+            return Some(PolicyCommand::Failover(command));
+        }
+        if let Some(transition) = view.transition_after(baseline) {
+            if transition.kind != TransitionKind::Failover
+                || Some(&transition.to_pool) != self.to_pool.as_ref()
+            {
+                self.abort(
+                    format!(
+                        "the policy moved by itself: a {:?} to {} at epoch {}",
+                        transition.kind, transition.to_pool, transition.epoch
+                    ),
+                    now,
+                );
+                return None;
+            }
+            let mut recovery = recovery;
+            from_policy(&mut recovery, transition);
+            let seconds = recovery.seconds;
+            self.recovery = Some(recovery);
+            match seconds {
+                Some(seconds) if Duration::from_secs(seconds) <= config.max_recovery => {
+                    self.reason = Some(format!(
+                        "{} served at epoch {} {seconds}s after the command (maxRecovery {max})",
+                        transition.to_pool, transition.epoch
+                    ));
+                    self.enter(RunPhase::Recovered, now);
+                }
+                Some(seconds) => self.fail(
+                    format!(
+                        "{} served only {seconds}s after the command, beyond maxRecovery ({max})",
+                        transition.to_pool
+                    ),
+                    now,
+                ),
+                None if timed_out => self.fail(
+                    format!(
+                        "{} was not serving within maxRecovery ({max}); the policy carries on with \
+                         its promotion at epoch {}",
+                        transition.to_pool, transition.epoch
+                    ),
+                    now,
+                ),
+                None => {}
+            }
+            return None;
+        }
+        if view.handled_command.as_deref() == Some(command.as_str()) && !view.promoting() {
+            self.abort(
+                "the policy refused the failover command; its CommandRefused Event says why".to_owned(),
+                now,
+            );
+        } else if timed_out {
+            self.fail(
+                format!("the promotion had not started within maxRecovery ({max})"),
+                now,
+            );
+        }
+        None
+    }
+
+    fn holding(
+        &mut self,
+        config: &RunConfig,
+        gameday: &str,
+        view: &PolicyView,
+        now: Duration,
+    ) -> Option<PolicyCommand> {
+        if view.primary == self.from_pool {
+            let reason = format!(
+                "{}; the policy failed back by itself while the game day held on the standby",
+                self.reason.clone().unwrap_or_default()
+            );
+            self.finish(RunPhase::Done, Verdict::Passed, reason, now);
+            return None;
+        }
+        let serving = self
+            .recovery
+            .as_ref()
+            .and_then(|r| r.serving_at.as_deref())
+            .and_then(instant)
+            .unwrap_or(now);
+        let dwell_over = view.dwell_until().unwrap_or(serving);
+        let mut until = dwell_over.max(serving + config.failback_after.unwrap_or_default());
+        if self.stop_condition.is_none()
+            && (!condition_is_true(view.ready.as_ref()) || view.state.as_deref() != Some("Serving"))
+        {
+            self.stop_condition = Some(format!(
+                "{} lost its steady state while holding: {}",
+                self.to_pool.as_deref().unwrap_or_default(),
+                describe_condition("Ready", view.ready.as_ref())
+            ));
+        }
+        if self.stop_condition.is_some() {
+            // Stop holding: fail back as soon as the policy accepts it.
+            until = dwell_over;
+        }
+        if now < until {
+            return None;
+        }
+        let command = command_value("failback", gameday, &self.id);
+        self.failback = Some(RecoveryTimeline {
+            commanded_at: rfc3339(now),
+            epoch: None,
+            started_at: None,
+            serving_at: None,
+            seconds: None,
+            steps: Vec::new(),
+        });
+        self.enter(RunPhase::FailingBack, now);
+        Some(PolicyCommand::Failback(command))
+    }
+
+    fn failing_back(
+        &mut self,
+        config: &RunConfig,
+        view: &PolicyView,
+        now: Duration,
+        max: &str,
+    ) -> Option<PolicyCommand> {
+        let failback = self.failback.clone()?;
+        let command = failback_command(self);
+        let commanded = instant(&failback.commanded_at).unwrap_or(now);
+        let timed_out = now >= commanded + config.max_recovery;
+        let recovered_epoch = self.recovery.as_ref().and_then(|r| r.epoch).unwrap_or_default();
+        let stays = self.to_pool.clone().unwrap_or_default();
+        if !view.saw(&command) && view.transition_after(recovered_epoch).is_none() {
+            if timed_out {
+                self.fail(
+                    format!(
+                        "the failback command did not reach the policy within maxRecovery ({max}): \
+                         {stays} stays primary; fail back by hand"
+                    ),
+                    now,
+                );
+                return None;
+            }
+            return Some(PolicyCommand::Failback(command));
+        }
+        if let Some(transition) = view.transition_after(recovered_epoch) {
+            if Some(&transition.to_pool) != self.from_pool.as_ref() {
+                self.abort(
+                    format!(
+                        "the policy moved by itself: a {:?} to {} at epoch {}",
+                        transition.kind, transition.to_pool, transition.epoch
+                    ),
+                    now,
+                );
+                return None;
+            }
+            let mut failback = failback;
+            from_policy(&mut failback, transition);
+            let seconds = failback.seconds;
+            self.failback = Some(failback);
+            let home = transition.to_pool.clone();
+            match seconds {
+                Some(seconds) if Duration::from_secs(seconds) <= config.max_recovery => {
+                    let failed_back = format!("{home} served again {seconds}s after the failback command");
+                    let recovered = self.reason.clone().unwrap_or_default();
+                    match self.stop_condition.clone() {
+                        Some(stop) => self.finish(
+                            RunPhase::Failed,
+                            Verdict::Failed,
+                            format!("{stop}; {failed_back}"),
+                            now,
+                        ),
+                        None => self.finish(
+                            RunPhase::Done,
+                            Verdict::Passed,
+                            format!("{recovered}; {failed_back}"),
+                            now,
+                        ),
+                    }
+                }
+                Some(seconds) => self.fail(
+                    format!("{home} served again only {seconds}s after the failback command, beyond maxRecovery ({max})"),
+                    now,
+                ),
+                None if timed_out => self.fail(
+                    format!(
+                        "the failback was not done within maxRecovery ({max}); the policy carries on \
+                         with it at epoch {}",
+                        transition.epoch
+                    ),
+                    now,
+                ),
+                None => {}
+            }
+            return None;
+        }
+        if view.handled_command.as_deref() == Some(command.as_str()) && !view.promoting() {
+            self.fail(
+                format!(
+                    "the policy refused the failback command (its CommandRefused Event says why): \
+                     {stays} stays primary; fail back by hand"
+                ),
+                now,
+            );
+        } else if timed_out {
+            self.fail(
+                format!("the failback had not started within maxRecovery ({max}): {stays} stays primary"),
+                now,
+            );
+        }
+        None
+    }
+}
+
+fn failback_command(run: &GameDayRun) -> String {
+    // The game day's name is the token's middle; the run id its end. Rebuilt from the failover
+    // command so that the record needs no second field.
+    run.command
+        .as_deref()
+        .and_then(|c| c.strip_prefix("failover@"))
+        .map(|token| format!("failback@{token}"))
+        .unwrap_or_default()
+}
+
+impl RunPhase {
+    /// How many phases there are: a bound on the steps one call can take.
+    pub const COUNT: usize = 9;
+}
+
+#[cfg(test)]
+mod tests;

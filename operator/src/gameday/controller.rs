@@ -1,0 +1,574 @@
+//! The GameDay controller: starts runs when the schedule or a `run` command says so, moves them
+//! with the run machine ([`super`]) against the FailoverPolicy's status, gives the policy its
+//! commands, and records runs, verdicts and the next run in status.
+//!
+//! Each reconcile: handle the GameDay's command annotation → work out the next scheduled time and
+//! whether a run is due → read the policy (and whether another game day holds it) → advance the
+//! run → apply the status (write-ahead: a command is recorded before it is given) → give the
+//! command with a compare-and-set on the policy's resourceVersion → publish Events.
+//!
+//! What this controller must never do:
+//! - give the policy a command while the steady state does not hold (the machine decides);
+//! - run two game days on one policy at once: the command is given together with the annotation
+//!   `understudy.dev/game-day` naming the game day, in one patch conditional on the
+//!   resourceVersion the steady state was judged on, and a policy held by another game day with a
+//!   run under way is not steady;
+//! - write to the policy anything but those two annotations: the promotion, the fencing and the
+//!   primary stay the policy controller's.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::api::{Api, Patch, PatchParams};
+use kube::core::DeserializeGuard;
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
+use kube::runtime::watcher;
+use kube::{Client, Resource, ResourceExt};
+
+use super::{PolicyCommand, PolicyView, RunConfig, instant};
+use crate::controller::{COMMAND_ANNOTATION, CONTROLLER_NAME, Clock, SystemClock, rfc3339};
+use crate::crd::{FailoverPolicy, GameDay, GameDayRun, GameDayStatus, RunPhase, RunTrigger, Verdict};
+use crate::cron::CronSchedule;
+use crate::lease::FIELD_MANAGER;
+
+/// The annotation on a FailoverPolicy naming the game day whose run gave it a command.
+pub const GAME_DAY_ANNOTATION: &str = "understudy.dev/game-day";
+
+/// How soon a game day with a run under way is looked at again.
+pub const ACTIVE_REQUEUE: Duration = Duration::from_secs(5);
+
+/// The longest an idle game day waits before it is looked at again.
+const IDLE_REQUEUE: Duration = Duration::from_secs(3600);
+
+/// Why a reconcile failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The object lacks a namespace or name; the API server always sets them.
+    #[error("the object has no {0}")]
+    MissingObjectKey(&'static str),
+    /// Reading the FailoverPolicy, or the game day holding it, failed.
+    #[error("reading {object}: {source}")]
+    Read {
+        object: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// The policy changed after the steady state was judged; the command was not given.
+    #[error("the FailoverPolicy changed before the command could be given; judging it again")]
+    PolicyChanged,
+    /// Giving the policy its command failed.
+    #[error("giving the FailoverPolicy its command: {0}")]
+    Command(#[source] kube::Error),
+    /// The status could not be written.
+    #[error("status patch: {0}")]
+    StatusPatch(#[source] kube::Error),
+    /// The status patch got no answer in time.
+    #[error("status patch got no answer within {0:?}")]
+    StatusTimeout(Duration),
+}
+
+impl Error {
+    /// The phase that failed, from a closed list.
+    #[must_use]
+    pub fn category(&self) -> &'static str {
+        match self {
+            Error::MissingObjectKey(_) => "object",
+            Error::Read { .. } => "read",
+            Error::PolicyChanged => "policy_changed",
+            Error::Command(_) => "command",
+            Error::StatusPatch(_) | Error::StatusTimeout(_) => "status",
+        }
+    }
+}
+
+/// What every GameDay reconcile shares.
+pub struct Context {
+    pub client: Client,
+    pub recorder: Recorder,
+    pub clock: Arc<dyn Clock>,
+    /// The longest a write may take.
+    pub write_timeout: Duration,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("clock", &self.clock)
+            .field("write_timeout", &self.write_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Context {
+    #[must_use]
+    pub fn new(client: Client, instance: Option<String>) -> Self {
+        let reporter = Reporter {
+            controller: CONTROLLER_NAME.to_owned(),
+            instance,
+        };
+        Context {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            clock: Arc::new(SystemClock),
+            write_timeout: Duration::from_secs(10),
+        }
+    }
+
+    #[must_use]
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+}
+
+/// Something the reconcile tells the user about.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Notice {
+    Commanded {
+        value: String,
+        policy: String,
+    },
+    Finished {
+        run: String,
+        verdict: Verdict,
+        reason: String,
+    },
+    RunRefused {
+        value: String,
+    },
+    UnknownCommand {
+        value: String,
+    },
+    Skipped {
+        due: String,
+    },
+    InvalidSpec {
+        message: String,
+    },
+}
+
+/// Runs the GameDay controller over one namespace or all of them until the stream ends.
+pub async fn run(ctx: Arc<Context>, namespace: Option<&str>) {
+    let gamedays: Api<DeserializeGuard<GameDay>> = match namespace {
+        Some(ns) => Api::namespaced(ctx.client.clone(), ns),
+        None => Api::all(ctx.client.clone()),
+    };
+    // Policies are not watched: a run under way is looked at every few seconds, and its
+    // measurements come from the timestamps in the policy's status, not from when we look.
+    Controller::new(gamedays, watcher::Config::default().any_semantic())
+        .shutdown_on_signal()
+        .run(reconcile, error_policy, ctx)
+        .for_each(|outcome| async move {
+            match outcome {
+                Ok((gameday, _)) => tracing::debug!(%gameday, "reconciled"),
+                Err(error) => tracing::debug!(%error, "game day reconcile attempt"),
+            }
+        })
+        .await;
+}
+
+/// Retries a failed reconcile soon: a run under way is timed by the policy's clock, not ours.
+pub fn error_policy(object: Arc<DeserializeGuard<GameDay>>, error: &Error, _: Arc<Context>) -> Action {
+    tracing::warn!(gameday = %object.name_any(), category = error.category(), %error, "game day reconcile failed");
+    Action::requeue(ACTIVE_REQUEUE)
+}
+
+/// Reconciles one GameDay, including one that does not deserialize.
+pub async fn reconcile(object: Arc<DeserializeGuard<GameDay>>, ctx: Arc<Context>) -> Result<Action, Error> {
+    match &object.0 {
+        Ok(gameday) => reconcile_game_day(gameday, &ctx).await,
+        Err(invalid) => {
+            let reference = reference_from_meta(&invalid.metadata);
+            warn(&ctx, &reference, "InvalidSpec", invalid.error.clone()).await;
+            Ok(Action::await_change())
+        }
+    }
+}
+
+fn reference_from_meta(meta: &kube::api::ObjectMeta) -> ObjectReference {
+    ObjectReference {
+        api_version: Some(GameDay::api_version(&()).into_owned()),
+        kind: Some(GameDay::kind(&()).into_owned()),
+        name: meta.name.clone(),
+        namespace: meta.namespace.clone(),
+        uid: meta.uid.clone(),
+        ..ObjectReference::default()
+    }
+}
+
+async fn reconcile_game_day(gameday: &GameDay, ctx: &Context) -> Result<Action, Error> {
+    let namespace = gameday.namespace().ok_or(Error::MissingObjectKey("namespace"))?;
+    let name = gameday
+        .metadata
+        .name
+        .clone()
+        .ok_or(Error::MissingObjectKey("name"))?;
+    let now = ctx.clock.now();
+    let previous = gameday.status.clone().unwrap_or_default();
+    let mut status = previous.clone();
+    let mut notices = Vec::new();
+    let same_generation = previous.observed_generation == gameday.metadata.generation;
+    status.observed_generation = gameday.metadata.generation;
+
+    let config = RunConfig::from_spec(&gameday.spec);
+    let schedule = gameday
+        .spec
+        .schedule
+        .as_deref()
+        .map(CronSchedule::parse)
+        .transpose();
+    status.message = match (&config, &schedule) {
+        (Err(why), _) => Some(why.clone()),
+        (_, Err(error)) => Some(error.to_string()),
+        _ => None,
+    };
+    if let Some(message) = &status.message
+        && previous.message.as_ref() != Some(message)
+    {
+        notices.push(Notice::InvalidSpec {
+            message: message.clone(),
+        });
+    }
+
+    // A `run` command, handled once.
+    let mut run_now = false;
+    let annotation = gameday
+        .annotations()
+        .get(COMMAND_ANNOTATION)
+        .map(|v| v.trim())
+        .filter(|v| !v.is_empty());
+    match annotation {
+        None => status.handled_command = None,
+        Some(value) if status.handled_command.as_deref() != Some(value) => {
+            let word = value.split_once('@').map_or(value, |(word, _)| word);
+            if !word.trim().eq_ignore_ascii_case("run") {
+                notices.push(Notice::UnknownCommand {
+                    value: value.to_owned(),
+                });
+            } else if status.current_run.is_some() || status.message.is_some() {
+                notices.push(Notice::RunRefused {
+                    value: value.to_owned(),
+                });
+            } else {
+                run_now = true;
+            }
+            status.handled_command = Some(value.to_owned());
+        }
+        Some(_) => {}
+    }
+
+    // The schedule: a stored next time is kept while the spec is unchanged; one that has passed
+    // starts a run, or is skipped while another run is under way.
+    let mut due = None;
+    status.next_run_at = match (&config, &schedule) {
+        (Ok(_), Ok(Some(cron))) => {
+            let stored = previous
+                .next_run_at
+                .as_deref()
+                .and_then(instant)
+                .filter(|_| same_generation);
+            let next = match stored {
+                Some(at) if at > now => Some(at),
+                Some(at) => {
+                    if status.current_run.is_none() && !run_now {
+                        due = Some(at);
+                    } else {
+                        notices.push(Notice::Skipped { due: rfc3339(at) });
+                    }
+                    next_after(cron, now)
+                }
+                None => next_after(cron, now),
+            };
+            next.map(rfc3339)
+        }
+        _ => None,
+    };
+
+    if status.current_run.is_none() {
+        status.current_run = match (run_now, due) {
+            (true, _) => Some(GameDayRun::due(RunTrigger::Command, now)),
+            (false, Some(at)) => Some(GameDayRun::due(RunTrigger::Schedule, at)),
+            (false, None) => None,
+        };
+    }
+
+    let mut command = None;
+    let mut policy = None;
+    if let (Some(run), Ok(config)) = (status.current_run.as_mut(), &config) {
+        let policy_name = &gameday.spec.policy_ref.name;
+        policy = read_policy(ctx, &namespace, policy_name).await?;
+        let view = match &policy {
+            Some(policy) => {
+                let claimed_by = holder(ctx, &namespace, policy, &name).await?;
+                let annotation = policy.annotations().get(COMMAND_ANNOTATION).map(String::as_str);
+                Some(PolicyView::of(policy, annotation, claimed_by))
+            }
+            None => None,
+        };
+        command = run.advance(config, &name, view.as_ref(), now);
+    }
+    let mut released = None;
+    if let Some(run) = status.current_run.take_if(|run| run.phase.is_final()) {
+        notices.push(Notice::Finished {
+            run: run.id.clone(),
+            verdict: run.verdict.unwrap_or(Verdict::Aborted),
+            reason: run.reason.clone().unwrap_or_default(),
+        });
+        status.last_verdict = run.verdict;
+        if run.command.is_some() {
+            released = policy.clone();
+        }
+        status.last_runs.insert(0, run);
+    }
+    let limit = usize::try_from(gameday.spec.history_limit).unwrap_or(usize::MAX);
+    status.last_runs.truncate(limit);
+    status.phase = Some(
+        status
+            .current_run
+            .as_ref()
+            .map_or_else(|| "Idle".to_owned(), |run| phase_name(run.phase).to_owned()),
+    );
+
+    // Write-ahead: the run records the command before the policy is given it, so that a command
+    // given is never one the game day forgot.
+    if status != previous {
+        apply_status(ctx, &namespace, &name, &status).await?;
+    }
+    let reference = gameday.object_ref(&());
+    if let (Some(command), Some(policy)) = (&command, &policy) {
+        give_command(ctx, &namespace, policy, &name, command).await?;
+        notices.insert(
+            0,
+            Notice::Commanded {
+                value: command.value().to_owned(),
+                policy: policy.name_any(),
+            },
+        );
+    }
+    if let Some(policy) = released {
+        release(ctx, &namespace, &policy, &name).await;
+    }
+    for notice in &notices {
+        send(ctx, &reference, &describe(notice)).await;
+    }
+    Ok(
+        match (
+            &status.current_run,
+            status.next_run_at.as_deref().and_then(instant),
+        ) {
+            (Some(_), _) => Action::requeue(ACTIVE_REQUEUE),
+            (None, Some(next)) => Action::requeue(
+                next.saturating_sub(now)
+                    .clamp(Duration::from_secs(1), IDLE_REQUEUE),
+            ),
+            (None, None) => Action::await_change(),
+        },
+    )
+}
+
+fn next_after(cron: &CronSchedule, now: Duration) -> Option<Duration> {
+    let now = k8s_openapi::jiff::Timestamp::from_second(i64::try_from(now.as_secs()).ok()?).ok()?;
+    let next = cron.next_after(now)?;
+    Some(Duration::from_secs(u64::try_from(next.as_second()).ok()?))
+}
+
+/// The name status shows for a run phase.
+#[must_use]
+pub fn phase_name(phase: RunPhase) -> &'static str {
+    match phase {
+        RunPhase::Scheduled => "Scheduled",
+        RunPhase::CheckingSteadyState => "CheckingSteadyState",
+        RunPhase::Injected => "Injected",
+        RunPhase::Recovered => "Recovered",
+        RunPhase::HoldingOnStandby => "HoldingOnStandby",
+        RunPhase::FailingBack => "FailingBack",
+        RunPhase::Done => "Done",
+        RunPhase::Aborted => "Aborted",
+        RunPhase::Failed => "Failed",
+    }
+}
+
+async fn read_policy(ctx: &Context, namespace: &str, name: &str) -> Result<Option<FailoverPolicy>, Error> {
+    let api: Api<FailoverPolicy> = Api::namespaced(ctx.client.clone(), namespace);
+    api.get_opt(name).await.map_err(|source| Error::Read {
+        object: format!("FailoverPolicy {name}"),
+        source,
+    })
+}
+
+/// The other game day holding `policy` with a run under way, if any. A hold left by a game day
+/// that was deleted, or whose run is over, is stale and holds nothing.
+async fn holder(
+    ctx: &Context,
+    namespace: &str,
+    policy: &FailoverPolicy,
+    me: &str,
+) -> Result<Option<String>, Error> {
+    let Some(other) = policy.annotations().get(GAME_DAY_ANNOTATION) else {
+        return Ok(None);
+    };
+    if other == me {
+        return Ok(None);
+    }
+    let api: Api<GameDay> = Api::namespaced(ctx.client.clone(), namespace);
+    let found = api.get_opt(other).await.map_err(|source| Error::Read {
+        object: format!("GameDay {other}"),
+        source,
+    })?;
+    let running = found
+        .and_then(|g| g.status)
+        .and_then(|s| s.current_run)
+        .is_some_and(|run| run.command.is_some() && !run.phase.is_final());
+    Ok(running.then(|| other.clone()))
+}
+
+/// Gives the policy its command and names this game day as its holder, in one merge patch
+/// conditional on the resourceVersion the run judged: a policy changed since is judged again.
+async fn give_command(
+    ctx: &Context,
+    namespace: &str,
+    policy: &FailoverPolicy,
+    gameday: &str,
+    command: &PolicyCommand,
+) -> Result<(), Error> {
+    let api: Api<FailoverPolicy> = Api::namespaced(ctx.client.clone(), namespace);
+    let patch = serde_json::json!({
+        "metadata": {
+            "resourceVersion": policy.metadata.resource_version,
+            "annotations": {
+                COMMAND_ANNOTATION: command.value(),
+                GAME_DAY_ANNOTATION: gameday,
+            },
+        }
+    });
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_owned()),
+        ..PatchParams::default()
+    };
+    match tokio::time::timeout(
+        ctx.write_timeout,
+        api.patch_metadata(&policy.name_any(), &params, &Patch::Merge(&patch)),
+    )
+    .await
+    {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(kube::Error::Api(status))) if status.code == 409 => Err(Error::PolicyChanged),
+        Ok(Err(error)) => Err(Error::Command(error)),
+        Err(_) => Err(Error::StatusTimeout(ctx.write_timeout)),
+    }
+}
+
+/// Takes this game day's name off the policy once its run is over; best effort, since a hold
+/// whose run is over is stale to every other game day anyway.
+async fn release(ctx: &Context, namespace: &str, policy: &FailoverPolicy, gameday: &str) {
+    if policy.annotations().get(GAME_DAY_ANNOTATION).map(String::as_str) != Some(gameday) {
+        return;
+    }
+    let api: Api<FailoverPolicy> = Api::namespaced(ctx.client.clone(), namespace);
+    let patch = serde_json::json!({ "metadata": { "annotations": { GAME_DAY_ANNOTATION: null } } });
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_owned()),
+        ..PatchParams::default()
+    };
+    let released = tokio::time::timeout(
+        ctx.write_timeout,
+        api.patch_metadata(&policy.name_any(), &params, &Patch::Merge(&patch)),
+    )
+    .await;
+    if !matches!(released, Ok(Ok(_))) {
+        tracing::warn!(%namespace, policy = %policy.name_any(), %gameday, "could not release the game-day hold");
+    }
+}
+
+async fn apply_status(
+    ctx: &Context,
+    namespace: &str,
+    name: &str,
+    status: &GameDayStatus,
+) -> Result<(), Error> {
+    let api: Api<GameDay> = Api::namespaced(ctx.client.clone(), namespace);
+    let patch = serde_json::json!({
+        "apiVersion": GameDay::api_version(&()),
+        "kind": GameDay::kind(&()),
+        "status": status,
+    });
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    match tokio::time::timeout(
+        ctx.write_timeout,
+        api.patch_status(name, &params, &Patch::Apply(&patch)),
+    )
+    .await
+    {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(error)) => Err(Error::StatusPatch(error)),
+        Err(_) => Err(Error::StatusTimeout(ctx.write_timeout)),
+    }
+}
+
+fn describe(notice: &Notice) -> KubeEvent {
+    let (type_, reason, note) = match notice {
+        Notice::Commanded { value, policy } => (
+            EventType::Normal,
+            "CommandGiven",
+            format!("gave FailoverPolicy {policy} {COMMAND_ANNOTATION}={value}"),
+        ),
+        Notice::Finished { run, verdict, reason } => (
+            if *verdict == Verdict::Passed {
+                EventType::Normal
+            } else {
+                EventType::Warning
+            },
+            match verdict {
+                Verdict::Passed => "RunPassed",
+                Verdict::Failed => "RunFailed",
+                Verdict::Aborted => "RunAborted",
+            },
+            format!("run {run}: {reason}"),
+        ),
+        Notice::RunRefused { value } => (
+            EventType::Warning,
+            "RunRefused",
+            format!("{COMMAND_ANNOTATION}={value:?} not run: a run is under way or the spec cannot run"),
+        ),
+        Notice::UnknownCommand { value } => (
+            EventType::Warning,
+            "UnknownCommand",
+            format!("{COMMAND_ANNOTATION}={value:?} names no command; use run"),
+        ),
+        Notice::Skipped { due } => (
+            EventType::Warning,
+            "RunSkipped",
+            format!("the run due at {due} was skipped: another run was under way"),
+        ),
+        Notice::InvalidSpec { message } => (EventType::Warning, "InvalidSpec", message.clone()),
+    };
+    KubeEvent {
+        type_,
+        reason: reason.to_owned(),
+        note: Some(note),
+        action: "GameDay".to_owned(),
+        secondary: None,
+    }
+}
+
+async fn warn(ctx: &Context, reference: &ObjectReference, reason: &str, note: String) {
+    let event = KubeEvent {
+        type_: EventType::Warning,
+        reason: reason.to_owned(),
+        note: Some(note),
+        action: "GameDay".to_owned(),
+        secondary: None,
+    };
+    send(ctx, reference, &event).await;
+}
+
+async fn send(ctx: &Context, reference: &ObjectReference, event: &KubeEvent) {
+    match tokio::time::timeout(ctx.write_timeout, ctx.recorder.publish(event, reference)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(error)) => tracing::warn!(reason = %event.reason, %error, "could not publish event"),
+        Err(_) => tracing::warn!(reason = %event.reason, "publishing an event timed out"),
+    }
+}

@@ -1,0 +1,467 @@
+//! The run machine, with time given explicitly: each call says what instant it is.
+
+#![allow(clippy::unwrap_used)]
+
+use super::*;
+use crate::crd::TimelineStep;
+
+/// 2024-06-04T10:00:00Z
+const T0: Duration = Duration::from_secs(1_717_495_200);
+
+fn at(seconds: u64) -> Duration {
+    T0 + Duration::from_secs(seconds)
+}
+
+fn condition(status: ConditionStatus, reason: &str, since: Duration) -> Condition {
+    Condition {
+        status,
+        reason: reason.to_owned(),
+        message: String::new(),
+        last_transition_time: Some(rfc3339(since)),
+    }
+}
+
+/// A policy serving from its home pool at epoch 4 for a day, standby proven.
+fn steady() -> PolicyView {
+    let day_before = T0 - Duration::from_secs(86_400);
+    PolicyView {
+        home: "us-east".to_owned(),
+        home_standby: "us-west".to_owned(),
+        primary: Some("us-east".to_owned()),
+        epoch: Some(4),
+        state: Some("Serving".to_owned()),
+        ready: Some(condition(ConditionStatus::True, "LeaseHeld", day_before)),
+        standby_proven: Some(condition(ConditionStatus::True, "ChecksPass", day_before)),
+        parity: Some(condition(ConditionStatus::Unknown, "NotChecked", day_before)),
+        last_transition: None,
+        command: None,
+        handled_command: None,
+        min_dwell: Duration::from_secs(300),
+        claimed_by: None,
+    }
+}
+
+fn config(failback_after: Option<u64>) -> RunConfig {
+    RunConfig {
+        max_recovery: Duration::from_secs(120),
+        failback_after: failback_after.map(Duration::from_secs),
+        ready_for: None,
+    }
+}
+
+const COMMAND: &str = "failover@gameday-weekly-20240604-100000";
+const FAILBACK: &str = "failback@gameday-weekly-20240604-100000";
+
+fn transition(
+    kind: TransitionKind,
+    to: &str,
+    epoch: u64,
+    started: u64,
+    finished: Option<u64>,
+) -> FailoverTimeline {
+    FailoverTimeline {
+        kind,
+        from_pool: if to == "us-west" { "us-east" } else { "us-west" }.to_owned(),
+        to_pool: to.to_owned(),
+        epoch,
+        started_at: rfc3339(at(started)),
+        steps: vec![TimelineStep {
+            step: "LeaseClaimed".to_owned(),
+            at: rfc3339(at(started)),
+            handed_off: false,
+            note: None,
+        }],
+        finished_at: finished.map(|f| rfc3339(at(f))),
+    }
+}
+
+/// The policy a few seconds after it took the command: promoting us-west at epoch 5.
+fn promoting(started: u64) -> PolicyView {
+    PolicyView {
+        state: Some("Promoting".to_owned()),
+        primary: Some("us-west".to_owned()),
+        epoch: Some(5),
+        ready: Some(condition(ConditionStatus::False, "Promoting", at(started))),
+        command: Some(COMMAND.to_owned()),
+        handled_command: Some(COMMAND.to_owned()),
+        last_transition: Some(transition(TransitionKind::Failover, "us-west", 5, started, None)),
+        ..steady()
+    }
+}
+
+/// The policy once us-west serves at epoch 5.
+fn on_standby(finished: u64) -> PolicyView {
+    PolicyView {
+        state: Some("Serving".to_owned()),
+        ready: Some(condition(ConditionStatus::True, "LeaseHeld", at(finished))),
+        last_transition: Some(transition(
+            TransitionKind::Failover,
+            "us-west",
+            5,
+            2,
+            Some(finished),
+        )),
+        ..promoting(2)
+    }
+}
+
+fn phases(run: &GameDayRun) -> Vec<(RunPhase, String)> {
+    run.transitions.iter().map(|t| (t.phase, t.at.clone())).collect()
+}
+
+/// A run that injected at T0 against a steady policy.
+fn injected(config: &RunConfig) -> GameDayRun {
+    let mut run = GameDayRun::due(RunTrigger::Schedule, T0);
+    let command = run.advance(config, "weekly", Some(&steady()), T0);
+    assert_eq!(command, Some(PolicyCommand::Failover(COMMAND.to_owned())));
+    run
+}
+
+#[test]
+fn a_steady_policy_is_given_the_failover_command_with_every_step_timestamped() {
+    let run = injected(&config(None));
+    assert_eq!(run.id, "20240604-100000");
+    assert_eq!(run.phase, RunPhase::Injected);
+    let t0 = rfc3339(T0);
+    assert_eq!(
+        phases(&run),
+        [
+            (RunPhase::Scheduled, t0.clone()),
+            (RunPhase::CheckingSteadyState, t0.clone()),
+            (RunPhase::Injected, t0.clone()),
+        ]
+    );
+    assert_eq!(run.from_pool.as_deref(), Some("us-east"));
+    assert_eq!(run.to_pool.as_deref(), Some("us-west"));
+    assert_eq!(run.baseline_epoch, Some(4));
+    assert_eq!(run.command.as_deref(), Some(COMMAND));
+    assert_eq!(run.recovery.as_ref().unwrap().commanded_at, t0);
+}
+
+#[test]
+fn a_policy_that_is_not_steady_is_never_given_a_command() {
+    let cases: [(&str, PolicyView); 7] = [
+        (
+            "Ready is False (Stranded)",
+            PolicyView {
+                ready: Some(condition(ConditionStatus::False, "Stranded", T0)),
+                ..steady()
+            },
+        ),
+        (
+            "the policy is Promoting, not Serving",
+            PolicyView {
+                state: Some("Promoting".to_owned()),
+                ..steady()
+            },
+        ),
+        (
+            "the policy is Suspect, not Serving",
+            PolicyView {
+                state: Some("Suspect".to_owned()),
+                ..steady()
+            },
+        ),
+        (
+            "StandbyProven is Unknown (NotProven)",
+            PolicyView {
+                standby_proven: Some(condition(ConditionStatus::Unknown, "NotProven", T0)),
+                ..steady()
+            },
+        ),
+        (
+            "the primary is us-west, not the home pool us-east",
+            PolicyView {
+                primary: Some("us-west".to_owned()),
+                ..steady()
+            },
+        ),
+        (
+            "game day other is running on the policy",
+            PolicyView {
+                claimed_by: Some("other".to_owned()),
+                ..steady()
+            },
+        ),
+        (
+            "minDwell after its last transition lasts until 2024-06-04T10:05:01Z",
+            PolicyView {
+                last_transition: Some(transition(TransitionKind::Failback, "us-east", 4, 0, Some(0))),
+                ..steady()
+            },
+        ),
+    ];
+    for (expected, view) in cases {
+        // Three minutes after the last transition of the dwell case, inside its five-minute dwell.
+        let now = at(180);
+        let mut run = GameDayRun::due(RunTrigger::Command, now);
+        let command = run.advance(&config(None), "weekly", Some(&view), now);
+        assert_eq!(command, None, "{expected}");
+        assert_eq!(run.phase, RunPhase::Aborted, "{expected}");
+        assert_eq!(run.verdict, Some(Verdict::Aborted), "{expected}");
+        let reason = run.reason.unwrap();
+        assert!(reason.starts_with("not steady: "), "{reason}");
+        assert!(reason.contains(expected), "expected {expected:?} in {reason:?}");
+    }
+}
+
+#[test]
+fn ready_for_asks_for_a_ready_condition_that_old() {
+    let config = RunConfig {
+        ready_for: Some(Duration::from_secs(3600)),
+        ..config(None)
+    };
+    let recently = PolicyView {
+        ready: Some(condition(
+            ConditionStatus::True,
+            "LeaseHeld",
+            T0 - Duration::from_secs(600),
+        )),
+        ..steady()
+    };
+    let violations = steady_state_violations(&recently, &config, T0);
+    assert_eq!(
+        violations,
+        ["Ready has been True for less than steadyState.readyFor (1h0m0s)"]
+    );
+    assert!(steady_state_violations(&steady(), &config, T0).is_empty());
+}
+
+#[test]
+fn a_missing_policy_aborts_the_run() {
+    let mut run = GameDayRun::due(RunTrigger::Schedule, T0);
+    assert_eq!(run.advance(&config(None), "weekly", None, T0), None);
+    assert_eq!(run.phase, RunPhase::Aborted);
+    assert!(run.reason.unwrap().contains("does not exist"));
+}
+
+#[test]
+fn recovery_within_max_recovery_passes_with_the_policys_own_timeline() {
+    let config = config(None);
+    let mut run = injected(&config);
+    // Promoting: nothing to judge yet.
+    assert_eq!(run.advance(&config, "weekly", Some(&promoting(2)), at(5)), None);
+    assert_eq!(run.phase, RunPhase::Injected);
+    // Serving 95 s after the command (maxRecovery 2m), seen at 100 s.
+    assert_eq!(
+        run.advance(&config, "weekly", Some(&on_standby(95)), at(100)),
+        None
+    );
+    assert_eq!(run.phase, RunPhase::Done);
+    assert_eq!(run.verdict, Some(Verdict::Passed));
+    let recovery = run.recovery.as_ref().unwrap();
+    assert_eq!(recovery.epoch, Some(5));
+    assert_eq!(recovery.started_at, Some(rfc3339(at(2))));
+    assert_eq!(recovery.serving_at, Some(rfc3339(at(95))));
+    assert_eq!(
+        recovery.seconds,
+        Some(95),
+        "from the policy's finishedAt, not from when we looked"
+    );
+    assert_eq!(recovery.steps.len(), 1);
+    let reason = run.reason.clone().unwrap();
+    assert!(
+        reason.contains("us-west served at epoch 5 95s after the command"),
+        "{reason}"
+    );
+    assert!(reason.contains("failback is manual"), "{reason}");
+    let names: Vec<RunPhase> = run.transitions.iter().map(|t| t.phase).collect();
+    assert_eq!(
+        names,
+        [
+            RunPhase::Scheduled,
+            RunPhase::CheckingSteadyState,
+            RunPhase::Injected,
+            RunPhase::Recovered,
+            RunPhase::Done
+        ]
+    );
+}
+
+#[test]
+fn no_serving_primary_by_max_recovery_fails_the_run() {
+    let config = config(None);
+    let mut run = injected(&config);
+    assert_eq!(run.advance(&config, "weekly", Some(&promoting(2)), at(119)), None);
+    assert_eq!(run.phase, RunPhase::Injected);
+    assert_eq!(run.advance(&config, "weekly", Some(&promoting(2)), at(120)), None);
+    assert_eq!(run.phase, RunPhase::Failed);
+    assert_eq!(run.verdict, Some(Verdict::Failed));
+    assert!(
+        run.reason
+            .unwrap()
+            .contains("not serving within maxRecovery (2m0s)")
+    );
+}
+
+#[test]
+fn a_promotion_finished_later_than_max_recovery_fails_even_when_first_seen_done() {
+    let config = config(None);
+    let mut run = injected(&config);
+    assert_eq!(
+        run.advance(&config, "weekly", Some(&on_standby(150)), at(151)),
+        None
+    );
+    assert_eq!(run.verdict, Some(Verdict::Failed));
+    assert!(run.reason.unwrap().contains("only 150s after the command"));
+    assert_eq!(run.recovery.unwrap().seconds, Some(150));
+}
+
+#[test]
+fn a_refused_command_aborts_the_run() {
+    let config = config(None);
+    let mut run = injected(&config);
+    let refused = PolicyView {
+        command: Some(COMMAND.to_owned()),
+        handled_command: Some(COMMAND.to_owned()),
+        ..steady()
+    };
+    assert_eq!(run.advance(&config, "weekly", Some(&refused), at(3)), None);
+    assert_eq!(run.verdict, Some(Verdict::Aborted));
+    assert!(run.reason.unwrap().contains("refused the failover command"));
+}
+
+#[test]
+fn a_command_that_did_not_reach_the_policy_is_given_again_only_while_steady() {
+    let config = config(None);
+    let mut run = injected(&config);
+    assert_eq!(
+        run.advance(&config, "weekly", Some(&steady()), at(5)),
+        Some(PolicyCommand::Failover(COMMAND.to_owned()))
+    );
+    let claimed = PolicyView {
+        claimed_by: Some("other".to_owned()),
+        ..steady()
+    };
+    assert_eq!(run.advance(&config, "weekly", Some(&claimed), at(6)), None);
+    assert_eq!(run.verdict, Some(Verdict::Aborted));
+    assert!(run.reason.unwrap().contains("game day other is running"));
+}
+
+#[test]
+fn failback_after_holds_then_fails_back_and_passes() {
+    let config = config(Some(600));
+    let mut run = injected(&config);
+    assert_eq!(
+        run.advance(&config, "weekly", Some(&on_standby(60)), at(61)),
+        None
+    );
+    assert_eq!(run.phase, RunPhase::HoldingOnStandby);
+    // Served at 60 s; hold 600 s: the failback is due at 660 s.
+    assert_eq!(
+        run.advance(&config, "weekly", Some(&on_standby(60)), at(659)),
+        None
+    );
+    assert_eq!(run.phase, RunPhase::HoldingOnStandby);
+    assert_eq!(
+        run.advance(&config, "weekly", Some(&on_standby(60)), at(660)),
+        Some(PolicyCommand::Failback(FAILBACK.to_owned()))
+    );
+    assert_eq!(run.phase, RunPhase::FailingBack);
+    let home = PolicyView {
+        primary: Some("us-east".to_owned()),
+        epoch: Some(6),
+        command: Some(FAILBACK.to_owned()),
+        handled_command: Some(FAILBACK.to_owned()),
+        last_transition: Some(transition(TransitionKind::Failback, "us-east", 6, 661, Some(700))),
+        ..on_standby(60)
+    };
+    assert_eq!(run.advance(&config, "weekly", Some(&home), at(705)), None);
+    assert_eq!(run.phase, RunPhase::Done);
+    assert_eq!(run.verdict, Some(Verdict::Passed));
+    let failback = run.failback.as_ref().unwrap();
+    assert_eq!(failback.seconds, Some(40));
+    assert_eq!(failback.epoch, Some(6));
+    let names: Vec<RunPhase> = run.transitions.iter().map(|t| t.phase).collect();
+    assert_eq!(
+        names,
+        [
+            RunPhase::Scheduled,
+            RunPhase::CheckingSteadyState,
+            RunPhase::Injected,
+            RunPhase::Recovered,
+            RunPhase::HoldingOnStandby,
+            RunPhase::FailingBack,
+            RunPhase::Done
+        ]
+    );
+    assert_eq!(run.transitions[5].at, rfc3339(at(660)));
+}
+
+#[test]
+fn the_hold_lasts_at_least_the_policys_min_dwell() {
+    // after: 60 s, minDwell: 300 s: the policy would refuse a failback before 300 s (+1 s).
+    let config = config(Some(60));
+    let mut run = injected(&config);
+    run.advance(&config, "weekly", Some(&on_standby(30)), at(31));
+    assert_eq!(
+        run.advance(&config, "weekly", Some(&on_standby(30)), at(100)),
+        None
+    );
+    assert_eq!(
+        run.advance(&config, "weekly", Some(&on_standby(30)), at(330)),
+        None
+    );
+    assert!(matches!(
+        run.advance(&config, "weekly", Some(&on_standby(30)), at(331)),
+        Some(PolicyCommand::Failback(_))
+    ));
+}
+
+#[test]
+fn a_standby_that_stops_being_ready_while_holding_fails_back_early_and_fails() {
+    let config = config(Some(3600));
+    let mut run = injected(&config);
+    run.advance(&config, "weekly", Some(&on_standby(30)), at(31));
+    let suspect = PolicyView {
+        state: Some("Suspect".to_owned()),
+        ready: Some(condition(ConditionStatus::True, "PrimarySuspect", at(30))),
+        ..on_standby(30)
+    };
+    // The dwell (until 331 s) still holds it back.
+    assert_eq!(run.advance(&config, "weekly", Some(&suspect), at(200)), None);
+    assert!(run.stop_condition.is_some());
+    assert!(matches!(
+        run.advance(&config, "weekly", Some(&suspect), at(331)),
+        Some(PolicyCommand::Failback(_))
+    ));
+    let home = PolicyView {
+        primary: Some("us-east".to_owned()),
+        epoch: Some(6),
+        handled_command: Some(FAILBACK.to_owned()),
+        last_transition: Some(transition(TransitionKind::Failback, "us-east", 6, 332, Some(360))),
+        ..on_standby(30)
+    };
+    run.advance(&config, "weekly", Some(&home), at(361));
+    assert_eq!(run.phase, RunPhase::Failed);
+    assert_eq!(run.verdict, Some(Verdict::Failed));
+    assert!(
+        run.reason
+            .unwrap()
+            .contains("lost its steady state while holding")
+    );
+}
+
+#[test]
+fn a_failback_not_done_within_max_recovery_fails_and_leaves_the_standby_primary() {
+    let config = config(Some(600));
+    let mut run = injected(&config);
+    run.advance(&config, "weekly", Some(&on_standby(60)), at(61));
+    run.advance(&config, "weekly", Some(&on_standby(60)), at(660));
+    let waiting = PolicyView {
+        command: Some(FAILBACK.to_owned()),
+        ..on_standby(60)
+    };
+    assert_eq!(run.advance(&config, "weekly", Some(&waiting), at(779)), None);
+    assert_eq!(run.phase, RunPhase::FailingBack);
+    assert_eq!(run.advance(&config, "weekly", Some(&waiting), at(780)), None);
+    assert_eq!(run.phase, RunPhase::Failed);
+    assert!(run.reason.unwrap().contains("us-west stays primary"));
+}
+
+#[test]
+fn run_ids_and_commands_are_new_for_every_run() {
+    assert_eq!(run_id(T0), "20240604-100000");
+    assert_eq!(run_id(at(61)), "20240604-100101");
+    assert_eq!(command_value("failover", "weekly", "20240604-100000"), COMMAND);
+}
