@@ -1,5 +1,5 @@
-//! The FailoverPolicy schema, as `crdgen` prints it, admits every example and refuses every
-//! nonsense policy in `examples/invalid/` with the message its `# expect:` line names.
+//! The FailoverPolicy and GameDay schemas, as `crdgen` prints them, admit every example and refuse
+//! every nonsense object in `examples/invalid/` with the message its `# expect:` line names.
 //!
 //! Admission is emulated the way the apiserver does it: schema defaults first, then the structural
 //! OpenAPI checks (a small checker below, since kube-cel evaluates CEL rules only), then every
@@ -13,7 +13,12 @@ use std::{
 
 use kube::CustomResourceExt;
 use serde_json::Value;
-use understudy_operator::{crd::FailoverPolicy, policy};
+use understudy_operator::cron::CronSchedule;
+use understudy_operator::gameday::RunConfig;
+use understudy_operator::{
+    crd::{FailoverPolicy, GameDay},
+    policy,
+};
 
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -21,7 +26,12 @@ fn repo_root() -> PathBuf {
 
 /// The openAPIV3Schema of the generated CRD: exactly what `crdgen` prints.
 fn schema() -> Value {
-    let crd = FailoverPolicy::crd();
+    schema_of(FailoverPolicy::crd())
+}
+
+fn schema_of(
+    crd: k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+) -> Value {
     let version = crd.spec.versions.first().expect("the CRD has a version");
     let schema = version
         .schema
@@ -33,6 +43,11 @@ fn schema() -> Value {
 
 /// Every `FailoverPolicy` manifest in `dir` (not recursive), with its text.
 fn manifests(dir: &Path) -> Vec<(String, String, Value)> {
+    manifests_of(dir, "FailoverPolicy")
+}
+
+/// Every manifest of `kind` in `dir` (not recursive), with its text.
+fn manifests_of(dir: &Path, kind: &str) -> Vec<(String, String, Value)> {
     let mut found = Vec::new();
     for entry in fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
         let path = entry.expect("directory entry").path();
@@ -42,7 +57,7 @@ fn manifests(dir: &Path) -> Vec<(String, String, Value)> {
         let text = fs::read_to_string(&path).expect("readable");
         let object: Value =
             serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{}: not YAML: {e}", path.display()));
-        if object["kind"] == "FailoverPolicy" {
+        if object["kind"] == kind {
             let name = path
                 .file_name()
                 .expect("a file name")
@@ -251,6 +266,146 @@ fn the_crd_has_the_names_columns_and_status_users_rely_on() {
         failover["x-kubernetes-preserve-unknown-fields"], true,
         "status.failover keeps any shape"
     );
+}
+
+/// The GameDay's `# expect:` line, or a panic naming the file.
+fn expected_error<'a>(name: &str, text: &'a str) -> &'a str {
+    text.lines()
+        .next()
+        .and_then(|line| line.strip_prefix("# expect: "))
+        .unwrap_or_else(|| panic!("examples/invalid/{name}: the first line must be `# expect: <message>`"))
+}
+
+#[test]
+fn every_gameday_example_is_admitted_and_read_by_the_operator() {
+    let schema = schema_of(GameDay::crd());
+    let examples = manifests_of(&repo_root().join("examples"), "GameDay");
+    let names: Vec<&str> = examples.iter().map(|(name, ..)| name.as_str()).collect();
+    assert!(names.contains(&"gameday-weekly.yaml"), "found {names:?}");
+    for (name, _, object) in &examples {
+        let errors = admission_errors(&schema, object);
+        assert!(
+            errors.is_empty(),
+            "examples/{name} is refused:\n  {}",
+            errors.join("\n  ")
+        );
+        let defaulted = kube_cel::apply_defaults(&schema, object);
+        let gameday: GameDay =
+            serde_json::from_value(object.clone()).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(
+            serde_json::to_value(&gameday.spec).expect("spec serializes"),
+            defaulted["spec"],
+            "examples/{name}: serde and schema defaults differ"
+        );
+        RunConfig::from_spec(&gameday.spec).unwrap_or_else(|e| panic!("examples/{name}: {e}"));
+        if let Some(schedule) = &gameday.spec.schedule {
+            CronSchedule::parse(schedule).unwrap_or_else(|e| panic!("examples/{name}: {e}"));
+        }
+    }
+}
+
+#[test]
+fn every_invalid_gameday_example_is_refused_with_the_message_it_expects() {
+    let schema = schema_of(GameDay::crd());
+    let invalid = manifests_of(&repo_root().join("examples/invalid"), "GameDay");
+    assert!(
+        invalid.len() >= 8,
+        "expected the GameDay invalid examples, found {}",
+        invalid.len()
+    );
+    for (name, text, object) in &invalid {
+        let expected = expected_error(name, text);
+        let errors = admission_errors(&schema, object);
+        assert!(
+            errors.iter().any(|e| e.contains(expected)),
+            "examples/invalid/{name}: expected an error containing {expected:?}, got:\n  {}",
+            if errors.is_empty() {
+                "nothing: it was admitted".to_owned()
+            } else {
+                errors.join("\n  ")
+            }
+        );
+    }
+}
+
+/// What the schema cannot say (each cron field's range) the operator's parser does, so such a
+/// game day is reported, never run at a time nobody meant.
+#[test]
+fn a_cron_schedule_the_schema_admits_can_still_be_refused_by_the_operator() {
+    let schema = schema_of(GameDay::crd());
+    let (_, _, mut object) = manifests_of(&repo_root().join("examples"), "GameDay")
+        .into_iter()
+        .find(|(name, ..)| name == "gameday-weekly.yaml")
+        .expect("the weekly example");
+    object["spec"]["schedule"] = Value::from("61 10 * * TUE");
+    assert!(admission_errors(&schema, &object).is_empty());
+    let error = CronSchedule::parse("61 10 * * TUE").unwrap_err();
+    assert!(
+        error.to_string().contains("minute: 61 is outside 0-59"),
+        "{error}"
+    );
+}
+
+#[test]
+fn every_cel_rule_in_the_gameday_schema_compiles() {
+    let compiled = kube_cel::compile_schema(&schema_of(GameDay::crd()));
+    let errors: Vec<String> = compiled
+        .compilation_errors()
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert!(
+        errors.is_empty(),
+        "CEL rules that do not compile:\n  {}",
+        errors.join("\n  ")
+    );
+}
+
+#[test]
+fn the_committed_gameday_crd_matches_the_generated_one() {
+    let generated = serde_yaml::to_string(&GameDay::crd()).expect("CRD serializes");
+    for path in ["crds/gameday.yaml", "charts/understudy/crds/gameday.yaml"] {
+        let committed = fs::read_to_string(repo_root().join(path)).unwrap_or_default();
+        assert!(
+            committed == generated,
+            "{path} is out of date; regenerate it with\n  \
+             cargo run -q -p understudy-operator --bin crdgen -- gameday > crds/gameday.yaml\n\
+             and copy it to charts/understudy/crds/"
+        );
+    }
+}
+
+#[test]
+fn the_gameday_crd_has_the_names_columns_and_status_users_rely_on() {
+    let crd = serde_json::to_value(GameDay::crd()).expect("CRD serializes");
+    assert_eq!(crd["metadata"]["name"], "gamedays.understudy.dev");
+    assert_eq!(crd["spec"]["scope"], "Namespaced");
+    assert_eq!(crd["spec"]["names"]["shortNames"], serde_json::json!(["gd"]));
+    let version = &crd["spec"]["versions"][0];
+    assert_eq!(version["name"], "v1alpha1");
+    assert!(
+        version["subresources"]["status"].is_object(),
+        "status is a subresource"
+    );
+    let columns: Vec<(String, String)> = version["additionalPrinterColumns"]
+        .as_array()
+        .expect("printer columns")
+        .iter()
+        .map(|c| {
+            (
+                c["name"].as_str().unwrap_or_default().to_owned(),
+                c["jsonPath"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
+    let expected = [
+        ("Policy", ".spec.policyRef.name"),
+        ("Schedule", ".spec.schedule"),
+        ("Phase", ".status.phase"),
+        ("Last Verdict", ".status.lastVerdict"),
+        ("Next Run", ".status.nextRunAt"),
+    ];
+    assert_eq!(columns, expected.map(|(n, p)| (n.to_owned(), p.to_owned())));
 }
 
 /// The structural checker must refuse what it claims to check; otherwise every "admitted" above
