@@ -339,7 +339,7 @@ fn a_cron_schedule_the_schema_admits_can_still_be_refused_by_the_operator() {
         .expect("the weekly example");
     object["spec"]["schedule"] = Value::from("61 10 * * TUE");
     assert!(admission_errors(&schema, &object).is_empty());
-    let error = CronSchedule::parse("61 10 * * TUE").unwrap_err();
+    let error = CronSchedule::parse("61 10 * * TUE").expect_err("minute 61 does not exist");
     assert!(
         error.to_string().contains("minute: 61 is outside 0-59"),
         "{error}"

@@ -1,0 +1,610 @@
+//! The GameDay controller against a scripted API server, in the style of `controller_mock.rs`:
+//! each scenario lists the requests one reconcile makes, in order, and answers them; Events are
+//! collected on the side; [`ApiServer::expect_no_more`] proves nothing else was asked.
+//!
+//! The test at the end marked `#[ignore]` needs a real cluster:
+//!
+//! ```text
+//! kind create cluster
+//! kubectl apply -f crds/
+//! cargo test -p understudy-operator --test gameday_mock -- --ignored
+//! ```
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{Request, Response};
+use kube::Client;
+use kube::client::Body;
+use kube::core::DeserializeGuard;
+use kube::runtime::controller::Action;
+use serde_json::{Value, json};
+use tower_test::mock::{Handle, SendResponse};
+use understudy_operator::controller::Clock;
+use understudy_operator::crd::GameDay;
+use understudy_operator::gameday::controller::{ACTIVE_REQUEUE, Context, Error, reconcile};
+
+const NS: &str = "serving";
+const POLICY_PATH: &str = "/apis/understudy.dev/v1alpha1/namespaces/serving/failoverpolicies/llama";
+const GAMEDAY_STATUS_PATH: &str = "/apis/understudy.dev/v1alpha1/namespaces/serving/gamedays/weekly/status";
+const OTHER_GAMEDAY_PATH: &str = "/apis/understudy.dev/v1alpha1/namespaces/serving/gamedays/other";
+const EVENTS_PATH: &str = "/apis/events.k8s.io/v1/namespaces/serving/events";
+
+/// 2024-06-04T10:00:00Z, a Tuesday.
+const NOW: Duration = Duration::from_secs(1_717_495_200);
+const TIMEOUT: Duration = Duration::from_secs(10);
+const COMMAND: &str = "failover@gameday-weekly-20240604-100000";
+
+#[derive(Debug)]
+struct FixedClock;
+
+impl Clock for FixedClock {
+    fn now(&self) -> Duration {
+        NOW
+    }
+}
+
+fn time(offset_seconds: i64) -> String {
+    let at = i64::try_from(NOW.as_secs()).unwrap() + offset_seconds;
+    k8s_openapi::jiff::Timestamp::from_second(at).unwrap().to_string()
+}
+
+/// The weekly game day as stored, its scheduled run due now.
+fn gameday() -> Value {
+    json!({
+        "apiVersion": "understudy.dev/v1alpha1",
+        "kind": "GameDay",
+        "metadata": {"name": "weekly", "namespace": NS, "uid": "6f1c", "generation": 1, "resourceVersion": "7"},
+        "spec": {
+            "policyRef": {"name": "llama"},
+            "schedule": "0 10 * * TUE",
+            "fault": "failover",
+            "steadyState": {},
+            "maxRecovery": "2m",
+            "failback": {"mode": "manual"},
+            "historyLimit": 10,
+        },
+        "status": {"phase": "Idle", "nextRunAt": time(0), "observedGeneration": 1},
+    })
+}
+
+fn condition(status: &str, reason: &str) -> Value {
+    json!({"status": status, "reason": reason, "message": "", "lastTransitionTime": time(-86_400)})
+}
+
+/// The policy serving from its home pool at epoch 4, its standby proven.
+fn steady_policy() -> Value {
+    json!({
+        "apiVersion": "understudy.dev/v1alpha1",
+        "kind": "FailoverPolicy",
+        "metadata": {"name": "llama", "namespace": NS, "uid": "0d5e", "generation": 1, "resourceVersion": "100"},
+        "spec": {
+            "recoveryObjective": "5m",
+            "pools": [
+                {"name": "us-east", "workload": {"kind": "Deployment", "name": "vllm-east"}, "replicas": 4},
+                {"name": "us-west", "workload": {"kind": "Deployment", "name": "vllm-west"}, "replicas": 4},
+            ],
+        },
+        "status": {
+            "primaryPool": "us-east",
+            "epoch": 4,
+            "state": "Serving",
+            "conditions": {
+                "Ready": condition("True", "LeaseHeld"),
+                "StandbyProven": condition("True", "ChecksPass"),
+                "ParityHolds": condition("Unknown", "NotChecked"),
+            },
+        },
+    })
+}
+
+/// The run as the controller recorded it when it gave the command `seconds_ago`.
+fn injected_run(seconds_ago: i64) -> Value {
+    let at = time(-seconds_ago);
+    json!({
+        "id": "20240604-100000",
+        "trigger": "schedule",
+        "phase": "Injected",
+        "transitions": [
+            {"phase": "Scheduled", "at": at},
+            {"phase": "CheckingSteadyState", "at": at},
+            {"phase": "Injected", "at": at},
+        ],
+        "fromPool": "us-east",
+        "toPool": "us-west",
+        "baselineEpoch": 4,
+        "command": COMMAND,
+        "recovery": {"commandedAt": at},
+    })
+}
+
+fn running(seconds_ago: i64) -> Value {
+    let mut object = gameday();
+    object["status"] = json!({
+        "phase": "Injected",
+        "currentRun": injected_run(seconds_ago),
+        "nextRunAt": time(7 * 86_400),
+        "observedGeneration": 1,
+    });
+    object
+}
+
+/// The policy after it took the command: `finished` seconds ago us-west served at epoch 5, or it
+/// is still promoting.
+fn policy_after_command(started_ago: i64, finished_ago: Option<i64>) -> Value {
+    let mut policy = steady_policy();
+    policy["metadata"]["annotations"] = json!({
+        "understudy.dev/command": COMMAND,
+        "understudy.dev/game-day": "weekly",
+    });
+    policy["status"]["primaryPool"] = json!("us-west");
+    policy["status"]["epoch"] = json!(5);
+    policy["status"]["state"] = json!(if finished_ago.is_some() {
+        "Serving"
+    } else {
+        "Promoting"
+    });
+    let mut timeline = json!({
+        "kind": "failover", "fromPool": "us-east", "toPool": "us-west", "epoch": 5,
+        "startedAt": time(-started_ago),
+        "steps": [{"step": "LeaseClaimed", "at": time(-started_ago)}],
+    });
+    if let Some(finished) = finished_ago {
+        timeline["finishedAt"] = json!(time(-finished));
+        timeline["steps"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"step": "Routed", "at": time(-finished)}));
+    }
+    policy["status"]["lastFailover"] = timeline;
+    policy["status"]["failover"] = json!({"handledCommand": {"value": COMMAND}});
+    policy
+}
+
+fn guard(object: &Value) -> Arc<DeserializeGuard<GameDay>> {
+    Arc::new(serde_json::from_value(object.clone()).unwrap())
+}
+
+fn status(code: u16, reason: &str) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Status", "status": "Failure",
+        "code": code, "reason": reason, "message": reason, "metadata": {},
+    })
+}
+
+struct Call {
+    method: String,
+    path: String,
+    query: String,
+    content_type: String,
+    body: Value,
+    reply: SendResponse<Response<Body>>,
+}
+
+impl Call {
+    fn answer(self, code: u16, body: &Value) {
+        let response = Response::builder()
+            .status(code)
+            .header("content-type", "application/json")
+            .body(Body::from(serde_json::to_vec(body).unwrap()))
+            .unwrap();
+        self.reply.send_response(response);
+    }
+
+    /// Answers a status apply with the object carrying the applied status; returns that status.
+    fn answer_status(self, object: &Value) -> Value {
+        assert!(
+            self.query.contains("fieldManager=understudy-operator"),
+            "{}",
+            self.query
+        );
+        assert!(self.query.contains("force=true"), "{}", self.query);
+        assert_eq!(self.content_type, "application/apply-patch+yaml");
+        let applied = self.body["status"].clone();
+        let mut stored = object.clone();
+        stored["status"] = applied.clone();
+        self.answer(200, &stored);
+        applied
+    }
+}
+
+struct ApiServer {
+    handle: Handle<Request<Body>, Response<Body>>,
+    events: Vec<(String, String)>,
+}
+
+impl ApiServer {
+    async fn next(&mut self) -> Option<Call> {
+        loop {
+            let (request, reply) = self.handle.next_request().await?;
+            let (parts, body) = request.into_parts();
+            let bytes = body.collect_bytes().await.unwrap();
+            let call = Call {
+                method: parts.method.to_string(),
+                path: parts.uri.path().to_owned(),
+                query: parts.uri.query().unwrap_or_default().to_owned(),
+                content_type: parts
+                    .headers
+                    .get("content-type")
+                    .map(|v| v.to_str().unwrap().to_owned())
+                    .unwrap_or_default(),
+                body: if bytes.is_empty() {
+                    Value::Null
+                } else {
+                    serde_json::from_slice(&bytes).unwrap()
+                },
+                reply,
+            };
+            if call.path.starts_with(EVENTS_PATH) {
+                self.events.push((
+                    call.body["reason"].as_str().unwrap_or_default().to_owned(),
+                    call.body["note"].as_str().unwrap_or_default().to_owned(),
+                ));
+                let body = call.body.clone();
+                call.answer(201, &body);
+                continue;
+            }
+            return Some(call);
+        }
+    }
+
+    async fn expect(&mut self, method: &str, path: &str) -> Call {
+        let call = self
+            .next()
+            .await
+            .unwrap_or_else(|| panic!("expected {method} {path}, but the client hung up"));
+        assert_eq!(
+            (call.method.as_str(), call.path.as_str()),
+            (method, path),
+            "unexpected request; body: {}",
+            call.body
+        );
+        call
+    }
+
+    async fn expect_no_more(mut self) -> Vec<(String, String)> {
+        if let Some(call) = self.next().await {
+            panic!("unexpected {} {} with body {}", call.method, call.path, call.body);
+        }
+        self.events
+    }
+}
+
+async fn run_scenario<F>(
+    object: &Value,
+    scenario: impl FnOnce(ApiServer) -> F,
+) -> (Result<Action, Error>, Vec<(String, String)>)
+where
+    F: Future<Output = Vec<(String, String)>> + Send + 'static,
+{
+    let (mock, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let ctx = Context::new(Client::new(mock, NS), Some("test-0".into())).with_clock(Arc::new(FixedClock));
+    let server = ApiServer {
+        handle,
+        events: Vec::new(),
+    };
+    let verifier = tokio::spawn(scenario(server));
+    let result = tokio::time::timeout(TIMEOUT, reconcile(guard(object), Arc::new(ctx)))
+        .await
+        .expect("reconcile timed out");
+    let events = tokio::time::timeout(TIMEOUT, verifier)
+        .await
+        .expect("the scenario timed out")
+        .expect("the scenario failed");
+    (result, events)
+}
+
+fn reasons(events: &[(String, String)]) -> Vec<&str> {
+    events.iter().map(|(reason, _)| reason.as_str()).collect()
+}
+
+#[tokio::test]
+async fn a_scheduled_run_on_a_steady_policy_records_then_gives_the_failover_command() {
+    let object = gameday();
+    let stored = object.clone();
+    let (result, events) = run_scenario(&object, |mut server| async move {
+        server
+            .expect("GET", POLICY_PATH)
+            .await
+            .answer(200, &steady_policy());
+        // Write-ahead: the run and its command are recorded before the policy is given it.
+        let applied = server
+            .expect("PATCH", GAMEDAY_STATUS_PATH)
+            .await
+            .answer_status(&stored);
+        assert_eq!(applied["phase"], "Injected");
+        let run = &applied["currentRun"];
+        assert_eq!(run["trigger"], "schedule");
+        assert_eq!(run["command"], COMMAND);
+        assert_eq!(run["baselineEpoch"], 4);
+        assert_eq!(run["toPool"], "us-west");
+        assert_eq!(run["recovery"]["commandedAt"], time(0));
+        let phases: Vec<&str> = run["transitions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["phase"].as_str().unwrap())
+            .collect();
+        assert_eq!(phases, ["Scheduled", "CheckingSteadyState", "Injected"]);
+        // The next Tuesday.
+        assert_eq!(applied["nextRunAt"], "2024-06-11T10:00:00Z");
+
+        let command = server.expect("PATCH", POLICY_PATH).await;
+        assert_eq!(command.content_type, "application/merge-patch+json");
+        assert_eq!(
+            command.body["metadata"]["resourceVersion"], "100",
+            "conditional on the policy the steady state was judged on"
+        );
+        assert_eq!(
+            command.body["metadata"]["annotations"]["understudy.dev/command"],
+            COMMAND
+        );
+        assert_eq!(
+            command.body["metadata"]["annotations"]["understudy.dev/game-day"],
+            "weekly"
+        );
+        command.answer(200, &policy_after_command(0, None));
+        server.expect_no_more().await
+    })
+    .await;
+    assert_eq!(result.unwrap(), Action::requeue(ACTIVE_REQUEUE));
+    assert_eq!(reasons(&events), ["CommandGiven"]);
+}
+
+#[tokio::test]
+async fn a_run_on_a_policy_that_is_not_ready_is_recorded_aborted_and_injects_nothing() {
+    let object = gameday();
+    let stored = object.clone();
+    let mut stranded = steady_policy();
+    stranded["status"]["state"] = json!("Stranded");
+    stranded["status"]["conditions"]["Ready"] = condition("False", "Stranded");
+    let (result, events) = run_scenario(&object, |mut server| async move {
+        server.expect("GET", POLICY_PATH).await.answer(200, &stranded);
+        let applied = server
+            .expect("PATCH", GAMEDAY_STATUS_PATH)
+            .await
+            .answer_status(&stored);
+        assert_eq!(applied["phase"], "Idle");
+        assert!(applied.get("currentRun").is_none());
+        assert_eq!(applied["lastVerdict"], "Aborted");
+        let run = &applied["lastRuns"][0];
+        assert_eq!(run["verdict"], "Aborted");
+        assert_eq!(run["phase"], "Aborted");
+        let reason = run["reason"].as_str().unwrap();
+        assert!(
+            reason.starts_with("not steady: Ready is False (Stranded)"),
+            "{reason}"
+        );
+        assert!(run.get("command").is_none(), "nothing was injected");
+        // No write to the policy follows.
+        server.expect_no_more().await
+    })
+    .await;
+    // The next run is a week away; an idle game day is looked at again within the hour.
+    assert_eq!(result.unwrap(), Action::requeue(Duration::from_secs(3600)));
+    assert_eq!(reasons(&events), ["RunAborted"]);
+}
+
+#[tokio::test]
+async fn a_promotion_done_within_max_recovery_is_recorded_passed_with_its_timeline() {
+    // Commanded 95 s ago; the policy started 93 s ago and served 5 s ago: 90 s, within 2m.
+    let object = running(95);
+    let stored = object.clone();
+    let (result, events) = run_scenario(&object, |mut server| async move {
+        let policy = policy_after_command(93, Some(5));
+        server.expect("GET", POLICY_PATH).await.answer(200, &policy);
+        let applied = server
+            .expect("PATCH", GAMEDAY_STATUS_PATH)
+            .await
+            .answer_status(&stored);
+        assert_eq!(applied["phase"], "Idle");
+        assert_eq!(applied["lastVerdict"], "Passed");
+        let run = &applied["lastRuns"][0];
+        assert_eq!(run["verdict"], "Passed");
+        let recovery = &run["recovery"];
+        assert_eq!(recovery["epoch"], 5);
+        assert_eq!(recovery["startedAt"], time(-93));
+        assert_eq!(recovery["servingAt"], time(-5));
+        assert_eq!(recovery["seconds"], 90);
+        assert_eq!(recovery["steps"][1]["step"], "Routed");
+        let phases: Vec<&str> = run["transitions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["phase"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            phases,
+            [
+                "Scheduled",
+                "CheckingSteadyState",
+                "Injected",
+                "Recovered",
+                "Done"
+            ]
+        );
+        // The run is over: the game day lets go of the policy.
+        let release = server.expect("PATCH", POLICY_PATH).await;
+        assert_eq!(
+            release.body,
+            json!({"metadata": {"annotations": {"understudy.dev/game-day": null}}})
+        );
+        release.answer(200, &policy);
+        server.expect_no_more().await
+    })
+    .await;
+    assert_eq!(result.unwrap(), Action::requeue(Duration::from_secs(3600)));
+    assert_eq!(reasons(&events), ["RunPassed"]);
+    assert!(events[0].1.contains("failback is manual"), "{}", events[0].1);
+}
+
+#[tokio::test]
+async fn a_promotion_not_done_by_max_recovery_is_recorded_failed() {
+    // Commanded 130 s ago (maxRecovery 2m); the policy is still promoting.
+    let object = running(130);
+    let stored = object.clone();
+    let (result, events) = run_scenario(&object, |mut server| async move {
+        let policy = policy_after_command(128, None);
+        server.expect("GET", POLICY_PATH).await.answer(200, &policy);
+        let applied = server
+            .expect("PATCH", GAMEDAY_STATUS_PATH)
+            .await
+            .answer_status(&stored);
+        assert_eq!(applied["lastVerdict"], "Failed");
+        let run = &applied["lastRuns"][0];
+        assert_eq!(run["phase"], "Failed");
+        let reason = run["reason"].as_str().unwrap();
+        assert!(
+            reason.contains("not serving within maxRecovery (2m0s)"),
+            "{reason}"
+        );
+        assert_eq!(run["recovery"]["startedAt"], time(-128));
+        assert!(run["recovery"].get("servingAt").is_none());
+        server.expect("PATCH", POLICY_PATH).await.answer(200, &policy);
+        server.expect_no_more().await
+    })
+    .await;
+    result.unwrap();
+    assert_eq!(reasons(&events), ["RunFailed"]);
+}
+
+#[tokio::test]
+async fn a_policy_held_by_another_running_game_day_is_not_steady() {
+    let object = gameday();
+    let stored = object.clone();
+    let mut held = steady_policy();
+    held["metadata"]["annotations"] = json!({"understudy.dev/game-day": "other"});
+    let (result, _) = run_scenario(&object, |mut server| async move {
+        server.expect("GET", POLICY_PATH).await.answer(200, &held);
+        let mut other = gameday();
+        other["metadata"]["name"] = json!("other");
+        other["status"] = json!({"phase": "Injected", "currentRun": injected_run(10)});
+        server.expect("GET", OTHER_GAMEDAY_PATH).await.answer(200, &other);
+        let applied = server
+            .expect("PATCH", GAMEDAY_STATUS_PATH)
+            .await
+            .answer_status(&stored);
+        let reason = applied["lastRuns"][0]["reason"].as_str().unwrap();
+        assert!(
+            reason.contains("game day other is running on the policy"),
+            "{reason}"
+        );
+        server.expect_no_more().await
+    })
+    .await;
+    result.unwrap();
+}
+
+#[tokio::test]
+async fn a_policy_changed_after_it_was_judged_is_not_given_the_command() {
+    let object = gameday();
+    let stored = object.clone();
+    let (result, _) = run_scenario(&object, |mut server| async move {
+        server
+            .expect("GET", POLICY_PATH)
+            .await
+            .answer(200, &steady_policy());
+        server
+            .expect("PATCH", GAMEDAY_STATUS_PATH)
+            .await
+            .answer_status(&stored);
+        server
+            .expect("PATCH", POLICY_PATH)
+            .await
+            .answer(409, &status(409, "Conflict"));
+        server.expect_no_more().await
+    })
+    .await;
+    // The recorded run asks again on the next reconcile, after judging the policy afresh.
+    assert!(matches!(result, Err(Error::PolicyChanged)), "{result:?}");
+}
+
+#[tokio::test]
+async fn a_run_command_starts_a_run_once() {
+    let mut object = gameday();
+    object["spec"].as_object_mut().unwrap().remove("schedule");
+    object["status"] = json!({"phase": "Idle", "observedGeneration": 1});
+    object["metadata"]["annotations"] = json!({"understudy.dev/command": "run@1"});
+    let stored = object.clone();
+    let (result, events) = run_scenario(&object, |mut server| async move {
+        server
+            .expect("GET", POLICY_PATH)
+            .await
+            .answer(200, &steady_policy());
+        let applied = server
+            .expect("PATCH", GAMEDAY_STATUS_PATH)
+            .await
+            .answer_status(&stored);
+        assert_eq!(applied["handledCommand"], "run@1");
+        assert_eq!(applied["currentRun"]["trigger"], "command");
+        assert!(applied.get("nextRunAt").is_none());
+        server
+            .expect("PATCH", POLICY_PATH)
+            .await
+            .answer(200, &steady_policy());
+        server.expect_no_more().await
+    })
+    .await;
+    result.unwrap();
+    assert_eq!(reasons(&events), ["CommandGiven"]);
+
+    // The same value again, recorded as handled, starts nothing and writes nothing.
+    object["status"]["handledCommand"] = json!("run@1");
+    let (result, events) = run_scenario(&object, |server| async move { server.expect_no_more().await }).await;
+    assert_eq!(result.unwrap(), Action::await_change());
+    assert!(events.is_empty());
+}
+
+#[cfg(test)]
+mod cluster {
+    use kube::api::{Api, DeleteParams, PostParams};
+
+    use super::*;
+
+    #[tokio::test]
+    #[ignore = "needs a cluster: kind create cluster; kubectl apply -f crds/; cargo test -- --ignored"]
+    async fn a_game_day_on_a_missing_policy_is_recorded_aborted() {
+        let client = Client::try_default().await.unwrap();
+        let namespace = client.default_namespace().to_owned();
+        let gamedays: Api<GameDay> = Api::namespaced(client.clone(), &namespace);
+        let mut object = gameday();
+        object["metadata"] = json!({
+            "name": "understudy-cluster-gameday",
+            "annotations": {"understudy.dev/command": "run@cluster-test"},
+        });
+        object["spec"]["policyRef"]["name"] = json!("understudy-no-such-policy");
+        object.as_object_mut().unwrap().remove("status");
+        let _ = gamedays
+            .delete("understudy-cluster-gameday", &DeleteParams::default())
+            .await;
+        gamedays
+            .create(&PostParams::default(), &serde_json::from_value(object).unwrap())
+            .await
+            .unwrap();
+        let ctx = Arc::new(Context::new(client, None));
+        let controller = tokio::spawn(async move {
+            understudy_operator::gameday::controller::run(ctx, Some(&namespace)).await;
+        });
+        let mut verdict = None;
+        for _ in 0..60 {
+            let current = gamedays.get("understudy-cluster-gameday").await.unwrap();
+            if let Some(v) = current.status.and_then(|s| s.last_verdict) {
+                verdict = Some(v);
+                break;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        controller.abort();
+        assert_eq!(
+            verdict,
+            Some(understudy_operator::crd::Verdict::Aborted),
+            "no verdict within a minute"
+        );
+        gamedays
+            .delete("understudy-cluster-gameday", &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+}
