@@ -935,8 +935,8 @@ pub enum Fault {
 /// The steady state a run checks before it injects. Always checked, from the policy's status:
 /// `Ready` is True and the state is Serving (no promotion under way, primary not suspect); the
 /// standby is proven (`StandbyProven` True) and parity is not broken; the home pool is primary;
-/// the policy's minimum dwell since its last transition has passed; no other game day is running
-/// on the policy.
+/// the policy is not paused; the policy's minimum dwell since its last transition has passed; no
+/// other game day is running on the policy.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct SteadyStateSpec {

@@ -88,6 +88,8 @@ pub struct PolicyView {
     pub min_dwell: Duration,
     /// Another game day with a run under way on this policy.
     pub claimed_by: Option<String>,
+    /// The policy's `spec.paused`: under maintenance, no game day starts.
+    pub paused: bool,
 }
 
 impl PolicyView {
@@ -123,6 +125,7 @@ impl PolicyView {
             handled_command,
             min_dwell: policy.spec.trigger.min_dwell.parse().unwrap_or_default(),
             claimed_by,
+            paused: policy.spec.paused,
         }
     }
 
@@ -212,6 +215,9 @@ pub fn steady_state_violations(view: &PolicyView, config: &RunConfig, now: Durat
     let mut violations = Vec::new();
     if let Some(other) = &view.claimed_by {
         violations.push(format!("game day {other} is running on the policy"));
+    }
+    if view.paused {
+        violations.push("the policy is paused (spec.paused)".to_owned());
     }
     if condition_is_true(view.ready.as_ref()) {
         let since = view
@@ -421,29 +427,6 @@ impl GameDayRun {
         let commanded = instant(&recovery.commanded_at).unwrap_or(now);
         let baseline = self.baseline_epoch.unwrap_or(0);
         let timed_out = now >= commanded + config.max_recovery;
-        if !view.saw(&command) {
-            if timed_out {
-                self.fail(
-                    format!("the failover command did not reach the policy within maxRecovery ({max})"),
-                    now,
-                );
-                return None;
-            }
-            // The command was recorded but not given, or was overwritten before the policy read
-            // it: give it again, but only while the steady state still holds.
-            let violations = steady_state_violations(view, config, now);
-            if !violations.is_empty() {
-                self.abort(
-                    format!(
-                        "not steady before the command reached the policy: {}",
-                        violations.join("; ")
-                    ),
-                    now,
-                );
-                return None;
-            }
-            return Some(PolicyCommand::Failover(command));
-        }
         if let Some(transition) = view.transition_after(baseline) {
             if transition.kind != TransitionKind::Failover
                 || Some(&transition.to_pool) != self.to_pool.as_ref()
@@ -487,6 +470,29 @@ impl GameDayRun {
                 None => {}
             }
             return None;
+        }
+        if !view.saw(&command) {
+            if timed_out {
+                self.fail(
+                    format!("the failover command did not reach the policy within maxRecovery ({max})"),
+                    now,
+                );
+                return None;
+            }
+            // The command was recorded but not given, or was overwritten before the policy read
+            // it: give it again, but only while the steady state still holds.
+            let violations = steady_state_violations(view, config, now);
+            if !violations.is_empty() {
+                self.abort(
+                    format!(
+                        "not steady before the command reached the policy: {}",
+                        violations.join("; ")
+                    ),
+                    now,
+                );
+                return None;
+            }
+            return Some(PolicyCommand::Failover(command));
         }
         if view.handled_command.as_deref() == Some(command.as_str()) && !view.promoting() {
             self.abort(

@@ -429,7 +429,7 @@ async fn a_promotion_done_within_max_recovery_is_recorded_passed_with_its_timeli
         let release = server.expect("PATCH", POLICY_PATH).await;
         assert_eq!(
             release.body,
-            json!({"metadata": {"annotations": {"understudy.dev/game-day": null}}})
+            json!({"metadata": {"resourceVersion": "100", "annotations": {"understudy.dev/game-day": null}}})
         );
         release.answer(200, &policy);
         server.expect_no_more().await

@@ -461,14 +461,20 @@ async fn give_command(
     }
 }
 
-/// Takes this game day's name off the policy once its run is over; best effort, since a hold
-/// whose run is over is stale to every other game day anyway.
+/// Takes this game day's name off the policy once its run is over, conditional on the policy as
+/// read (another game day may claim it as soon as this run's end is recorded); best effort, since
+/// a hold whose run is over is stale to every other game day anyway.
 async fn release(ctx: &Context, namespace: &str, policy: &FailoverPolicy, gameday: &str) {
     if policy.annotations().get(GAME_DAY_ANNOTATION).map(String::as_str) != Some(gameday) {
         return;
     }
     let api: Api<FailoverPolicy> = Api::namespaced(ctx.client.clone(), namespace);
-    let patch = serde_json::json!({ "metadata": { "annotations": { GAME_DAY_ANNOTATION: null } } });
+    let patch = serde_json::json!({
+        "metadata": {
+            "resourceVersion": policy.metadata.resource_version,
+            "annotations": { GAME_DAY_ANNOTATION: null },
+        }
+    });
     let params = PatchParams {
         field_manager: Some(FIELD_MANAGER.to_owned()),
         ..PatchParams::default()

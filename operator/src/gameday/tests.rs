@@ -38,6 +38,7 @@ fn steady() -> PolicyView {
         handled_command: None,
         min_dwell: Duration::from_secs(300),
         claimed_by: None,
+        paused: false,
     }
 }
 
@@ -140,7 +141,7 @@ fn a_steady_policy_is_given_the_failover_command_with_every_step_timestamped() {
 
 #[test]
 fn a_policy_that_is_not_steady_is_never_given_a_command() {
-    let cases: [(&str, PolicyView); 7] = [
+    let cases: [(&str, PolicyView); 8] = [
         (
             "Ready is False (Stranded)",
             PolicyView {
@@ -173,6 +174,13 @@ fn a_policy_that_is_not_steady_is_never_given_a_command() {
             "the primary is us-west, not the home pool us-east",
             PolicyView {
                 primary: Some("us-west".to_owned()),
+                ..steady()
+            },
+        ),
+        (
+            "the policy is paused",
+            PolicyView {
+                paused: true,
                 ..steady()
             },
         ),
@@ -464,4 +472,19 @@ fn run_ids_and_commands_are_new_for_every_run() {
     assert_eq!(run_id(T0), "20240604-100000");
     assert_eq!(run_id(at(61)), "20240604-100101");
     assert_eq!(command_value("failover", "weekly", "20240604-100000"), COMMAND);
+}
+
+#[test]
+fn a_promotion_seen_after_the_command_annotation_was_removed_still_counts() {
+    // Someone removed the annotation once the policy had taken it: the policy forgets the handled
+    // value, but its lastFailover shows the promotion, and nothing is given again.
+    let config = config(None);
+    let mut run = injected(&config);
+    let forgotten = PolicyView {
+        command: None,
+        handled_command: None,
+        ..on_standby(40)
+    };
+    assert_eq!(run.advance(&config, "weekly", Some(&forgotten), at(45)), None);
+    assert_eq!(run.verdict, Some(Verdict::Passed));
 }
