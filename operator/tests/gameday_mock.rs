@@ -557,6 +557,30 @@ async fn a_run_command_starts_a_run_once() {
     assert!(events.is_empty());
 }
 
+#[tokio::test]
+async fn a_scheduled_time_that_passes_during_a_run_is_skipped_not_queued() {
+    let mut object = running(10);
+    object["status"]["nextRunAt"] = json!(time(0));
+    let stored = object.clone();
+    let (result, events) = run_scenario(&object, |mut server| async move {
+        server
+            .expect("GET", POLICY_PATH)
+            .await
+            .answer(200, &policy_after_command(8, None));
+        let applied = server
+            .expect("PATCH", GAMEDAY_STATUS_PATH)
+            .await
+            .answer_status(&stored);
+        assert_eq!(applied["nextRunAt"], "2024-06-11T10:00:00Z");
+        assert_eq!(applied["currentRun"]["id"], "20240604-100000");
+        assert_eq!(applied["currentRun"]["phase"], "Injected");
+        server.expect_no_more().await
+    })
+    .await;
+    assert_eq!(result.unwrap(), Action::requeue(ACTIVE_REQUEUE));
+    assert_eq!(reasons(&events), ["RunSkipped"]);
+}
+
 #[cfg(test)]
 mod cluster {
     use kube::api::{Api, DeleteParams, PostParams};
