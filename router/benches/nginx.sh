@@ -14,9 +14,12 @@ http {
   access_log off;
   client_body_temp_path $dir/nginx/body; proxy_temp_path $dir/nginx/proxy;
   fastcgi_temp_path $dir/nginx/fcgi; uwsgi_temp_path $dir/nginx/uwsgi; scgi_temp_path $dir/nginx/scgi;
-  upstream backend { server 127.0.0.1:$backend; keepalive 256; }
+  # No request limit per connection on either side (nginx closes after 1000 by default; the
+  # router never does, and open_loop.rs does not reconnect).
+  upstream backend { server 127.0.0.1:$backend; keepalive 256; keepalive_requests 1000000000; }
   server {
     listen 127.0.0.1:$listen;
+    keepalive_requests 1000000000;
     location / {
       proxy_pass http://backend;
       proxy_http_version 1.1;

@@ -1,11 +1,12 @@
 //! An open-loop load generator for `vs-nginx.sh`: requests arriving at a fixed mean rate (a
 //! Poisson process) over keep-alive connections, latency measured from the moment each request
-//! is handed to a connection (a slow answer does not slow the schedule; requests that wait for a
-//! free connection count as late), loopback only.
+//! arrives (a slow answer does not slow the schedule), loopback only. Arrivals wait in a queue as
+//! long as there are connections; one that finds the queue full counts as late and waits for room.
 //!
 //!   open_loop ADDR PATH RATE SECONDS [CONNECTIONS] [BODY]
 //!
-//! Prints `sent p50_us p99_us late` where `late` counts requests that found every connection busy.
+//! Prints `answered p50_us p99_us late`: the requests answered with a 2xx (latencies are theirs)
+//! and the late arrivals. It does not reconnect: a target that closes connections loses them.
 
 use std::time::Duration;
 

@@ -70,14 +70,19 @@ measure() {
 # The median of the numbers on stdin.
 median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
-# Runs `$1 TARGET` for each target, ROUNDS times in turn (direct, nginx, router, direct, ...), so
-# that a slow moment of this shared machine falls on all three alike; prints for each target the
-# median of each column, as "direct|nginx|router a b c".
+# Runs `$1 TARGET` for each target, ROUNDS times, the order turning each round (direct, nginx,
+# router; nginx, router, direct; ...), so that a slow moment of this shared machine falls on all
+# three alike; prints for each target the median of each column, as "direct|nginx|router a b c".
 rounds() {
-  local run=$1 out="$T/rounds" i
+  local run=$1 out="$T/rounds" i k line
+  local targets=($BACKEND $NGINX $ROUTER)
   : >"$out"
-  for i in $(seq "$ROUNDS"); do
-    for p in $BACKEND $NGINX $ROUTER; do echo "$p $($run $p)" >>"$out"; done
+  for i in $(seq 0 $((ROUNDS - 1))); do
+    for k in 0 1 2; do
+      local p=${targets[$(((i + k) % 3))]}
+      line=$($run "$p") || { echo "measuring 127.0.0.1:$p failed" >&2; exit 1; }
+      echo "$p $line" >>"$out"
+    done
   done
   for p in $BACKEND $NGINX $ROUTER; do
     local cols=()
@@ -88,9 +93,11 @@ rounds() {
 
 report() {
   local name=$1 path=$2 script=$3
-  # Warm the connection pools, then measure each target in turn.
-  for p in $BACKEND $NGINX $ROUTER; do wrk -t1 -c"$CONNS" -d1s -s "$script" "http://127.0.0.1:$p$path" >/dev/null 2>&1; done
-  wrk_one() { measure "$1" "$path" "$script"; }
+  # Each measurement follows a second of warm-up on its own target (connection pools filled).
+  wrk_one() {
+    wrk -t1 -c"$CONNS" -d1s -s "$script" "http://127.0.0.1:$1$path" >/dev/null 2>&1
+    measure "$1" "$path" "$script"
+  }
   rounds wrk_one | awk -v name="$name" -v c="$CONNS" -v s="$SECS" -v r="$ROUNDS" '
     { rps[$1] = $2; p50[$1] = $3; p99[$1] = $4 }
     END {
@@ -111,7 +118,7 @@ echo "router vs nginx on $(nproc) cores; backend: vllm-emulator --emu-zero-cost"
 report "small responses: GET /v1/models" /v1/models "$T/small.lua"
 report "streams: POST /v1/completions, 16 tokens, SSE" /v1/completions "$T/stream.lua"
 
-# Fixed rate: for each target, the median over the rounds of "sent p50_us p99_us late".
+# Fixed rate: for each target, the median over the rounds of "answered p50_us p99_us late".
 fixed() {
   local name=$1 path=$2 body=${3:-}
   local rate=5000
@@ -120,14 +127,14 @@ fixed() {
     "$OPEN_LOOP" 127.0.0.1:$1 "$path" $rate "$SECS" 32 ${body:+"$body"}
   }
   rounds open_loop_one | awk -v name="$name" -v rate=$rate -v s="$SECS" -v r="$ROUNDS" '
-    { sent[$1] = $2; p50[$1] = $3; p99[$1] = $4; late[$1] = $5 }
+    { answered[$1] = $2; p50[$1] = $3; p99[$1] = $4; late[$1] = $5 }
     END {
       printf "\n== %s at %d req/s (Poisson arrivals, open loop, 32 connections, %d s each, median of %d rounds) ==\n", name, rate, s, r
-      printf "%-8s %8s %10s %10s %14s %14s %6s\n", "path", "sent", "p50 us", "p99 us", "added p50 us", "added p99 us", "late"
+      printf "%-8s %9s %10s %10s %14s %14s %6s\n", "path", "answered", "p50 us", "p99 us", "added p50 us", "added p99 us", "late"
       split("direct nginx router", order, " ")
       for (i = 1; i <= 3; i++) {
         n = order[i]
-        printf "%-8s %8d %10.1f %10.1f %14.1f %14.1f %6d\n", n, sent[n], p50[n], p99[n], p50[n] - p50["direct"], p99[n] - p99["direct"], late[n]
+        printf "%-8s %9d %10.1f %10.1f %14.1f %14.1f %6d\n", n, answered[n], p50[n], p99[n], p50[n] - p50["direct"], p99[n] - p99["direct"], late[n]
       }
     }'
 }

@@ -71,7 +71,7 @@ pub fn next_return(endpoints: &[Arc<Endpoint>], tried: Tried, now: Instant) -> O
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use crate::endpoint::{EjectionPolicy, Outcome};
+    use crate::endpoint::{EjectionPolicy, Outcome, Outstanding};
 
     fn endpoints(n: u16) -> Vec<Arc<Endpoint>> {
         (0..n)
@@ -97,9 +97,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn the_less_loaded_endpoint_wins_most_picks() {
         let eps = endpoints(2);
-        for _ in 0..10 {
-            eps[0].begin();
-        }
+        let _busy: Vec<_> = (0..10).map(|_| Outstanding::begin(&eps[0])).collect();
         let picks_of_1 = (0..1000)
             .filter(|_| pick(&eps, Tried::default(), Instant::now()) == Some(1))
             .count();

@@ -21,7 +21,7 @@ use tokio::time::Instant;
 
 use crate::admission::{Admission, Permit};
 use crate::continuation::{Delivered, Events, follow_up, restamp};
-use crate::endpoint::{EjectionPolicy, Endpoint, Outcome};
+use crate::endpoint::{EjectionPolicy, Outcome, Outstanding};
 use crate::metrics::Metrics;
 use crate::retry::RetryBudget;
 use crate::upstream::{BodyError, ResponseBody};
@@ -41,8 +41,8 @@ the answer is incomplete, retry the request\", \"type\": \"upstream_stream_cut\"
 /// count, the retry budget's active count, the admission permit. Given back on drop.
 #[derive(Debug)]
 pub struct InFlight {
-    /// The endpoint serving it.
-    pub endpoint: Arc<Endpoint>,
+    /// The endpoint serving it, counting the request as outstanding.
+    pub endpoint: Outstanding,
     /// Its admission permit.
     pub permit: Option<Permit>,
     /// The route's admission, for first-token samples.
@@ -71,7 +71,6 @@ impl InFlight {
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.endpoint.end();
         self.budget.finish(self.retries);
     }
 }

@@ -6,6 +6,7 @@
 //! endpoint's idle connections are kept beside it, in [`crate::upstream`].
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
@@ -177,16 +178,6 @@ impl Endpoint {
         self.outstanding.load(Relaxed)
     }
 
-    /// One more request in flight; the guard takes it back.
-    pub fn begin(&self) {
-        self.outstanding.fetch_add(1, Relaxed);
-    }
-
-    /// One request less in flight.
-    pub fn end(&self) {
-        self.outstanding.fetch_sub(1, Relaxed);
-    }
-
     fn micros(&self, at: Instant) -> u64 {
         u64::try_from(at.saturating_duration_since(self.born).as_micros()).unwrap_or(u64::MAX)
     }
@@ -271,6 +262,35 @@ impl Endpoint {
             cut: self.cut.load(Relaxed),
             ttft_ms: self.ttft_ewma_us.load(Relaxed) as f64 / 1000.0,
         }
+    }
+}
+
+/// A request counted among an endpoint's outstanding ones until this is dropped, however its
+/// future ends: a request whose client goes away while it waits for the upstream is dropped, not
+/// finished, and must not stay counted for ever.
+#[derive(Debug)]
+pub struct Outstanding(Arc<Endpoint>);
+
+impl Outstanding {
+    /// Counts one more request in flight on `endpoint`.
+    #[must_use]
+    pub fn begin(endpoint: &Arc<Endpoint>) -> Self {
+        endpoint.outstanding.fetch_add(1, Relaxed);
+        Outstanding(Arc::clone(endpoint))
+    }
+}
+
+impl std::ops::Deref for Outstanding {
+    type Target = Endpoint;
+
+    fn deref(&self) -> &Endpoint {
+        &self.0
+    }
+}
+
+impl Drop for Outstanding {
+    fn drop(&mut self) {
+        self.0.outstanding.fetch_sub(1, Relaxed);
     }
 }
 

@@ -1,7 +1,7 @@
 //! The gateway's request path: classify the path, read the body once (bounded), admit, pick an
 //! endpoint of the current epoch, send, retry refused connections and resets before any response
 //! byte on another endpoint within the retry budget, wait in the waiting room when nothing can
-//! take the request, and stream the answer back frame by frame.
+//! take the request, and stream the answer back as it arrives.
 //!
 //! What this path must never do: forward a control endpoint; retry once a response byte went to
 //! the client, or retry a request that timed out (the replica may be working on it); keep the
@@ -23,7 +23,7 @@ use crate::admission::{Ask, DEADLINE_HEADER, PRIORITY_HEADER, Priority, estimate
 use crate::balance::{self, Tried};
 use crate::body::{Follow, InFlight, Proxied, Resend, RouterBody};
 use crate::continuation;
-use crate::endpoint::{EjectionPolicy, Endpoint, Outcome};
+use crate::endpoint::{EjectionPolicy, Endpoint, Outcome, Outstanding};
 use crate::metrics::{Metrics, RequestOutcome};
 use crate::path::{PublicPath, classify};
 use crate::refusal::Refusal;
@@ -249,14 +249,13 @@ impl Gateway {
                 self.metrics.retry();
             }
             attempts += 1;
-            let endpoint = Arc::clone(&state.endpoints[i]);
+            let endpoint = Outstanding::begin(&state.endpoints[i]);
             let upstream = Self::upstream_request(&parts, &body, endpoint.host());
-            endpoint.begin();
             let sent_at = Instant::now();
             let answer =
                 tokio::time::timeout(self.config.first_byte_timeout, self.send(&endpoint, &upstream)).await;
             let failure = match answer {
-                Ok(Ok((head, incoming))) => {
+                Ok(Ok((mut head, incoming))) => {
                     drop(seat.take());
                     let upstream_time = sent_at.elapsed();
                     let status = head.status;
@@ -301,6 +300,8 @@ impl Gateway {
                             Box::pin(async move { gateway.follow_up(parts, body, avoid).await })
                         });
                         proxied = proxied.following(Follow::new(request, resend));
+                        // Re-stamped and followed events change the length; the stream is chunked.
+                        head.headers.remove(CONTENT_LENGTH);
                     }
                     let body = RouterBody::Proxied(Box::new(proxied));
                     self.metrics
@@ -311,7 +312,6 @@ impl Gateway {
                 Ok(Err(SendError::Reset(_))) => Outcome::Reset,
                 Ok(Err(SendError::Malformed(m))) => {
                     // Not retried: the endpoint answered, and may have done the work.
-                    endpoint.end();
                     if endpoint.record(Outcome::ServerError, &self.config.ejection, Instant::now()) {
                         self.metrics.ejection();
                     }
@@ -319,8 +319,8 @@ impl Gateway {
                 }
                 Err(_elapsed) => Outcome::Timeout,
             };
-            endpoint.end();
-            if endpoint.record(failure, &self.config.ejection, Instant::now()) {
+            drop(endpoint);
+            if state.endpoints[i].record(failure, &self.config.ejection, Instant::now()) {
                 self.metrics.ejection();
             }
             if failure == Outcome::Timeout {
@@ -356,11 +356,10 @@ impl Gateway {
             tried.insert(i);
             let endpoint = Arc::clone(&state.endpoints[i]);
             let upstream = Self::upstream_request(&parts, &body, endpoint.host());
-            endpoint.begin();
             self.budget.start();
             let sent_at = Instant::now();
             let in_flight = InFlight {
-                endpoint: Arc::clone(&endpoint),
+                endpoint: Outstanding::begin(&endpoint),
                 permit: None,
                 admission: Arc::clone(&state.admission),
                 budget: Arc::clone(&self.budget),

@@ -82,6 +82,46 @@ fn an_answer_that_is_not_http_is_a_502_and_not_sent_again() {
     );
 }
 
+/// An endpoint that accepts connections and reads requests but never answers; the connections
+/// stay open while it lives.
+fn silent_endpoint() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for s in listener.incoming().map_while(Result::ok) {
+            held.push(s);
+        }
+    });
+    addr
+}
+
+#[test]
+fn a_client_that_goes_away_before_the_answer_is_not_counted_as_outstanding() {
+    let endpoint = silent_endpoint();
+    let r = Router::start(GatewayConfig::default(), None);
+    assert_eq!(r.put_route(&route("a", 1, &[endpoint])).status, 200);
+    let outstanding = || r.admin_get("/signals").json()["pools"][0]["endpoints"][0]["outstanding"].clone();
+    let client = send(r.public, "POST", "/v1/completions", &[], &completion(4, false));
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while outstanding() != 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the request never reached the endpoint"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    drop(client);
+    while outstanding() != 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still outstanding after the client left: {}",
+            r.admin_get("/signals").json()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 #[test]
 fn requests_refused_by_a_killed_endpoint_succeed_on_another() {
     let alive = Emulator::fast();

@@ -80,9 +80,15 @@ impl Outgoing {
         }
         head.extend_from_slice(host.as_bytes());
         head.extend_from_slice(b"\r\n");
+        let named = connection_options(headers.get_all(CONNECTION).iter().map(HeaderValue::as_bytes));
         for (name, value) in headers {
             // Expect: the whole body goes at once, so a 100 Continue would only delay the answer.
-            if name == HOST || name == CONTENT_LENGTH || name == EXPECT || is_hop_by_hop(name) {
+            if name == HOST
+                || name == CONTENT_LENGTH
+                || name == EXPECT
+                || is_hop_by_hop(name)
+                || is_named(&named, name)
+            {
                 continue;
             }
             head.extend_from_slice(name.as_str().as_bytes());
@@ -174,6 +180,12 @@ pub fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, Malformed> {
             continue;
         }
         let http11 = resp.version == Some(1);
+        let named = connection_options(
+            resp.headers
+                .iter()
+                .filter(|f| f.name.eq_ignore_ascii_case("connection"))
+                .map(|f| f.value),
+        );
         let mut headers = HeaderMap::with_capacity(resp.headers.len());
         let mut length = None;
         let mut chunked = None;
@@ -197,7 +209,7 @@ pub fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, Malformed> {
                 }
                 continue;
             }
-            if is_hop_by_hop(&name) {
+            if is_hop_by_hop(&name) || is_named(&named, &name) {
                 continue;
             }
             if name == CONTENT_LENGTH {
@@ -259,6 +271,24 @@ fn trim(mut s: &[u8]) -> &[u8] {
         s = rest;
     }
     s
+}
+
+/// The header names a Connection field lists besides `close` and `keep-alive`: fields that belong
+/// to this connection and are not forwarded (RFC 9110 §7.6.1). Allocates only when there are some.
+fn connection_options<'a>(values: impl Iterator<Item = &'a [u8]>) -> Vec<&'a [u8]> {
+    let mut named = Vec::new();
+    for value in values {
+        named.extend(value.split(|&b| b == b',').map(trim).filter(|t| {
+            !t.is_empty() && !t.eq_ignore_ascii_case(b"close") && !t.eq_ignore_ascii_case(b"keep-alive")
+        }));
+    }
+    named
+}
+
+fn is_named(named: &[&[u8]], name: &HeaderName) -> bool {
+    named
+        .iter()
+        .any(|t| t.eq_ignore_ascii_case(name.as_str().as_bytes()))
 }
 
 /// The last non-empty item of a comma-separated list.
@@ -572,7 +602,8 @@ mod tests {
     fn a_request_goes_out_in_origin_form_with_the_endpoints_host_and_its_length() {
         let mut headers = HeaderMap::new();
         headers.insert(HOST, "router.example".parse().unwrap());
-        headers.insert(CONNECTION, "keep-alive".parse().unwrap());
+        headers.insert(CONNECTION, "keep-alive, X-Hop".parse().unwrap());
+        headers.insert("x-hop", "only for this connection".parse().unwrap());
         headers.insert(CONTENT_LENGTH, "999".parse().unwrap());
         headers.insert(TRANSFER_ENCODING, "chunked".parse().unwrap());
         headers.insert(EXPECT, "100-continue".parse().unwrap());
@@ -716,7 +747,7 @@ mod tests {
     fn interim_responses_are_skipped_and_connection_scoped_fields_dropped() {
         let h = complete(
             "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nlink: </a>\r\n\r\n\
-             HTTP/1.1 503 Service Unavailable\r\nconnection: keep-alive\r\nkeep-alive: timeout=5\r\n\
+             HTTP/1.1 503 Service Unavailable\r\nx-hop: 1\r\nconnection: keep-alive, X-Hop\r\nkeep-alive: timeout=5\r\n\
              upgrade: h2c\r\nretry-after: 3\r\ncontent-length: 2\r\n\r\n",
         );
         assert_eq!(h.parts.status, StatusCode::SERVICE_UNAVAILABLE);
