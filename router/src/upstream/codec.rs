@@ -180,12 +180,7 @@ pub fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, Malformed> {
             continue;
         }
         let http11 = resp.version == Some(1);
-        let named = connection_options(
-            resp.headers
-                .iter()
-                .filter(|f| f.name.eq_ignore_ascii_case("connection"))
-                .map(|f| f.value),
-        );
+        let mut named = Vec::new();
         let mut headers = HeaderMap::with_capacity(resp.headers.len());
         let mut length = None;
         let mut chunked = None;
@@ -200,6 +195,7 @@ pub fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, Malformed> {
                 continue;
             }
             if name == CONNECTION {
+                named.extend(connection_options(std::iter::once(field.value)));
                 for token in field.value.split(|&b| b == b',').map(trim) {
                     if token.eq_ignore_ascii_case(b"close") {
                         close = true;
@@ -209,7 +205,7 @@ pub fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, Malformed> {
                 }
                 continue;
             }
-            if is_hop_by_hop(&name) || is_named(&named, &name) {
+            if is_hop_by_hop(&name) {
                 continue;
             }
             if name == CONTENT_LENGTH {
@@ -222,6 +218,12 @@ pub fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, Malformed> {
             let value = HeaderValue::from_bytes(field.value)
                 .map_err(|_| Malformed("a response header value has a forbidden byte"))?;
             headers.append(name, value);
+        }
+        // Fields the Connection field names belong to this connection too (rare: looked up after).
+        for option in named {
+            if let Ok(name) = HeaderName::from_bytes(option) {
+                headers.remove(name);
+            }
         }
         let framing = if status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
             Framing::Empty
