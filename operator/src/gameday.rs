@@ -409,7 +409,7 @@ impl GameDayRun {
                 }
                 None
             }
-            RunPhase::HoldingOnStandby => self.holding(config, gameday, view, now),
+            RunPhase::HoldingOnStandby => self.holding(config, view, now),
             RunPhase::FailingBack => self.failing_back(config, view, now, &max),
             RunPhase::Scheduled | RunPhase::Done | RunPhase::Aborted | RunPhase::Failed => None,
         }
@@ -508,13 +508,7 @@ impl GameDayRun {
         None
     }
 
-    fn holding(
-        &mut self,
-        config: &RunConfig,
-        gameday: &str,
-        view: &PolicyView,
-        now: Duration,
-    ) -> Option<PolicyCommand> {
+    fn holding(&mut self, config: &RunConfig, view: &PolicyView, now: Duration) -> Option<PolicyCommand> {
         if view.primary == self.from_pool {
             let reason = format!(
                 "{}; the policy failed back by itself while the game day held on the standby",
@@ -547,7 +541,7 @@ impl GameDayRun {
         if now < until {
             return None;
         }
-        let command = command_value("failback", gameday, &self.id);
+        let command = failback_command(self);
         self.failback = Some(RecoveryTimeline {
             commanded_at: rfc3339(now),
             epoch: None,
@@ -655,9 +649,9 @@ impl GameDayRun {
     }
 }
 
+/// The failback command of a run: its failover command's token under the word `failback`, so
+/// that the record needs no second field.
 fn failback_command(run: &GameDayRun) -> String {
-    // The game day's name is the token's middle; the run id its end. Rebuilt from the failover
-    // command so that the record needs no second field.
     run.command
         .as_deref()
         .and_then(|c| c.strip_prefix("failover@"))
