@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 
-use crate::controller::rfc3339;
+use crate::controller::{COMMAND_ANNOTATION, HandledCommand, pending_command, rfc3339};
 use crate::crd::{
     Condition, ConditionStatus, FailoverPolicy, FailoverTimeline, GameDayFailbackMode, GameDayRun,
     GameDaySpec, RecoveryTimeline, RunPhase, RunTransition, RunTrigger, TransitionKind, Verdict,
@@ -88,8 +88,13 @@ pub struct PolicyView {
     pub min_dwell: Duration,
     /// Another game day with a run under way on this policy.
     pub claimed_by: Option<String>,
+    /// The game day the policy's `understudy.dev/game-day` annotation names: whose command the
+    /// policy was last given by a game day, whether or not that run is still under way.
+    pub claim: Option<String>,
     /// The policy's `spec.paused`: under maintenance, no game day starts.
     pub paused: bool,
+    /// The policy has a deletion timestamp: it is going away.
+    pub deleting: bool,
 }
 
 impl PolicyView {
@@ -125,7 +130,14 @@ impl PolicyView {
             handled_command,
             min_dwell: policy.spec.trigger.min_dwell.parse().unwrap_or_default(),
             claimed_by,
+            claim: policy
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(controller::GAME_DAY_ANNOTATION))
+                .cloned(),
             paused: policy.spec.paused,
+            deleting: policy.metadata.deletion_timestamp.is_some(),
         }
     }
 
@@ -144,6 +156,35 @@ impl PolicyView {
     /// The policy's latest transition, when it is newer than `epoch`.
     fn transition_after(&self, epoch: u64) -> Option<&FailoverTimeline> {
         self.last_transition.as_ref().filter(|t| t.epoch > epoch)
+    }
+
+    /// Whether the policy's last transition is unfinished: a command given now would be refused.
+    fn transition_unfinished(&self) -> bool {
+        self.promoting()
+            || self
+                .last_transition
+                .as_ref()
+                .is_some_and(|t| t.finished_at.is_none())
+    }
+
+    /// Whether a transition the policy made after `command` was given is the one `command` asked
+    /// for: the policy handled that very value, or it has forgotten every value (the annotation
+    /// was removed) while the game day's claim still names `gameday`. A transition under another
+    /// handled value was someone else's: another game day's, a person's, or the policy's own.
+    fn moved_for(&self, gameday: &str, command: &str) -> bool {
+        match self.handled_command.as_deref() {
+            Some(handled) => handled == command,
+            None => self.claim.as_deref() == Some(gameday),
+        }
+    }
+
+    /// A command annotation the policy has not handled yet; a run must not overwrite it.
+    fn pending_command(&self) -> Option<&str> {
+        let handled = self
+            .handled_command
+            .as_ref()
+            .map(|value| HandledCommand { value: value.clone() });
+        pending_command(self.command.as_deref(), handled.as_ref()).and(self.command.as_deref())
     }
 
     fn saw(&self, command: &str) -> bool {
@@ -218,6 +259,14 @@ pub fn steady_state_violations(view: &PolicyView, config: &RunConfig, now: Durat
     }
     if view.paused {
         violations.push("the policy is paused (spec.paused)".to_owned());
+    }
+    if view.deleting {
+        violations.push("the policy is being deleted".to_owned());
+    }
+    if let Some(pending) = view.pending_command() {
+        violations.push(format!(
+            "the policy has a command it has not handled yet ({COMMAND_ANNOTATION}={pending})"
+        ));
     }
     if condition_is_true(view.ready.as_ref()) {
         let since = view
@@ -394,7 +443,7 @@ impl GameDayRun {
                 self.enter(RunPhase::Injected, now);
                 Some(PolicyCommand::Failover(command))
             }
-            RunPhase::Injected => self.injected(config, view, now, &max),
+            RunPhase::Injected => self.injected(config, gameday, view, now, &max),
             RunPhase::Recovered => {
                 match config.failback_after {
                     None => {
@@ -410,7 +459,7 @@ impl GameDayRun {
                 None
             }
             RunPhase::HoldingOnStandby => self.holding(config, view, now),
-            RunPhase::FailingBack => self.failing_back(config, view, now, &max),
+            RunPhase::FailingBack => self.failing_back(config, gameday, view, now, &max),
             RunPhase::Scheduled | RunPhase::Done | RunPhase::Aborted | RunPhase::Failed => None,
         }
     }
@@ -418,6 +467,7 @@ impl GameDayRun {
     fn injected(
         &mut self,
         config: &RunConfig,
+        gameday: &str,
         view: &PolicyView,
         now: Duration,
         max: &str,
@@ -428,6 +478,21 @@ impl GameDayRun {
         let baseline = self.baseline_epoch.unwrap_or(0);
         let timed_out = now >= commanded + config.max_recovery;
         if let Some(transition) = view.transition_after(baseline) {
+            if !view.moved_for(gameday, &command) {
+                self.abort(
+                    format!(
+                        "another game day or someone else moved the policy: a {:?} to {} at epoch {} \
+                         under command {}, claimed by {}",
+                        transition.kind,
+                        transition.to_pool,
+                        transition.epoch,
+                        view.handled_command.as_deref().unwrap_or("none"),
+                        view.claim.as_deref().unwrap_or("no game day")
+                    ),
+                    now,
+                );
+                return None;
+            }
             if transition.kind != TransitionKind::Failover
                 || Some(&transition.to_pool) != self.to_pool.as_ref()
             {
@@ -508,13 +573,36 @@ impl GameDayRun {
         None
     }
 
+    /// Holds on the standby until `failback.after` and the policy's dwell are over, then gives the
+    /// failback command. The stop condition is judged first, and a move the run did not command
+    /// fails the run: while holding, the standby is what is under test, and a policy that left it
+    /// (promoting home after the standby failed hard, or a person failing back) did not hold.
     fn holding(&mut self, config: &RunConfig, view: &PolicyView, now: Duration) -> Option<PolicyCommand> {
-        if view.primary == self.from_pool {
+        if self.stop_condition.is_none()
+            && (!condition_is_true(view.ready.as_ref()) || view.state.as_deref() != Some("Serving"))
+        {
+            self.stop_condition = Some(format!(
+                "{} lost its steady state while holding: {}",
+                self.to_pool.as_deref().unwrap_or_default(),
+                describe_condition("Ready", view.ready.as_ref())
+            ));
+        }
+        let recovered_epoch = self.recovery.as_ref().and_then(|r| r.epoch);
+        if let Some(transition) = recovered_epoch.and_then(|epoch| view.transition_after(epoch)) {
+            let stop = self
+                .stop_condition
+                .as_ref()
+                .map(|stop| format!("{stop}; "))
+                .unwrap_or_default();
             let reason = format!(
-                "{}; the policy failed back by itself while the game day held on the standby",
-                self.reason.clone().unwrap_or_default()
+                "{stop}the policy moved on its own while the game day held on the standby: a {:?} to {} \
+                 at epoch {} that the run did not command",
+                transition.kind, transition.to_pool, transition.epoch
             );
-            self.finish(RunPhase::Done, Verdict::Passed, reason, now);
+            self.fail(reason, now);
+            return None;
+        }
+        if view.transition_unfinished() {
             return None;
         }
         let serving = self
@@ -525,15 +613,6 @@ impl GameDayRun {
             .unwrap_or(now);
         let dwell_over = view.dwell_until().unwrap_or(serving);
         let mut until = dwell_over.max(serving + config.failback_after.unwrap_or_default());
-        if self.stop_condition.is_none()
-            && (!condition_is_true(view.ready.as_ref()) || view.state.as_deref() != Some("Serving"))
-        {
-            self.stop_condition = Some(format!(
-                "{} lost its steady state while holding: {}",
-                self.to_pool.as_deref().unwrap_or_default(),
-                describe_condition("Ready", view.ready.as_ref())
-            ));
-        }
         if self.stop_condition.is_some() {
             // Stop holding: fail back as soon as the policy accepts it.
             until = dwell_over;
@@ -557,6 +636,7 @@ impl GameDayRun {
     fn failing_back(
         &mut self,
         config: &RunConfig,
+        gameday: &str,
         view: &PolicyView,
         now: Duration,
         max: &str,
@@ -581,7 +661,7 @@ impl GameDayRun {
             return Some(PolicyCommand::Failback(command));
         }
         if let Some(transition) = view.transition_after(recovered_epoch) {
-            if Some(&transition.to_pool) != self.from_pool.as_ref() {
+            if !view.moved_for(gameday, &command) || Some(&transition.to_pool) != self.from_pool.as_ref() {
                 self.abort(
                     format!(
                         "the policy moved by itself: a {:?} to {} at epoch {}",

@@ -38,7 +38,9 @@ fn steady() -> PolicyView {
         handled_command: None,
         min_dwell: Duration::from_secs(300),
         claimed_by: None,
+        claim: None,
         paused: false,
+        deleting: false,
     }
 }
 
@@ -86,6 +88,7 @@ fn promoting(started: u64) -> PolicyView {
         command: Some(COMMAND.to_owned()),
         handled_command: Some(COMMAND.to_owned()),
         last_transition: Some(transition(TransitionKind::Failover, "us-west", 5, started, None)),
+        claim: Some("weekly".to_owned()),
         ..steady()
     }
 }
@@ -141,7 +144,7 @@ fn a_steady_policy_is_given_the_failover_command_with_every_step_timestamped() {
 
 #[test]
 fn a_policy_that_is_not_steady_is_never_given_a_command() {
-    let cases: [(&str, PolicyView); 8] = [
+    let cases: [(&str, PolicyView); 10] = [
         (
             "Ready is False (Stranded)",
             PolicyView {
@@ -181,6 +184,21 @@ fn a_policy_that_is_not_steady_is_never_given_a_command() {
             "the policy is paused",
             PolicyView {
                 paused: true,
+                ..steady()
+            },
+        ),
+        (
+            "the policy is being deleted",
+            PolicyView {
+                deleting: true,
+                ..steady()
+            },
+        ),
+        (
+            "the policy has a command it has not handled yet (understudy.dev/command=failback@x)",
+            PolicyView {
+                command: Some("failback@x".to_owned()),
+                handled_command: Some("failover@earlier".to_owned()),
                 ..steady()
             },
         ),
@@ -487,4 +505,136 @@ fn a_promotion_seen_after_the_command_annotation_was_removed_still_counts() {
     };
     assert_eq!(run.advance(&config, "weekly", Some(&forgotten), at(45)), None);
     assert_eq!(run.verdict, Some(Verdict::Passed));
+}
+
+#[test]
+fn a_command_already_handled_by_the_policy_is_not_pending() {
+    let handled = PolicyView {
+        command: Some("failback@x".to_owned()),
+        handled_command: Some("failback@x".to_owned()),
+        ..steady()
+    };
+    assert!(steady_state_violations(&handled, &config(None), T0).is_empty());
+}
+
+#[test]
+fn a_promotion_another_game_day_commanded_is_not_credited_to_this_run() {
+    // Two game days fired together; both recorded Injected, and the other one's patch won.
+    let config = config(Some(600));
+    let mut run = injected(&config);
+    let other = "failover@gameday-other-20240604-100000";
+    let winner = PolicyView {
+        command: Some(other.to_owned()),
+        handled_command: Some(other.to_owned()),
+        claim: Some("other".to_owned()),
+        claimed_by: Some("other".to_owned()),
+        ..on_standby(60)
+    };
+    assert_eq!(run.advance(&config, "weekly", Some(&winner), at(61)), None);
+    assert_eq!(run.phase, RunPhase::Aborted);
+    assert_eq!(run.verdict, Some(Verdict::Aborted));
+    let reason = run.reason.unwrap();
+    assert!(
+        reason.contains("another game day or someone else moved the policy"),
+        "{reason}"
+    );
+    assert!(reason.contains(other), "{reason}");
+    assert_eq!(
+        run.recovery.unwrap().epoch,
+        None,
+        "nothing of the other run is recorded"
+    );
+}
+
+#[test]
+fn a_promotion_under_someone_elses_command_is_not_credited_even_under_this_claim() {
+    let config = config(None);
+    let mut run = injected(&config);
+    let human = PolicyView {
+        command: Some("force-failover@oncall".to_owned()),
+        handled_command: Some("force-failover@oncall".to_owned()),
+        ..on_standby(60)
+    };
+    run.advance(&config, "weekly", Some(&human), at(61));
+    assert_eq!(run.verdict, Some(Verdict::Aborted));
+}
+
+/// The policy back home at epoch 6, serving since `finished`, by a move the run did not command.
+fn home_on_its_own(finished: u64) -> PolicyView {
+    PolicyView {
+        primary: Some("us-east".to_owned()),
+        epoch: Some(6),
+        last_transition: Some(transition(
+            TransitionKind::Failback,
+            "us-east",
+            6,
+            finished - 20,
+            Some(finished),
+        )),
+        ..on_standby(30)
+    }
+}
+
+#[test]
+fn a_move_home_the_run_did_not_command_while_holding_fails_the_run() {
+    // The status calls every move home a failback; this one came while the game day held.
+    let config = config(Some(3600));
+    let mut run = injected(&config);
+    run.advance(&config, "weekly", Some(&on_standby(30)), at(31));
+    assert_eq!(run.phase, RunPhase::HoldingOnStandby);
+    assert_eq!(
+        run.advance(&config, "weekly", Some(&home_on_its_own(200)), at(205)),
+        None
+    );
+    assert_eq!(run.phase, RunPhase::Failed);
+    assert_eq!(run.verdict, Some(Verdict::Failed));
+    let reason = run.reason.unwrap();
+    assert!(reason.contains("the policy moved on its own"), "{reason}");
+    assert!(reason.contains("that the run did not command"), "{reason}");
+}
+
+#[test]
+fn a_standby_that_fails_while_holding_is_never_given_a_failback_while_the_policy_promotes() {
+    // The standby fails hard after the dwell; the policy promotes home by itself.
+    let config = config(Some(60));
+    let mut run = injected(&config);
+    run.advance(&config, "weekly", Some(&on_standby(30)), at(31));
+    let promoting_home = PolicyView {
+        state: Some("Promoting".to_owned()),
+        ready: Some(condition(ConditionStatus::False, "Promoting", at(400))),
+        ..on_standby(30)
+    };
+    assert_eq!(
+        run.advance(&config, "weekly", Some(&promoting_home), at(401)),
+        None
+    );
+    assert_eq!(run.phase, RunPhase::HoldingOnStandby);
+    assert!(run.stop_condition.is_some());
+    let unfinished = PolicyView {
+        state: Some("Serving".to_owned()),
+        last_transition: Some(transition(TransitionKind::Failover, "us-west", 5, 2, None)),
+        ..on_standby(30)
+    };
+    assert_eq!(run.advance(&config, "weekly", Some(&unfinished), at(402)), None);
+    run.advance(&config, "weekly", Some(&home_on_its_own(420)), at(421));
+    assert_eq!(run.verdict, Some(Verdict::Failed));
+    let reason = run.reason.unwrap();
+    assert!(reason.contains("lost its steady state while holding"), "{reason}");
+    assert!(reason.contains("the policy moved on its own"), "{reason}");
+}
+
+#[test]
+fn a_move_home_someone_else_commanded_during_the_failback_is_not_credited() {
+    let config = config(Some(600));
+    let mut run = injected(&config);
+    run.advance(&config, "weekly", Some(&on_standby(60)), at(61));
+    run.advance(&config, "weekly", Some(&on_standby(60)), at(660));
+    assert_eq!(run.phase, RunPhase::FailingBack);
+    let human = PolicyView {
+        command: Some("failback@oncall".to_owned()),
+        handled_command: Some("failback@oncall".to_owned()),
+        ..home_on_its_own(700)
+    };
+    run.advance(&config, "weekly", Some(&human), at(701));
+    assert_eq!(run.verdict, Some(Verdict::Aborted));
 }
