@@ -202,6 +202,10 @@ impl Call {
         );
         assert!(self.query.contains("force=true"), "{}", self.query);
         assert_eq!(self.content_type, "application/apply-patch+yaml");
+        assert_eq!(
+            self.body["metadata"]["resourceVersion"], object["metadata"]["resourceVersion"],
+            "conditional on the GameDay the reconcile read"
+        );
         let applied = self.body["status"].clone();
         let mut stored = object.clone();
         stored["status"] = applied.clone();
@@ -579,6 +583,105 @@ async fn a_scheduled_time_that_passes_during_a_run_is_skipped_not_queued() {
     .await;
     assert_eq!(result.unwrap(), Action::requeue(ACTIVE_REQUEUE));
     assert_eq!(reasons(&events), ["RunSkipped"]);
+}
+
+#[tokio::test]
+async fn a_status_written_from_a_stale_copy_is_refused_and_nothing_is_given() {
+    // The cached copy has not yet seen the run another reconcile started: its write is
+    // conditional on what it read, gets a 409, and the policy is given nothing.
+    let object = gameday();
+    let (result, events) = run_scenario(&object, |mut server| async move {
+        server
+            .expect("GET", POLICY_PATH)
+            .await
+            .answer(200, &steady_policy());
+        let apply = server.expect("PATCH", GAMEDAY_STATUS_PATH).await;
+        assert_eq!(apply.body["metadata"]["resourceVersion"], "7");
+        apply.answer(409, &status(409, "Conflict"));
+        server.expect_no_more().await
+    })
+    .await;
+    assert!(matches!(result, Err(Error::StatusConflict)), "{result:?}");
+    assert!(events.is_empty(), "{events:?}");
+}
+
+#[tokio::test]
+async fn a_scheduled_run_missed_by_more_than_the_starting_deadline_is_skipped() {
+    // The operator was down: the run due an hour ago does not start now.
+    let mut object = gameday();
+    object["status"]["nextRunAt"] = json!(time(-3600));
+    let stored = object.clone();
+    let (result, events) = run_scenario(&object, |mut server| async move {
+        let applied = server
+            .expect("PATCH", GAMEDAY_STATUS_PATH)
+            .await
+            .answer_status(&stored);
+        assert!(applied.get("currentRun").is_none());
+        assert_eq!(applied["phase"], "Idle");
+        assert_eq!(applied["nextRunAt"], "2024-06-11T10:00:00Z");
+        server.expect_no_more().await
+    })
+    .await;
+    assert_eq!(result.unwrap(), Action::requeue(Duration::from_secs(3600)));
+    assert_eq!(reasons(&events), ["RunMissed"]);
+    assert!(events[0].1.contains(&time(-3600)), "{}", events[0].1);
+}
+
+#[tokio::test]
+async fn a_scheduled_run_a_few_minutes_late_still_starts() {
+    let mut object = gameday();
+    object["status"]["nextRunAt"] = json!(time(-300));
+    let stored = object.clone();
+    let (result, events) = run_scenario(&object, |mut server| async move {
+        server
+            .expect("GET", POLICY_PATH)
+            .await
+            .answer(200, &steady_policy());
+        let applied = server
+            .expect("PATCH", GAMEDAY_STATUS_PATH)
+            .await
+            .answer_status(&stored);
+        assert_eq!(applied["currentRun"]["id"], "20240604-095500");
+        server
+            .expect("PATCH", POLICY_PATH)
+            .await
+            .answer(200, &steady_policy());
+        server.expect_no_more().await
+    })
+    .await;
+    result.unwrap();
+    assert_eq!(reasons(&events), ["CommandGiven"]);
+}
+
+#[tokio::test]
+async fn a_schedule_that_never_fires_says_so_and_still_takes_a_run_command() {
+    let mut object = gameday();
+    object["spec"]["schedule"] = json!("0 0 31 2 *");
+    object["status"] = json!({"phase": "Idle", "observedGeneration": 1});
+    object["metadata"]["annotations"] = json!({"understudy.dev/command": "run@1"});
+    let stored = object.clone();
+    let (result, events) = run_scenario(&object, |mut server| async move {
+        server
+            .expect("GET", POLICY_PATH)
+            .await
+            .answer(200, &steady_policy());
+        let applied = server
+            .expect("PATCH", GAMEDAY_STATUS_PATH)
+            .await
+            .answer_status(&stored);
+        let message = applied["message"].as_str().unwrap();
+        assert!(message.contains("never fires"), "{message}");
+        assert!(applied.get("nextRunAt").is_none());
+        assert_eq!(applied["currentRun"]["trigger"], "command");
+        server
+            .expect("PATCH", POLICY_PATH)
+            .await
+            .answer(200, &steady_policy());
+        server.expect_no_more().await
+    })
+    .await;
+    result.unwrap();
+    assert_eq!(reasons(&events), ["CommandGiven", "InvalidSpec"]);
 }
 
 #[cfg(test)]

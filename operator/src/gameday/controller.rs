@@ -43,6 +43,11 @@ pub const ACTIVE_REQUEUE: Duration = Duration::from_secs(5);
 /// The longest an idle game day waits before it is looked at again.
 const IDLE_REQUEUE: Duration = Duration::from_secs(3600);
 
+/// How late a scheduled run may start, like a CronJob's `startingDeadlineSeconds`: a run missed
+/// by more (the operator was down) is skipped, so that nobody's failover lands at an hour that
+/// was never scheduled.
+pub const STARTING_DEADLINE: Duration = Duration::from_secs(600);
+
 /// Why a reconcile failed.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -62,6 +67,10 @@ pub enum Error {
     /// Giving the policy its command failed.
     #[error("giving the FailoverPolicy its command: {0}")]
     Command(#[source] kube::Error),
+    /// The status was written against a GameDay that has changed since it was read: the
+    /// reconcile saw a stale copy and starts again from the current one.
+    #[error("the GameDay changed since it was read; reading it again")]
+    StatusConflict,
     /// The status could not be written.
     #[error("status patch: {0}")]
     StatusPatch(#[source] kube::Error),
@@ -79,7 +88,7 @@ impl Error {
             Error::Read { .. } => "read",
             Error::PolicyChanged => "policy_changed",
             Error::Command(_) => "command",
-            Error::StatusPatch(_) | Error::StatusTimeout(_) => "status",
+            Error::StatusConflict | Error::StatusPatch(_) | Error::StatusTimeout(_) => "status",
         }
     }
 }
@@ -143,6 +152,9 @@ enum Notice {
         value: String,
     },
     Skipped {
+        due: String,
+    },
+    Missed {
         due: String,
     },
     InvalidSpec {
@@ -220,11 +232,20 @@ async fn reconcile_game_day(gameday: &GameDay, ctx: &Context) -> Result<Action, 
         .as_deref()
         .map(CronSchedule::parse)
         .transpose();
-    status.message = match (&config, &schedule) {
+    let spec_error = match (&config, &schedule) {
         (Err(why), _) => Some(why.clone()),
         (_, Err(error)) => Some(error.to_string()),
         _ => None,
     };
+    // A schedule that reads but never fires (`0 0 31 2 *`) is said so; a `run` still runs.
+    let never_fires = match &schedule {
+        Ok(Some(cron)) if next_after(cron, now).is_none() => Some(format!(
+            "the schedule {:?} never fires: no such date within 28 years",
+            gameday.spec.schedule.as_deref().unwrap_or_default()
+        )),
+        _ => None,
+    };
+    status.message = spec_error.clone().or(never_fires);
     if let Some(message) = &status.message
         && previous.message.as_ref() != Some(message)
     {
@@ -248,7 +269,7 @@ async fn reconcile_game_day(gameday: &GameDay, ctx: &Context) -> Result<Action, 
                 notices.push(Notice::UnknownCommand {
                     value: value.to_owned(),
                 });
-            } else if status.current_run.is_some() || status.message.is_some() {
+            } else if status.current_run.is_some() || spec_error.is_some() {
                 notices.push(Notice::RunRefused {
                     value: value.to_owned(),
                 });
@@ -261,7 +282,8 @@ async fn reconcile_game_day(gameday: &GameDay, ctx: &Context) -> Result<Action, 
     }
 
     // The schedule: a stored next time is kept while the spec is unchanged; one that has passed
-    // starts a run, or is skipped while another run is under way.
+    // starts a run, or is skipped while another run is under way or when it is more than the
+    // starting deadline late.
     let mut due = None;
     status.next_run_at = match (&config, &schedule) {
         (Ok(_), Ok(Some(cron))) => {
@@ -273,7 +295,9 @@ async fn reconcile_game_day(gameday: &GameDay, ctx: &Context) -> Result<Action, 
             let next = match stored {
                 Some(at) if at > now => Some(at),
                 Some(at) => {
-                    if status.current_run.is_none() && !run_now {
+                    if now.saturating_sub(at) > STARTING_DEADLINE {
+                        notices.push(Notice::Missed { due: rfc3339(at) });
+                    } else if status.current_run.is_none() && !run_now {
                         due = Some(at);
                     } else {
                         notices.push(Notice::Skipped { due: rfc3339(at) });
@@ -335,7 +359,8 @@ async fn reconcile_game_day(gameday: &GameDay, ctx: &Context) -> Result<Action, 
     // Write-ahead: the run records the command before the policy is given it, so that a command
     // given is never one the game day forgot.
     if status != previous {
-        apply_status(ctx, &namespace, &name, &status).await?;
+        let read_at = gameday.metadata.resource_version.as_deref();
+        apply_status(ctx, &namespace, &name, read_at, &status).await?;
     }
     let reference = gameday.object_ref(&());
     if let (Some(command), Some(policy)) = (&command, &policy) {
@@ -489,16 +514,21 @@ async fn release(ctx: &Context, namespace: &str, policy: &FailoverPolicy, gameda
     }
 }
 
+/// Applies the status, conditional on the resourceVersion the reconcile read: a reconcile that
+/// ran on a stale cached copy (one that had not yet seen a run start) gets a 409 and is retried,
+/// instead of starting the same run again over the live one.
 async fn apply_status(
     ctx: &Context,
     namespace: &str,
     name: &str,
+    read_at: Option<&str>,
     status: &GameDayStatus,
 ) -> Result<(), Error> {
     let api: Api<GameDay> = Api::namespaced(ctx.client.clone(), namespace);
     let patch = serde_json::json!({
         "apiVersion": GameDay::api_version(&()),
         "kind": GameDay::kind(&()),
+        "metadata": { "resourceVersion": read_at },
         "status": status,
     });
     let params = PatchParams::apply(FIELD_MANAGER).force();
@@ -509,6 +539,7 @@ async fn apply_status(
     .await
     {
         Ok(Ok(_)) => Ok(()),
+        Ok(Err(kube::Error::Api(status))) if status.code == 409 => Err(Error::StatusConflict),
         Ok(Err(error)) => Err(Error::StatusPatch(error)),
         Err(_) => Err(Error::StatusTimeout(ctx.write_timeout)),
     }
@@ -548,6 +579,14 @@ fn describe(notice: &Notice) -> KubeEvent {
             EventType::Warning,
             "RunSkipped",
             format!("the run due at {due} was skipped: another run was under way"),
+        ),
+        Notice::Missed { due } => (
+            EventType::Warning,
+            "RunMissed",
+            format!(
+                "the run due at {due} was skipped: it was more than {} late (the operator was not running)",
+                understudy_core::duration::format(STARTING_DEADLINE)
+            ),
         ),
         Notice::InvalidSpec { message } => (EventType::Warning, "InvalidSpec", message.clone()),
     };
