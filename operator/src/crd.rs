@@ -863,7 +863,11 @@ pub struct ColdStartBreakdown {
 )]
 #[serde(rename_all = "camelCase")]
 pub struct GameDaySpec {
-    /// The FailoverPolicy, in this namespace, that the game day fails over.
+    /// The FailoverPolicy, in this namespace, that the game day fails over. It cannot change: a
+    /// run under way and the runs recorded belong to one policy.
+    #[x_kube(
+        validation = Rule::new("self == oldSelf").message("policyRef cannot change; create another GameDay"),
+    )]
     pub policy_ref: PolicyRef,
 
     /// When to run, as a five-field cron expression (`minute hour day-of-month month

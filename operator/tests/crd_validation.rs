@@ -363,6 +363,41 @@ fn every_cel_rule_in_the_gameday_schema_compiles() {
     );
 }
 
+/// A transition rule: the apiserver checks it on update only, with the stored object as
+/// `oldSelf`, so it is checked here with the weekly example as the stored one.
+#[test]
+fn a_gameday_policy_ref_cannot_change_once_created() {
+    let schema = schema_of(GameDay::crd());
+    let (_, _, stored) = manifests_of(&repo_root().join("examples/gamedays"), "GameDay")
+        .into_iter()
+        .find(|(name, ..)| name == "weekly.yaml")
+        .expect("the weekly example");
+    let stored = kube_cel::apply_defaults(&schema, &stored);
+    let validator = kube_cel::Validator::new();
+    let mut edited = stored.clone();
+    edited["spec"]["maxRecovery"] = Value::from("10m");
+    assert!(
+        validator.validate(&schema, &edited, Some(&stored)).is_ok(),
+        "other fields still change"
+    );
+    let mut moved = stored.clone();
+    moved["spec"]["policyRef"]["name"] = Value::from("another-policy");
+    assert!(
+        validator.validate(&schema, &moved, None).is_ok(),
+        "created so, it is fine"
+    );
+    let errors = validator
+        .validate(&schema, &moved, Some(&stored))
+        .expect_err("policyRef changed");
+    let errors: Vec<String> = errors.iter().map(ToString::to_string).collect();
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("policyRef cannot change; create another GameDay")),
+        "{errors:?}"
+    );
+}
+
 #[test]
 fn the_committed_gameday_crd_matches_the_generated_one() {
     let generated = serde_yaml::to_string(&GameDay::crd()).expect("CRD serializes");
