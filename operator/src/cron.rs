@@ -1,9 +1,12 @@
 //! Standard five-field cron schedules, read in UTC, and the next time one fires.
 //!
-//! `minute hour day-of-month month day-of-week`, as Vixie cron and Kubernetes CronJobs read them:
-//! `*`, lists (`1,15`), ranges (`1-5`), steps (`*/15`, `0-30/10`, `5/20`), month and weekday names
-//! (`JAN`, `mon`), Sunday as 0 or 7, and the macros `@yearly`, `@monthly`, `@weekly`, `@daily`
-//! and `@hourly`. When both day fields are restricted, a day matching either one fires, as in cron.
+//! `minute hour day-of-month month day-of-week`, as Vixie cron reads them: `*`, lists (`1,15`),
+//! ranges (`1-5`), steps (`*/15`, `0-30/10`, `5/20`), month and weekday names (`JAN`, `mon`),
+//! Sunday as 0 or 7, and the macros `@yearly`, `@monthly`, `@weekly`, `@daily` and `@hourly`.
+//! When both day fields are restricted, a day matching either one fires. A day field that starts
+//! with `*` (`*`, `*/2`) counts as unrestricted, as in Vixie cron, so `0 0 */2 * MON` fires on odd
+//! days that are Mondays; Kubernetes CronJobs (robfig/cron) count only `*` and `?` as
+//! unrestricted and would fire that one on every odd day and every Monday.
 //! No time zones: a GameDay's schedule is UTC. Pure; nothing here reads a clock.
 
 use k8s_openapi::jiff::Timestamp;
@@ -241,6 +244,15 @@ mod tests {
         assert_eq!(next("0 0 13 * 5", "2024-06-01T00:00:00Z"), "2024-06-07T00:00:00Z");
         // A `*` day-of-week leaves the day-of-month alone in charge.
         assert_eq!(next("0 0 13 * *", "2024-06-01T00:00:00Z"), "2024-06-13T00:00:00Z");
+    }
+
+    #[test]
+    fn a_stepped_star_day_field_counts_as_unrestricted_as_in_vixie_cron() {
+        // Odd days that are Mondays: not the 5th (odd, a Wednesday), not the 10th (a Monday).
+        assert_eq!(
+            next("0 0 */2 * MON", "2024-06-03T01:00:00Z"),
+            "2024-06-17T00:00:00Z"
+        );
     }
 
     #[test]
