@@ -7,13 +7,16 @@
 //! Pure: this module decides which pool's GPUs are held, how many replicas' worth, and what the
 //! reserve Deployment looks like. The controller reads the workload and applies the result. It
 //! must never reserve for the primary: the pool that holds the epoch Lease serves with its own
-//! replicas, and placeholders beside them would only hold GPUs nobody is waiting for.
+//! replicas, and placeholders beside them would only hold GPUs nobody is waiting for. (The
+//! controller keeps the reserve of a pool that just became primary until its replicas are ready,
+//! so the GPUs its placeholders free go to them; it never applies one for the primary.)
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy};
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, PodSpec, PodTemplateSpec, ResourceRequirements, SecurityContext,
+    Capabilities, Container, PodSecurityContext, PodSpec, PodTemplateSpec, ResourceRequirements,
+    SeccompProfile, SecurityContext,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
@@ -193,6 +196,30 @@ pub fn reserve_labels(policy: &str, pool: &str) -> BTreeMap<String, String> {
     ])
 }
 
+/// The label selector that finds every reserve of `policy`, whichever pool it holds.
+#[must_use]
+pub fn reserve_selector(policy: &str) -> String {
+    format!("app.kubernetes.io/component={COMPONENT},{POLICY_LABEL}={policy}")
+}
+
+/// Whether `meta` is a reserve of the policy whose uid is `policy_uid`: labelled as a reserve and
+/// owned by that policy. Anything else of the same name or labels is somebody else's, never
+/// applied over or deleted.
+#[must_use]
+pub fn is_reserve_of(meta: &ObjectMeta, policy_uid: &str) -> bool {
+    let labelled = meta
+        .labels
+        .as_ref()
+        .and_then(|labels| labels.get("app.kubernetes.io/component"))
+        .is_some_and(|component| component == COMPONENT);
+    let owned = meta
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|owner| owner.uid == policy_uid);
+    labelled && owned
+}
+
 /// The reserve Deployment for `plan`, shaped like one pod of `shape`: one placeholder per pod
 /// the reserved replicas will run, each requesting what that pod requests (GPUs and every other
 /// extended resource, cpu, memory), placed by the template's node selector, affinity,
@@ -262,6 +289,14 @@ pub fn reserve_deployment(
         termination_grace_period_seconds: Some(0),
         automount_service_account_token: Some(false),
         enable_service_links: Some(false),
+        // Pod Security "restricted" asks for a seccomp profile besides the container's settings.
+        security_context: Some(PodSecurityContext {
+            seccomp_profile: Some(SeccompProfile {
+                type_: "RuntimeDefault".to_owned(),
+                ..SeccompProfile::default()
+            }),
+            ..PodSecurityContext::default()
+        }),
         node_selector: pod.node_selector,
         affinity: pod.affinity,
         tolerations: pod.tolerations,
@@ -301,10 +336,12 @@ pub fn reserve_deployment(
     })
 }
 
-/// What the scheduler reserves for one pod of `pod`, resource by resource: the sum over its
-/// containers and sidecars (init containers that keep running), or the largest one-shot init
-/// container where that is more. A container's request defaults to its limit, as the API server
-/// defaults it. A quantity asked for by one container only is kept as written.
+/// What the scheduler reserves for one pod of `pod`, resource by resource, as Kubernetes works
+/// out a pod's effective request: the sum over its containers and sidecars (init containers that
+/// keep running), or, where that is more, what a one-shot init container asks for together with
+/// the sidecars declared before it, which already run beside it. A container's request defaults
+/// to its limit, as the API server defaults it. A quantity asked for by one container only is
+/// kept as written.
 fn pod_requests(pod: &PodSpec) -> Result<BTreeMap<String, Quantity>, (String, String)> {
     fn requested(container: &Container) -> BTreeMap<String, Quantity> {
         let Some(resources) = &container.resources else {
@@ -314,49 +351,55 @@ fn pod_requests(pod: &PodSpec) -> Result<BTreeMap<String, Quantity>, (String, St
         asked.extend(resources.requests.clone().unwrap_or_default());
         asked
     }
+    /// Adds up quantities of one resource; one alone is kept as written.
+    fn sum(name: &str, quantities: &[Quantity]) -> Result<(Quantity, u128), (String, String)> {
+        let mut milli: u128 = 0;
+        for q in quantities {
+            let value = milli_value(&q.0).ok_or_else(|| (name.to_owned(), q.0.clone()))?;
+            milli = milli
+                .checked_add(value)
+                .ok_or_else(|| (name.to_owned(), q.0.clone()))?;
+        }
+        match quantities {
+            [only] => Ok((only.clone(), milli)),
+            _ => Ok((Quantity(milli_quantity(milli)), milli)),
+        }
+    }
     let init = pod.init_containers.as_deref().unwrap_or_default();
-    let (sidecars, one_shot): (Vec<&Container>, Vec<&Container>) = init
-        .iter()
-        .partition(|c| c.restart_policy.as_deref() == Some("Always"));
+    let is_sidecar = |c: &Container| c.restart_policy.as_deref() == Some("Always");
     let mut steady: BTreeMap<String, Vec<Quantity>> = BTreeMap::new();
-    for container in pod.containers.iter().chain(sidecars) {
+    for container in pod.containers.iter().chain(init.iter().filter(|c| is_sidecar(c))) {
         for (name, quantity) in requested(container) {
             steady.entry(name).or_default().push(quantity);
         }
     }
-    let mut total = BTreeMap::new();
+    let mut total: BTreeMap<String, (Quantity, u128)> = BTreeMap::new();
     for (name, quantities) in steady {
-        let sum = if let [only] = quantities.as_slice() {
-            only.clone()
-        } else {
-            let mut milli: u128 = 0;
-            for q in &quantities {
-                let value = milli_value(&q.0).ok_or_else(|| (name.clone(), q.0.clone()))?;
-                milli = milli
-                    .checked_add(value)
-                    .ok_or_else(|| (name.clone(), q.0.clone()))?;
-            }
-            Quantity(milli_quantity(milli))
-        };
-        total.insert(name, sum);
+        let summed = sum(&name, &quantities)?;
+        total.insert(name, summed);
     }
-    for container in one_shot {
+    // The sidecars declared so far, in order: each one-shot init container runs beside them.
+    let mut sidecars_before: BTreeMap<String, Vec<Quantity>> = BTreeMap::new();
+    for container in init {
+        if is_sidecar(container) {
+            for (name, quantity) in requested(container) {
+                sidecars_before.entry(name).or_default().push(quantity);
+            }
+            continue;
+        }
         for (name, quantity) in requested(container) {
-            let larger = match total.get(&name) {
-                None => true,
-                Some(current) => {
-                    let current_milli =
-                        milli_value(&current.0).ok_or_else(|| (name.clone(), current.0.clone()))?;
-                    let milli = milli_value(&quantity.0).ok_or_else(|| (name.clone(), quantity.0.clone()))?;
-                    milli > current_milli
-                }
-            };
-            if larger {
-                total.insert(name, quantity);
+            let mut together = sidecars_before.get(&name).cloned().unwrap_or_default();
+            together.push(quantity);
+            let candidate = sum(&name, &together)?;
+            if total.get(&name).is_none_or(|(_, current)| candidate.1 > *current) {
+                total.insert(name, candidate);
             }
         }
     }
-    Ok(total)
+    Ok(total
+        .into_iter()
+        .map(|(name, (quantity, _))| (name, quantity))
+        .collect())
 }
 
 /// A Kubernetes quantity in thousandths of its unit, rounded up as the API server rounds a
@@ -643,6 +686,52 @@ mod tests {
             Some("mirror.example/pause:3.10")
         );
         assert_eq!(pod.priority_class_name.as_deref(), Some("gpu-balloon"));
+    }
+
+    #[test]
+    fn placeholders_pass_pod_security_restricted() {
+        let pod = built().spec.unwrap().template.spec.unwrap();
+        let seccomp = pod.security_context.unwrap().seccomp_profile.unwrap();
+        assert_eq!(seccomp.type_, "RuntimeDefault");
+        let container = pod.containers[0].security_context.clone().unwrap();
+        assert_eq!(container.run_as_non_root, Some(true));
+        assert_eq!(container.allow_privilege_escalation, Some(false));
+        assert_eq!(container.capabilities.unwrap().drop, Some(vec!["ALL".to_owned()]));
+    }
+
+    #[test]
+    fn a_one_shot_init_container_counts_with_the_sidecars_declared_before_it() {
+        let pod: PodSpec = serde_json::from_value(serde_json::json!({
+            "initContainers": [
+                {"name": "proxy", "restartPolicy": "Always", "resources": {"requests": {"cpu": "2"}}},
+                {"name": "fetch-weights", "resources": {"requests": {"cpu": "8", "memory": "1Gi"}}},
+                {"name": "late", "restartPolicy": "Always", "resources": {"requests": {"cpu": "500m"}}}
+            ],
+            "containers": [{"name": "vllm", "resources": {"requests": {"cpu": "6", "memory": "4Gi"}}}]
+        }))
+        .unwrap();
+        let requests = pod_requests(&pod).unwrap();
+        // The steady pod asks 8.5 cpus; fetch-weights runs beside the proxy declared before it,
+        // 10, but not beside the sidecar declared after it.
+        assert_eq!(requests["cpu"], Quantity("10".into()));
+        assert_eq!(requests["memory"], Quantity("4Gi".into()));
+    }
+
+    #[test]
+    fn a_reserve_is_recognised_by_its_label_and_its_owner() {
+        let deployment = built();
+        assert!(is_reserve_of(&deployment.metadata, "0d5e8c42"));
+        assert!(
+            !is_reserve_of(&deployment.metadata, "another-policy-uid"),
+            "a policy of the same name created again owns its own"
+        );
+        let mut unlabelled = deployment.metadata.clone();
+        unlabelled.labels = None;
+        assert!(!is_reserve_of(&unlabelled, "0d5e8c42"));
+        assert_eq!(
+            reserve_selector("llama"),
+            "app.kubernetes.io/component=gpu-reserve,understudy.dev/policy=llama"
+        );
     }
 
     #[test]
