@@ -7,7 +7,8 @@
 //! for, one after the other → apply the status → publish its events and count what finished →
 //! between promotions, keep the Lease's route on the routers → requeue. Before the status is
 //! applied, the GPU reserve is kept where the Lease says the standby is ([`crate::reserve`]):
-//! placeholder pods for the standby's pilot-light groups with `reserveGpus`, none for the primary.
+//! placeholder pods for the standby's pilot-light groups with `reserveGpus`, none for the primary
+//! beyond the hand-over: a new primary's reserve stays until its own replicas are ready.
 //!
 //! The epoch Lease has no owner reference and outlives its policy: routers and fence sidecars
 //! refuse anything below the highest epoch they have seen, so a policy deleted and created again
@@ -25,8 +26,9 @@
 //! - crash-loop on a policy it cannot read: a malformed object or spec is reported as a Warning
 //!   Event and `Ready=False` (reason `InvalidSpec`), and nothing else is touched;
 //! - scale a pool down, or stop serving when a policy is deleted;
-//! - hold a GPU reserve for the pool that holds the epoch Lease, or touch a reserve while the
-//!   Lease cannot be read or was lost.
+//! - apply a GPU reserve for the pool that holds the epoch Lease, or touch a reserve while the
+//!   Lease cannot be read or was lost;
+//! - apply over or delete a Deployment that is not labelled as a reserve and owned by the policy.
 
 mod command;
 mod execution;
@@ -41,7 +43,9 @@ use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams};
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, Preconditions,
+};
 use kube::core::DeserializeGuard;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
@@ -71,7 +75,8 @@ use crate::lease::{EpochLease, FIELD_MANAGER, KubeLease, LeaseError, LeaseRecord
 use crate::metrics::Metrics;
 use crate::policy::{self, pool_by_name, pool_name};
 use crate::reserve::{
-    ReserveConfig, ReserveError, reserve_deployment, reserve_plan, waiting_reserved, workload_shape,
+    POOL_LABEL, ReserveConfig, ReserveError, is_reserve_of, reserve_deployment, reserve_plan,
+    reserve_selector, waiting_reserved, workload_shape,
 };
 
 /// The finalizer the controller puts on every FailoverPolicy it runs.
@@ -132,6 +137,13 @@ pub enum Error {
     /// The standby's workload does not say what a replica requests.
     #[error("GPU reserve: {0}")]
     ReserveShape(#[source] ReserveError),
+    /// A Deployment that is not this policy's reserve already has the reserve's name; it is left
+    /// as it is.
+    #[error(
+        "GPU reserve: Deployment {deployment} exists and is not this policy's reserve; it is left as \
+         it is, and no GPUs are held until it is renamed or removed"
+    )]
+    ReserveNameTaken { deployment: String },
     /// The operator's record could not be serialized.
     #[error("the operator's record cannot be serialized: {0}")]
     Record(#[source] serde_json::Error),
@@ -151,7 +163,7 @@ impl Error {
             Error::LostRace => "lost_race",
             Error::ControlPlaneUnreachable(_) => "control_plane_unreachable",
             Error::Workload { .. } => "workload",
-            Error::Reserve { .. } | Error::ReserveShape(_) => "reserve",
+            Error::Reserve { .. } | Error::ReserveShape(_) | Error::ReserveNameTaken { .. } => "reserve",
             Error::StatusPatch(_) | Error::StatusTimeout(_) => "status",
             Error::Record(_) => "record",
             Error::Finalizer(inner) => match inner.as_ref() {
@@ -389,7 +401,8 @@ enum Notice {
     },
     /// Placeholder pods hold, or now hold a different number of, the standby's GPUs.
     ReserveHeld(GpuReserve),
-    /// A reserve no longer wanted (its pool is primary, or the spec stopped asking) was deleted.
+    /// A reserve no longer wanted (its pool is primary and ready, or the spec stopped asking) was
+    /// deleted.
     ReserveReleased(GpuReserve),
 }
 
@@ -866,13 +879,18 @@ async fn apply(policy: &FailoverPolicy, ctx: &Context, namespace: &str) -> Resul
     }
 }
 
-/// Keeps the GPU reserve where `primary`, the Lease's holder, wants it: placeholder pods for the
-/// standby's reserved pilot-light replicas that are not running (an old primary after a failover
-/// still runs them all, and needs none), applied with server-side apply on every reconcile, and
-/// the reserve recorded in status deleted once it is not that one (its pool became primary, its
-/// pilot light is running, or the spec no longer asks for it). A reserve is deleted rather than
-/// scaled to zero: its existence is what holds GPUs, and the next one is built afresh from the
-/// workload's template.
+/// Keeps the GPU reserves where `primary`, the Lease's holder, wants them: placeholder pods for
+/// the standby's reserved pilot-light replicas that are not running (an old primary after a
+/// failover still runs them all, and needs none), applied with server-side apply on every
+/// reconcile. Every reserve of this policy is found by its labels, not by the status alone (a
+/// reserve applied by a reconcile whose status write failed is recorded nowhere), and each one
+/// not wanted is deleted: its pool's pilot light is running, or the spec no longer asks for it.
+/// The reserve of a pool that became primary is kept until that pool's ready replicas cover the
+/// reserved ones: meanwhile its pods preempt the placeholders one by one, and the GPUs freed go
+/// to them rather than to whatever else waits. A reserve is deleted rather than scaled to zero:
+/// its existence is what holds GPUs, and the next one is built afresh from the workload's
+/// template. Only a Deployment labelled as a reserve and owned by this policy is ever applied
+/// over or deleted.
 async fn keep_reserve(
     ctx: &Context,
     run: &mut Run<'_>,
@@ -880,8 +898,24 @@ async fn keep_reserve(
     namespace: &str,
     primary: Pool,
 ) -> Result<(), Error> {
+    let policy_name = policy.name_any();
+    let policy_uid = policy.uid().ok_or(Error::MissingObjectKey("uid"))?;
+    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), namespace);
+    let listed = deployments
+        .list(&ListParams::default().labels(&reserve_selector(&policy_name)))
+        .await
+        .map_err(|source| Error::Reserve {
+            object: "listing Deployments".to_owned(),
+            source,
+        })?;
+    let existing: Vec<Deployment> = listed
+        .items
+        .into_iter()
+        .filter(|d| is_reserve_of(&d.metadata, &policy_uid))
+        .collect();
+
     let mut wanted = None;
-    if let Some(mut plan) = reserve_plan(&policy.name_any(), run.spec, primary) {
+    if let Some(mut plan) = reserve_plan(&policy_name, run.spec, primary) {
         let pool = run.pool_spec(plan.pool);
         let workload = Workload::new(ctx.client.clone(), namespace, &pool.workload);
         let object = workload.get().await.map_err(|source| Error::Reserve {
@@ -900,31 +934,99 @@ async fn keep_reserve(
             wanted = Some((plan, shape));
         }
     }
-    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), namespace);
-    if let Some(held) = run.gpu_reserve.clone()
-        && wanted
-            .as_ref()
-            .is_none_or(|(plan, _)| plan.deployment != held.deployment)
+
+    // A reserve of the primary's pool is kept while the primary's reserved replicas are not all
+    // ready: they are what preempts its placeholders.
+    let spec = run.spec;
+    // validate() guarantees two pools.
+    let primary_spec = &spec.pools[primary.index()];
+    let handing_over = if existing
+        .iter()
+        .any(|d| reserve_pool(d) == Some(primary_spec.name.as_str()))
     {
-        match deployments
-            .delete(&held.deployment, &DeleteParams::background())
-            .await
-        {
+        let reserved = reserve_plan(&policy_name, run.spec, primary.other()).map_or(0, |plan| plan.replicas);
+        let ready = if reserved == 0 {
+            0
+        } else {
+            let workload = Workload::new(ctx.client.clone(), namespace, &primary_spec.workload);
+            workload.ready_replicas().await.map_err(|source| Error::Reserve {
+                object: format!(
+                    "reading {:?} {}",
+                    primary_spec.workload.kind, primary_spec.workload.name
+                ),
+                source,
+            })?
+        };
+        waiting_reserved(reserved, primary_spec.replicas, ready) > 0
+    } else {
+        false
+    };
+
+    let wanted_name = wanted.as_ref().map(|(plan, _)| plan.deployment.clone());
+    if run
+        .gpu_reserve
+        .as_ref()
+        .is_some_and(|held| Some(&held.deployment) != wanted_name.as_ref())
+    {
+        run.gpu_reserve = None;
+    }
+    let recorded = policy.status.as_ref().and_then(|s| s.gpu_reserve.clone());
+    for deployment in &existing {
+        let name = deployment.name_any();
+        let pool = reserve_pool(deployment).unwrap_or_default().to_owned();
+        if Some(&name) == wanted_name.as_ref() || (handing_over && pool == primary_spec.name) {
+            continue;
+        }
+        // The uid precondition: a Deployment created under this name since the list is not ours.
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: deployment.uid(),
+                resource_version: None,
+            }),
+            ..DeleteParams::background()
+        };
+        match deployments.delete(&name, &params).await {
             Ok(_) => {}
-            Err(kube::Error::Api(status)) if status.is_not_found() => {}
+            Err(kube::Error::Api(status)) if status.is_not_found() || status.code == 409 => continue,
             Err(source) => {
                 return Err(Error::Reserve {
-                    object: format!("deleting Deployment {}", held.deployment),
+                    object: format!("deleting Deployment {name}"),
                     source,
                 });
             }
         }
-        run.gpu_reserve = None;
-        run.notices.push(Notice::ReserveReleased(held));
+        let replicas = recorded
+            .as_ref()
+            .filter(|held| held.deployment == name)
+            .map_or(0, |held| held.replicas);
+        run.notices.push(Notice::ReserveReleased(GpuReserve {
+            pool,
+            deployment: name,
+            replicas,
+        }));
     }
+
     let Some((plan, shape)) = wanted else {
         return Ok(());
     };
+    if !existing.iter().any(|d| d.name_any() == plan.deployment) {
+        // Not found among this policy's reserves: the name must be free, or ours unlabelled.
+        match deployments.get_opt(&plan.deployment).await {
+            Ok(None) => {}
+            Ok(Some(found)) if is_reserve_of(&found.metadata, &policy_uid) => {}
+            Ok(Some(_)) => {
+                return Err(Error::ReserveNameTaken {
+                    deployment: plan.deployment,
+                });
+            }
+            Err(source) => {
+                return Err(Error::Reserve {
+                    object: format!("reading Deployment {}", plan.deployment),
+                    source,
+                });
+            }
+        }
+    }
     let deployment = reserve_deployment(policy, &plan, &shape, &ctx.reserve).map_err(Error::ReserveShape)?;
     let params = PatchParams::apply(FIELD_MANAGER).force();
     deployments
@@ -944,6 +1046,16 @@ async fn keep_reserve(
     }
     run.gpu_reserve = Some(held);
     Ok(())
+}
+
+/// The pool a reserve Deployment holds GPUs for, from its label.
+fn reserve_pool(deployment: &Deployment) -> Option<&str> {
+    deployment
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|labels| labels.get(POOL_LABEL))
+        .map(String::as_str)
 }
 
 /// Between promotions, makes the routers hold the primary at the current epoch: the home pool's
