@@ -1111,8 +1111,9 @@ pub enum Verdict {
     /// The standby served within `maxRecovery` (and, with `failback.mode: after`, the home pool
     /// took the role back within it).
     Passed,
-    /// A stop condition fired: serving did not come back within `maxRecovery`, or the standby
-    /// lost its steady state while holding.
+    /// A stop condition fired: serving did not come back within `maxRecovery`, the standby
+    /// lost its steady state while holding, or the policy left the standby during the hold by a
+    /// move the run did not command.
     Failed,
     /// Nothing was judged: the steady state did not hold, so nothing was injected, or the policy
     /// refused or went its own way.
