@@ -717,6 +717,13 @@ pub struct FailoverPolicyStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_reserve: Option<GpuReserve>,
 
+    /// The primary's answer that both pools are judged by, when `spec.probe.expect` is prefix
+    /// mode without a value: recorded once, so that a restarted or newly elected operator judges
+    /// by it instead of by whatever the primary answers then. Dropped, and recorded again, when
+    /// the probe's prompt or `maxTokens` change or the primary serves another model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub golden_answer: Option<GoldenAnswer>,
+
     /// The operator's own record of the state machine, so that a restarted operator resumes
     /// where the last one stopped. Its shape belongs to the state machine, not to this schema.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -743,6 +750,28 @@ pub struct GpuReserve {
     pub deployment: String,
     /// The pilot-light replicas whose GPUs are held (a LeaderWorkerSet replica is several pods).
     pub replicas: u32,
+}
+
+/// The primary's first passing answer to the probe, as the prefix every later answer of either
+/// pool must start with.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct GoldenAnswer {
+    /// The answer's first characters.
+    pub prefix: String,
+    /// The prompt it answered (`spec.probe.prompt` when it was recorded).
+    pub prompt: String,
+    /// The `spec.probe.maxTokens` it was generated with.
+    pub max_tokens: u32,
+    /// The pool that was primary and gave it.
+    pub pool: String,
+    /// The model that pool's workload served, as its `vllm serve` arguments name it; absent
+    /// when they do not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// When it was recorded, RFC 3339.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recorded_at: Option<String>,
 }
 
 /// One condition; its type is its key in the status's conditions map.

@@ -156,7 +156,8 @@ async fn main() -> anyhow::Result<()> {
         Some(args.identity.clone()),
     ));
     let ctx = Context::new(client, metrics, Some(args.identity.clone()))
-        .with_observations(observations)
+        .with_observations(observations.clone())
+        .with_golden_answers(observations)
         .with_steps(steps)
         .with_reserve(ReserveConfig {
             image: args.reserve_image.clone(),

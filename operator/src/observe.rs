@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use futures::future::{BoxFuture, join};
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::{Api, ListParams};
 use kube::core::{Expression, Selector};
@@ -30,11 +30,14 @@ use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use understudy_core::Pool;
+use understudy_prober::parity::flags::{FlagPolicy, canonical_flags};
 use understudy_prober::probe::{self, Budget, Endpoint, Expectation, ProbeReport, ProbeSpec};
 use understudy_prober::report::PoolRound;
 
-use crate::controller::{Observation, ObservationSource, serving_quorum};
-use crate::crd::{ExpectMode, FailoverPolicy, PoolSpec, ProbeExpect, Tier, WorkloadKind, WorkloadRef};
+use crate::controller::{GoldenAnswers, Observation, ObservationSource, serving_quorum};
+use crate::crd::{
+    ExpectMode, FailoverPolicy, GoldenAnswer, PoolSpec, ProbeExpect, Tier, WorkloadKind, WorkloadRef,
+};
 use crate::policy::{self, ProbeTiming, pool_by_name};
 
 /// How many characters of the primary's first passing answer become the golden prefix: enough to
@@ -92,6 +95,17 @@ pub trait ReplicaEndpoints: Send + Sync + fmt::Debug {
         namespace: &'a str,
         pool: &'a PoolSpec,
     ) -> BoxFuture<'a, Result<Vec<Endpoint>, ResolveError>>;
+
+    /// The model `pool`'s workload is set to serve, as its `vllm serve` arguments name it; `None`
+    /// when that cannot be told. A recorded golden answer is kept only while the primary serves
+    /// the model it was recorded from.
+    fn served_model<'a>(
+        &'a self,
+        _namespace: &'a str,
+        _pool: &'a PoolSpec,
+    ) -> BoxFuture<'a, Result<Option<String>, ResolveError>> {
+        Box::pin(async { Ok(None) })
+    }
 }
 
 /// A pool's replicas are the Running pods its workload selects, at `http://<podIP>:<port>`.
@@ -194,6 +208,60 @@ impl ReplicaEndpoints for KubeReplicas {
     ) -> BoxFuture<'a, Result<Vec<Endpoint>, ResolveError>> {
         Box::pin(self.endpoints(namespace, pool))
     }
+
+    fn served_model<'a>(
+        &'a self,
+        namespace: &'a str,
+        pool: &'a PoolSpec,
+    ) -> BoxFuture<'a, Result<Option<String>, ResolveError>> {
+        Box::pin(self.template_model(namespace, &pool.workload))
+    }
+}
+
+impl KubeReplicas {
+    /// The model the workload's pod template serves. A LeaderWorkerSet is not read: `None`.
+    pub async fn template_model(
+        &self,
+        namespace: &str,
+        workload: &WorkloadRef,
+    ) -> Result<Option<String>, ResolveError> {
+        let read_error = |source| ResolveError::Workload {
+            kind: workload.kind,
+            name: workload.name.clone(),
+            source,
+        };
+        let template = match workload.kind {
+            WorkloadKind::Deployment => {
+                let api: Api<Deployment> = Api::namespaced(self.client.clone(), namespace);
+                let deployment = api.get_opt(&workload.name).await.map_err(read_error)?;
+                deployment.and_then(|d| d.spec).map(|s| s.template)
+            }
+            WorkloadKind::StatefulSet => {
+                let api: Api<StatefulSet> = Api::namespaced(self.client.clone(), namespace);
+                let set = api.get_opt(&workload.name).await.map_err(read_error)?;
+                set.and_then(|s| s.spec).map(|s| s.template)
+            }
+            WorkloadKind::LeaderWorkerSet => None,
+        };
+        Ok(template.as_ref().and_then(template_model))
+    }
+}
+
+/// The model the first container of `template` that names one serves: `vllm serve MODEL` or
+/// `--model MODEL`, in its command and arguments together.
+#[must_use]
+pub fn template_model(template: &PodTemplateSpec) -> Option<String> {
+    let policy = FlagPolicy::default();
+    template.spec.as_ref()?.containers.iter().find_map(|container| {
+        let argv: Vec<String> = container
+            .command
+            .iter()
+            .flatten()
+            .chain(container.args.iter().flatten())
+            .cloned()
+            .collect();
+        canonical_flags(&argv, &policy).remove("model")
+    })
 }
 
 /// Where `pod` serves, if it can be probed: Running, not being deleted, with an IP. A pod still
@@ -215,6 +283,7 @@ pub fn replica_endpoint(pod: &Pod, port: u16) -> Option<Endpoint> {
 #[derive(Clone, Debug, Default)]
 pub struct FixedReplicas {
     pools: HashMap<String, Vec<Endpoint>>,
+    models: Arc<Mutex<HashMap<String, String>>>,
 }
 
 impl FixedReplicas {
@@ -223,6 +292,13 @@ impl FixedReplicas {
     pub fn with_pool(mut self, pool: &str, endpoints: Vec<Endpoint>) -> Self {
         self.pools.insert(pool.to_owned(), endpoints);
         self
+    }
+
+    /// From now on the pool named `pool` serves `model`, in this value and its clones; a pool
+    /// never given one serves a model that cannot be told.
+    pub fn set_model(&self, pool: &str, model: &str) {
+        let mut models = self.models.lock().unwrap_or_else(PoisonError::into_inner);
+        models.insert(pool.to_owned(), model.to_owned());
     }
 }
 
@@ -234,6 +310,16 @@ impl ReplicaEndpoints for FixedReplicas {
     ) -> BoxFuture<'a, Result<Vec<Endpoint>, ResolveError>> {
         let endpoints = self.pools.get(&pool.name).cloned().unwrap_or_default();
         Box::pin(async move { Ok(endpoints) })
+    }
+
+    fn served_model<'a>(
+        &'a self,
+        _namespace: &'a str,
+        pool: &'a PoolSpec,
+    ) -> BoxFuture<'a, Result<Option<String>, ResolveError>> {
+        let models = self.models.lock().unwrap_or_else(PoisonError::into_inner);
+        let model = models.get(&pool.name).cloned();
+        Box::pin(async move { Ok(model) })
     }
 }
 
@@ -317,12 +403,30 @@ pub fn probe_spec(probe: &crate::crd::ProbeSpec, timing: &ProbeTiming, expect: E
     }
 }
 
-/// The primary's answer, recorded as the golden prefix for the prompt it answered.
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct GoldenAnswer {
-    prompt: String,
-    max_tokens: u32,
-    prefix: String,
+/// Whether `golden` still judges answers to `probe`: the probe records one (prefix mode without
+/// a value) and asks what it answered, with the same prompt and `maxTokens`.
+#[must_use]
+pub fn golden_answer_fits(golden: &GoldenAnswer, probe: &crate::crd::ProbeSpec) -> bool {
+    probe.expect.mode == ExpectMode::Prefix
+        && probe.expect.value.is_none()
+        && golden.prompt == probe.prompt
+        && golden.max_tokens == probe.max_tokens
+}
+
+/// Whether the primary now serves another model than the one `golden` was recorded from. A model
+/// that cannot be told, then or now, is not a change.
+fn model_changed(golden: &GoldenAnswer, serving: Option<&str>) -> bool {
+    matches!((golden.model.as_deref(), serving), (Some(then), Some(now)) if then != now)
+}
+
+/// What a round learned about the golden answer.
+#[derive(Debug)]
+struct GoldenUpdate {
+    /// The golden answer the round found (`None`: there was none); the update applies only if
+    /// it is still the one kept.
+    replaces: Option<GoldenAnswer>,
+    /// The golden answer to keep instead: `None` drops it.
+    new: Option<GoldenAnswer>,
 }
 
 /// One tracked policy.
@@ -354,9 +458,11 @@ struct RoundPlan {
 /// Golden answer: when `spec.probe.expect` is in prefix mode without a value, the first passing
 /// answer of the pool that is primary then is recorded (its first [`GOLDEN_PREFIX_CHARS`]
 /// characters) and every later answer of either pool must start with it. Until then answers are
-/// judged non-empty. The golden answer lives in this process only: it is not yet persisted in
-/// the policy's status, so a restarted operator records it afresh, and a change of prompt or
-/// `maxTokens` discards it.
+/// judged non-empty. The controller writes it to `status.goldenAnswer` ([`Self::golden_answer`]),
+/// and a policy tracked for the first time starts from the one its status holds, so a restarted
+/// or newly elected operator judges by the recorded answer. A change of prompt or `maxTokens`
+/// discards it, and so does a primary whose workload is set to serve another model than the one
+/// it was recorded from; it is then recorded again.
 #[derive(Debug)]
 pub struct ProbingObservations {
     replicas: Arc<dyn ReplicaEndpoints>,
@@ -442,19 +548,29 @@ impl ProbingObservations {
         let Some(plan) = self.plan(policy) else {
             return false;
         };
-        let (checks, golden) = self.round(&plan).await;
+        let (checks, update) = self.round(&plan).await;
         {
             let mut policies = self.policies();
             if let Some(tracked) = policies.get_mut(policy) {
                 tracked.in_flight = false;
                 tracked.rounds = tracked.rounds.max(plan.round + 1);
-                if let Some(golden) = golden
-                    && tracked.golden.is_none()
-                    && golden.prompt == tracked.policy.spec.probe.prompt
-                    && golden.max_tokens == tracked.policy.spec.probe.max_tokens
+                // A spec tracked while the round ran may have changed what the round judged by.
+                if let Some(update) = update
+                    && tracked.golden == update.replaces
+                    && update
+                        .new
+                        .as_ref()
+                        .is_none_or(|g| golden_answer_fits(g, &tracked.policy.spec.probe))
                 {
-                    tracing::info!(policy = %policy, golden = %golden.prefix, "recorded the golden answer");
-                    tracked.golden = Some(golden);
+                    match &update.new {
+                        Some(golden) => {
+                            tracing::info!(policy = %policy, golden = %golden.prefix, model = ?golden.model, "recorded the golden answer");
+                        }
+                        None => {
+                            tracing::info!(policy = %policy, "the primary serves another model; recording the golden answer again");
+                        }
+                    }
+                    tracked.golden = update.new;
                 }
                 for check in checks {
                     if tracked.pending.len() == MAX_PENDING {
@@ -481,12 +597,41 @@ impl ProbingObservations {
         })
     }
 
-    /// One round over both pools: the checks, and a golden answer if this round recorded one.
-    async fn round(&self, plan: &RoundPlan) -> (Vec<Observation>, Option<GoldenAnswer>) {
+    /// The golden answer to judge this round by, and the model the primary serves, when the
+    /// policy records one. A model that cannot be read keeps the planned golden answer.
+    async fn current_golden(
+        &self,
+        plan: &RoundPlan,
+        primary: Pool,
+    ) -> (Option<GoldenAnswer>, Option<String>) {
+        let spec = &plan.policy.spec;
+        if spec.probe.expect.mode != ExpectMode::Prefix || spec.probe.expect.value.is_some() {
+            return (plan.golden.clone(), None);
+        }
+        let Some(pool) = spec.pools.get(primary.index()) else {
+            return (plan.golden.clone(), None);
+        };
+        let serving = match self.replicas.served_model(&plan.namespace, pool).await {
+            Ok(model) => model,
+            Err(error) => {
+                tracing::debug!(policy = %plan.policy.name_any(), pool = %pool.name, %error, "could not read the model the primary serves");
+                None
+            }
+        };
+        let golden = plan
+            .golden
+            .clone()
+            .filter(|golden| !model_changed(golden, serving.as_deref()));
+        (golden, serving)
+    }
+
+    /// One round over both pools: the checks, and what it learned of the golden answer.
+    async fn round(&self, plan: &RoundPlan) -> (Vec<Observation>, Option<GoldenUpdate>) {
         let spec = &plan.policy.spec;
         let primary = primary_pool(&plan.policy);
         let standby = primary.other();
-        let judge = match judge(&spec.probe.expect, plan.golden.as_ref()) {
+        let (golden, serving_model) = self.current_golden(plan, primary).await;
+        let judge = match judge(&spec.probe.expect, golden.as_ref()) {
             Ok(judge) => judge,
             Err(error) => {
                 // Nothing can be judged: reporting either pool failed would be a guess.
@@ -515,12 +660,24 @@ impl ProbingObservations {
                 });
                 let probe = probe_spec(&spec.probe, &plan.timing, expect);
                 let s = self.probe_pool(plan, standby, standby_endpoints, &probe).await;
-                let golden = golden.map(|text| GoldenAnswer {
+                let recorded = golden.map(|text| GoldenAnswer {
+                    prefix: text.chars().take(GOLDEN_PREFIX_CHARS).collect(),
                     prompt: spec.probe.prompt.clone(),
                     max_tokens: spec.probe.max_tokens,
-                    prefix: text.chars().take(GOLDEN_PREFIX_CHARS).collect(),
+                    pool: spec
+                        .pools
+                        .get(primary.index())
+                        .map(|p| p.name.clone())
+                        .unwrap_or_default(),
+                    model: serving_model,
+                    recorded_at: None,
                 });
-                (p, s, golden)
+                // Recorded now, or the planned one dropped for another model even if none passed.
+                let update = (recorded.is_some() || plan.golden.is_some()).then(|| GoldenUpdate {
+                    replaces: plan.golden.clone(),
+                    new: recorded,
+                });
+                (p, s, update)
             }
         };
         let mut rounds: Vec<PoolRound> = [primary_round, standby_round].into_iter().flatten().collect();
@@ -599,6 +756,14 @@ fn stable_seed(policy: &ObjectRef<FailoverPolicy>) -> u64 {
     hash
 }
 
+impl GoldenAnswers for ProbingObservations {
+    fn golden_answer(&self, policy: &ObjectRef<FailoverPolicy>) -> Option<GoldenAnswer> {
+        self.policies()
+            .get(policy)
+            .and_then(|tracked| tracked.golden.clone())
+    }
+}
+
 impl ObservationSource for ProbingObservations {
     fn drain(&self, policy: &ObjectRef<FailoverPolicy>) -> Vec<Observation> {
         self.policies()
@@ -618,11 +783,10 @@ impl ObservationSource for ProbingObservations {
         let mut policies = self.policies();
         match policies.get_mut(&key) {
             Some(tracked) => {
-                let probe = &policy.spec.probe;
                 if tracked
                     .golden
                     .as_ref()
-                    .is_some_and(|g| g.prompt != probe.prompt || g.max_tokens != probe.max_tokens)
+                    .is_some_and(|g| !golden_answer_fits(g, &policy.spec.probe))
                 {
                     tracked.golden = None;
                 }
@@ -636,7 +800,12 @@ impl ObservationSource for ProbingObservations {
                         policy: Arc::new(policy.clone()),
                         timing: validated.probe,
                         pending: VecDeque::new(),
-                        golden: None,
+                        // What an earlier operator recorded, while it still fits the probe.
+                        golden: policy
+                            .status
+                            .as_ref()
+                            .and_then(|status| status.golden_answer.clone())
+                            .filter(|golden| golden_answer_fits(golden, &policy.spec.probe)),
                         rounds: 0,
                         next_round: Instant::now(),
                         in_flight: false,
@@ -655,6 +824,8 @@ impl ObservationSource for ProbingObservations {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
+
     use super::*;
     use understudy_core::failover::CheckResult;
 
@@ -670,6 +841,10 @@ mod tests {
 
     const HOT_POOLS: &str = "  - {name: east, workload: {kind: Deployment, name: a}, replicas: 4}\n  \
                              - {name: west, workload: {kind: Deployment, name: b}, replicas: 4}\n";
+
+    /// One replica a pool.
+    const ONE_EACH: &str = "  - {name: east, workload: {kind: Deployment, name: a}, replicas: 1}\n  \
+                            - {name: west, workload: {kind: Deployment, name: b}, replicas: 1}\n";
 
     #[test]
     fn a_primary_needs_a_majority_of_all_its_replicas_and_a_standby_of_those_not_pilot_light() {
@@ -699,11 +874,7 @@ mod tests {
     fn a_prefix_without_a_value_is_recorded_from_the_primary_and_then_used() {
         let expect = ProbeExpect::default();
         assert!(matches!(judge(&expect, None), Ok(Judge::RecordFromPrimary)));
-        let golden = GoldenAnswer {
-            prompt: "p".into(),
-            max_tokens: 8,
-            prefix: " Paris".into(),
-        };
+        let golden = golden(" Paris", None);
         let Ok(Judge::Fixed(Expectation::Prefix(prefix))) = judge(&expect, Some(&golden)) else {
             panic!("expected the golden prefix");
         };
@@ -754,6 +925,190 @@ mod tests {
         p.spec.probe.timeout = "20s".into();
         observations.track(&p);
         assert!(observations.tracked().is_empty());
+    }
+
+    /// A replica that is awake and answers every completion with `answer`.
+    async fn replica(answer: &'static str) -> Endpoint {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let mut raw = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !raw.windows(4).any(|w| w == b"\r\n\r\n") {
+                    let Ok(n @ 1..) = stream.read(&mut buf).await else {
+                        break;
+                    };
+                    raw.extend_from_slice(&buf[..n]);
+                }
+                let (kind, body) = if raw.starts_with(b"GET /is_sleeping") {
+                    ("application/json", r#"{"is_sleeping": false}"#.to_owned())
+                } else {
+                    let chunk = serde_json::json!({"choices": [{"text": answer}]});
+                    ("text/event-stream", format!("data: {chunk}\n\ndata: [DONE]\n\n"))
+                };
+                let reply = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: {kind}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = stream.write_all(reply.as_bytes()).await;
+            }
+        });
+        Endpoint::new("127.0.0.1", port)
+    }
+
+    fn golden(prefix: &str, model: Option<&str>) -> GoldenAnswer {
+        let probe = crate::crd::ProbeSpec::default();
+        GoldenAnswer {
+            prefix: prefix.to_owned(),
+            prompt: probe.prompt,
+            max_tokens: probe.max_tokens,
+            pool: "east".to_owned(),
+            model: model.map(str::to_owned),
+            recorded_at: Some("2026-11-30T08:00:00Z".to_owned()),
+        }
+    }
+
+    fn with_golden(mut p: FailoverPolicy, golden: GoldenAnswer) -> FailoverPolicy {
+        p.status = Some(crate::crd::FailoverPolicyStatus {
+            golden_answer: Some(golden),
+            ..Default::default()
+        });
+        p
+    }
+
+    const PARIS: &str = " Paris. It is also the largest city";
+    const BERLIN: &str = " Berlin. It is also the largest city";
+
+    async fn one_round(observations: &ProbingObservations, p: &FailoverPolicy) -> Vec<Observation> {
+        let key = ObjectRef::from_obj(p);
+        assert!(observations.probe_now(&key).await);
+        observations.drain(&key)
+    }
+
+    #[tokio::test]
+    async fn a_new_operator_judges_both_pools_by_the_golden_answer_in_status_not_by_the_primarys_answer_now()
+    {
+        let east = replica(BERLIN).await;
+        let west = replica(PARIS).await;
+        let replicas = FixedReplicas::default()
+            .with_pool("east", vec![east])
+            .with_pool("west", vec![west]);
+        let observations = ProbingObservations::new(Arc::new(replicas)).with_max_jitter(Duration::ZERO);
+        let recorded = golden(&PARIS[..GOLDEN_PREFIX_CHARS], None);
+        let p = with_golden(policy(ONE_EACH), recorded.clone());
+        observations.track(&p);
+        let check = |pool, result| Observation::Check { pool, result };
+        assert_eq!(
+            one_round(&observations, &p).await,
+            [
+                check(Pool::A, CheckResult::SoftFail),
+                check(Pool::B, CheckResult::Pass)
+            ],
+            "the primary no longer gives the recorded answer; the standby still does"
+        );
+        assert_eq!(
+            observations.golden_answer(&ObjectRef::from_obj(&p)),
+            Some(recorded)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_primary_set_to_serve_another_model_has_its_golden_answer_recorded_again() {
+        let east = replica(PARIS).await;
+        let west = replica(PARIS).await;
+        let replicas = FixedReplicas::default()
+            .with_pool("east", vec![east])
+            .with_pool("west", vec![west]);
+        replicas.set_model("east", "meta-llama/Llama-3.1-8B");
+        let observations =
+            ProbingObservations::new(Arc::new(replicas.clone())).with_max_jitter(Duration::ZERO);
+        let p = with_golden(
+            policy(ONE_EACH),
+            golden(&BERLIN[..GOLDEN_PREFIX_CHARS], Some("meta-llama/Llama-2-7b")),
+        );
+        let key = ObjectRef::from_obj(&p);
+        observations.track(&p);
+        let pass = [
+            Observation::Check {
+                pool: Pool::A,
+                result: CheckResult::Pass,
+            },
+            Observation::Check {
+                pool: Pool::B,
+                result: CheckResult::Pass,
+            },
+        ];
+        assert_eq!(one_round(&observations, &p).await, pass);
+        let relearned = observations.golden_answer(&key).expect("recorded again");
+        assert_eq!(relearned.prefix, PARIS[..GOLDEN_PREFIX_CHARS]);
+        assert_eq!(relearned.model.as_deref(), Some("meta-llama/Llama-3.1-8B"));
+        assert_eq!(relearned.pool, "east");
+        assert_eq!(relearned.recorded_at, None, "the status write stamps it");
+
+        // A model that cannot be told is no reason to drop what was recorded.
+        let unknown = FixedReplicas::default();
+        let observations = ProbingObservations::new(Arc::new(unknown)).with_max_jitter(Duration::ZERO);
+        let kept = golden(&BERLIN[..GOLDEN_PREFIX_CHARS], Some("meta-llama/Llama-2-7b"));
+        let p = with_golden(policy(ONE_EACH), kept.clone());
+        observations.track(&p);
+        one_round(&observations, &p).await;
+        assert_eq!(observations.golden_answer(&key), Some(kept));
+    }
+
+    #[test]
+    fn a_golden_answer_is_dropped_when_the_prompt_max_tokens_or_expectation_change() {
+        let observations = ProbingObservations::new(Arc::new(FixedReplicas::default()));
+        let recorded = golden(" Paris", None);
+        let p = with_golden(policy(ONE_EACH), recorded.clone());
+        let key = ObjectRef::from_obj(&p);
+        let changes: [fn(&mut FailoverPolicy); 3] = [
+            |p| p.spec.probe.prompt = "The capital of Italy is".to_owned(),
+            |p| p.spec.probe.max_tokens = 16,
+            |p| p.spec.probe.expect.value = Some(" Paris".to_owned()),
+        ];
+        for change in changes {
+            observations.forget(&key);
+            observations.track(&p);
+            assert_eq!(observations.golden_answer(&key), Some(recorded.clone()));
+            let mut changed = p.clone();
+            change(&mut changed);
+            observations.track(&changed);
+            assert_eq!(observations.golden_answer(&key), None, "{:?}", changed.spec.probe);
+            // Nor is one recorded for another probe taken up by an operator starting afresh.
+            observations.forget(&key);
+            observations.track(&changed);
+            assert_eq!(observations.golden_answer(&key), None);
+        }
+    }
+
+    #[test]
+    fn the_model_is_read_from_the_serve_arguments_of_the_pod_template() {
+        let template = |command: &[&str], args: &[&str]| -> PodTemplateSpec {
+            serde_json::from_value(serde_json::json!({"spec": {"containers": [
+                {"name": "sidecar", "image": "fence"},
+                {"name": "vllm", "image": "vllm/vllm-openai", "command": command, "args": args},
+            ]}}))
+            .unwrap()
+        };
+        assert_eq!(
+            template_model(&template(
+                &["vllm", "serve"],
+                &["meta-llama/Llama-3.1-8B", "--port", "8000"]
+            ))
+            .as_deref(),
+            Some("meta-llama/Llama-3.1-8B")
+        );
+        assert_eq!(
+            template_model(&template(
+                &["python3", "-m", "vllm.entrypoints.openai.api_server"],
+                &["--model=/models/qwen"]
+            ))
+            .as_deref(),
+            Some("/models/qwen")
+        );
+        assert_eq!(template_model(&template(&[], &["--port", "8000"])), None);
     }
 
     #[test]

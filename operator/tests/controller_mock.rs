@@ -36,10 +36,11 @@ use understudy_core::failover::{
 };
 use understudy_core::{Epoch, Pool};
 use understudy_operator::controller::{
-    Clock, Context, HandedOffStep, HandledCommand, Observation, ObservationSource, OperatorRecord,
-    RouteSyncReport, RouteSyncRequest, StepExecutor, StepReport, StepRequest, error_policy, reconcile,
+    Clock, Context, GoldenAnswers, HandedOffStep, HandledCommand, Observation, ObservationSource,
+    OperatorRecord, RouteSyncReport, RouteSyncRequest, StepExecutor, StepReport, StepRequest, error_policy,
+    reconcile,
 };
-use understudy_operator::crd::FailoverPolicy;
+use understudy_operator::crd::{FailoverPolicy, GoldenAnswer};
 use understudy_operator::metrics::Metrics;
 
 const NS: &str = "serving";
@@ -2246,6 +2247,103 @@ fn the_chart_lets_the_operator_read_and_scale_every_kind_of_workload() {
     for verb in ["list", "get", "create", "patch", "delete"] {
         assert!(granted("apps", "deployments", verb), "{verb} deployments");
     }
+}
+
+/// The golden answer a prober holds for every policy.
+#[derive(Debug)]
+struct HeldGolden(Option<GoldenAnswer>);
+
+impl GoldenAnswers for HeldGolden {
+    fn golden_answer(&self, _: &ObjectRef<FailoverPolicy>) -> Option<GoldenAnswer> {
+        self.0.clone()
+    }
+}
+
+fn golden_answer(prompt: &str, recorded_at: Option<&str>) -> GoldenAnswer {
+    GoldenAnswer {
+        prefix: " Paris. It is also the l".to_owned(),
+        prompt: prompt.to_owned(),
+        max_tokens: 8,
+        pool: "us-east".to_owned(),
+        model: Some("meta-llama/Llama-3.1-8B".to_owned()),
+        recorded_at: recorded_at.map(str::to_owned),
+    }
+}
+
+/// The status one reconcile of `object` applies, between promotions with the Lease as recorded.
+async fn applied_status(object: Value, ctx: Arc<Context>, server: ApiServer) -> Value {
+    let stored = object.clone();
+    let (applied, done) = tokio::sync::oneshot::channel();
+    let (result, _) = run_scenario(
+        &object,
+        ctx,
+        |mut server| async move {
+            server
+                .expect("GET", LEASE_PATH)
+                .await
+                .answer(200, &lease("us-east", 0, "41"));
+            let patch = server.expect("PATCH", STATUS_PATH).await;
+            applied.send(answer_status(patch, &stored)).unwrap();
+            server.expect_no_more().await
+        },
+        server,
+    )
+    .await;
+    result.unwrap();
+    done.await.unwrap()
+}
+
+#[tokio::test]
+async fn the_golden_answer_the_probes_judge_by_is_applied_to_status_with_the_time_it_was_recorded() {
+    const PROMPT: &str = "The capital of France is";
+    // Just recorded by the prober: stamped with the reconcile's time.
+    let (ctx, server) = context(Vec::new());
+    let ctx = Arc::new(
+        Arc::into_inner(ctx)
+            .unwrap()
+            .with_golden_answers(Arc::new(HeldGolden(Some(golden_answer(PROMPT, None))))),
+    );
+    let applied = applied_status(policy(), ctx, server).await;
+    assert_eq!(
+        applied["goldenAnswer"],
+        json!({
+            "prefix": " Paris. It is also the l", "prompt": PROMPT, "maxTokens": 8, "pool": "us-east",
+            "model": "meta-llama/Llama-3.1-8B", "recordedAt": "2024-06-01T12:00:00Z",
+        })
+    );
+
+    // The same answer already in status keeps the time it was first recorded.
+    let mut object = policy();
+    object["status"]["goldenAnswer"] = json!(golden_answer(PROMPT, Some("2024-05-01T08:00:00Z")));
+    let (ctx, server) = context(Vec::new());
+    let ctx = Arc::new(
+        Arc::into_inner(ctx)
+            .unwrap()
+            .with_golden_answers(Arc::new(HeldGolden(Some(golden_answer(PROMPT, None))))),
+    );
+    let applied = applied_status(object.clone(), ctx, server).await;
+    assert_eq!(applied["goldenAnswer"]["recordedAt"], "2024-05-01T08:00:00Z");
+
+    // The prober dropped it (another prompt, another model): the apply leaves it out, so
+    // server-side apply removes the field this manager owned.
+    let (ctx, server) = context(Vec::new());
+    let ctx = Arc::new(
+        Arc::into_inner(ctx)
+            .unwrap()
+            .with_golden_answers(Arc::new(HeldGolden(None))),
+    );
+    let applied = applied_status(object.clone(), ctx, server).await;
+    assert!(applied.get("goldenAnswer").is_none(), "{applied}");
+
+    // A controller that does not probe keeps the one in status while it fits the probe.
+    let (ctx, server) = context(Vec::new());
+    let applied = applied_status(object, ctx, server).await;
+    assert_eq!(applied["goldenAnswer"]["recordedAt"], "2024-05-01T08:00:00Z");
+    let mut object = policy();
+    object["status"]["goldenAnswer"] = json!(golden_answer("Another prompt", Some("2024-05-01T08:00:00Z")));
+    let (ctx, server) = context(Vec::new());
+    let applied = applied_status(object, ctx, server).await;
+    assert!(applied.get("goldenAnswer").is_none(), "{applied}");
 }
 
 /// Cluster tests: a real API server, the CRD installed, nothing else.

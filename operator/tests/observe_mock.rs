@@ -15,7 +15,7 @@ use kube::client::Body;
 use serde_json::{Value, json};
 use tower_test::mock::{Handle, SendResponse};
 use understudy_operator::crd::PoolSpec;
-use understudy_operator::observe::{KubeReplicas, ResolveError};
+use understudy_operator::observe::{KubeReplicas, ReplicaEndpoints, ResolveError};
 use understudy_prober::probe::Endpoint;
 
 const NS: &str = "serving";
@@ -276,4 +276,40 @@ async fn a_selector_that_would_select_every_pod_is_refused_before_listing() {
         matches!(resolved, Err(ResolveError::Selector { .. })),
         "{resolved:?}"
     );
+}
+
+#[tokio::test]
+async fn the_model_a_pool_serves_is_read_from_its_workloads_pod_template() {
+    let (replicas, mut server) = replicas();
+    let verifier = tokio::spawn(async move {
+        let mut serving = deployment(&json!({"matchLabels": {"app": "vllm", "pool": "east"}}));
+        serving["spec"]["template"]["spec"]["containers"] = json!([{
+            "name": "vllm", "image": "vllm/vllm-openai:v0.9.1",
+            "command": ["vllm", "serve"], "args": ["meta-llama/Llama-3.1-8B-Instruct", "--port", "8000"],
+        }]);
+        server.expect("GET", DEPLOYMENT_PATH).await.answer(200, &serving);
+        server
+            .expect("GET", DEPLOYMENT_PATH)
+            .await
+            .answer(404, &not_found());
+        server.expect_no_more().await;
+    });
+    let east = pool("Deployment");
+    let read = tokio::time::timeout(TIMEOUT, replicas.served_model(NS, &east))
+        .await
+        .expect("timed out");
+    assert_eq!(read.unwrap().as_deref(), Some("meta-llama/Llama-3.1-8B-Instruct"));
+    let gone = tokio::time::timeout(TIMEOUT, replicas.served_model(NS, &east))
+        .await
+        .expect("timed out");
+    assert_eq!(
+        gone.unwrap(),
+        None,
+        "a workload that is gone serves no model that can be told"
+    );
+    drop(replicas);
+    tokio::time::timeout(TIMEOUT, verifier)
+        .await
+        .expect("scenario timed out")
+        .expect("scenario panicked");
 }

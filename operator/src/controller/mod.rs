@@ -69,10 +69,12 @@ pub use self::status::{
     load_record, merge_conditions, phase_name, rfc3339, step_name, timeline,
 };
 use crate::crd::{
-    Condition, FailoverPolicy, FailoverPolicySpec, FailoverPolicyStatus, GpuReserve, condition_type,
+    Condition, FailoverPolicy, FailoverPolicySpec, FailoverPolicyStatus, GoldenAnswer, GpuReserve,
+    condition_type,
 };
 use crate::lease::{EpochLease, FIELD_MANAGER, KubeLease, LeaseError, LeaseRecord};
 use crate::metrics::Metrics;
+use crate::observe::golden_answer_fits;
 use crate::policy::{self, pool_by_name, pool_name};
 use crate::reserve::{
     POOL_LABEL, ReserveConfig, ReserveError, is_reserve_of, reserve_deployment, reserve_plan,
@@ -174,12 +176,21 @@ impl Error {
     }
 }
 
+/// Where the controller learns the golden answer a policy's probes judge by, to keep it in
+/// `status.goldenAnswer`. The operator's is its [`crate::observe::ProbingObservations`].
+pub trait GoldenAnswers: Send + Sync + fmt::Debug {
+    /// The golden answer kept for `policy` now; `None` when there is none, yet or any more.
+    fn golden_answer(&self, policy: &ObjectRef<FailoverPolicy>) -> Option<GoldenAnswer>;
+}
+
 /// What every reconcile shares.
 pub struct Context {
     pub client: Client,
     pub recorder: Recorder,
     pub metrics: Arc<Metrics>,
     pub observations: Arc<dyn ObservationSource>,
+    /// Without one, a golden answer in status is kept while it fits the probe.
+    pub golden_answers: Option<Arc<dyn GoldenAnswers>>,
     pub steps: Arc<dyn StepExecutor>,
     pub clock: Arc<dyn Clock>,
     /// The longest a status patch or an Event may take.
@@ -194,6 +205,7 @@ impl fmt::Debug for Context {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Context")
             .field("observations", &self.observations)
+            .field("golden_answers", &self.golden_answers)
             .field("steps", &self.steps)
             .field("clock", &self.clock)
             .field("write_timeout", &self.write_timeout)
@@ -215,6 +227,7 @@ impl Context {
             client,
             metrics,
             observations: Arc::new(NoObservations),
+            golden_answers: None,
             steps: Arc::new(HandOffToComponents),
             clock: Arc::new(SystemClock),
             write_timeout: Duration::from_secs(10),
@@ -226,6 +239,12 @@ impl Context {
     #[must_use]
     pub fn with_observations(mut self, observations: Arc<dyn ObservationSource>) -> Self {
         self.observations = observations;
+        self
+    }
+
+    #[must_use]
+    pub fn with_golden_answers(mut self, golden_answers: Arc<dyn GoldenAnswers>) -> Self {
+        self.golden_answers = Some(golden_answers);
         self
     }
 
@@ -1139,6 +1158,14 @@ async fn write_status(
     record: &OperatorRecord,
     lease_behind: Option<Epoch>,
 ) -> Result<(), Error> {
+    let golden_answer = match &ctx.golden_answers {
+        Some(source) => source.golden_answer(&ObjectRef::from_obj(policy)),
+        None => policy
+            .status
+            .as_ref()
+            .and_then(|status| status.golden_answer.clone())
+            .filter(|golden| golden_answer_fits(golden, &run.spec.probe)),
+    };
     let status = desired_status(&StatusFacts {
         spec: run.spec,
         config: run.config,
@@ -1148,6 +1175,7 @@ async fn write_status(
         finished: run.finished.as_ref(),
         lease_behind,
         gpu_reserve: run.gpu_reserve.as_ref(),
+        golden_answer: golden_answer.as_ref(),
         now: run.now,
     })
     .map_err(Error::Record)?;

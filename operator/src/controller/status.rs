@@ -16,8 +16,8 @@ use understudy_core::{Epoch, Pool};
 
 use super::command::HandledCommand;
 use crate::crd::{
-    Condition, ConditionStatus, FailoverPolicySpec, FailoverPolicyStatus, FailoverTimeline, GpuReserve,
-    TimelineStep, TransitionKind, condition_type,
+    Condition, ConditionStatus, FailoverPolicySpec, FailoverPolicyStatus, FailoverTimeline, GoldenAnswer,
+    GpuReserve, TimelineStep, TransitionKind, condition_type,
 };
 use crate::policy::pool_name;
 
@@ -164,6 +164,8 @@ pub struct StatusFacts<'a> {
     pub lease_behind: Option<Epoch>,
     /// The GPU reserve held after this reconcile.
     pub gpu_reserve: Option<&'a GpuReserve>,
+    /// The golden answer the probes judge by after this reconcile.
+    pub golden_answer: Option<&'a GoldenAnswer>,
     pub now: Duration,
 }
 
@@ -196,8 +198,33 @@ pub fn desired_status(facts: &StatusFacts<'_>) -> Result<FailoverPolicyStatus, s
         // Cold-start breakdowns come from the prober; kept as they are until it lands.
         cold_start: previous.cold_start,
         gpu_reserve: facts.gpu_reserve.cloned(),
+        golden_answer: facts
+            .golden_answer
+            .map(|golden| recorded(golden, previous.golden_answer.as_ref(), facts.now)),
         failover: Some(serde_json::to_value(facts.record)?),
     })
+}
+
+/// `golden` with the time it was recorded: its own, else the previous status's when that held the
+/// same answer, else `now`.
+fn recorded(golden: &GoldenAnswer, previous: Option<&GoldenAnswer>, now: Duration) -> GoldenAnswer {
+    let unstamped = |g: &GoldenAnswer| GoldenAnswer {
+        recorded_at: None,
+        ..g.clone()
+    };
+    let recorded_at = golden
+        .recorded_at
+        .clone()
+        .or_else(|| {
+            previous
+                .filter(|previous| unstamped(previous) == unstamped(golden))
+                .and_then(|previous| previous.recorded_at.clone())
+        })
+        .unwrap_or_else(|| rfc3339(now));
+    GoldenAnswer {
+        recorded_at: Some(recorded_at),
+        ..golden.clone()
+    }
 }
 
 fn condition(status: ConditionStatus, reason: &str, message: String) -> Condition {
@@ -459,6 +486,7 @@ mod tests {
             finished: None,
             lease_behind: None,
             gpu_reserve: None,
+            golden_answer: None,
             now: NOW,
         })
         .unwrap()
@@ -567,6 +595,7 @@ mod tests {
             finished: None,
             lease_behind: Some(Epoch(2)),
             gpu_reserve: None,
+            golden_answer: None,
             now: NOW,
         })
         .unwrap();
