@@ -8,6 +8,11 @@
 //! [`crate::lease`]. A leader that cannot renew within `renew_deadline` stops acting, and because
 //! `renew_deadline < lease_duration` it stops before anybody else may start.
 //!
+//! Stopping ([`LeaderElector::run_until`]) gives the Lease up as client-go's `ReleaseOnCancel`
+//! does: the leader stops reporting leadership, then writes the Lease with no holder, conditioned
+//! on the `resourceVersion` it read, so that the next candidate takes over at its next retry
+//! instead of after `lease_duration`. A Lease somebody else holds is left alone.
+//!
 //! What this module must never do: report leadership it did not just confirm with a successful
 //! write, keep reporting it past the renew deadline (or after its task is dropped), or trust a
 //! clock other than the local monotonic one. Leader election alone is not fencing: two replicas
@@ -140,6 +145,13 @@ pub trait LeaderLock: Send + Sync {
         holder: &str,
         lease_duration: Duration,
     ) -> impl Future<Output = Result<LeaderRecord, LeaseError>> + Send;
+
+    /// Give the Lease up: write it with no holder if and only if it is still at
+    /// `expected.version`, keeping the transition count.
+    fn release(
+        &self,
+        expected: &LeaderRecord,
+    ) -> impl Future<Output = Result<LeaderRecord, LeaseError>> + Send;
 }
 
 fn leader_record(lease: &Lease) -> Result<LeaderRecord, LeaseError> {
@@ -203,6 +215,23 @@ impl LeaderLock for KubeLease {
         };
         leader_record(&written)
     }
+
+    async fn release(&self, expected: &LeaderRecord) -> Result<LeaderRecord, LeaseError> {
+        let now = MicroTime(Timestamp::now());
+        // client-go's released record: no holder, a one-second duration, the times of the release.
+        let lease = Lease {
+            metadata: self.metadata(Some(&expected.version), BTreeMap::new()),
+            spec: Some(LeaseSpec {
+                holder_identity: Some(String::new()),
+                lease_duration_seconds: Some(1),
+                acquire_time: Some(now.clone()),
+                renew_time: Some(now),
+                lease_transitions: Some(expected.transitions),
+                ..LeaseSpec::default()
+            }),
+        };
+        leader_record(&self.put(&lease).await?)
+    }
 }
 
 impl LeaderLock for MemoryLease {
@@ -242,6 +271,19 @@ impl LeaderLock for MemoryLease {
             acquire_time: None,
         })
     }
+
+    async fn release(&self, expected: &LeaderRecord) -> Result<LeaderRecord, LeaseError> {
+        let mut state = self.lock();
+        state.reachable()?;
+        state.check_version(&expected.version)?;
+        let written = state.write("", u64::try_from(expected.transitions).unwrap_or(0));
+        Ok(LeaderRecord {
+            holder: written.holder,
+            transitions: expected.transitions,
+            version: written.version.to_string(),
+            acquire_time: None,
+        })
+    }
 }
 
 /// Reports "not leader" when dropped, so an aborted election never leaves a stale `true` behind.
@@ -259,6 +301,17 @@ impl Drop for Leadership {
     fn drop(&mut self) {
         self.0.send_replace(false);
     }
+}
+
+/// What stopping did with the Lease.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Release {
+    /// It was ours and now has no holder: the next candidate takes it at its next try.
+    Released,
+    /// Somebody else held it, or nobody did, so it was left as it was.
+    NotHeld,
+    /// It could not be released in time; it expires after `lease_duration`.
+    Failed(String),
 }
 
 /// What one attempt to acquire or renew found.
@@ -327,8 +380,52 @@ impl<L: LeaderLock> LeaderElector<L> {
     }
 
     /// Contend for the Lease for as long as the returned future is polled: acquire, renew, step
-    /// down when renewal fails, and contend again. Drop or abort it to stop.
-    pub async fn run(mut self) {
+    /// down when renewal fails, and contend again. Drop or abort it to stop without releasing
+    /// the Lease; [`Self::run_until`] releases it.
+    pub async fn run(self) {
+        self.run_until(std::future::pending()).await;
+    }
+
+    /// [`Self::run`] until `stop` completes; then stop reporting leadership and, if this
+    /// candidate holds the Lease, release it. The release takes at most `renew_deadline`, as
+    /// client-go's does; whether it happened is returned.
+    pub async fn run_until(mut self, stop: impl Future<Output = ()>) -> Release {
+        tokio::select! {
+            biased;
+            () = stop => {}
+            () = self.contend() => {}
+        }
+        self.leadership.set(false);
+        let release = match tokio::time::timeout(self.config.renew_deadline, self.release()).await {
+            Ok(release) => release,
+            Err(_) => Release::Failed("still pending at the renew deadline".to_owned()),
+        };
+        match &release {
+            Release::Released => tracing::info!(identity = %self.identity, "released the lease"),
+            Release::NotHeld => tracing::info!(identity = %self.identity, "stopped; the lease was not ours"),
+            Release::Failed(error) => {
+                tracing::warn!(identity = %self.identity, %error, "could not release the lease; it expires on its own");
+            }
+        }
+        release
+    }
+
+    /// Read the Lease and, if it names this candidate, write it released at the version read.
+    async fn release(&self) -> Release {
+        let current = match self.lock.observe().await {
+            Ok(Some(current)) if current.holder == self.identity => current,
+            Ok(_) => return Release::NotHeld,
+            Err(error) => return Release::Failed(error.to_string()),
+        };
+        match self.lock.release(&current).await {
+            Ok(_) => Release::Released,
+            // Somebody wrote since the read: whoever it was, the Lease is not ours to clear.
+            Err(LeaseError::LostRace) => Release::NotHeld,
+            Err(error) => Release::Failed(error.to_string()),
+        }
+    }
+
+    async fn contend(&mut self) {
         loop {
             let mut renewed_at = self.acquire().await;
             tracing::info!(identity = %self.identity, "became leader");
@@ -617,6 +714,128 @@ mod tests {
         assert_eq!(holder(&lock).await, "intruder");
     }
 
+    /// An elector for `identity` that runs until the returned sender is used or dropped.
+    fn start_stoppable(
+        lock: &MemoryLease,
+        identity: &str,
+    ) -> (
+        watch::Receiver<bool>,
+        tokio::sync::oneshot::Sender<()>,
+        JoinHandle<Release>,
+    ) {
+        let elector = LeaderElector::new(lock.clone(), identity, LeaderConfig::default()).unwrap();
+        let leading = elector.is_leader();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(elector.run_until(async {
+            let _ = stopped.await;
+        }));
+        (leading, stop, task)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stopped_leader_releases_the_lease_and_the_next_candidate_takes_it_at_its_next_try() {
+        let lock = MemoryLease::new();
+        let (a, stop_a, a_task) = start_stoppable(&lock, "pod-a");
+        sleep(secs(0.5)).await;
+        let (b, _b_task) = start(&lock, "pod-b");
+        sleep(secs(20.0)).await;
+        assert!(*a.borrow() && !*b.borrow());
+        let transitions = lock.observe().await.unwrap().unwrap().transitions;
+        let stopped = Instant::now();
+        stop_a.send(()).unwrap();
+        assert_eq!(a_task.await.unwrap(), Release::Released);
+        assert!(!*a.borrow(), "a stopped elector must not report leadership");
+        let released = lock.observe().await.unwrap().unwrap();
+        assert_eq!(
+            (released.holder.as_str(), released.transitions),
+            ("", transitions)
+        );
+        // B tries every retry period (2 s): it need not wait out the lease duration (15 s).
+        at(stopped, secs(2.1)).await;
+        assert!(*b.borrow());
+        assert_eq!(holder(&lock).await, "pod-b");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn stopping_leaves_a_lease_somebody_else_holds_as_it_is() {
+        let lock = MemoryLease::new();
+        lock.claim(None, "pod-b", LEASE).await.unwrap();
+        let before = lock.observe().await.unwrap().unwrap();
+        let (a, stop_a, a_task) = start_stoppable(&lock, "pod-a");
+        sleep(secs(5.0)).await;
+        assert!(!*a.borrow());
+        drop(stop_a);
+        assert_eq!(a_task.await.unwrap(), Release::NotHeld);
+        assert_eq!(
+            lock.observe().await.unwrap().unwrap(),
+            before,
+            "nothing was written"
+        );
+    }
+
+    /// A lock whose API server stops answering at all once `hung` is set.
+    #[derive(Clone, Debug)]
+    struct Hanging {
+        store: MemoryLease,
+        hung: Arc<AtomicBool>,
+    }
+
+    impl Hanging {
+        async fn answer(&self) {
+            if self.hung.load(Ordering::SeqCst) {
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    impl LeaderLock for Hanging {
+        async fn observe(&self) -> Result<Option<LeaderRecord>, LeaseError> {
+            self.answer().await;
+            self.store.observe().await
+        }
+
+        async fn claim(
+            &self,
+            expected: Option<&LeaderRecord>,
+            holder: &str,
+            lease_duration: Duration,
+        ) -> Result<LeaderRecord, LeaseError> {
+            self.answer().await;
+            self.store.claim(expected, holder, lease_duration).await
+        }
+
+        async fn release(&self, expected: &LeaderRecord) -> Result<LeaderRecord, LeaseError> {
+            self.answer().await;
+            self.store.release(expected).await
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_release_the_api_server_never_answers_gives_up_at_the_renew_deadline() {
+        let store = MemoryLease::new();
+        let hung = Arc::new(AtomicBool::new(false));
+        let lock = Hanging {
+            store: store.clone(),
+            hung: hung.clone(),
+        };
+        let elector = LeaderElector::new(lock, "pod-a", LeaderConfig::default()).unwrap();
+        let a = elector.is_leader();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(elector.run_until(async {
+            let _ = stopped.await;
+        }));
+        sleep(secs(3.0)).await;
+        assert!(*a.borrow());
+        hung.store(true, Ordering::SeqCst);
+        let asked = Instant::now();
+        stop.send(()).unwrap();
+        let release = task.await.unwrap();
+        assert!(matches!(release, Release::Failed(_)), "{release:?}");
+        assert_eq!(asked.elapsed(), LeaderConfig::default().renew_deadline);
+        assert!(!*a.borrow());
+        assert_eq!(holder(&store).await, "pod-a", "left to expire on its own");
+    }
+
     /// A view of a shared store that can be cut off on its own: a network partition between one
     /// replica and the API server while the others still reach it.
     #[derive(Clone, Debug)]
@@ -649,6 +868,11 @@ mod tests {
         ) -> Result<LeaderRecord, LeaseError> {
             self.reachable()?;
             self.store.claim(expected, holder, lease_duration).await
+        }
+
+        async fn release(&self, expected: &LeaderRecord) -> Result<LeaderRecord, LeaseError> {
+            self.reachable()?;
+            self.store.release(expected).await
         }
     }
 

@@ -4,11 +4,14 @@
 //!
 //! Losing leadership ends the process with an error, as client-go controllers do: Kubernetes
 //! restarts it, and the fresh process contends again with nothing left over from its time as
-//! leader.
+//! leader. On SIGTERM or ctrl-c the controllers stop first, then the leader Lease is released,
+//! so that in a rolling update the next replica leads at its next try rather than after the
+//! lease duration.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use clap::Parser;
@@ -18,7 +21,7 @@ use tracing_subscriber::EnvFilter;
 use understudy_operator::admin::{self, Readiness, Role};
 use understudy_operator::controller::{self, Context, HandOffToComponents, StepExecutor};
 use understudy_operator::gameday;
-use understudy_operator::leader::{LeaderConfig, LeaderElector};
+use understudy_operator::leader::{LeaderConfig, LeaderElector, Release};
 use understudy_operator::lease::KubeLease;
 use understudy_operator::metrics::Metrics;
 use understudy_operator::observe::{KubeReplicas, ProbingObservations};
@@ -84,6 +87,34 @@ struct Args {
     log_filter: String,
 }
 
+/// Completes on SIGTERM, what the kubelet sends a pod it stops, or on ctrl-c.
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    if let Ok(mut terminate) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        tokio::select! {
+            _ = terminate.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+        return;
+    }
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+/// Stops the elector and waits for it to release the Lease if it holds it. The elector gives
+/// the release its renew deadline; this waits a little longer and no more.
+async fn step_down(
+    stop: tokio::sync::oneshot::Sender<()>,
+    election: tokio::task::JoinHandle<Release>,
+    config: LeaderConfig,
+) {
+    let _ = stop.send(());
+    match tokio::time::timeout(config.renew_deadline + Duration::from_secs(1), election).await {
+        Ok(Ok(release)) => tracing::debug!(?release, "the leader elector stopped"),
+        Ok(Err(error)) => tracing::warn!(%error, "the leader elector failed"),
+        Err(_) => tracing::warn!("the leader elector did not stop in time; the lease expires on its own"),
+    }
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
@@ -118,17 +149,23 @@ async fn main() -> anyhow::Result<()> {
         Api::<Lease>::namespaced(client.clone(), &lease_namespace),
         &args.leader_lease_name,
     );
-    let elector = LeaderElector::new(lock, &args.identity, LeaderConfig::default())
-        .context("configuring leader election")?;
+    let leader_config = LeaderConfig::default();
+    let elector =
+        LeaderElector::new(lock, &args.identity, leader_config).context("configuring leader election")?;
     let mut leading = elector.is_leader();
-    let election = tokio::spawn(elector.run());
+    let (stop_election, election_stopped) = tokio::sync::oneshot::channel::<()>();
+    let election = tokio::spawn(elector.run_until(async {
+        let _ = election_stopped.await;
+    }));
     readiness.set(Role::StandingBy);
     tracing::info!(identity = %args.identity, lease = %args.leader_lease_name, %lease_namespace, "contending for leadership");
 
     tokio::select! {
         elected = leading.wait_for(|leads| *leads) => { elected.context("the leader elector stopped")?; }
-        _ = tokio::signal::ctrl_c() => {
+        () = shutdown_signal() => {
             readiness.set(Role::Stopping);
+            // It may have won the Lease just now.
+            step_down(stop_election, election, leader_config).await;
             return Ok(());
         }
     }
@@ -165,6 +202,8 @@ async fn main() -> anyhow::Result<()> {
         });
     let ctx = Arc::new(ctx);
     readiness.set(Role::Leading);
+    // The controllers stop on SIGTERM or ctrl-c themselves (`shutdown_on_signal`), which ends
+    // the first branch; whichever branch ends, they are stopped before the Lease is released.
     let outcome = tokio::select! {
         ((), ()) = async {
             tokio::join!(
@@ -184,7 +223,7 @@ async fn main() -> anyhow::Result<()> {
     };
     readiness.set(Role::Stopping);
     probing.abort();
-    election.abort();
+    step_down(stop_election, election, leader_config).await;
     if let Err(error) = outcome {
         bail!(error);
     }

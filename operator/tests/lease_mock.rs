@@ -15,7 +15,7 @@ use kube::{Api, Client};
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 use understudy_core::Epoch;
-use understudy_operator::leader::LeaderLock;
+use understudy_operator::leader::{LeaderConfig, LeaderElector, LeaderLock, Release};
 use understudy_operator::lease::{
     EPOCH_ANNOTATION, EpochLease, KubeLease, LeaseError, LeaseRecord, Unreachable, epoch_lease_name,
 };
@@ -515,4 +515,123 @@ async fn the_leader_lease_is_taken_over_with_a_put_that_counts_the_transition() 
         ("pod-1", 5, "57")
     );
     server.await.unwrap();
+}
+
+fn leader_lease_json(holder: &str, version: &str, transitions: i32) -> Value {
+    json!({
+        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": { "name": "understudy-operator", "namespace": NAMESPACE, "resourceVersion": version },
+        "spec": {
+            "holderIdentity": holder, "leaseDurationSeconds": 15, "leaseTransitions": transitions,
+            "acquireTime": "2020-01-01T00:00:00.000000Z", "renewTime": "2020-01-01T00:00:10.000000Z",
+        },
+    })
+}
+
+type Stoppable = (
+    tokio::sync::watch::Receiver<bool>,
+    tokio::sync::oneshot::Sender<()>,
+    JoinHandle<Release>,
+);
+
+/// An elector for `pod-0` on the mocked API server, stopped when the sender is used.
+fn stoppable_elector(api: Api<Lease>) -> Stoppable {
+    let lock = KubeLease::new(api, "understudy-operator");
+    let elector = LeaderElector::new(lock, "pod-0", LeaderConfig::default()).unwrap();
+    let leading = elector.is_leader();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(elector.run_until(async {
+        let _ = stopped.await;
+    }));
+    (leading, stop, task)
+}
+
+/// Plays the API server while `pod-0` takes over a released Lease at version 55; it then holds
+/// it at version 56 with five transitions.
+async fn take_over(verifier: &mut ApiServerVerifier, leading: &mut tokio::sync::watch::Receiver<bool>) {
+    let (seen, send) = verifier.next().await;
+    assert_eq!(
+        (seen.method, seen.path),
+        (Method::GET, format!("{LEASES}/understudy-operator"))
+    );
+    respond(send, StatusCode::OK, &leader_lease_json("", "55", 4));
+    let (seen, send) = verifier.next().await;
+    assert_eq!(seen.method, Method::PUT);
+    assert_eq!(seen.body["spec"]["holderIdentity"], "pod-0");
+    assert_eq!(seen.body["spec"]["leaseTransitions"], 5);
+    respond(send, StatusCode::OK, &stored(seen.body, "56"));
+    leading.wait_for(|leads| *leads).await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stopped_leader_clears_the_holder_with_a_put_at_the_version_it_read() {
+    let (api, mut verifier) = api_and_verifier();
+    let (mut leading, stop, elector) = stoppable_elector(api);
+    take_over(&mut verifier, &mut leading).await;
+
+    stop.send(()).unwrap();
+    let (seen, send) = verifier.next().await;
+    assert_eq!(seen.method, Method::GET);
+    assert!(
+        !*leading.borrow(),
+        "leadership ends before the release is written"
+    );
+    respond(send, StatusCode::OK, &leader_lease_json("pod-0", "56", 5));
+    let (seen, send) = verifier.next().await;
+    assert_eq!(
+        (seen.method, seen.path.as_str()),
+        (
+            Method::PUT,
+            "/apis/coordination.k8s.io/v1/namespaces/serving/leases/understudy-operator"
+        )
+    );
+    let body = &seen.body;
+    assert_eq!(
+        body["metadata"]["resourceVersion"], "56",
+        "conditioned on the version read"
+    );
+    assert_eq!(body["spec"]["holderIdentity"], "");
+    assert_eq!(body["spec"]["leaseDurationSeconds"], 1);
+    assert_eq!(
+        body["spec"]["leaseTransitions"], 5,
+        "a release is not a transition"
+    );
+    respond(send, StatusCode::OK, &stored(seen.body, "57"));
+    assert_eq!(elector.await.unwrap(), Release::Released);
+    verifier.no_more_requests().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stopped_leader_leaves_a_lease_written_since_it_read_it_or_held_by_another() {
+    // The Lease moved between the read and the release: the conflict is final.
+    let (api, mut verifier) = api_and_verifier();
+    let (mut leading, stop, elector) = stoppable_elector(api);
+    take_over(&mut verifier, &mut leading).await;
+    stop.send(()).unwrap();
+    let (_, send) = verifier.next().await;
+    respond(send, StatusCode::OK, &leader_lease_json("pod-0", "56", 5));
+    let (seen, send) = verifier.next().await;
+    assert_eq!(seen.method, Method::PUT);
+    respond(
+        send,
+        StatusCode::CONFLICT,
+        &status(
+            409,
+            "Conflict",
+            "the object has been modified; please apply your changes to the latest version and try again",
+        ),
+    );
+    assert_eq!(elector.await.unwrap(), Release::NotHeld);
+    verifier.no_more_requests().await;
+
+    // Another holder since: read, and nothing written.
+    let (api, mut verifier) = api_and_verifier();
+    let (mut leading, stop, elector) = stoppable_elector(api);
+    take_over(&mut verifier, &mut leading).await;
+    stop.send(()).unwrap();
+    let (seen, send) = verifier.next().await;
+    assert_eq!(seen.method, Method::GET);
+    respond(send, StatusCode::OK, &leader_lease_json("pod-1", "60", 6));
+    assert_eq!(elector.await.unwrap(), Release::NotHeld);
+    verifier.no_more_requests().await;
 }
