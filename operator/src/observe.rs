@@ -219,7 +219,9 @@ impl ReplicaEndpoints for KubeReplicas {
 }
 
 impl KubeReplicas {
-    /// The model the workload's pod template serves. A LeaderWorkerSet is not read: `None`.
+    /// The model the workload's pod template serves, once every replica runs that template.
+    /// While a rollout is under way old and new pods both answer, so the model cannot be told
+    /// yet: `None`, as for a LeaderWorkerSet, which is not read.
     pub async fn template_model(
         &self,
         namespace: &str,
@@ -234,17 +236,51 @@ impl KubeReplicas {
             WorkloadKind::Deployment => {
                 let api: Api<Deployment> = Api::namespaced(self.client.clone(), namespace);
                 let deployment = api.get_opt(&workload.name).await.map_err(read_error)?;
-                deployment.and_then(|d| d.spec).map(|s| s.template)
+                deployment.and_then(|d| {
+                    let status = d.status.unwrap_or_default();
+                    let spec = d.spec?;
+                    rolled_out(
+                        d.metadata.generation,
+                        status.observed_generation,
+                        spec.replicas.unwrap_or(1),
+                        status.replicas,
+                        status.updated_replicas,
+                    )
+                    .then_some(spec.template)
+                })
             }
             WorkloadKind::StatefulSet => {
                 let api: Api<StatefulSet> = Api::namespaced(self.client.clone(), namespace);
                 let set = api.get_opt(&workload.name).await.map_err(read_error)?;
-                set.and_then(|s| s.spec).map(|s| s.template)
+                set.and_then(|s| {
+                    let status = s.status.unwrap_or_default();
+                    let spec = s.spec?;
+                    rolled_out(
+                        s.metadata.generation,
+                        status.observed_generation,
+                        spec.replicas.unwrap_or(1),
+                        Some(status.replicas),
+                        status.updated_replicas,
+                    )
+                    .then_some(spec.template)
+                })
             }
             WorkloadKind::LeaderWorkerSet => None,
         };
         Ok(template.as_ref().and_then(template_model))
     }
+}
+
+/// Whether a workload's controller has seen its latest spec and every one of its replicas runs
+/// the latest template, with no old one left.
+fn rolled_out(
+    generation: Option<i64>,
+    observed_generation: Option<i64>,
+    replicas: i32,
+    current: Option<i32>,
+    updated: Option<i32>,
+) -> bool {
+    observed_generation >= generation && current.unwrap_or(0) == replicas && updated.unwrap_or(0) == replicas
 }
 
 /// The model the first container of `template` that names one serves: `vllm serve MODEL` or
@@ -461,8 +497,8 @@ struct RoundPlan {
 /// judged non-empty. The controller writes it to `status.goldenAnswer` ([`Self::golden_answer`]),
 /// and a policy tracked for the first time starts from the one its status holds, so a restarted
 /// or newly elected operator judges by the recorded answer. A change of prompt or `maxTokens`
-/// discards it, and so does a primary whose workload is set to serve another model than the one
-/// it was recorded from; it is then recorded again.
+/// discards it, and so does a primary whose workload is rolled out to serve another model than
+/// the one it was recorded from; it is then recorded again.
 #[derive(Debug)]
 pub struct ProbingObservations {
     replicas: Arc<dyn ReplicaEndpoints>,

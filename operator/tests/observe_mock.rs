@@ -279,7 +279,7 @@ async fn a_selector_that_would_select_every_pod_is_refused_before_listing() {
 }
 
 #[tokio::test]
-async fn the_model_a_pool_serves_is_read_from_its_workloads_pod_template() {
+async fn the_model_a_pool_serves_is_read_from_its_workloads_pod_template_once_it_is_rolled_out() {
     let (replicas, mut server) = replicas();
     let verifier = tokio::spawn(async move {
         let mut serving = deployment(&json!({"matchLabels": {"app": "vllm", "pool": "east"}}));
@@ -287,6 +287,11 @@ async fn the_model_a_pool_serves_is_read_from_its_workloads_pod_template() {
             "name": "vllm", "image": "vllm/vllm-openai:v0.9.1",
             "command": ["vllm", "serve"], "args": ["meta-llama/Llama-3.1-8B-Instruct", "--port", "8000"],
         }]);
+        serving["metadata"]["generation"] = json!(3);
+        // Mid-rollout: one of four replicas still runs the old template.
+        serving["status"] = json!({"observedGeneration": 3, "replicas": 5, "updatedReplicas": 4});
+        server.expect("GET", DEPLOYMENT_PATH).await.answer(200, &serving);
+        serving["status"] = json!({"observedGeneration": 3, "replicas": 4, "updatedReplicas": 4});
         server.expect("GET", DEPLOYMENT_PATH).await.answer(200, &serving);
         server
             .expect("GET", DEPLOYMENT_PATH)
@@ -295,6 +300,14 @@ async fn the_model_a_pool_serves_is_read_from_its_workloads_pod_template() {
         server.expect_no_more().await;
     });
     let east = pool("Deployment");
+    let rolling = tokio::time::timeout(TIMEOUT, replicas.served_model(NS, &east))
+        .await
+        .expect("timed out");
+    assert_eq!(
+        rolling.unwrap(),
+        None,
+        "old and new pods both answer until the rollout is done"
+    );
     let read = tokio::time::timeout(TIMEOUT, replicas.served_model(NS, &east))
         .await
         .expect("timed out");
