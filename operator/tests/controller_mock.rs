@@ -22,15 +22,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
-use http::{Request, Response};
 use kube::Client;
-use kube::client::Body;
 use kube::core::DeserializeGuard;
 use kube::runtime::controller::{Action, Config, applier};
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::watcher;
 use serde_json::{Value, json};
-use tower_test::mock::{Handle, SendResponse};
 use understudy_core::failover::{
     CheckResult, FailoverState, Phase, PoolHealth, Promotion, Step, TransitionKind,
 };
@@ -43,21 +40,20 @@ use understudy_operator::controller::{
 use understudy_operator::crd::{FailoverPolicy, GoldenAnswer};
 use understudy_operator::metrics::Metrics;
 
-const NS: &str = "serving";
+mod support;
+use support::{ApiServer, Call, NS, Published, TIMEOUT, reasons, status};
+
 const NAME: &str = "llama";
 const UID: &str = "0d5e8c42-6a55-4c3e-9a8e-1f2b3c4d5e6f";
 const POLICY_PATH: &str = "/apis/understudy.dev/v1alpha1/namespaces/serving/failoverpolicies/llama";
 const STATUS_PATH: &str = "/apis/understudy.dev/v1alpha1/namespaces/serving/failoverpolicies/llama/status";
 const LEASES_PATH: &str = "/apis/coordination.k8s.io/v1/namespaces/serving/leases";
 const LEASE_PATH: &str = "/apis/coordination.k8s.io/v1/namespaces/serving/leases/llama-epoch";
-const EVENTS_PATH: &str = "/apis/events.k8s.io/v1/namespaces/serving/events";
 const WEST_PATH: &str = "/apis/apps/v1/namespaces/serving/deployments/vllm-west";
 const DEPLOYMENTS_PATH: &str = "/apis/apps/v1/namespaces/serving/deployments";
 
 /// 2024-06-01T12:00:00Z
 const NOW: Duration = Duration::from_secs(1_717_243_200);
-
-const TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Debug)]
 struct FixedClock;
@@ -119,13 +115,6 @@ fn lease(holder: &str, epoch: u64, version: &str) -> Value {
     })
 }
 
-fn status(code: u16, reason: &str, message: &str) -> Value {
-    json!({
-        "apiVersion": "v1", "kind": "Status", "status": "Failure",
-        "code": code, "reason": reason, "message": message, "metadata": {},
-    })
-}
-
 fn with_record(mut object: Value, record: &OperatorRecord) -> Value {
     object["status"] = json!({ "failover": serde_json::to_value(record).unwrap() });
     object
@@ -182,132 +171,14 @@ fn steps_of(timeline: &Value) -> Vec<(String, bool)> {
         .collect()
 }
 
-fn reasons(events: &[Published]) -> Vec<&str> {
-    events.iter().map(|e| e.reason.as_str()).collect()
-}
-
 fn context(observations: Vec<Observation>) -> (Arc<Context>, ApiServer) {
-    let (mock, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    let ctx = Context::new(
-        Client::new(mock, NS),
-        Arc::new(Metrics::new()),
-        Some("test-0".into()),
-    )
-    .with_clock(Arc::new(FixedClock))
-    .with_observations(Arc::new(Scripted(Mutex::new(observations))));
-    let server = ApiServer {
-        handle,
-        events: Vec::new(),
-        event_answer: 201,
-        reserves_listed_on_the_side: true,
-    };
+    let (client, mut server) = support::client();
+    let ctx = Context::new(client, Arc::new(Metrics::new()), Some("test-0".into()))
+        .with_clock(Arc::new(FixedClock))
+        .with_observations(Arc::new(Scripted(Mutex::new(observations))));
+    // The list of the policy's GPU reserves every reconcile makes, with none found.
+    server.read_on_the_side = Some((DEPLOYMENTS_PATH, deployment_list(Vec::new())));
     (Arc::new(ctx), server)
-}
-
-/// One request as the API server received it.
-struct Call {
-    method: String,
-    path: String,
-    query: String,
-    content_type: String,
-    body: Value,
-    reply: SendResponse<Response<Body>>,
-}
-
-impl Call {
-    fn answer(self, code: u16, body: &Value) {
-        let response = Response::builder()
-            .status(code)
-            .header("content-type", "application/json")
-            .body(Body::from(serde_json::to_vec(body).unwrap()))
-            .unwrap();
-        self.reply.send_response(response);
-    }
-}
-
-/// An Event as the operator published it.
-#[derive(Debug, Clone)]
-struct Published {
-    type_: String,
-    reason: String,
-    note: String,
-}
-
-struct ApiServer {
-    handle: Handle<Request<Body>, Response<Body>>,
-    events: Vec<Published>,
-    event_answer: u16,
-    /// Whether a list of the policy's GPU reserves is answered, with none, on the side.
-    reserves_listed_on_the_side: bool,
-}
-
-impl ApiServer {
-    /// The next request that is not an Event; `None` once the client hung up.
-    async fn next(&mut self) -> Option<Call> {
-        loop {
-            let (request, reply) = self.handle.next_request().await?;
-            let (parts, body) = request.into_parts();
-            let bytes = body.collect_bytes().await.unwrap();
-            let call = Call {
-                method: parts.method.to_string(),
-                path: parts.uri.path().to_owned(),
-                query: parts.uri.query().unwrap_or_default().to_owned(),
-                content_type: parts
-                    .headers
-                    .get("content-type")
-                    .map(|v| v.to_str().unwrap().to_owned())
-                    .unwrap_or_default(),
-                body: if bytes.is_empty() {
-                    Value::Null
-                } else {
-                    serde_json::from_slice(&bytes).unwrap()
-                },
-                reply,
-            };
-            if call.path.starts_with(EVENTS_PATH) {
-                self.events.push(Published {
-                    type_: call.body["type"].as_str().unwrap_or_default().to_owned(),
-                    reason: call.body["reason"].as_str().unwrap_or_default().to_owned(),
-                    note: call.body["note"].as_str().unwrap_or_default().to_owned(),
-                });
-                let answer = if self.event_answer < 300 {
-                    call.body.clone()
-                } else {
-                    status(self.event_answer, "ServiceUnavailable", "etcd is down")
-                };
-                let code = self.event_answer;
-                call.answer(code, &answer);
-                continue;
-            }
-            if self.reserves_listed_on_the_side && call.method == "GET" && call.path == DEPLOYMENTS_PATH {
-                call.answer(200, &deployment_list(Vec::new()));
-                continue;
-            }
-            return Some(call);
-        }
-    }
-
-    async fn expect(&mut self, method: &str, path: &str) -> Call {
-        let call = self
-            .next()
-            .await
-            .unwrap_or_else(|| panic!("expected {method} {path}, but the client hung up"));
-        assert_eq!(
-            (call.method.as_str(), call.path.as_str()),
-            (method, path),
-            "unexpected request; body: {}",
-            call.body
-        );
-        call
-    }
-
-    /// Asserts the client makes no further request before it hangs up, and returns the Events.
-    async fn expect_no_more(mut self) -> Vec<Published> {
-        if let Some(call) = self.next().await {
-            panic!("unexpected {} {} with body {}", call.method, call.path, call.body);
-        }
-        self.events
-    }
 }
 
 /// Answers a status apply with the policy carrying the applied status, as the API server does.
@@ -337,15 +208,7 @@ async fn run_scenario<F>(
 where
     F: Future<Output = Vec<Published>> + Send + 'static,
 {
-    let verifier = tokio::spawn(scenario(server));
-    let result = tokio::time::timeout(TIMEOUT, reconcile(guard(object), ctx))
-        .await
-        .expect("reconcile timed out");
-    let events = tokio::time::timeout(TIMEOUT, verifier)
-        .await
-        .expect("the scenario timed out")
-        .expect("the scenario failed");
-    (result, events)
+    support::play(scenario(server), reconcile(guard(object), ctx)).await
 }
 
 #[tokio::test]
@@ -1747,7 +1610,7 @@ fn deleted(name: &str) -> Value {
 /// A scripted API server that lists the policy's reserves only where the scenario says so.
 fn reserve_context() -> (Arc<Context>, ApiServer) {
     let (ctx, mut server) = context(Vec::new());
-    server.reserves_listed_on_the_side = false;
+    server.read_on_the_side = None;
     (ctx, server)
 }
 

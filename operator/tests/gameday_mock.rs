@@ -15,26 +15,23 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::{Request, Response};
 use kube::Client;
-use kube::client::Body;
 use kube::core::DeserializeGuard;
 use kube::runtime::controller::Action;
 use serde_json::{Value, json};
-use tower_test::mock::{Handle, SendResponse};
 use understudy_operator::controller::Clock;
 use understudy_operator::crd::GameDay;
 use understudy_operator::gameday::controller::{ACTIVE_REQUEUE, Context, Error, reconcile};
 
-const NS: &str = "serving";
+mod support;
+use support::{ApiServer, Call, NS, Published, reasons, status};
+
 const POLICY_PATH: &str = "/apis/understudy.dev/v1alpha1/namespaces/serving/failoverpolicies/llama";
 const GAMEDAY_STATUS_PATH: &str = "/apis/understudy.dev/v1alpha1/namespaces/serving/gamedays/weekly/status";
 const OTHER_GAMEDAY_PATH: &str = "/apis/understudy.dev/v1alpha1/namespaces/serving/gamedays/other";
-const EVENTS_PATH: &str = "/apis/events.k8s.io/v1/namespaces/serving/events";
 
 /// 2024-06-04T10:00:00Z, a Tuesday.
 const NOW: Duration = Duration::from_secs(1_717_495_200);
-const TIMEOUT: Duration = Duration::from_secs(10);
 const COMMAND: &str = "failover@gameday-weekly-20240604-100000";
 
 #[derive(Debug)]
@@ -167,33 +164,13 @@ fn guard(object: &Value) -> Arc<DeserializeGuard<GameDay>> {
     Arc::new(serde_json::from_value(object.clone()).unwrap())
 }
 
-fn status(code: u16, reason: &str) -> Value {
-    json!({
-        "apiVersion": "v1", "kind": "Status", "status": "Failure",
-        "code": code, "reason": reason, "message": reason, "metadata": {},
-    })
-}
-
-struct Call {
-    method: String,
-    path: String,
-    query: String,
-    content_type: String,
-    body: Value,
-    reply: SendResponse<Response<Body>>,
-}
-
-impl Call {
-    fn answer(self, code: u16, body: &Value) {
-        let response = Response::builder()
-            .status(code)
-            .header("content-type", "application/json")
-            .body(Body::from(serde_json::to_vec(body).unwrap()))
-            .unwrap();
-        self.reply.send_response(response);
-    }
-
+/// How a status apply of the GameDay is answered in these scenarios.
+trait AnswerStatus {
     /// Answers a status apply with the object carrying the applied status; returns that status.
+    fn answer_status(self, object: &Value) -> Value;
+}
+
+impl AnswerStatus for Call {
     fn answer_status(self, object: &Value) -> Value {
         assert!(
             self.query.contains("fieldManager=understudy-operator"),
@@ -214,94 +191,16 @@ impl Call {
     }
 }
 
-struct ApiServer {
-    handle: Handle<Request<Body>, Response<Body>>,
-    events: Vec<(String, String)>,
-}
-
-impl ApiServer {
-    async fn next(&mut self) -> Option<Call> {
-        loop {
-            let (request, reply) = self.handle.next_request().await?;
-            let (parts, body) = request.into_parts();
-            let bytes = body.collect_bytes().await.unwrap();
-            let call = Call {
-                method: parts.method.to_string(),
-                path: parts.uri.path().to_owned(),
-                query: parts.uri.query().unwrap_or_default().to_owned(),
-                content_type: parts
-                    .headers
-                    .get("content-type")
-                    .map(|v| v.to_str().unwrap().to_owned())
-                    .unwrap_or_default(),
-                body: if bytes.is_empty() {
-                    Value::Null
-                } else {
-                    serde_json::from_slice(&bytes).unwrap()
-                },
-                reply,
-            };
-            if call.path.starts_with(EVENTS_PATH) {
-                self.events.push((
-                    call.body["reason"].as_str().unwrap_or_default().to_owned(),
-                    call.body["note"].as_str().unwrap_or_default().to_owned(),
-                ));
-                let body = call.body.clone();
-                call.answer(201, &body);
-                continue;
-            }
-            return Some(call);
-        }
-    }
-
-    async fn expect(&mut self, method: &str, path: &str) -> Call {
-        let call = self
-            .next()
-            .await
-            .unwrap_or_else(|| panic!("expected {method} {path}, but the client hung up"));
-        assert_eq!(
-            (call.method.as_str(), call.path.as_str()),
-            (method, path),
-            "unexpected request; body: {}",
-            call.body
-        );
-        call
-    }
-
-    async fn expect_no_more(mut self) -> Vec<(String, String)> {
-        if let Some(call) = self.next().await {
-            panic!("unexpected {} {} with body {}", call.method, call.path, call.body);
-        }
-        self.events
-    }
-}
-
 async fn run_scenario<F>(
     object: &Value,
     scenario: impl FnOnce(ApiServer) -> F,
-) -> (Result<Action, Error>, Vec<(String, String)>)
+) -> (Result<Action, Error>, Vec<Published>)
 where
-    F: Future<Output = Vec<(String, String)>> + Send + 'static,
+    F: Future<Output = Vec<Published>> + Send + 'static,
 {
-    let (mock, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    let ctx = Context::new(Client::new(mock, NS), Some("test-0".into())).with_clock(Arc::new(FixedClock));
-    let server = ApiServer {
-        handle,
-        events: Vec::new(),
-    };
-    let verifier = tokio::spawn(scenario(server));
-    let result = tokio::time::timeout(TIMEOUT, reconcile(guard(object), Arc::new(ctx)))
-        .await
-        .expect("reconcile timed out");
-    let events = tokio::time::timeout(TIMEOUT, verifier)
-        .await
-        .expect("the scenario timed out")
-        .expect("the scenario failed");
-    (result, events)
-}
-
-fn reasons(events: &[(String, String)]) -> Vec<&str> {
-    events.iter().map(|(reason, _)| reason.as_str()).collect()
+    let (client, server) = support::client();
+    let ctx = Context::new(client, Some("test-0".into())).with_clock(Arc::new(FixedClock));
+    support::play(scenario(server), reconcile(guard(object), Arc::new(ctx))).await
 }
 
 #[tokio::test]
@@ -441,7 +340,11 @@ async fn a_promotion_done_within_max_recovery_is_recorded_passed_with_its_timeli
     .await;
     assert_eq!(result.unwrap(), Action::requeue(Duration::from_secs(3600)));
     assert_eq!(reasons(&events), ["RunPassed"]);
-    assert!(events[0].1.contains("failback is manual"), "{}", events[0].1);
+    assert!(
+        events[0].note.contains("failback is manual"),
+        "{}",
+        events[0].note
+    );
 }
 
 #[tokio::test]
@@ -517,7 +420,7 @@ async fn a_policy_changed_after_it_was_judged_is_not_given_the_command() {
         server
             .expect("PATCH", POLICY_PATH)
             .await
-            .answer(409, &status(409, "Conflict"));
+            .answer(409, &status(409, "Conflict", "Conflict"));
         server.expect_no_more().await
     })
     .await;
@@ -597,7 +500,7 @@ async fn a_status_written_from_a_stale_copy_is_refused_and_nothing_is_given() {
             .answer(200, &steady_policy());
         let apply = server.expect("PATCH", GAMEDAY_STATUS_PATH).await;
         assert_eq!(apply.body["metadata"]["resourceVersion"], "7");
-        apply.answer(409, &status(409, "Conflict"));
+        apply.answer(409, &status(409, "Conflict", "Conflict"));
         server.expect_no_more().await
     })
     .await;
@@ -624,7 +527,7 @@ async fn a_scheduled_run_missed_by_more_than_the_starting_deadline_is_skipped() 
     .await;
     assert_eq!(result.unwrap(), Action::requeue(Duration::from_secs(3600)));
     assert_eq!(reasons(&events), ["RunMissed"]);
-    assert!(events[0].1.contains(&time(-3600)), "{}", events[0].1);
+    assert!(events[0].note.contains(&time(-3600)), "{}", events[0].note);
 }
 
 #[tokio::test]

@@ -20,6 +20,9 @@ use understudy_operator::lease::{
     EPOCH_ANNOTATION, EpochLease, KubeLease, LeaseError, LeaseRecord, Unreachable, epoch_lease_name,
 };
 
+mod support;
+use support::{respond, status};
+
 const NAMESPACE: &str = "serving";
 const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/serving/leases";
 
@@ -68,24 +71,6 @@ impl ApiServerVerifier {
             "the client sent a request it should not have"
         );
     }
-}
-
-fn respond(send: tower_test::mock::SendResponse<Response<Body>>, status: StatusCode, body: &Value) {
-    send.send_response(
-        Response::builder()
-            .status(status)
-            .header("content-type", "application/json")
-            .body(Body::from(serde_json::to_vec(body).unwrap()))
-            .unwrap(),
-    );
-}
-
-/// A `metav1.Status` failure, as the API server writes it.
-fn status(code: u16, reason: &str, message: &str) -> Value {
-    json!({
-        "kind": "Status", "apiVersion": "v1", "metadata": {},
-        "status": "Failure", "message": message, "reason": reason, "code": code,
-    })
 }
 
 /// What the API server hands back after a write: the object, at a new resourceVersion.

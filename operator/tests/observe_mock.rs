@@ -7,22 +7,17 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::time::Duration;
-
-use http::{Request, Response};
-use kube::Client;
-use kube::client::Body;
 use serde_json::{Value, json};
-use tower_test::mock::{Handle, SendResponse};
 use understudy_operator::crd::PoolSpec;
 use understudy_operator::observe::{KubeReplicas, ReplicaEndpoints, ResolveError};
 use understudy_prober::probe::Endpoint;
 
-const NS: &str = "serving";
+mod support;
+use support::{ApiServer, Call, NS, TIMEOUT, status};
+
 const DEPLOYMENT_PATH: &str = "/apis/apps/v1/namespaces/serving/deployments/vllm-east";
 const STATEFULSET_PATH: &str = "/apis/apps/v1/namespaces/serving/statefulsets/vllm-east";
 const PODS_PATH: &str = "/api/v1/namespaces/serving/pods";
-const TIMEOUT: Duration = Duration::from_secs(10);
 
 fn pool(kind: &str) -> PoolSpec {
     serde_yaml::from_str(&format!(
@@ -61,31 +56,16 @@ fn pod_list(items: Vec<Value>) -> Value {
 }
 
 fn not_found() -> Value {
-    json!({
-        "apiVersion": "v1", "kind": "Status", "status": "Failure", "metadata": {},
-        "code": 404, "reason": "NotFound", "message": "deployments.apps \"vllm-east\" not found",
-    })
+    status(404, "NotFound", "deployments.apps \"vllm-east\" not found")
 }
 
-/// One request as the API server received it.
-struct Call {
-    method: String,
-    path: String,
-    query: String,
-    reply: SendResponse<Response<Body>>,
-}
-
-impl Call {
-    fn answer(self, code: u16, body: &Value) {
-        let response = Response::builder()
-            .status(code)
-            .header("content-type", "application/json")
-            .body(Body::from(serde_json::to_vec(body).unwrap()))
-            .unwrap();
-        self.reply.send_response(response);
-    }
-
+/// Reads the label selector a list asked for.
+trait LabelSelector {
     /// The `labelSelector` of a list, decoded.
+    fn label_selector(&self) -> String;
+}
+
+impl LabelSelector for Call {
     fn label_selector(&self) -> String {
         let raw = self
             .query
@@ -102,41 +82,9 @@ impl Call {
     }
 }
 
-struct ApiServer {
-    handle: Handle<Request<Body>, Response<Body>>,
-}
-
-impl ApiServer {
-    async fn next(&mut self) -> Option<Call> {
-        let (request, reply) = self.handle.next_request().await?;
-        let (parts, _) = request.into_parts();
-        Some(Call {
-            method: parts.method.to_string(),
-            path: parts.uri.path().to_owned(),
-            query: parts.uri.query().unwrap_or_default().to_owned(),
-            reply,
-        })
-    }
-
-    async fn expect(&mut self, method: &str, path: &str) -> Call {
-        let call = self
-            .next()
-            .await
-            .unwrap_or_else(|| panic!("expected {method} {path}, but the client hung up"));
-        assert_eq!((call.method.as_str(), call.path.as_str()), (method, path));
-        call
-    }
-
-    async fn expect_no_more(mut self) {
-        if let Some(call) = self.next().await {
-            panic!("unexpected {} {}?{}", call.method, call.path, call.query);
-        }
-    }
-}
-
 fn replicas() -> (KubeReplicas, ApiServer) {
-    let (mock, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    (KubeReplicas::new(Client::new(mock, NS)), ApiServer { handle })
+    let (client, server) = support::client();
+    (KubeReplicas::new(client), server)
 }
 
 /// Resolves `pool` while `scenario` plays the API server.
@@ -148,16 +96,13 @@ where
     F: Future<Output = ()> + Send + 'static,
 {
     let (replicas, server) = replicas();
-    let verifier = tokio::spawn(scenario(server));
-    let resolved = tokio::time::timeout(TIMEOUT, replicas.endpoints(NS, &pool))
-        .await
-        .expect("resolution timed out");
-    drop(replicas);
-    tokio::time::timeout(TIMEOUT, verifier)
-        .await
-        .expect("scenario timed out")
-        .expect("scenario panicked");
-    resolved
+    let resolution = async move {
+        let resolved = replicas.endpoints(NS, &pool).await;
+        // Hang up, so that the scenario can tell nothing more is asked.
+        drop(replicas);
+        resolved
+    };
+    support::play(scenario(server), resolution).await.0
 }
 
 #[tokio::test]
