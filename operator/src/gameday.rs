@@ -496,13 +496,7 @@ impl GameDayRun {
             if transition.kind != TransitionKind::Failover
                 || Some(&transition.to_pool) != self.to_pool.as_ref()
             {
-                self.abort(
-                    format!(
-                        "the policy moved by itself: a {:?} to {} at epoch {}",
-                        transition.kind, transition.to_pool, transition.epoch
-                    ),
-                    now,
-                );
+                self.abort(moved_by_itself(transition), now);
                 return None;
             }
             let mut recovery = recovery;
@@ -662,13 +656,7 @@ impl GameDayRun {
         }
         if let Some(transition) = view.transition_after(recovered_epoch) {
             if !view.moved_for(gameday, &command) || Some(&transition.to_pool) != self.from_pool.as_ref() {
-                self.abort(
-                    format!(
-                        "the policy moved by itself: a {:?} to {} at epoch {}",
-                        transition.kind, transition.to_pool, transition.epoch
-                    ),
-                    now,
-                );
+                self.abort(moved_by_itself(transition), now);
                 return None;
             }
             let mut failback = failback;
@@ -742,6 +730,14 @@ fn failback_command(run: &GameDayRun) -> String {
 impl RunPhase {
     /// How many phases there are: a bound on the steps one call can take.
     pub const COUNT: usize = 9;
+}
+
+/// Why a run stops when the policy moved in a way the run did not command.
+fn moved_by_itself(transition: &FailoverTimeline) -> String {
+    format!(
+        "the policy moved by itself: a {:?} to {} at epoch {}",
+        transition.kind, transition.to_pool, transition.epoch
+    )
 }
 
 #[cfg(test)]
