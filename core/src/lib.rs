@@ -2,9 +2,11 @@
 //!
 //! Everything here is pure: the fencing [`Epoch`], the two [`Pool`]s a policy names, durations in
 //! the forms Kubernetes and vLLM print them, and the failover state machine that turns
-//! observations into decisions. The operator runs this logic against Kubernetes, the game-day
-//! simulator against a schedule, and both get the same answers.
+//! observations into decisions, and the step driver that carries a promotion out through an
+//! executor. The operator runs this logic against Kubernetes, the game-day simulator against a
+//! schedule, and both get the same answers.
 
+pub mod drive;
 pub mod duration;
 pub mod epoch;
 pub mod failover;

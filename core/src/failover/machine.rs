@@ -61,6 +61,29 @@ pub enum ControlPlane {
     Unreachable,
 }
 
+/// What a home observed about a policy's pools, as a probe round or the router's data path
+/// reports it: the inputs that only update what the machine knows. Commands, the lease and step
+/// reports reach the machine by other ways.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Observation {
+    /// One round of active checks of one pool.
+    Check { pool: Pool, result: CheckResult },
+    /// A data-path signal about one pool.
+    Passive { pool: Pool, signal: PassiveSignal },
+    /// Whether the two pools agree on model, tokenizer, runtime and flags.
+    Parity { holds: bool },
+}
+
+impl From<Observation> for Input {
+    fn from(observation: Observation) -> Input {
+        match observation {
+            Observation::Check { pool, result } => Input::Check { pool, result },
+            Observation::Passive { pool, signal } => Input::Passive { pool, signal },
+            Observation::Parity { holds } => Input::Parity { holds },
+        }
+    }
+}
+
 /// One input to the state machine.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Input {

@@ -24,6 +24,6 @@ mod machine;
 
 pub use config::{ConfigError, FailbackPolicy, FailoverConfig};
 pub use machine::{
-    Action, Blocked, CheckResult, Command, ControlPlane, Event, FailoverState, Input, PassiveSignal, Phase,
-    PoolHealth, Promotion, Step, StepFailure, TransitionKind,
+    Action, Blocked, CheckResult, Command, ControlPlane, Event, FailoverState, Input, Observation,
+    PassiveSignal, Phase, PoolHealth, Promotion, Step, StepFailure, TransitionKind,
 };

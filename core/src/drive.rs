@@ -1,0 +1,376 @@
+//! The step driver: carries a promotion out, one recorded step at a time, through whatever
+//! [`Executor`] a home provides.
+//!
+//! The state machine says which step a promotion is at ([`FailoverState::pending_action`]);
+//! [`drive`] turns that step into one call on the executor, with what the pools' standby tiers
+//! ask of it (how many replicas sleep and how deeply, how many pilot-light replicas grow, how
+//! many must serve), and feeds the call's outcome back to the machine as its own input. The
+//! operator runs it against Kubernetes and the routers, the simulator against a schedule, the
+//! local game day against processes on this machine: the order of the steps, what each is asked
+//! and what each outcome means are decided here once.
+//!
+//! Resumable by construction: the driver keeps nothing between calls. Everything it knows is in
+//! the [`FailoverState`] it is given, which the home records after every step, and every executor
+//! call must be idempotent, so a driver restarted from any recorded state, even one recorded
+//! before its last call took effect, converges on the same end without a second epoch: the
+//! machine asks to compare-and-set the lease from the epoch it started from, and an executor finds
+//! that write already made.
+//!
+//! What the driver must never do: call the executor while the machine may not act (the lease is
+//! unknown after a lost race, or the control plane is unreachable), or call any step other than
+//! the one pending.
+
+use std::future::Future;
+use std::time::Duration;
+
+use crate::failover::{
+    Action, ControlPlane, Event, FailoverConfig, FailoverState, Input, Phase, Promotion, Step, StepFailure,
+};
+use crate::{Epoch, Pool};
+
+/// A vLLM sleep level: 1 keeps the weights in host memory, 2 discards them (a wake reloads them).
+pub type SleepLevel = u8;
+
+/// How one pool's replicas wait while it is the standby, which is what a promotion of it has to
+/// bring up: hot replicas are awake already, warm ones sleep, pilot-light ones are not running.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StandbyShape {
+    /// Replicas the pool serves with as the primary.
+    pub replicas: u32,
+    /// Replicas asleep through vLLM's sleep mode.
+    pub warm: u32,
+    /// The deepest level the warm replicas sleep at; a level-2 wake also serves level 1.
+    pub sleep_level: SleepLevel,
+    /// Replicas not running, grown on promotion.
+    pub pilot_light: u32,
+}
+
+impl StandbyShape {
+    /// A pool whose every replica waits awake.
+    #[must_use]
+    pub fn hot(replicas: u32) -> StandbyShape {
+        StandbyShape {
+            replicas,
+            warm: 0,
+            sleep_level: 1,
+            pilot_light: 0,
+        }
+    }
+
+    /// Replicas that must serve before the promoted pool is routed: more than half. Waiting for
+    /// the last pilot-light replica's cold start would stretch the outage, and the admission
+    /// window shields a partly grown primary.
+    #[must_use]
+    pub fn serving_quorum(&self) -> u32 {
+        self.replicas / 2 + 1
+    }
+}
+
+/// The compare-and-set that makes a promotion: the lease from `expected` to `holder` at `epoch`.
+/// Done already when the lease shows `holder` at `epoch`; lost when it shows anything else.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeaseClaim {
+    pub expected: Epoch,
+    pub holder: Pool,
+    pub epoch: Epoch,
+}
+
+/// A step that acts on one pool at the promotion's epoch: the old primary for fencing, the new
+/// one for routing and admission.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Target {
+    pub pool: Pool,
+    pub epoch: Epoch,
+}
+
+/// Wake the new primary's sleeping replicas. Only asked of a pool with a warm tier.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WakeOrder {
+    pub pool: Pool,
+    pub epoch: Epoch,
+    /// How many of its replicas sleep.
+    pub replicas: u32,
+    /// The deepest level they sleep at: after level 2 the weights are reloaded too.
+    pub level: SleepLevel,
+}
+
+/// Make the new primary run its serving size; the pilot light grows here.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ScaleOrder {
+    pub pool: Pool,
+    pub epoch: Epoch,
+    /// The serving size. Never lowers what runs.
+    pub replicas: u32,
+    /// How many of those were not running as the standby and start cold now.
+    pub pilot_light: u32,
+}
+
+/// Report done once enough of the new primary's replicas serve.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ServingOrder {
+    pub pool: Pool,
+    pub epoch: Epoch,
+    /// Replicas that must serve.
+    pub quorum: u32,
+    /// Of this many.
+    pub replicas: u32,
+}
+
+/// A step that is finished, and what the home says about it for the failover's timeline.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Completion {
+    /// Who made the call: `operator`, `router`, `fence-sidecar`, `simulator`.
+    pub carried_by: &'static str,
+    /// What the timeline shows beside the step, when anything.
+    pub note: Option<String>,
+    /// Nobody was called: the step is left to `carried_by`, which acts on its own (the fence
+    /// sidecars follow the lease). The promotion moves on, and the note must say so.
+    pub handed_off: bool,
+}
+
+impl Completion {
+    /// Done by `carried_by`, with nothing to add.
+    #[must_use]
+    pub fn by(carried_by: &'static str) -> Completion {
+        Completion {
+            carried_by,
+            note: None,
+            handed_off: false,
+        }
+    }
+
+    /// Done by `carried_by`, with a note for the timeline.
+    #[must_use]
+    pub fn noted(carried_by: &'static str, note: String) -> Completion {
+        Completion {
+            carried_by,
+            note: Some(note),
+            handed_off: false,
+        }
+    }
+
+    /// Left to `carried_by`; `note` says what that means.
+    #[must_use]
+    pub fn handed_off(carried_by: &'static str, note: String) -> Completion {
+        Completion {
+            carried_by,
+            note: Some(note),
+            handed_off: true,
+        }
+    }
+}
+
+/// What became of one executor call. `W` is the home's own account of why a step waits.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StepOutcome<W> {
+    /// The step is finished; the machine records it and moves to the next.
+    Done(Completion),
+    /// Not done now (replicas not serving yet, a router refused, an API call failed): the
+    /// promotion waits at this step and the home calls again later.
+    NotYet(W),
+    /// The lease's compare-and-set lost: somebody else wrote first. The machine acts on nothing
+    /// until the lease has been read again.
+    LostRace,
+    /// The control plane could not be reached; the write may or may not have landed. Control
+    /// actions pause until it is reachable again, and the next read of the lease tells.
+    Unreachable(W),
+}
+
+/// What carries a promotion's steps out in one home. One method per step, each idempotent: it
+/// may be called again for a step already done (after a restart that lost the record) and must
+/// then report it done without doing it twice.
+pub trait Executor {
+    /// Why a step waits, in the home's own terms.
+    type Wait;
+
+    /// Compare-and-set the lease. Fences the old primary: everything that reads the lease stops
+    /// taking work from it.
+    fn acquire_lease(&mut self, claim: LeaseClaim) -> impl Future<Output = StepOutcome<Self::Wait>> + Send;
+
+    /// Tell the old primary it is fenced at the new epoch.
+    fn fence_old(&mut self, old: Target) -> impl Future<Output = StepOutcome<Self::Wait>> + Send;
+
+    /// Wake the new primary's sleeping replicas; done once every one of them is awake.
+    fn wake(&mut self, order: WakeOrder) -> impl Future<Output = StepOutcome<Self::Wait>> + Send;
+
+    /// Scale the new primary to its serving size.
+    fn scale(&mut self, order: ScaleOrder) -> impl Future<Output = StepOutcome<Self::Wait>> + Send;
+
+    /// Done once enough of the new primary's replicas serve.
+    fn await_serving(&mut self, order: ServingOrder) -> impl Future<Output = StepOutcome<Self::Wait>> + Send;
+
+    /// Route user traffic to the new primary at the new epoch.
+    fn route(&mut self, new: Target) -> impl Future<Output = StepOutcome<Self::Wait>> + Send;
+
+    /// Open the admission window that shields the new primary from the prefill storm.
+    fn open_admission(&mut self, new: Target) -> impl Future<Output = StepOutcome<Self::Wait>> + Send;
+
+    /// The record of a step the pools' tiers leave nothing to do for (a wake of a pool with no
+    /// warm tier). No call is made; this says so on the timeline.
+    fn nothing_to_do(&mut self, step: Step, pool: Pool) -> Completion {
+        Completion::noted(
+            "driver",
+            format!("{step:?}: pool {pool} has nothing to do for this step; no call was made"),
+        )
+    }
+}
+
+/// One step driven: the machine after its outcome was fed back, and what happened.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Driven<W> {
+    /// The machine after the outcome: record it before driving the next step.
+    pub state: FailoverState,
+    /// The step that was called, and the epoch of its promotion.
+    pub step: Step,
+    pub epoch: Epoch,
+    pub outcome: StepOutcome<W>,
+    /// What the machine had to say about the outcome, in order.
+    pub events: Vec<Event>,
+    /// The promotion this step finished, with its whole timeline.
+    pub finished: Option<Promotion>,
+}
+
+impl<W> Driven<W> {
+    /// Whether the home may drive the next step now: this one is done and another is pending.
+    #[must_use]
+    pub fn carries_on(&self) -> bool {
+        matches!(self.outcome, StepOutcome::Done(_)) && self.state.pending_action().is_some()
+    }
+}
+
+/// Drives the promotion's pending step, if one is pending and the machine may act: one call on
+/// `executor`, its outcome fed back as the machine's input at `now`. `shapes` are the two pools'
+/// standby tiers, by [`Pool::index`]. `None` when nothing is pending.
+pub async fn drive<E: Executor>(
+    state: &FailoverState,
+    config: &FailoverConfig,
+    now: Duration,
+    shapes: &[StandbyShape; 2],
+    executor: &mut E,
+) -> Option<Driven<E::Wait>> {
+    let action = state.pending_action()?;
+    let (step, epoch, outcome) = match action {
+        Action::CompareAndSetLease {
+            expected,
+            holder,
+            epoch,
+        } => {
+            let claim = LeaseClaim {
+                expected,
+                holder,
+                epoch,
+            };
+            (Step::AcquireLease, epoch, executor.acquire_lease(claim).await)
+        }
+        Action::Fence { pool, epoch } => (
+            Step::FenceOld,
+            epoch,
+            executor.fence_old(Target { pool, epoch }).await,
+        ),
+        Action::Wake { pool, epoch } => {
+            let shape = shapes[pool.index()];
+            let outcome = if shape.warm == 0 {
+                StepOutcome::Done(executor.nothing_to_do(Step::Wake, pool))
+            } else {
+                let order = WakeOrder {
+                    pool,
+                    epoch,
+                    replicas: shape.warm,
+                    level: shape.sleep_level,
+                };
+                executor.wake(order).await
+            };
+            (Step::Wake, epoch, outcome)
+        }
+        Action::Scale { pool, epoch } => {
+            let shape = shapes[pool.index()];
+            let order = ScaleOrder {
+                pool,
+                epoch,
+                replicas: shape.replicas,
+                pilot_light: shape.pilot_light,
+            };
+            (Step::Scale, epoch, executor.scale(order).await)
+        }
+        Action::AwaitServing { pool, epoch } => {
+            let shape = shapes[pool.index()];
+            let order = ServingOrder {
+                pool,
+                epoch,
+                quorum: shape.serving_quorum(),
+                replicas: shape.replicas,
+            };
+            (Step::AwaitServing, epoch, executor.await_serving(order).await)
+        }
+        Action::Route { pool, epoch } => (Step::Route, epoch, executor.route(Target { pool, epoch }).await),
+        Action::OpenAdmission { pool, epoch } => (
+            Step::OpenAdmission,
+            epoch,
+            executor.open_admission(Target { pool, epoch }).await,
+        ),
+        // Never pending: events come out of `step`, not `pending_action`.
+        Action::Emit(_) => return None,
+    };
+    Some(record(state, config, now, step, epoch, outcome))
+}
+
+/// Feeds one step's outcome back to the machine as its own inputs.
+fn record<W>(
+    state: &FailoverState,
+    config: &FailoverConfig,
+    now: Duration,
+    step: Step,
+    epoch: Epoch,
+    outcome: StepOutcome<W>,
+) -> Driven<W> {
+    let inputs: &[Input] = match &outcome {
+        StepOutcome::Done(_) => &[Input::StepDone { epoch, step }],
+        StepOutcome::NotYet(_) => &[Input::StepFailed {
+            epoch,
+            step,
+            reason: StepFailure::Retry,
+        }],
+        StepOutcome::LostRace => &[Input::StepFailed {
+            epoch,
+            step,
+            reason: StepFailure::LostRace,
+        }],
+        StepOutcome::Unreachable(_) => &[
+            Input::StepFailed {
+                epoch,
+                step,
+                reason: StepFailure::Retry,
+            },
+            Input::ControlPlane(ControlPlane::Unreachable),
+        ],
+    };
+    let before = match &state.phase {
+        Phase::Promoting(p) => Some(p),
+        _ => None,
+    };
+    let mut next = state.clone();
+    let mut events = Vec::new();
+    let mut finished = None;
+    for input in inputs {
+        let (after, actions) = next.step(config, now, input);
+        next = after;
+        for action in actions {
+            // The trailing action is the next pending step's: the home drives it next.
+            let Action::Emit(event) = action else { continue };
+            if let (Event::PromotionFinished { .. }, Some(promotion)) = (&event, before) {
+                let mut promotion = promotion.clone();
+                promotion.done.push((step, now));
+                finished = Some(promotion);
+            }
+            events.push(event);
+        }
+    }
+    Driven {
+        state: next,
+        step,
+        epoch,
+        outcome,
+        events,
+        finished,
+    }
+}
