@@ -83,12 +83,13 @@ pub struct Target {
     pub epoch: Epoch,
 }
 
-/// Wake the new primary's sleeping replicas. Only asked of a pool with a warm tier.
+/// Wake the new primary's sleeping replicas. Asked of every promotion: a pool with no warm tier
+/// has nothing asleep (`replicas` is 0), and its executor says so on the timeline without a call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WakeOrder {
     pub pool: Pool,
     pub epoch: Epoch,
-    /// How many of its replicas sleep.
+    /// How many of its replicas sleep; 0 for a pool with no warm tier.
     pub replicas: u32,
     /// The deepest level they sleep at: after level 2 the weights are reloaded too.
     pub level: SleepLevel,
@@ -204,15 +205,6 @@ pub trait Executor {
 
     /// Open the admission window that shields the new primary from the prefill storm.
     fn open_admission(&mut self, new: Target) -> impl Future<Output = StepOutcome<Self::Wait>> + Send;
-
-    /// The record of a step the pools' tiers leave nothing to do for (a wake of a pool with no
-    /// warm tier). No call is made; this says so on the timeline.
-    fn nothing_to_do(&mut self, step: Step, pool: Pool) -> Completion {
-        Completion::noted(
-            "driver",
-            format!("{step:?}: pool {pool} has nothing to do for this step; no call was made"),
-        )
-    }
 }
 
 /// One step driven: the machine after its outcome was fed back, and what happened.
@@ -269,18 +261,13 @@ pub async fn drive<E: Executor>(
         ),
         Action::Wake { pool, epoch } => {
             let shape = shapes[pool.index()];
-            let outcome = if shape.warm == 0 {
-                StepOutcome::Done(executor.nothing_to_do(Step::Wake, pool))
-            } else {
-                let order = WakeOrder {
-                    pool,
-                    epoch,
-                    replicas: shape.warm,
-                    level: shape.sleep_level,
-                };
-                executor.wake(order).await
+            let order = WakeOrder {
+                pool,
+                epoch,
+                replicas: shape.warm,
+                level: shape.sleep_level,
             };
-            (Step::Wake, epoch, outcome)
+            (Step::Wake, epoch, executor.wake(order).await)
         }
         Action::Scale { pool, epoch } => {
             let shape = shapes[pool.index()];

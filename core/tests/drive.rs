@@ -47,8 +47,6 @@ enum Call {
     AwaitServing(ServingOrder),
     Route(Target),
     OpenAdmission(Target),
-    /// No call: the driver recorded the step as having nothing to do.
-    Nothing(Step, Pool),
 }
 
 /// What lives outside the driver and survives its restarts: the lease and pool B's replicas.
@@ -151,11 +149,6 @@ impl Executor for Recorder<'_> {
     async fn open_admission(&mut self, new: Target) -> Outcome {
         self.world.calls.push(Call::OpenAdmission(new));
         StepOutcome::Done(Completion::by("recorder"))
-    }
-
-    fn nothing_to_do(&mut self, step: Step, pool: Pool) -> Completion {
-        self.world.calls.push(Call::Nothing(step, pool));
-        Completion::by("recorder")
     }
 }
 
@@ -277,14 +270,14 @@ fn wake(replicas: u32, level: SleepLevel) -> Call {
 }
 
 #[test]
-fn a_hot_standby_is_promoted_by_a_route_switch_with_nothing_to_wake() {
+fn a_hot_standby_is_promoted_by_a_route_switch_with_nobody_asleep_to_wake() {
     let (calls, end, world) = calls_of_one_promotion(StandbyShape::hot(4));
     assert_eq!(
         calls,
         vec![
             Call::AcquireLease(CLAIM),
             Call::FenceOld(A),
-            Call::Nothing(Step::Wake, Pool::B),
+            wake(0, 1),
             scale(4, 0),
             serving(3, 4),
             Call::Route(B),
@@ -330,7 +323,7 @@ fn a_pilot_light_standby_grows_and_is_routed_only_once_a_quorum_has_cold_started
         vec![
             Call::AcquireLease(CLAIM),
             Call::FenceOld(A),
-            Call::Nothing(Step::Wake, Pool::B),
+            wake(0, 1),
             scale(4, 4),
             // Two polls of cold start: the first finds nobody serving and waits.
             serving(3, 4),
