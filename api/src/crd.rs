@@ -774,6 +774,18 @@ pub struct GoldenAnswer {
     pub recorded_at: Option<String>,
 }
 
+impl GoldenAnswer {
+    /// Whether this answer still judges answers to `probe`: the probe records one (prefix mode
+    /// without a value) and asks what it answered, with the same prompt and `maxTokens`.
+    #[must_use]
+    pub fn fits(&self, probe: &ProbeSpec) -> bool {
+        probe.expect.mode == ExpectMode::Prefix
+            && probe.expect.value.is_none()
+            && self.prompt == probe.prompt
+            && self.max_tokens == probe.max_tokens
+    }
+}
+
 /// One condition; its type is its key in the status's conditions map.
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
@@ -938,7 +950,7 @@ pub struct GameDaySpec {
 }
 
 /// Five whitespace-separated fields of digits, names, `*`, `,`, `-` and `/`, or a macro. The
-/// operator's parser (`crate::cron`) checks the ranges and says which field is wrong.
+/// operator's cron parser checks the ranges and says which field is wrong.
 const CRON_PATTERN: &str = "^(@(yearly|annually|monthly|weekly|daily|midnight|hourly)|\
                             [*,/0-9A-Za-z-]+( +[*,/0-9A-Za-z-]+){4})$";
 
@@ -1119,6 +1131,9 @@ pub enum RunPhase {
 }
 
 impl RunPhase {
+    /// How many phases there are: a bound on the steps one call of the run machine can take.
+    pub const COUNT: usize = 9;
+
     /// Whether the run is over.
     #[must_use]
     pub fn is_final(self) -> bool {

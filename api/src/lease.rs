@@ -12,8 +12,8 @@
 //!
 //! Writes are PUTs carrying `metadata.resourceVersion`, not server-side apply: apply merges, and
 //! fencing needs the write to fail when anyone wrote in between. The same plumbing (holder plus
-//! `resourceVersion` compare-and-set) carries the operator's own leader election in
-//! [`crate::leader`].
+//! `resourceVersion` compare-and-set) carries the operator's own leader election
+//! (`understudy_operator::leader`), which is why the raw reads and writes below are public.
 //!
 //! What this module must never do:
 //! - write without the `resourceVersion` precondition (only `create` has none, and the API server
@@ -36,11 +36,10 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
 use understudy_core::Epoch;
 
+use crate::FIELD_MANAGER;
+
 /// The annotation that holds the fencing epoch, as a decimal `u64`.
 pub const EPOCH_ANNOTATION: &str = "understudy.dev/epoch";
-
-/// The field manager every Lease write is recorded under.
-pub const FIELD_MANAGER: &str = "understudy-operator";
 
 /// How long one Lease request may take before it counts as [`Unreachable::Timeout`].
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
@@ -253,12 +252,9 @@ impl KubeLease {
     /// Metadata for a write: ours, built afresh, with the precondition when there is one.
     ///
     /// A replace carries the whole object, so anything not set here is dropped; the Lease is
-    /// understudy's own and nothing else is expected to annotate it.
-    pub(crate) fn metadata(
-        &self,
-        version: Option<&str>,
-        annotations: BTreeMap<String, String>,
-    ) -> ObjectMeta {
+    /// understudy's own and nothing else is expected to annotate it. Public for the operator's
+    /// leader lock, which writes its own Lease through the same plumbing.
+    pub fn metadata(&self, version: Option<&str>, annotations: BTreeMap<String, String>) -> ObjectMeta {
         ObjectMeta {
             name: Some(self.name.clone()),
             namespace: self.api.namespace().map(str::to_owned),
@@ -286,19 +282,21 @@ impl KubeLease {
         }
     }
 
-    /// GET the Lease; `None` when it does not exist.
-    pub(crate) async fn fetch(&self) -> Result<Option<Lease>, LeaseError> {
+    /// GET the Lease; `None` when it does not exist. Under the request timeout, errors sorted as
+    /// for the fencing record.
+    pub async fn fetch(&self) -> Result<Option<Lease>, LeaseError> {
         self.bounded(Call::Get, self.api.get_opt(&self.name)).await
     }
 
-    /// POST a new Lease.
-    pub(crate) async fn post(&self, lease: &Lease) -> Result<Lease, LeaseError> {
+    /// POST a new Lease, under the request timeout.
+    pub async fn post(&self, lease: &Lease) -> Result<Lease, LeaseError> {
         self.bounded(Call::Create, self.api.create(&Self::post_params(), lease))
             .await
     }
 
-    /// PUT the Lease; the API server checks `metadata.resourceVersion` and answers 409 when it moved.
-    pub(crate) async fn put(&self, lease: &Lease) -> Result<Lease, LeaseError> {
+    /// PUT the Lease, under the request timeout; the API server checks `metadata.resourceVersion`
+    /// and answers 409 when it moved. `lease` must carry the version it was read at.
+    pub async fn put(&self, lease: &Lease) -> Result<Lease, LeaseError> {
         debug_assert!(
             lease.metadata.resource_version.is_some(),
             "a replace without a precondition"
@@ -362,7 +360,7 @@ fn classify(error: kube::Error, call: Call) -> LeaseError {
 }
 
 /// Read understudy's fencing record out of a Lease.
-pub(crate) fn epoch_record(lease: &Lease) -> Result<LeaseRecord, LeaseError> {
+pub fn epoch_record(lease: &Lease) -> Result<LeaseRecord, LeaseError> {
     let version = resource_version(lease)?;
     let raw = lease
         .metadata
@@ -389,7 +387,7 @@ pub(crate) fn epoch_record(lease: &Lease) -> Result<LeaseRecord, LeaseError> {
 }
 
 /// The `resourceVersion` of a Lease the API server handed back; without it no CAS is possible.
-pub(crate) fn resource_version(lease: &Lease) -> Result<String, LeaseError> {
+pub fn resource_version(lease: &Lease) -> Result<String, LeaseError> {
     lease
         .metadata
         .resource_version
@@ -427,23 +425,27 @@ impl EpochLease for KubeLease {
 
 /// One stored record of a [`MemoryLease`].
 #[derive(Clone, Debug)]
-pub(crate) struct MemoryRecord {
-    pub(crate) holder: String,
+pub struct MemoryRecord {
+    /// The holder's name: a pool for the fencing Lease, a candidate for a leader lock.
+    pub holder: String,
     /// The fencing epoch; a leader lock keeps its transition count here.
-    pub(crate) counter: u64,
-    pub(crate) version: u64,
+    pub counter: u64,
+    /// The version the write was stored under; shown as a string in records.
+    pub version: u64,
 }
 
+/// What a [`MemoryLease`] holds, behind its lock ([`MemoryLease::lock`]).
 #[derive(Debug)]
-pub(crate) struct MemoryState {
-    pub(crate) current: Option<MemoryRecord>,
+pub struct MemoryState {
+    /// The stored record, or `None` when nothing was ever written.
+    pub current: Option<MemoryRecord>,
     last_version: u64,
     reachable: bool,
 }
 
 impl MemoryState {
     /// Fail as the API server would when it cannot be reached.
-    pub(crate) fn reachable(&self) -> Result<(), LeaseError> {
+    pub fn reachable(&self) -> Result<(), LeaseError> {
         if self.reachable {
             Ok(())
         } else {
@@ -452,7 +454,7 @@ impl MemoryState {
     }
 
     /// Store `holder` and `counter` under a fresh version, as the API server does on any write.
-    pub(crate) fn write(&mut self, holder: &str, counter: u64) -> MemoryRecord {
+    pub fn write(&mut self, holder: &str, counter: u64) -> MemoryRecord {
         self.last_version += 1;
         let record = MemoryRecord {
             holder: holder.to_owned(),
@@ -464,7 +466,7 @@ impl MemoryState {
     }
 
     /// The compare half of compare-and-set.
-    pub(crate) fn check_version(&self, expected: &str) -> Result<(), LeaseError> {
+    pub fn check_version(&self, expected: &str) -> Result<(), LeaseError> {
         match &self.current {
             Some(current) if current.version.to_string() == expected => Ok(()),
             // Moved on, or deleted: either way somebody else wrote.
@@ -509,7 +511,8 @@ impl MemoryLease {
 
     /// The store, locked. No lock is ever held across an await, so poisoning can only come from
     /// a panicking test; the state is still consistent then because every change is one assignment.
-    pub(crate) fn lock(&self) -> MutexGuard<'_, MemoryState> {
+    /// Public for the operator's leader lock, which keeps its record in the same kind of store.
+    pub fn lock(&self) -> MutexGuard<'_, MemoryState> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 

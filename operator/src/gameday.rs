@@ -333,10 +333,27 @@ fn from_policy(recorded: &mut RecoveryTimeline, timeline: &FailoverTimeline) {
     recorded.steps.clone_from(&timeline.steps);
 }
 
-impl GameDayRun {
+/// The run machine, on the run record that `GameDay.status` shows. A trait because the record is
+/// the CRD's type, defined in `understudy_api`, and the machine is the operator's.
+pub trait RunMachine: Sized {
     /// A run due at `due`, not started.
     #[must_use]
-    pub fn due(trigger: RunTrigger, due: Duration) -> Self {
+    fn due(trigger: RunTrigger, due: Duration) -> Self;
+
+    /// Moves the run as far as `view` and `now` allow, and returns the command the policy must be
+    /// given, if any. The controller records the run before it gives the command (write-ahead),
+    /// and a command that did not reach the policy is asked for again on the next call.
+    fn advance(
+        &mut self,
+        config: &RunConfig,
+        gameday: &str,
+        view: Option<&PolicyView>,
+        now: Duration,
+    ) -> Option<PolicyCommand>;
+}
+
+impl RunMachine for GameDayRun {
+    fn due(trigger: RunTrigger, due: Duration) -> Self {
         GameDayRun {
             id: run_id(due),
             trigger,
@@ -357,6 +374,59 @@ impl GameDayRun {
         }
     }
 
+    fn advance(
+        &mut self,
+        config: &RunConfig,
+        gameday: &str,
+        view: Option<&PolicyView>,
+        now: Duration,
+    ) -> Option<PolicyCommand> {
+        for _ in 0..RunPhase::COUNT {
+            let before = self.phase;
+            if let Some(command) = self.advance_once(config, gameday, view, now) {
+                return Some(command);
+            }
+            if self.phase == before || self.phase.is_final() {
+                break;
+            }
+        }
+        None
+    }
+}
+
+/// The run machine's steps, one phase at a time; private to [`RunMachine`].
+trait RunSteps {
+    fn enter(&mut self, phase: RunPhase, now: Duration);
+    fn finish(&mut self, phase: RunPhase, verdict: Verdict, reason: String, now: Duration);
+    fn abort(&mut self, reason: String, now: Duration);
+    fn fail(&mut self, reason: String, now: Duration);
+    fn advance_once(
+        &mut self,
+        config: &RunConfig,
+        gameday: &str,
+        view: Option<&PolicyView>,
+        now: Duration,
+    ) -> Option<PolicyCommand>;
+    fn injected(
+        &mut self,
+        config: &RunConfig,
+        gameday: &str,
+        view: &PolicyView,
+        now: Duration,
+        max: &str,
+    ) -> Option<PolicyCommand>;
+    fn holding(&mut self, config: &RunConfig, view: &PolicyView, now: Duration) -> Option<PolicyCommand>;
+    fn failing_back(
+        &mut self,
+        config: &RunConfig,
+        gameday: &str,
+        view: &PolicyView,
+        now: Duration,
+        max: &str,
+    ) -> Option<PolicyCommand>;
+}
+
+impl RunSteps for GameDayRun {
     fn enter(&mut self, phase: RunPhase, now: Duration) {
         self.phase = phase;
         self.transitions.push(RunTransition {
@@ -377,28 +447,6 @@ impl GameDayRun {
 
     fn fail(&mut self, reason: String, now: Duration) {
         self.finish(RunPhase::Failed, Verdict::Failed, reason, now);
-    }
-
-    /// Moves the run as far as `view` and `now` allow, and returns the command the policy must be
-    /// given, if any. The controller records the run before it gives the command (write-ahead),
-    /// and a command that did not reach the policy is asked for again on the next call.
-    pub fn advance(
-        &mut self,
-        config: &RunConfig,
-        gameday: &str,
-        view: Option<&PolicyView>,
-        now: Duration,
-    ) -> Option<PolicyCommand> {
-        for _ in 0..RunPhase::COUNT {
-            let before = self.phase;
-            if let Some(command) = self.advance_once(config, gameday, view, now) {
-                return Some(command);
-            }
-            if self.phase == before || self.phase.is_final() {
-                break;
-            }
-        }
-        None
     }
 
     fn advance_once(
@@ -725,11 +773,6 @@ fn failback_command(run: &GameDayRun) -> String {
         .and_then(|c| c.strip_prefix("failover@"))
         .map(|token| format!("failback@{token}"))
         .unwrap_or_default()
-}
-
-impl RunPhase {
-    /// How many phases there are: a bound on the steps one call can take.
-    pub const COUNT: usize = 9;
 }
 
 /// Why a run stops when the policy moved in a way the run did not command.

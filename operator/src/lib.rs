@@ -1,15 +1,18 @@
 //! operator
+//!
+//! The CRD types, their validation and the epoch Lease are the shared contracts of
+//! `understudy_api`, re-exported here so that `understudy_operator::crd::...` keeps reading as
+//! the operator's own.
+pub use understudy_api::{crd, lease, policy};
+
 pub mod admin;
 pub mod controller;
-pub mod crd;
 pub mod cron;
 pub mod gameday;
 mod http1;
 pub mod leader;
-pub mod lease;
 pub mod metrics;
 pub mod observe;
-pub mod policy;
 pub mod reserve;
 pub mod route_push;
 pub mod wake;

@@ -439,16 +439,6 @@ pub fn probe_spec(probe: &crate::crd::ProbeSpec, timing: &ProbeTiming, expect: E
     }
 }
 
-/// Whether `golden` still judges answers to `probe`: the probe records one (prefix mode without
-/// a value) and asks what it answered, with the same prompt and `maxTokens`.
-#[must_use]
-pub fn golden_answer_fits(golden: &GoldenAnswer, probe: &crate::crd::ProbeSpec) -> bool {
-    probe.expect.mode == ExpectMode::Prefix
-        && probe.expect.value.is_none()
-        && golden.prompt == probe.prompt
-        && golden.max_tokens == probe.max_tokens
-}
-
 /// Whether the primary now serves another model than the one `golden` was recorded from. A model
 /// that cannot be told, then or now, is not a change.
 fn model_changed(golden: &GoldenAnswer, serving: Option<&str>) -> bool {
@@ -596,7 +586,7 @@ impl ProbingObservations {
                     && update
                         .new
                         .as_ref()
-                        .is_none_or(|g| golden_answer_fits(g, &tracked.policy.spec.probe))
+                        .is_none_or(|g| g.fits(&tracked.policy.spec.probe))
                 {
                     match &update.new {
                         Some(golden) => {
@@ -822,7 +812,7 @@ impl ObservationSource for ProbingObservations {
                 if tracked
                     .golden
                     .as_ref()
-                    .is_some_and(|g| !golden_answer_fits(g, &policy.spec.probe))
+                    .is_some_and(|g| !g.fits(&policy.spec.probe))
                 {
                     tracked.golden = None;
                 }
@@ -841,7 +831,7 @@ impl ObservationSource for ProbingObservations {
                             .status
                             .as_ref()
                             .and_then(|status| status.golden_answer.clone())
-                            .filter(|golden| golden_answer_fits(golden, &policy.spec.probe)),
+                            .filter(|golden| golden.fits(&policy.spec.probe)),
                         rounds: 0,
                         next_round: Instant::now(),
                         in_flight: false,

@@ -258,7 +258,7 @@ pub fn reserve_deployment(
     let mut object_labels = labels.clone();
     object_labels.insert(
         "app.kubernetes.io/managed-by".to_owned(),
-        crate::lease::FIELD_MANAGER.to_owned(),
+        understudy_api::FIELD_MANAGER.to_owned(),
     );
     let container = Container {
         name: "reserve".to_owned(),

@@ -16,11 +16,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use futures::future::BoxFuture;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
+use understudy_api::FIELD_MANAGER;
 use understudy_core::failover::{CheckResult, Input, PassiveSignal, Step};
 use understudy_core::{Epoch, Pool};
 
 use crate::crd::{FailoverPolicy, PoolSpec, WorkloadKind, WorkloadRef};
-use crate::lease::FIELD_MANAGER;
 
 /// The controller's clock: time since the Unix epoch, so that times recorded in status mean the
 /// same thing to a restarted operator.

@@ -53,6 +53,7 @@ use kube::runtime::finalizer::{self, Event as FinalizerEvent, finalizer};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
+use understudy_api::FIELD_MANAGER;
 use understudy_core::failover::{
     Action as MachineAction, ControlPlane, Event as MachineEvent, FailoverConfig, FailoverState, Input,
     Phase, Promotion, Step, StepFailure, TransitionKind,
@@ -72,9 +73,8 @@ use crate::crd::{
     Condition, FailoverPolicy, FailoverPolicySpec, FailoverPolicyStatus, GoldenAnswer, GpuReserve,
     condition_type,
 };
-use crate::lease::{EpochLease, FIELD_MANAGER, KubeLease, LeaseError, LeaseRecord};
+use crate::lease::{EpochLease, KubeLease, LeaseError, LeaseRecord};
 use crate::metrics::Metrics;
-use crate::observe::golden_answer_fits;
 use crate::policy::{self, pool_by_name, pool_name};
 use crate::reserve::{
     POOL_LABEL, ReserveConfig, ReserveError, is_reserve_of, reserve_deployment, reserve_plan,
@@ -1164,7 +1164,7 @@ async fn write_status(
             .status
             .as_ref()
             .and_then(|status| status.golden_answer.clone())
-            .filter(|golden| golden_answer_fits(golden, &run.spec.probe)),
+            .filter(|golden| golden.fits(&run.spec.probe)),
     };
     let status = desired_status(&StatusFacts {
         spec: run.spec,

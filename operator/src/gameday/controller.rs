@@ -27,12 +27,12 @@ use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
+use understudy_api::FIELD_MANAGER;
 
-use super::{PolicyCommand, PolicyView, RunConfig, instant};
+use super::{PolicyCommand, PolicyView, RunConfig, RunMachine, instant};
 use crate::controller::{COMMAND_ANNOTATION, CONTROLLER_NAME, Clock, SystemClock, rfc3339};
 use crate::crd::{FailoverPolicy, GameDay, GameDayRun, GameDayStatus, RunPhase, RunTrigger, Verdict};
 use crate::cron::CronSchedule;
-use crate::lease::FIELD_MANAGER;
 
 /// The annotation on a FailoverPolicy naming the game day whose run gave it a command.
 pub const GAME_DAY_ANNOTATION: &str = "understudy.dev/game-day";

@@ -1,0 +1,15 @@
+//! The shared contracts of understudy: the CRD types and their validation ([`crd`], [`policy`]),
+//! the epoch Lease in Kubernetes and in memory ([`lease`]), and the field manager every write is
+//! recorded under ([`FIELD_MANAGER`]).
+//!
+//! Types and their rules only: no controller runtime, no reconcile loop, no data path. The
+//! operator, the router and the local game day all link this crate, so that each contract is
+//! written once and no side keeps a copy of another's types.
+
+pub mod crd;
+pub mod lease;
+pub mod policy;
+
+/// The field manager every write to Kubernetes is recorded under: server-side apply of status and
+/// objects, and the Lease's compare-and-set.
+pub const FIELD_MANAGER: &str = "understudy-operator";
