@@ -12,6 +12,8 @@ use kube::{CustomResource, KubeSchema, core::Rule};
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Serialize};
 
+use crate::route::StreamContract;
+
 /// The API group of every understudy resource.
 pub const GROUP: &str = "understudy.dev";
 
@@ -600,17 +602,6 @@ pub struct StreamSpec {
     /// What a client whose stream was cut sees.
     #[serde(default)]
     pub contract: StreamContract,
-}
-
-/// What a client whose stream was cut sees.
-#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-#[serde(rename_all = "kebab-case")]
-pub enum StreamContract {
-    /// The stream ends with a retryable error; the client resends the whole request.
-    #[default]
-    RetryableError,
-    /// The gateway resends prompt plus delivered tokens to the new primary and continues.
-    Continuation,
 }
 
 fn default_port() -> u16 {

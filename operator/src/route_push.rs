@@ -25,15 +25,15 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::future::{BoxFuture, join_all};
 use kube::ResourceExt;
-use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
+use understudy_api::route::{Route, RouterHolds};
 use understudy_core::Epoch;
 use understudy_core::failover::Step;
 
 use crate::controller::{
     HandOffToComponents, RouteSyncReport, RouteSyncRequest, StepExecutor, StepReport, StepRequest,
 };
-use crate::crd::{AdmissionSpec, FailoverPolicy, FailoverPolicySpec, PoolSpec, StreamContract};
+use crate::crd::{FailoverPolicy, PoolSpec};
 use crate::http1;
 use crate::observe::ReplicaEndpoints;
 
@@ -42,13 +42,6 @@ pub const CARRIED_BY: &str = "router";
 
 /// The longest one push to one router may take, connection included.
 pub const DEFAULT_PUSH_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// What the router's ramp reaches at the end of the window, per replica, when the policy sets no
-/// maximum; and the router's own defaults for what the policy cannot say.
-const DEFAULT_MAX_CONCURRENCY_PER_REPLICA: u32 = 256;
-const DEFAULT_INITIAL_PREFILL_TOKENS_PER_REPLICA: u64 = 16_384;
-const DEFAULT_MAX_PREFILL_TOKENS_PER_REPLICA: u64 = 1_048_576;
-const DEFAULT_TTFT_BUFFER: f64 = 0.25;
 
 /// How long a Warning about a router is not told again after it is first told; each time it is
 /// told again the quiet time doubles, up to the longest, which stays well inside the hour the API
@@ -166,73 +159,6 @@ impl RouterToken {
     }
 }
 
-/// The body of `PUT /route`, as the router reads it.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct RouteBody {
-    pub pool: String,
-    pub endpoints: Vec<SocketAddr>,
-    pub epoch: Epoch,
-    pub admission: RouteAdmission,
-    pub stream_contract: StreamContract,
-}
-
-/// The admission settings of a route: budgets for the whole route, ramping over the window.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct RouteAdmission {
-    pub window_s: f64,
-    pub initial_concurrency: u32,
-    pub max_concurrency: u32,
-    pub initial_prefill_tokens: u64,
-    pub max_prefill_tokens: u64,
-    pub ttft_buffer: f64,
-}
-
-impl RouteAdmission {
-    /// The policy's per-replica admission settings as budgets for a route of `replicas`
-    /// endpoints. An unparseable window (validation rejects one) turns admission off rather
-    /// than guessing.
-    #[must_use]
-    pub fn for_replicas(spec: &AdmissionSpec, replicas: usize) -> Self {
-        let n = u32::try_from(replicas.max(1)).unwrap_or(u32::MAX);
-        let initial_concurrency = spec.initial_concurrency.max(1).saturating_mul(n);
-        let max_concurrency = spec
-            .max_concurrency
-            .unwrap_or(DEFAULT_MAX_CONCURRENCY_PER_REPLICA)
-            .saturating_mul(n)
-            .max(initial_concurrency);
-        let initial_prefill_tokens = spec
-            .initial_prefill_tokens
-            .map_or(DEFAULT_INITIAL_PREFILL_TOKENS_PER_REPLICA, u64::from)
-            .max(1)
-            .saturating_mul(u64::from(n));
-        let max_prefill_tokens = DEFAULT_MAX_PREFILL_TOKENS_PER_REPLICA
-            .saturating_mul(u64::from(n))
-            .max(initial_prefill_tokens);
-        RouteAdmission {
-            window_s: spec.window.parse().map_or(0.0, |w| w.as_secs_f64()),
-            initial_concurrency,
-            max_concurrency,
-            initial_prefill_tokens,
-            max_prefill_tokens,
-            ttft_buffer: DEFAULT_TTFT_BUFFER,
-        }
-    }
-}
-
-impl RouteBody {
-    /// The route that makes `pool` primary at `epoch`, served at `endpoints`.
-    #[must_use]
-    pub fn new(spec: &FailoverPolicySpec, pool: &str, endpoints: Vec<SocketAddr>, epoch: Epoch) -> Self {
-        RouteBody {
-            pool: pool.to_owned(),
-            admission: RouteAdmission::for_replicas(&spec.admission, endpoints.len()),
-            endpoints,
-            epoch,
-            stream_contract: spec.stream.contract,
-        }
-    }
-}
-
 /// How one router answered one push.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RouterAnswer {
@@ -297,7 +223,7 @@ impl RouterPush {
     }
 
     /// Puts `route` to every router at once; each answer beside the router that gave it.
-    pub async fn push(&self, route: &RouteBody) -> Vec<(&RouterAdminUrl, RouterAnswer)> {
+    pub async fn push(&self, route: &Route) -> Vec<(&RouterAdminUrl, RouterAnswer)> {
         let body = route_bytes(route);
         let pushes = self.routers.iter().map(|router| {
             let body = body.clone();
@@ -323,7 +249,7 @@ impl RouterPush {
         policy: &FailoverPolicy,
         pool: &PoolSpec,
         epoch: Epoch,
-    ) -> Result<RouteBody, String> {
+    ) -> Result<Route, String> {
         let name = &pool.name;
         let namespace = policy.namespace().unwrap_or_default();
         let resolved = self
@@ -338,7 +264,7 @@ impl RouterPush {
         if endpoints.is_empty() {
             return Err(format!("{name} has no running replica to route to yet"));
         }
-        Ok(RouteBody::new(&policy.spec, name, endpoints, epoch))
+        Ok(Route::for_pool(&policy.spec, name, endpoints, epoch))
     }
 
     async fn route(&self, request: StepRequest<'_>) -> StepReport {
@@ -401,7 +327,7 @@ impl RouterPush {
     }
 
     /// Asks `router` what it holds, and pushes `route` when that is not it.
-    async fn keep_on(&self, router: &RouterAdminUrl, route: &RouteBody) -> RouterSync {
+    async fn keep_on(&self, router: &RouterAdminUrl, route: &Route) -> RouterSync {
         let held = match tokio::time::timeout(self.timeout, get_route(router, &self.token)).await {
             Ok(Ok(held)) => held,
             Ok(Err(answer)) => return RouterSync::Failed(answer),
@@ -417,7 +343,7 @@ impl RouterPush {
             Plan::Push(body) => body,
         };
         match self.put_one(router, route_bytes(&body)).await {
-            RouterAnswer::Taken => RouterSync::Pushed { had: held.describe() },
+            RouterAnswer::Taken => RouterSync::Pushed { had: describe(&held) },
             // Moved on between the question and the push.
             RouterAnswer::Stale { highest, pool } => RouterSync::Ahead {
                 epoch: highest.map(Epoch),
@@ -429,7 +355,7 @@ impl RouterPush {
 }
 
 /// A route as JSON. Serializing plain numbers, strings and addresses cannot fail.
-fn route_bytes(route: &RouteBody) -> Bytes {
+fn route_bytes(route: &Route) -> Bytes {
     Bytes::from(serde_json::to_vec(route).unwrap_or_default())
 }
 
@@ -449,44 +375,17 @@ impl StepExecutor for RouterPush {
     }
 }
 
-/// What a router says it holds (`GET /route`): the route it serves, and the highest epoch it has
-/// seen, which a router restarted with its state file knows before it has a route again.
-#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
-pub struct RouterHolds {
-    pub route: Option<HeldRoute>,
-    pub highest: Option<HeldEpoch>,
-}
-
-/// The route a router serves, as much of it as keeping it in place needs.
-#[derive(Clone, Debug, PartialEq, Deserialize)]
-pub struct HeldRoute {
-    pub pool: String,
-    pub endpoints: Vec<SocketAddr>,
-    pub epoch: Epoch,
-    pub admission: Option<RouteAdmission>,
-    pub stream_contract: Option<StreamContract>,
-}
-
-/// The highest epoch a router has taken, and the pool at it.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
-pub struct HeldEpoch {
-    pub epoch: Epoch,
-    pub pool: String,
-}
-
-impl RouterHolds {
-    /// What the router had, for a log line.
-    fn describe(&self) -> String {
-        match (&self.route, &self.highest) {
-            (Some(r), _) => format!(
-                "{} at epoch {}, {} endpoint(s)",
-                r.pool,
-                r.epoch,
-                r.endpoints.len()
-            ),
-            (None, Some(h)) => format!("no route (epoch {} for {} seen)", h.epoch, h.pool),
-            (None, None) => "no route".to_owned(),
-        }
+/// What a router held, for a log line.
+fn describe(held: &RouterHolds) -> String {
+    match (&held.route, &held.highest) {
+        (Some(r), _) => format!(
+            "{} at epoch {}, {} endpoint(s)",
+            r.pool,
+            r.epoch,
+            r.endpoints.len()
+        ),
+        (None, Some(h)) => format!("no route (epoch {} for {} seen)", h.epoch, h.pool),
+        (None, None) => "no route".to_owned(),
     }
 }
 
@@ -497,7 +396,7 @@ pub enum Plan {
     /// endpoints' counters) is disturbed.
     InPlace,
     /// It lacks the route: push this.
-    Push(RouteBody),
+    Push(Route),
     /// It has seen a higher epoch than ours, or another pool at ours: our view is stale.
     Ahead {
         epoch: Option<Epoch>,
@@ -512,7 +411,7 @@ pub enum Plan {
 /// with the number of endpoints, and a router restarts its window on other settings, which would
 /// throttle a pool at full speed back to its initial budget because a replica came or went.
 #[must_use]
-pub fn plan(held: &RouterHolds, route: &RouteBody) -> Plan {
+pub fn plan(held: &RouterHolds, route: &Route) -> Plan {
     let seen = held
         .highest
         .iter()
@@ -532,14 +431,12 @@ pub fn plan(held: &RouterHolds, route: &RouteBody) -> Plan {
     };
     let endpoints = |e: &[SocketAddr]| e.iter().copied().collect::<BTreeSet<_>>();
     let same_endpoints = endpoints(&current.endpoints) == endpoints(&route.endpoints);
-    let same_contract = current.stream_contract.unwrap_or_default() == route.stream_contract;
+    let same_contract = current.stream_contract == route.stream_contract;
     if same_endpoints && same_contract {
         return Plan::InPlace;
     }
     let mut refreshed = route.clone();
-    if let Some(admission) = &current.admission {
-        refreshed.admission = admission.clone();
-    }
+    refreshed.admission = current.admission.clone();
     Plan::Push(refreshed)
 }
 
@@ -611,7 +508,7 @@ impl WarningBackoff {
 /// reconcile, and its back-off as it was.
 #[must_use]
 pub fn judge_sync(
-    route: &RouteBody,
+    route: &Route,
     kept: &[(&RouterAdminUrl, RouterSync)],
     warnings: &mut WarningBackoff,
     now: Instant,
@@ -711,7 +608,7 @@ pub fn hold_back(
 
 /// What the routers' answers to `route` mean for `step`.
 #[must_use]
-pub fn judge(step: Step, route: &RouteBody, answers: &[(&RouterAdminUrl, RouterAnswer)]) -> StepReport {
+pub fn judge(step: Step, route: &Route, answers: &[(&RouterAdminUrl, RouterAnswer)]) -> StepReport {
     let (pool, epoch) = (&route.pool, route.epoch);
     let stale: Vec<String> = answers
         .iter()
@@ -881,6 +778,7 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpListener;
     use tokio::sync::mpsc;
+    use understudy_api::route::HeldEpoch;
     use understudy_prober::probe::Endpoint;
 
     use super::*;
@@ -1297,9 +1195,9 @@ spec:
         assert_eq!(requests(&mut got).await.len(), 2);
     }
 
-    fn west_at(epoch: u64) -> RouteBody {
+    fn west_at(epoch: u64) -> Route {
         let endpoints = vec![SocketAddr::from(([10, 0, 0, 1], 8000))];
-        RouteBody::new(&policy().spec, "west", endpoints, Epoch(epoch))
+        Route::for_pool(&policy().spec, "west", endpoints, Epoch(epoch))
     }
 
     fn admin(name: &str) -> RouterAdminUrl {
@@ -1539,7 +1437,7 @@ spec:
 
     #[test]
     fn a_router_restarted_with_its_epoch_but_no_route_is_sent_it_and_another_pool_at_ours_is_ahead() {
-        let route = RouteBody::new(
+        let route = Route::for_pool(
             &policy().spec,
             "west",
             vec![SocketAddr::from(([10, 0, 0, 1], 8000))],
@@ -1606,15 +1504,5 @@ spec:
             format!("{:?}", RouterToken::new("s3cret\n").unwrap()),
             "RouterToken(..)"
         );
-    }
-
-    #[test]
-    fn admission_without_a_maximum_ramps_to_the_routers_default_per_replica() {
-        let spec = AdmissionSpec::default();
-        let admission = RouteAdmission::for_replicas(&spec, 3);
-        assert_eq!(admission.window_s, 300.0);
-        assert_eq!(admission.initial_concurrency, 12);
-        assert_eq!(admission.max_concurrency, 3 * 256);
-        assert!(admission.initial_prefill_tokens <= admission.max_prefill_tokens);
     }
 }

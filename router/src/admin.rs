@@ -13,10 +13,10 @@ use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use tokio::time::Instant;
+use understudy_api::route::{Route, RouterHolds};
 
 use crate::body::RouterBody;
 use crate::metrics::Metrics;
-use crate::route::Route;
 use crate::signals::{PoolSignals, pool_signal};
 use crate::table::{Applied, RouteError, RouteTable};
 
@@ -168,14 +168,11 @@ impl Admin {
     }
 
     fn get_route(&self) -> Response<RouterBody> {
-        let current = self.routes.current();
-        json(
-            StatusCode::OK,
-            &serde_json::json!({
-                "route": current.as_ref().map(|r| &r.route),
-                "highest": self.routes.highest(),
-            }),
-        )
+        let holds = RouterHolds {
+            route: self.routes.current().map(|r| r.route.clone()),
+            highest: self.routes.highest(),
+        };
+        json(StatusCode::OK, &serde_json::json!(holds))
     }
 
     fn signals(&self) -> Response<RouterBody> {

@@ -15,8 +15,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 use tokio::time::Instant;
-
-use crate::route::AdmissionSettings;
+use understudy_api::route::AdmissionSettings;
 
 /// The header that carries a request's priority class.
 pub const PRIORITY_HEADER: &str = "x-understudy-priority";

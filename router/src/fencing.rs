@@ -9,17 +9,8 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
+use understudy_api::route::HeldEpoch;
 use understudy_core::Epoch;
-
-/// The last route this router took: what survives a restart.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Fenced {
-    /// The highest epoch taken.
-    pub epoch: Epoch,
-    /// The pool taken at that epoch.
-    pub pool: String,
-}
 
 /// What an update is, against the highest epoch seen.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -40,7 +31,7 @@ pub enum Verdict {
 
 /// Decides an update against the highest seen. Pure.
 #[must_use]
-pub fn judge(highest: Option<&Fenced>, epoch: Epoch, pool: &str) -> Verdict {
+pub fn judge(highest: Option<&HeldEpoch>, epoch: Epoch, pool: &str) -> Verdict {
     match highest {
         None => Verdict::Newer,
         Some(h) if epoch > h.epoch => Verdict::Newer,
@@ -89,7 +80,7 @@ impl StateFile {
     }
 
     /// The record, or `None` when the file does not exist.
-    pub fn load(&self) -> Result<Option<Fenced>, StateFileError> {
+    pub fn load(&self) -> Result<Option<HeldEpoch>, StateFileError> {
         match std::fs::read(&self.path) {
             Ok(bytes) => serde_json::from_slice(&bytes)
                 .map(Some)
@@ -103,7 +94,7 @@ impl StateFile {
     }
 
     /// Writes the record atomically: a reader sees the old one or the new one, never half.
-    pub fn store(&self, record: &Fenced) -> Result<(), StateFileError> {
+    pub fn store(&self, record: &HeldEpoch) -> Result<(), StateFileError> {
         let tmp = tmp_path(&self.path);
         let bytes = serde_json::to_vec(record).unwrap_or_default();
         let write = || -> std::io::Result<()> {
@@ -134,8 +125,8 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
 
-    fn seen(epoch: u64, pool: &str) -> Fenced {
-        Fenced {
+    fn seen(epoch: u64, pool: &str) -> HeldEpoch {
+        HeldEpoch {
             epoch: Epoch(epoch),
             pool: pool.into(),
         }

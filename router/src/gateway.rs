@@ -18,6 +18,7 @@ use http::{Method, Request, Response};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use tokio::time::Instant;
+use understudy_api::route::StreamContract;
 
 use crate::admission::{Ask, DEADLINE_HEADER, PRIORITY_HEADER, Priority, estimate_prompt_tokens};
 use crate::balance::{self, Tried};
@@ -28,7 +29,6 @@ use crate::metrics::{Metrics, RequestOutcome};
 use crate::path::{PublicPath, classify};
 use crate::refusal::Refusal;
 use crate::retry::RetryBudget;
-use crate::route::StreamContract;
 use crate::table::RouteTable;
 use crate::upstream::codec::is_hop_by_hop;
 use crate::upstream::{Outgoing, ResponseBody, SendError};

@@ -25,7 +25,6 @@ pub mod metrics;
 pub mod path;
 pub mod refusal;
 pub mod retry;
-pub mod route;
 pub mod serve;
 pub mod signals;
 pub mod table;

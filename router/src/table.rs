@@ -10,11 +10,11 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::watch;
 use tokio::time::Instant;
+use understudy_api::route::{HeldEpoch, InvalidRoute, Route};
 
 use crate::admission::Admission;
 use crate::endpoint::Endpoint;
-use crate::fencing::{Fenced, StateFile, StateFileError, Verdict, judge};
-use crate::route::{InvalidRoute, Route};
+use crate::fencing::{StateFile, StateFileError, Verdict, judge};
 
 /// The route served now, with its live endpoints and admission.
 #[derive(Debug)]
@@ -64,7 +64,7 @@ pub struct RouteTable {
 
 #[derive(Debug)]
 struct FenceBook {
-    highest: Option<Fenced>,
+    highest: Option<HeldEpoch>,
     file: Option<StateFile>,
 }
 
@@ -95,7 +95,7 @@ impl RouteTable {
 
     /// The highest epoch seen and its pool.
     #[must_use]
-    pub fn highest(&self) -> Option<Fenced> {
+    pub fn highest(&self) -> Option<HeldEpoch> {
         self.fence
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -111,7 +111,7 @@ impl RouteTable {
         match judge(book.highest.as_ref(), route.epoch, &route.pool) {
             Verdict::Stale { highest, pool } => Err(RouteError::Stale { highest, pool }),
             Verdict::Newer => {
-                let record = Fenced {
+                let record = HeldEpoch {
                     epoch: route.epoch,
                     pool: route.pool.clone(),
                 };

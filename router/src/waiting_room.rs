@@ -143,7 +143,7 @@ mod tests {
     use super::*;
     use crate::table::RouteTable;
 
-    fn route(epoch: u64) -> crate::route::Route {
+    fn route(epoch: u64) -> understudy_api::route::Route {
         serde_json::from_value(serde_json::json!({
             "pool": "b", "endpoints": ["127.0.0.1:1"], "epoch": epoch
         }))

@@ -11,6 +11,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use router_support::{Emulator, Router, TOKEN, completion, route};
+use understudy_api::route::{Route, RouterHolds};
 use understudy_core::Epoch;
 use understudy_core::failover::Step;
 use understudy_operator::controller::{
@@ -18,9 +19,7 @@ use understudy_operator::controller::{
 };
 use understudy_operator::crd::FailoverPolicy;
 use understudy_operator::observe::FixedReplicas;
-use understudy_operator::route_push::{
-    Plan, RouteBody, RouterAdminUrl, RouterHolds, RouterPush, RouterToken, plan,
-};
+use understudy_operator::route_push::{Plan, RouterAdminUrl, RouterPush, RouterToken, plan};
 use understudy_prober::probe::Endpoint;
 use understudy_router::gateway::GatewayConfig;
 
@@ -151,7 +150,7 @@ fn a_fresh_gateway_is_given_the_home_pool_at_epoch_0_by_the_route_sync_and_serve
     // Kept again, it is left as it is: the router's own answer reads as the route it holds, so
     // nothing is pushed and its admission window runs on.
     let holds: RouterHolds = serde_json::from_value(held.clone()).unwrap();
-    let ours = RouteBody::new(&policy().spec, "east", vec![east_addr], Epoch(0));
+    let ours = Route::for_pool(&policy().spec, "east", vec![east_addr], Epoch(0));
     assert_eq!(plan(&holds, &ours), Plan::InPlace);
     assert_eq!(keep_route(&operator, 0, 0), RouteSyncReport::default());
     assert_eq!(r.admin_get("/route").json(), held);
@@ -178,14 +177,13 @@ fn the_route_sync_pushes_nothing_to_a_gateway_ahead_of_it_and_says_so() {
 #[test]
 fn the_operators_route_body_is_a_route_the_router_reads() {
     let policy = policy();
-    let body = RouteBody::new(
+    let body = Route::for_pool(
         &policy.spec,
         "west",
         vec![SocketAddr::from(([10, 0, 0, 1], 8000))],
         Epoch(4),
     );
-    let read: understudy_router::route::Route =
-        serde_json::from_value(serde_json::to_value(&body).unwrap()).unwrap();
+    let read: Route = serde_json::from_value(serde_json::to_value(&body).unwrap()).unwrap();
     read.validate().unwrap();
     assert_eq!((read.pool.as_str(), read.epoch), ("west", Epoch(4)));
     assert_eq!(read.admission.window_s, 90.0);

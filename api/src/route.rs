@@ -1,17 +1,24 @@
-//! A route: which pool serves user traffic, at which endpoints, under which fencing epoch, and
-//! how carefully it is admitted after the switch. This is the body of the admin API's
-//! `PUT /route` and nothing more.
+//! The route contract between the operator and the routers. A [`Route`] says which pool serves
+//! user traffic, at which endpoints, under which fencing epoch, and how carefully it is admitted
+//! after the switch: it is the body of the router admin API's `PUT /route`, which the operator
+//! builds from a policy ([`Route::for_pool`]) and the router reads. [`RouterHolds`] is the answer
+//! to `GET /route`: the route a router serves and the highest epoch it has taken.
 //!
-//! This module only describes and validates a route; it must never decide whether a route is
-//! stale (that is [`crate::fencing`]) or touch a socket.
+//! One type for both sides of the socket, so that what the operator sends is by construction what
+//! the router takes. This module only describes and validates a route; it must never decide
+//! whether a route is stale (the router judges that against the highest epoch it has seen) or
+//! touch a socket.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use understudy_core::Epoch;
 
-/// A route update as the operator pushes it.
+use crate::crd::{AdmissionSpec, FailoverPolicySpec};
+
+/// A route update as the operator pushes it and the router takes it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Route {
@@ -44,6 +51,19 @@ pub enum InvalidRoute {
 }
 
 impl Route {
+    /// The route that makes `pool` primary at `epoch`, served at `endpoints`, with the policy's
+    /// admission settings scaled to those endpoints and its stream contract.
+    #[must_use]
+    pub fn for_pool(spec: &FailoverPolicySpec, pool: &str, endpoints: Vec<SocketAddr>, epoch: Epoch) -> Self {
+        Route {
+            pool: pool.to_owned(),
+            admission: AdmissionSettings::for_replicas(&spec.admission, endpoints.len()),
+            endpoints,
+            epoch,
+            stream_contract: spec.stream.contract,
+        }
+    }
+
     /// Checks what can be checked without knowing the epochs seen before.
     pub fn validate(&self) -> Result<(), InvalidRoute> {
         if self.pool.trim().is_empty() {
@@ -57,6 +77,10 @@ impl Route {
 }
 
 /// Admission control after a new route: a budget that starts low and ramps up over a window.
+///
+/// The [`Default`] is what a router runs a route with that says nothing of admission, and its
+/// numbers are also the per-replica defaults a policy's route is scaled by
+/// ([`AdmissionSettings::for_replicas`]): they are written once, here.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AdmissionSettings {
@@ -89,6 +113,38 @@ impl Default for AdmissionSettings {
 }
 
 impl AdmissionSettings {
+    /// A policy's per-replica admission settings as budgets for a route of `replicas` endpoints;
+    /// what the policy does not set comes from [`AdmissionSettings::default`], per replica. An
+    /// unparseable window (validation rejects one) turns admission off rather than guessing.
+    #[must_use]
+    pub fn for_replicas(spec: &AdmissionSpec, replicas: usize) -> Self {
+        let per_replica = AdmissionSettings::default();
+        let n = u32::try_from(replicas.max(1)).unwrap_or(u32::MAX);
+        let initial_concurrency = spec.initial_concurrency.max(1).saturating_mul(n);
+        let max_concurrency = spec
+            .max_concurrency
+            .unwrap_or(per_replica.max_concurrency)
+            .saturating_mul(n)
+            .max(initial_concurrency);
+        let initial_prefill_tokens = spec
+            .initial_prefill_tokens
+            .map_or(per_replica.initial_prefill_tokens, u64::from)
+            .max(1)
+            .saturating_mul(u64::from(n));
+        let max_prefill_tokens = per_replica
+            .max_prefill_tokens
+            .saturating_mul(u64::from(n))
+            .max(initial_prefill_tokens);
+        AdmissionSettings {
+            window_s: spec.window.parse().map_or(0.0, |w| w.as_secs_f64()),
+            initial_concurrency,
+            max_concurrency,
+            initial_prefill_tokens,
+            max_prefill_tokens,
+            ttft_buffer: per_replica.ttft_buffer,
+        }
+    }
+
     /// The window as a duration (0 when off).
     #[must_use]
     pub fn window(&self) -> Duration {
@@ -116,8 +172,9 @@ impl AdmissionSettings {
     }
 }
 
-/// What a client sees when its stream's replica dies after tokens went out.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// What a client sees when its stream's replica dies after tokens went out. A policy's
+/// `spec.stream.contract` is this type too.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum StreamContract {
     /// An SSE error event marked `"retryable": true`, and never a `[DONE]`.
@@ -126,8 +183,28 @@ pub enum StreamContract {
     /// A completions stream is carried on by another endpoint of the route: the original prompt
     /// plus the text delivered, `max_tokens` less the tokens delivered, its events stamped with
     /// the first stream's id. Chat streams, and a continuation that fails too, end as under
-    /// `retryable-error` (see [`crate::continuation`] for why chat is not continued).
+    /// `retryable-error` (the router's `continuation` module says why chat is not continued).
     Continuation,
+}
+
+/// The highest epoch a router has taken, and the pool it took at that epoch. The router keeps it
+/// in its state file, so that it survives a restart, and shows it in [`RouterHolds`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeldEpoch {
+    /// The highest epoch taken.
+    pub epoch: Epoch,
+    /// The pool taken at that epoch.
+    pub pool: String,
+}
+
+/// What a router says it holds (`GET /route`): the route it serves, and the highest epoch it has
+/// taken, which a router restarted with its state file knows before it has a route again.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RouterHolds {
+    /// The route served now; `None` before the first route since the router started.
+    pub route: Option<Route>,
+    /// The highest epoch taken; `None` when the router has never taken a route.
+    pub highest: Option<HeldEpoch>,
 }
 
 #[cfg(test)]
@@ -179,5 +256,15 @@ mod tests {
             r#"{"pool":"b","endpoints":["127.0.0.1:8000"],"epoch":3,"epcoh":4}"#,
         );
         assert!(r.is_err());
+    }
+
+    #[test]
+    fn admission_without_a_maximum_ramps_to_the_routers_default_per_replica() {
+        let spec = AdmissionSpec::default();
+        let admission = AdmissionSettings::for_replicas(&spec, 3);
+        assert_eq!(admission.window_s, 300.0);
+        assert_eq!(admission.initial_concurrency, 12);
+        assert_eq!(admission.max_concurrency, 3 * 256);
+        assert!(admission.initial_prefill_tokens <= admission.max_prefill_tokens);
     }
 }
