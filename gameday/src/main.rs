@@ -5,9 +5,9 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use understudy_api::crd::FailoverPolicy;
 use understudy_gameday::simulate::report::Report;
 use understudy_gameday::simulate::{self, Rules, Schedule};
-use understudy_operator::crd::FailoverPolicy;
 
 #[derive(Debug, Parser)]
 #[command(name = "understudy-gameday", version, about = "Game days for understudy")]

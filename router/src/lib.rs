@@ -3,14 +3,15 @@
 //! Two roles, one crate. The **gateway** ([`gateway`]) is a reverse proxy for the
 //! OpenAI-compatible API in front of the current primary pool: it takes route updates on an
 //! admin API ([`admin`]) only when their fencing epoch is not older than the highest it has seen
-//! ([`fencing`], [`table`]), retries refused connections before the first byte within a budget
-//! ([`retry`]), holds requests in a waiting room while a promotion is under way
+//! ([`highest_epoch`], [`table`]), retries refused connections before the first byte within a
+//! budget ([`retry`]), holds requests in a waiting room while a promotion is under way
 //! ([`waiting_room`]), admits work by priority and a ramping budget after a new route
 //! ([`admission`]), ejects failing endpoints and publishes what it saw as passive signals
 //! ([`endpoint`], [`signals`]), and never lets a cut stream look finished ([`body`]): it ends
-//! retryable, or is carried on by another endpoint ([`continuation`]). The
-//! **fence** sidecar ([`fence`]) runs beside each vLLM replica and refuses generation when its
-//! pool does not hold the epoch Lease.
+//! retryable, or is carried on by another endpoint ([`continuation`]). The **fence** sidecar
+//! ([`fence_sidecar`]) runs beside each vLLM replica and refuses generation when its pool does not
+//! hold the epoch Lease. Routes are the contract of `understudy_api::route`, which the operator
+//! pushes.
 
 pub mod admin;
 pub mod admission;
@@ -18,9 +19,9 @@ pub mod balance;
 pub mod body;
 pub mod continuation;
 pub mod endpoint;
-pub mod fence;
-pub mod fencing;
+pub mod fence_sidecar;
 pub mod gateway;
+pub mod highest_epoch;
 pub mod metrics;
 pub mod path;
 pub mod refusal;

@@ -10,9 +10,9 @@ use clap::{Parser, Subcommand};
 use tokio::net::TcpListener;
 use understudy_router::admin::{Admin, AdminToken};
 use understudy_router::endpoint::EjectionPolicy;
-use understudy_router::fence::{Fence, FenceState, watch_lease};
-use understudy_router::fencing::StateFile;
+use understudy_router::fence_sidecar::{Fence, FenceState, watch_lease};
 use understudy_router::gateway::{Gateway, GatewayConfig, housekeeping};
+use understudy_router::highest_epoch::StateFile;
 use understudy_router::metrics::Metrics;
 use understudy_router::serve::serve;
 use understudy_router::table::RouteTable;
@@ -179,7 +179,7 @@ async fn gateway(args: GatewayArgs) -> anyhow::Result<()> {
 async fn fence(args: FenceArgs) -> anyhow::Result<()> {
     let client = kube::Client::try_default().await.context("kubernetes client")?;
     let api = kube::Api::namespaced(client, &args.namespace);
-    let lease = understudy_operator::lease::KubeLease::for_policy(api, &args.policy);
+    let lease = understudy_api::lease::KubeLease::for_policy(api, &args.policy);
     let state = Arc::new(FenceState::new(args.pool.clone()));
     tokio::spawn(watch_lease(
         lease,

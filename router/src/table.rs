@@ -14,7 +14,7 @@ use understudy_api::route::{HeldEpoch, InvalidRoute, Route};
 
 use crate::admission::Admission;
 use crate::endpoint::Endpoint;
-use crate::fencing::{StateFile, StateFileError, Verdict, judge};
+use crate::highest_epoch::{StateFile, StateFileError, Verdict, judge};
 
 /// The route served now, with its live endpoints and admission.
 #[derive(Debug)]

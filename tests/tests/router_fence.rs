@@ -11,9 +11,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use router_support::{Emulator, FenceSidecar, completion, request};
+use understudy_api::lease::{EpochLease, LeaseError, LeaseRecord, MemoryLease, Unreachable};
 use understudy_core::Epoch;
-use understudy_operator::lease::{EpochLease, LeaseError, LeaseRecord, MemoryLease, Unreachable};
-use understudy_router::fence::LeaseSource;
+use understudy_router::fence_sidecar::LeaseSource;
 
 const POLL: Duration = Duration::from_millis(20);
 

@@ -17,12 +17,12 @@ mod schedule;
 use std::time::Duration;
 
 use serde::Serialize;
+use understudy_api::crd::FailoverPolicySpec;
 use understudy_core::failover::{
     Action, CheckResult, Event, FailbackPolicy, FailoverConfig, FailoverState, Input, Phase, Step,
     StepFailure, TransitionKind,
 };
 use understudy_core::{Epoch, Pool};
-use understudy_operator::crd::FailoverPolicySpec;
 
 pub use schedule::{CheckKind, Condition, Faults, Schedule, ScheduleError, SimFailback, SimPolicy};
 
@@ -48,8 +48,8 @@ impl Rules {
     pub fn from_failover_policy(
         spec: &FailoverPolicySpec,
         promotion_rounds: u32,
-    ) -> Result<Rules, understudy_operator::policy::PolicyError> {
-        let policy = understudy_operator::policy::validate(spec)?;
+    ) -> Result<Rules, understudy_api::policy::PolicyError> {
+        let policy = understudy_api::policy::validate(spec)?;
         Ok(Rules {
             config: policy.failover,
             round: policy.probe.interval,

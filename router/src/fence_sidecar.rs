@@ -1,8 +1,9 @@
-//! The fence sidecar: runs beside vLLM in each serving pod, proxies to it, watches the policy's
-//! epoch Lease, and refuses generation (`/v1/...`) with 503 and `x-understudy-fenced: <epoch>`
-//! whenever its own pool does not hold the Lease. Probes (`/health`, `/metrics`, ...) and the
-//! operator's control calls (`/sleep`, `/wake_up`, ...) still pass, so a fenced replica can be
-//! watched, put to sleep and woken.
+//! The fence sidecar, which refuses generation when its pool lost the epoch Lease. It runs beside
+//! vLLM in each serving pod, proxies to it, watches the policy's epoch Lease, and refuses
+//! generation (`/v1/...`) with 503 and `x-understudy-fenced: <epoch>` whenever its own pool does
+//! not hold the Lease. Probes (`/health`, `/metrics`, ...) and the operator's control calls
+//! (`/sleep`, `/wake_up`, ...) still pass, so a fenced replica can be watched, put to sleep and
+//! woken.
 //!
 //! Until the first successful read, and when no Lease exists, the sidecar is fenced: it fails
 //! closed. When the Lease store is unreachable it keeps its last verdict (a store outage is not a
@@ -24,8 +25,8 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use understudy_api::lease::{EpochLease, LeaseError, LeaseRecord};
 use understudy_core::Epoch;
-use understudy_operator::lease::{EpochLease, LeaseError, LeaseRecord};
 
 use crate::body::RouterBody;
 use crate::gateway::strip_hop_by_hop;

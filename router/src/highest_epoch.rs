@@ -1,6 +1,7 @@
-//! Epoch fencing for route updates: the highest epoch this router has taken, and the rule that
-//! refuses anything older. The highest epoch is written to a state file (write to a temporary
-//! file, fsync, rename) before a route is taken, so it survives a restart.
+//! The highest epoch this router has taken, persisted in its state file, and the judgement of a
+//! route update against it: anything older is refused. The highest epoch is written to the state
+//! file (write to a temporary file, fsync, rename) before a route is taken, so it survives a
+//! restart.
 //!
 //! What this module must never do: take a route whose epoch is lower than the highest seen, or
 //! take a different pool at the same epoch (two primaries for one epoch); let the in-memory epoch
