@@ -12,6 +12,8 @@ use kube::{CustomResource, KubeSchema, core::Rule};
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Serialize};
 
+use understudy_core::drive::StandbyShape;
+
 use crate::route::StreamContract;
 
 /// The API group of every understudy resource.
@@ -159,6 +161,19 @@ pub struct FailoverPolicySpec {
     pub paused: bool,
 }
 
+impl FailoverPolicySpec {
+    /// Both pools' standby shapes, by [`understudy_core::Pool::index`]. A spec that validates has
+    /// two pools; a missing one is an empty shape, which a promotion cannot serve with.
+    #[must_use]
+    pub fn standby_shapes(&self) -> [StandbyShape; 2] {
+        [0, 1].map(|i| {
+            self.pools
+                .get(i)
+                .map_or(StandbyShape::hot(0), PoolSpec::standby_shape)
+        })
+    }
+}
+
 /// One of the two pools of a policy.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
@@ -206,6 +221,21 @@ impl PoolSpec {
             }]
         } else {
             self.standby.clone()
+        }
+    }
+
+    /// What a promotion of this pool has to bring up, from its standby tiers: its warm replicas
+    /// and the deepest level they sleep at (a level-2 wake also serves level 1), and its
+    /// pilot-light replicas. The one place the tiers become what the step driver asks.
+    #[must_use]
+    pub fn standby_shape(&self) -> StandbyShape {
+        let groups = self.standby_groups();
+        let of = |tier: Tier| groups.iter().filter(move |group| group.tier == tier);
+        StandbyShape {
+            replicas: self.replicas,
+            warm: of(Tier::Warm).map(|group| group.replicas).sum(),
+            sleep_level: of(Tier::Warm).map(TierGroup::sleep_level).max().unwrap_or(1),
+            pilot_light: of(Tier::PilotLight).map(|group| group.replicas).sum(),
         }
     }
 }

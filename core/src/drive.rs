@@ -57,13 +57,19 @@ impl StandbyShape {
         }
     }
 
-    /// Replicas that must serve before the promoted pool is routed: more than half. Waiting for
-    /// the last pilot-light replica's cold start would stretch the outage, and the admission
-    /// window shields a partly grown primary.
+    /// Replicas that must serve before the promoted pool is routed: [`serving_quorum`] of all.
     #[must_use]
     pub fn serving_quorum(&self) -> u32 {
-        self.replicas / 2 + 1
+        serving_quorum(self.replicas)
     }
+}
+
+/// Of `replicas`, how many must serve for the pool to serve: more than half. Waiting for the last
+/// pilot-light replica's cold start would stretch the outage, and the admission window shields a
+/// partly grown primary.
+#[must_use]
+pub fn serving_quorum(replicas: u32) -> u32 {
+    replicas / 2 + 1
 }
 
 /// The compare-and-set that makes a promotion: the lease from `expected` to `holder` at `epoch`.
@@ -359,5 +365,19 @@ fn record<W>(
         outcome,
         events,
         finished,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pool_serves_once_a_majority_of_its_replicas_is_ready() {
+        assert_eq!(serving_quorum(1), 1);
+        assert_eq!(serving_quorum(2), 2);
+        assert_eq!(serving_quorum(4), 3);
+        assert_eq!(serving_quorum(5), 3);
+        assert_eq!(StandbyShape::hot(8).serving_quorum(), 5);
     }
 }

@@ -30,11 +30,13 @@ use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use understudy_core::Pool;
+use understudy_core::drive::serving_quorum;
+use understudy_core::failover::Observation;
 use understudy_prober::parity::flags::{FlagPolicy, canonical_flags};
 use understudy_prober::probe::{self, Budget, Endpoint, Expectation, ProbeReport, ProbeSpec};
 use understudy_prober::report::PoolRound;
 
-use crate::controller::{GoldenAnswers, Observation, ObservationSource, serving_quorum};
+use crate::controller::{GoldenAnswers, ObservationSource};
 use crate::crd::{
     ExpectMode, FailoverPolicy, GoldenAnswer, PoolSpec, ProbeExpect, Tier, WorkloadKind, WorkloadRef,
 };

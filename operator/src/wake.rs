@@ -23,7 +23,7 @@ use understudy_core::failover::Step;
 use understudy_prober::probe::Endpoint;
 
 use crate::controller::{RouteSyncReport, RouteSyncRequest, StepExecutor, StepReport, StepRequest};
-use crate::crd::{PoolSpec, Tier};
+use crate::crd::PoolSpec;
 use crate::http1;
 use crate::observe::ReplicaEndpoints;
 
@@ -42,11 +42,8 @@ pub const DEFAULT_WAKE_TIMEOUT: Duration = Duration::from_secs(120);
 /// and level 2 when any warm group sleeps at level 2, since that wake also serves level 1.
 #[must_use]
 pub fn warm_sleep_level(pool: &PoolSpec) -> Option<u8> {
-    pool.standby_groups()
-        .iter()
-        .filter(|group| group.tier == Tier::Warm)
-        .map(|group| group.sleep_level())
-        .max()
+    let shape = pool.standby_shape();
+    (shape.warm > 0).then_some(shape.sleep_level)
 }
 
 /// The per-call timeouts.

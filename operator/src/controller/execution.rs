@@ -1,8 +1,9 @@
-//! How the controller carries out promotion steps, and where its observations and time come from.
+//! The components the Kubernetes executor ([`super::executor`]) hands steps to, the workloads it
+//! scales, and where the controller's observations and time come from.
 //!
-//! The lease step is done in the reconciler through [`crate::lease::EpochLease`]; scaling and
-//! waiting for replicas to serve are done here against the workload's scale subresource and
-//! status. Routing and opening admission are pushed to the routers by
+//! The lease step, scaling and waiting for replicas to serve are the executor's own, against the
+//! epoch Lease and the workload's scale subresource and status ([`Workload`]). Routing and
+//! opening admission are pushed to the routers by
 //! [`crate::route_push::RouterPush`] when routers are configured, and the operator wakes the new
 //! primary's warm replicas through [`crate::wake::WakeReplicas`]. Fencing, and routing without
 //! routers, belong to other components (the fence sidecar, the router); [`HandOffToComponents`]
@@ -17,8 +18,8 @@ use futures::future::BoxFuture;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
 use understudy_api::FIELD_MANAGER;
-use understudy_core::failover::{CheckResult, Input, PassiveSignal, Step};
-use understudy_core::{Epoch, Pool};
+use understudy_core::Epoch;
+use understudy_core::failover::{Observation, Step};
 
 use crate::crd::{FailoverPolicy, PoolSpec, WorkloadKind, WorkloadRef};
 
@@ -36,24 +37,6 @@ impl Clock for SystemClock {
     fn now(&self) -> Duration {
         // A clock before 1970 is a broken node; zero keeps the machine's arithmetic sound.
         SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default()
-    }
-}
-
-/// One observation about a policy's pools, as the prober or the router's data path reports it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Observation {
-    Check { pool: Pool, result: CheckResult },
-    Passive { pool: Pool, signal: PassiveSignal },
-    Parity { holds: bool },
-}
-
-impl From<Observation> for Input {
-    fn from(observation: Observation) -> Input {
-        match observation {
-            Observation::Check { pool, result } => Input::Check { pool, result },
-            Observation::Passive { pool, signal } => Input::Passive { pool, signal },
-            Observation::Parity { holds } => Input::Parity { holds },
-        }
     }
 }
 
@@ -194,14 +177,6 @@ impl StepExecutor for HandOffToComponents {
     }
 }
 
-/// The replicas of a pool serve once more than half of them are ready. Waiting for the last
-/// pilot-light replica's cold start would stretch the outage, and the admission window shields a
-/// partly grown primary.
-#[must_use]
-pub fn serving_quorum(replicas: u32) -> u32 {
-    replicas / 2 + 1
-}
-
 /// A pool's workload, through its scale subresource and status.
 #[derive(Clone)]
 pub struct Workload {
@@ -273,18 +248,5 @@ impl Workload {
             .and_then(serde_json::Value::as_u64)
             .and_then(|n| u32::try_from(n).ok())
             .unwrap_or(0))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_pool_serves_once_a_majority_of_its_replicas_is_ready() {
-        assert_eq!(serving_quorum(1), 1);
-        assert_eq!(serving_quorum(2), 2);
-        assert_eq!(serving_quorum(4), 3);
-        assert_eq!(serving_quorum(5), 3);
     }
 }

@@ -32,6 +32,7 @@
 
 mod command;
 mod execution;
+mod executor;
 mod status;
 
 use std::collections::HashMap;
@@ -54,17 +55,20 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use understudy_api::FIELD_MANAGER;
+use understudy_core::drive::{Driven, StepOutcome, drive};
+pub use understudy_core::failover::Observation;
 use understudy_core::failover::{
     Action as MachineAction, ControlPlane, Event as MachineEvent, FailoverConfig, FailoverState, Input,
-    Phase, Promotion, Step, StepFailure, TransitionKind,
+    Phase, Promotion, Step, TransitionKind,
 };
 use understudy_core::{Epoch, Pool};
 
 pub use self::command::{COMMAND_ANNOTATION, COMMAND_WORDS, CommandRequest, HandledCommand, pending_command};
 pub use self::execution::{
-    Clock, HandOffToComponents, NoObservations, Observation, ObservationSource, RouteSyncReport,
-    RouteSyncRequest, StepExecutor, StepReport, StepRequest, SystemClock, Workload, serving_quorum,
+    Clock, HandOffToComponents, NoObservations, ObservationSource, RouteSyncReport, RouteSyncRequest,
+    StepExecutor, StepReport, StepRequest, SystemClock, Workload,
 };
+use self::executor::{KubeExecutor, Waiting};
 pub use self::status::{
     HandedOffStep, OperatorRecord, StatusFacts, StoredRecord, desired_status, invalid_spec_patch,
     load_record, merge_conditions, phase_name, rfc3339, step_name, timeline,
@@ -434,56 +438,49 @@ struct Run<'a> {
     notices: Vec<Notice>,
     /// A promotion that finished during this reconcile.
     finished: Option<Promotion>,
-    /// The latest promotion's steps that were left to other components.
+    /// The latest promotion's steps that were left to other components, or carried out with a
+    /// note.
     handed_off: Vec<HandedOffStep>,
     /// The GPU reserve held, as the status last recorded it and this reconcile left it.
     gpu_reserve: Option<GpuReserve>,
+    /// The command annotation's value handled last, as this reconcile leaves it.
+    handled_command: Option<HandledCommand>,
 }
 
 impl Run<'_> {
     fn feed(&mut self, input: Input) {
-        let before = match &self.machine.phase {
-            Phase::Promoting(p) => Some(p.clone()),
-            _ => None,
-        };
         let (next, actions) = self.machine.step(self.config, self.now, &input);
         for action in actions {
-            let MachineAction::Emit(event) = action else {
-                continue; // the pending step's action; carried out from `pending_action`
-            };
-            if let (
-                MachineEvent::PromotionFinished { .. },
-                Some(mut promotion),
-                Input::StepDone { step, .. },
-            ) = (&event, before.clone(), &input)
-            {
-                promotion.done.push((*step, self.now));
-                promotion.step = *step;
-                self.finished = Some(promotion);
+            // The pending step's action is carried out by the driver.
+            if let MachineAction::Emit(event) = action {
+                self.notices.push(Notice::Machine(event));
             }
-            self.notices.push(Notice::Machine(event));
         }
         self.machine = next;
     }
 
-    fn step_done(&mut self, epoch: Epoch, step: Step) {
-        self.feed(Input::StepDone { epoch, step });
-    }
-
-    fn step_handed_off(&mut self, epoch: Epoch, step: Step, carried_by: &'static str, note: String) {
-        self.note_step(epoch, step, note.clone(), true);
-        self.notices.push(Notice::Handoff {
-            step,
-            carried_by,
-            note,
-        });
-        self.step_done(epoch, step);
-    }
-
-    /// A step carried out, with what its component said about it, for the timeline.
-    fn step_done_noted(&mut self, epoch: Epoch, step: Step, note: String) {
-        self.note_step(epoch, step, note, false);
-        self.step_done(epoch, step);
+    /// Takes in one step the driver carried out: the machine after it, its events, the step's
+    /// note for the timeline, and the promotion it finished.
+    fn take(&mut self, driven: Driven<Waiting>) -> StepOutcome<Waiting> {
+        self.machine = driven.state;
+        self.notices
+            .extend(driven.events.into_iter().map(Notice::Machine));
+        if driven.finished.is_some() {
+            self.finished = driven.finished;
+        }
+        if let StepOutcome::Done(done) = &driven.outcome {
+            if let Some(note) = &done.note {
+                self.note_step(driven.epoch, driven.step, note.clone(), done.handed_off);
+            }
+            if done.handed_off {
+                self.notices.push(Notice::Handoff {
+                    step: driven.step,
+                    carried_by: done.carried_by,
+                    note: done.note.clone().unwrap_or_default(),
+                });
+            }
+        }
+        driven.outcome
     }
 
     fn note_step(&mut self, epoch: Epoch, step: Step, note: String, handed_off: bool) {
@@ -497,23 +494,15 @@ impl Run<'_> {
         });
     }
 
-    fn step_retry(&mut self, epoch: Epoch, step: Step) {
-        self.feed(Input::StepFailed {
-            epoch,
-            step,
-            reason: StepFailure::Retry,
-        });
-    }
-
     fn pool_spec(&self, pool: Pool) -> &crate::crd::PoolSpec {
         // validate() guarantees two pools.
         &self.spec.pools[pool.index()]
     }
 
-    fn record(&self, handled_command: Option<HandledCommand>) -> OperatorRecord {
+    fn record(&self) -> OperatorRecord {
         OperatorRecord {
             machine: self.machine.clone(),
-            handled_command,
+            handled_command: self.handled_command.clone(),
             handed_off: self.handed_off.clone(),
         }
     }
@@ -521,7 +510,7 @@ impl Run<'_> {
 
 /// Reads the epoch Lease; creates it when it does not exist, naming `recorded`: the primary and
 /// epoch the policy's status last recorded, so that no epoch is ever reused.
-async fn observe_lease(
+async fn read_or_create_lease(
     lease: &impl EpochLease,
     spec: &FailoverPolicySpec,
     recorded: (Pool, Epoch),
@@ -559,8 +548,20 @@ fn recorded_position(
     from_status.unwrap_or((Pool::A, Epoch(0)))
 }
 
+/// What status recorded, as the reconcile starts from it.
+struct Recorded {
+    /// The state machine as status last recorded it; `None` for a new policy or an unreadable
+    /// record, when the Lease, fed next, is the authority.
+    machine: Option<FailoverState>,
+    /// Whether the record of handled commands could be read: when it cannot, whether a command
+    /// ran before is unknown and none is run.
+    command_record_readable: bool,
+}
+
+/// The reconcile of a valid policy, as a pipeline: dereference what status recorded → validate
+/// → observe the Lease and the pools → decide → execute the promotion's steps → keep the GPU
+/// reserve → update status → publish what happened → keep the routers on the Lease's route.
 async fn apply(policy: &FailoverPolicy, ctx: &Context, namespace: &str) -> Result<Action, Error> {
-    let name = policy.name_any();
     // Before validation, so that a spec edited into nonsense stops being probed by its old self.
     ctx.observations.track(policy);
     let validated = match policy::validate(&policy.spec) {
@@ -580,37 +581,123 @@ async fn apply(policy: &FailoverPolicy, ctx: &Context, namespace: &str) -> Resul
             .await;
         }
     };
-    let spec = &policy.spec;
+    let (mut run, recorded) = dereference(policy, &validated.failover, ctx.clock.now(), namespace);
+    // No owner reference: the epoch Lease outlives its policy (see the module doc).
+    let lease = KubeLease::for_policy(Api::namespaced(ctx.client.clone(), namespace), &policy.name_any());
+    let reference = policy.object_ref(&());
+    let lease_now = observe(ctx, policy, namespace, &lease, &mut run, &recorded).await?;
+    if lease_now.epoch < run.machine.epoch {
+        // The machine ignores a lower epoch; without this, every promotion would lose its
+        // compare-and-set and the policy would be stuck without a word.
+        return report_lease_regressed(ctx, policy, namespace, &run, lease_now.epoch)
+            .await
+            .map(|()| Action::requeue(validated.probe.interval));
+    }
+    decide(&mut run, policy, recorded.command_record_readable);
+    let executed = execute(ctx, policy, namespace, &lease, lease_now, &mut run, &recorded).await?;
+    let lease_now = executed.lease_now;
+
+    // The reserve follows the Lease as read or written in this reconcile, never a Lease that
+    // could not be read or was lost.
+    let reserve_error = match pool_by_name(&policy.spec, &lease_now.holder) {
+        Some(primary) if run.machine.control_plane == ControlPlane::Reachable && run.machine.lease_known => {
+            keep_reserve(ctx, &mut run, policy, namespace, primary)
+                .await
+                .err()
+        }
+        _ => None,
+    };
+    if let Some(error) = &reserve_error {
+        // Told at once: nothing about a failed reserve is recorded, and it is tried again.
+        warn(ctx, &reference, "GpuReserveFailed", error.to_string()).await;
+    }
+
+    let written = write_status(ctx, policy, namespace, &run, None).await;
+    publish_recorded(
+        ctx,
+        policy,
+        namespace,
+        &run,
+        written.is_ok(),
+        executed.recorded_notices,
+    )
+    .await;
+    let view_stale = keep_route(ctx, &run, &lease_now, policy, &reference).await;
+    match (written, executed.error.or(reserve_error)) {
+        // The step's failure is the cause (an unreachable Lease usually fails the status write
+        // too); the status error is only logged, so the error counts under the step's category.
+        (written, Some(error)) => {
+            if let Err(status_error) = written {
+                tracing::warn!(%namespace, policy = %policy.name_any(), error = %status_error, "status not written");
+            }
+            Err(error)
+        }
+        (Err(error), None) => Err(error),
+        (Ok(()), None) => Ok(Action::requeue(match run.machine.phase {
+            Phase::Promoting(_) => PROMOTING_REQUEUE.min(validated.probe.interval),
+            // A router ahead of us means the Lease moved: read it again soon.
+            _ if view_stale => PROMOTING_REQUEUE.min(validated.probe.interval),
+            _ => validated.probe.interval,
+        })),
+    }
+}
+
+/// Reads what status recorded into the reconcile's working state: the machine (or a fresh one,
+/// when it is missing or unreadable), the handled command, the timeline's notes, the reserve.
+fn dereference<'a>(
+    policy: &'a FailoverPolicy,
+    config: &'a FailoverConfig,
+    now: Duration,
+    namespace: &str,
+) -> (Run<'a>, Recorded) {
+    let name = policy.name_any();
     let stored = load_record(policy.status.as_ref());
-    let stored_machine = stored.machine.unwrap_or_else(|error| {
+    let machine = stored.machine.unwrap_or_else(|error| {
         // Start afresh at the home pool and epoch 0: the Lease, fed below, is the authority, and a
         // newer epoch in it is adopted by re-running the steps after the lease write.
         tracing::warn!(%namespace, policy = %name, %error, "status.failover.machine unreadable; adopting the lease");
         None
     });
-    let (mut handled_command, command_record_readable) = match stored.handled_command {
+    let (handled_command, command_record_readable) = match stored.handled_command {
         Ok(handled) => (handled, true),
         Err(error) => {
             tracing::warn!(%namespace, policy = %name, %error, "status.failover.handledCommand unreadable");
             (None, false)
         }
     };
-    // No owner reference: the epoch Lease outlives its policy (see the module doc).
-    let lease = KubeLease::for_policy(Api::namespaced(ctx.client.clone(), namespace), &name);
-    let reference = policy.object_ref(&());
-    let mut run = Run {
-        spec,
-        config: &validated.failover,
-        now: ctx.clock.now(),
-        machine: stored_machine.clone().unwrap_or_default(),
+    let run = Run {
+        spec: &policy.spec,
+        config,
+        now,
+        machine: machine.clone().unwrap_or_default(),
         notices: Vec::new(),
         finished: None,
         handed_off: stored.handed_off,
         gpu_reserve: policy.status.as_ref().and_then(|s| s.gpu_reserve.clone()),
+        handled_command,
     };
+    let recorded = Recorded {
+        machine,
+        command_record_readable,
+    };
+    (run, recorded)
+}
 
-    let recorded = recorded_position(stored_machine.as_ref(), policy.status.as_ref(), spec);
-    let mut lease_now = match observe_lease(&lease, spec, recorded).await {
+/// Reads the epoch Lease (creating it when missing) and feeds the machine what is known of the
+/// control plane, the Lease and both pools. An unreachable Lease pauses control: the paused state
+/// is reported, best effort, and the reconcile ends with that error.
+async fn observe(
+    ctx: &Context,
+    policy: &FailoverPolicy,
+    namespace: &str,
+    lease: &KubeLease,
+    run: &mut Run<'_>,
+    recorded: &Recorded,
+) -> Result<LeaseRecord, Error> {
+    let spec = &policy.spec;
+    let reference = policy.object_ref(&());
+    let position = recorded_position(recorded.machine.as_ref(), policy.status.as_ref(), spec);
+    let lease_now = match read_or_create_lease(lease, spec, position).await {
         Ok((record, created)) => {
             if created {
                 run.notices.push(Notice::LeaseCreated {
@@ -622,14 +709,13 @@ async fn apply(policy: &FailoverPolicy, ctx: &Context, namespace: &str) -> Resul
         }
         Err(error) if error.is_unreachable() => {
             // Without a record there is nothing true to report: the epoch is unknown.
-            if stored_machine.is_some() {
+            if recorded.machine.is_some() {
                 run.feed(Input::ControlPlane(ControlPlane::Unreachable));
                 run.feed(Input::Tick);
-                let record = run.record(handled_command);
                 // Best effort: the status write likely fails the same way, and the error that
                 // matters to the caller is that control is paused.
-                if let Err(error) = write_status(ctx, policy, namespace, &run, &record, None).await {
-                    tracing::warn!(%namespace, policy = %name, %error, "could not report the paused control plane");
+                if let Err(error) = write_status(ctx, policy, namespace, run, None).await {
+                    tracing::warn!(%namespace, policy = %policy.name_any(), %error, "could not report the paused control plane");
                 }
                 publish(ctx, &reference, spec, &run.notices).await;
             }
@@ -653,25 +739,22 @@ async fn apply(policy: &FailoverPolicy, ctx: &Context, namespace: &str) -> Resul
             holder: lease_now.holder,
         });
     };
-
     run.feed(Input::ControlPlane(ControlPlane::Reachable));
     run.feed(Input::LeaseObserved {
         holder,
         epoch: lease_now.epoch,
     });
-    // Observations first: they happened before this reconcile, and a command is judged on the
-    // freshest view of both pools' health.
+    // Observations before any command: they happened before this reconcile, and a command is
+    // judged on the freshest view of both pools' health.
     for observation in ctx.observations.drain(&ObjectRef::from_obj(policy)) {
         run.feed(observation.into());
     }
-    if lease_now.epoch < run.machine.epoch {
-        // The machine ignores a lower epoch; without this, every promotion would lose its
-        // compare-and-set and the policy would be stuck without a word.
-        let record = run.record(handled_command);
-        return report_lease_regressed(ctx, policy, namespace, &run, &record, lease_now.epoch)
-            .await
-            .map(|()| Action::requeue(validated.probe.interval));
-    }
+    Ok(lease_now)
+}
+
+/// Feeds the command the annotation gives, once per value, and the tick on which the machine
+/// decides.
+fn decide(run: &mut Run<'_>, policy: &FailoverPolicy, command_record_readable: bool) {
     let annotation = policy
         .annotations()
         .get(COMMAND_ANNOTATION)
@@ -679,222 +762,148 @@ async fn apply(policy: &FailoverPolicy, ctx: &Context, namespace: &str) -> Resul
         .filter(|value| !value.is_empty());
     match annotation {
         // Removing the annotation forgets the command, so the same value given later is new.
-        None => handled_command = None,
+        None => run.handled_command = None,
         Some(value) if !command_record_readable => {
             // Whether this value ran already is unknown: never risk running it twice.
             run.notices.push(Notice::CommandNotRun {
                 value: value.to_owned(),
             });
-            handled_command = Some(HandledCommand {
+            run.handled_command = Some(HandledCommand {
                 value: value.to_owned(),
             });
         }
-        Some(value) => match pending_command(Some(value), handled_command.as_ref()) {
+        Some(value) => match pending_command(Some(value), run.handled_command.as_ref()) {
             Some(CommandRequest::New { command, handled }) => {
                 run.feed(Input::Command(command));
-                handled_command = Some(handled);
+                run.handled_command = Some(handled);
             }
             Some(CommandRequest::Unknown { handled }) => {
                 run.notices.push(Notice::UnknownCommand {
                     value: handled.value.clone(),
                 });
-                handled_command = Some(handled);
+                run.handled_command = Some(handled);
             }
             None => {}
         },
     }
     run.feed(Input::Tick);
+}
 
-    // Carry out the promotion, step after step, until it finishes or has to wait.
-    let mut step_error = None;
-    // How many notices a status write has recorded: the write-ahead makes its notices true even
-    // when the final write fails.
-    let mut recorded_notices = 0;
+/// What carrying out the promotion's steps left.
+struct Executed {
+    /// The Lease as read, or as the compare-and-set wrote it.
+    lease_now: LeaseRecord,
+    /// How many notices a status write has recorded: the write-ahead makes its notices true even
+    /// when the final write fails.
+    recorded_notices: usize,
+    /// The failure of the step the promotion waits at, reported once the status is written.
+    error: Option<Error>,
+}
+
+/// Carries out the promotion, step after step through core's driver and the Kubernetes
+/// executor, until it finishes or has to wait. A lost compare-and-set, or a write-ahead that
+/// failed, ends the reconcile at once: the loser writes nothing, not even its status.
+async fn execute(
+    ctx: &Context,
+    policy: &FailoverPolicy,
+    namespace: &str,
+    lease: &KubeLease,
+    lease_now: LeaseRecord,
+    run: &mut Run<'_>,
+    recorded: &Recorded,
+) -> Result<Executed, Error> {
+    let shapes = policy.spec.standby_shapes();
+    let mut executor = KubeExecutor {
+        ctx,
+        policy,
+        namespace,
+        lease,
+        lease_now,
+        write_ahead: None,
+        wrote_ahead: false,
+    };
+    let mut executed = Executed {
+        lease_now: executor.lease_now.clone(),
+        recorded_notices: 0,
+        error: None,
+    };
     for _ in 0..=Step::ALL.len() {
-        let Some(action) = run.machine.pending_action() else {
+        if let Some(MachineAction::CompareAndSetLease { .. }) = run.machine.pending_action() {
+            // Write ahead: the promotion is in status before the Lease moves, so an operator
+            // restarted after the write resumes it instead of adopting the new epoch and skipping
+            // the remaining steps.
+            executor.write_ahead = (recorded.machine.as_ref() != Some(&run.machine))
+                .then(|| status_of(ctx, policy, run, None))
+                .transpose()?;
+        }
+        let Some(driven) = drive(&run.machine, run.config, run.now, &shapes, &mut executor).await else {
             break;
         };
-        match action {
-            MachineAction::CompareAndSetLease {
-                expected,
-                holder,
-                epoch,
-            } => {
-                let holder_name = pool_name(spec, holder).to_owned();
-                if lease_now.epoch == epoch && lease_now.holder == holder_name {
-                    run.step_done(epoch, Step::AcquireLease);
-                    continue;
-                }
-                if lease_now.epoch != expected {
-                    // The Lease is not where this promotion started from: somebody else moved it.
-                    return Err(Error::LostRace);
-                }
-                // Write ahead: the promotion is in status before the Lease moves, so an operator
-                // restarted after the write resumes it instead of adopting the new epoch and
-                // skipping the remaining steps.
-                if stored_machine.as_ref() != Some(&run.machine) {
-                    let record = run.record(handled_command.clone());
-                    write_status(ctx, policy, namespace, &run, &record, None).await?;
-                    recorded_notices = run.notices.len();
-                }
-                match lease.compare_and_set(&lease_now, &holder_name, epoch).await {
-                    Ok(record) => {
-                        lease_now = record;
-                        run.step_done(epoch, Step::AcquireLease);
-                    }
-                    // The loser acts on nothing: no status, no events, no other write.
-                    Err(LeaseError::LostRace) => return Err(Error::LostRace),
-                    Err(error) if error.is_unreachable() => {
-                        // The write may or may not have landed; the next read of the Lease tells.
-                        run.step_retry(epoch, Step::AcquireLease);
-                        run.feed(Input::ControlPlane(ControlPlane::Unreachable));
-                        step_error = Some(Error::ControlPlaneUnreachable(error));
-                        break;
-                    }
-                    Err(error) => {
-                        run.step_retry(epoch, Step::AcquireLease);
-                        step_error = Some(Error::Lease(error));
-                        break;
-                    }
-                }
-            }
-            MachineAction::Scale { pool, epoch } => {
-                let target = run.pool_spec(pool);
-                let workload = Workload::new(ctx.client.clone(), namespace, &target.workload);
-                match workload.scale_up_to(target.replicas).await {
-                    Ok(_) => run.step_done(epoch, Step::Scale),
-                    Err(source) => {
-                        step_error = Some(Error::Workload {
-                            step: Step::Scale,
-                            workload: target.workload.name.clone(),
-                            source,
-                        });
-                        run.step_retry(epoch, Step::Scale);
-                        break;
-                    }
-                }
-            }
-            MachineAction::AwaitServing { pool, epoch } => {
-                let target = run.pool_spec(pool);
-                let workload = Workload::new(ctx.client.clone(), namespace, &target.workload);
-                match workload.ready_replicas().await {
-                    Ok(ready) if ready >= serving_quorum(target.replicas) => {
-                        run.step_done(epoch, Step::AwaitServing);
-                    }
-                    Ok(_) => {
-                        run.step_retry(epoch, Step::AwaitServing);
-                        break;
-                    }
-                    Err(source) => {
-                        step_error = Some(Error::Workload {
-                            step: Step::AwaitServing,
-                            workload: target.workload.name.clone(),
-                            source,
-                        });
-                        run.step_retry(epoch, Step::AwaitServing);
-                        break;
-                    }
-                }
-            }
-            MachineAction::Fence { pool, epoch }
-            | MachineAction::Wake { pool, epoch }
-            | MachineAction::Route { pool, epoch }
-            | MachineAction::OpenAdmission { pool, epoch } => {
-                let step = match action {
-                    MachineAction::Fence { .. } => Step::FenceOld,
-                    MachineAction::Wake { .. } => Step::Wake,
-                    MachineAction::Route { .. } => Step::Route,
-                    _ => Step::OpenAdmission,
-                };
-                let request = StepRequest {
-                    policy,
-                    step,
-                    pool: run.pool_spec(pool),
-                    epoch,
-                };
-                match ctx.steps.carry_out(request).await {
-                    StepReport::Done { carried_by, note } => {
-                        tracing::debug!(%namespace, policy = %name, ?step, carried_by, ?note, "step done");
-                        match note {
-                            Some(note) => run.step_done_noted(epoch, step, note),
-                            None => run.step_done(epoch, step),
-                        }
-                    }
-                    StepReport::HandedOff { carried_by, note } => {
-                        run.step_handed_off(epoch, step, carried_by, note);
-                    }
-                    StepReport::NotYet { reason } => {
-                        tracing::debug!(%namespace, policy = %name, ?step, %reason, "step not done yet");
-                        run.step_retry(epoch, step);
-                        break;
-                    }
-                    StepReport::Refused {
-                        carried_by,
-                        reason,
-                        note,
-                    } => {
-                        // Told at once, not after the status write: nothing about it is recorded,
-                        // and the next reconcile reads the Lease again before it tries once more.
-                        tracing::warn!(%namespace, policy = %name, ?step, carried_by, %note, "step refused");
-                        warn(ctx, &reference, reason, note).await;
-                        run.step_retry(epoch, step);
-                        break;
-                    }
-                }
-            }
-            MachineAction::Emit(_) => break,
+        let (step, carries_on) = (driven.step, driven.carries_on());
+        if executor.wrote_ahead {
+            executor.wrote_ahead = false;
+            executed.recorded_notices = run.notices.len();
         }
-    }
-
-    // The reserve follows the Lease as read or written in this reconcile, never a Lease that
-    // could not be read or was lost.
-    let reserve_error = match pool_by_name(spec, &lease_now.holder) {
-        Some(primary) if run.machine.control_plane == ControlPlane::Reachable && run.machine.lease_known => {
-            keep_reserve(ctx, &mut run, policy, namespace, primary)
-                .await
-                .err()
+        match driven.outcome {
+            // The loser acts on nothing: no status, no events, no other write.
+            StepOutcome::LostRace => return Err(Error::LostRace),
+            StepOutcome::NotYet(Waiting::Abort(error)) => return Err(error),
+            _ => {}
         }
-        _ => None,
-    };
-    if let Some(error) = &reserve_error {
-        // Told at once: nothing about a failed reserve is recorded, and it is tried again.
-        warn(ctx, &reference, "GpuReserveFailed", error.to_string()).await;
+        match run.take(driven) {
+            StepOutcome::Done(_) if carries_on => continue,
+            StepOutcome::Done(_) | StepOutcome::LostRace | StepOutcome::NotYet(Waiting::Abort(_)) => {}
+            StepOutcome::NotYet(Waiting::NotYet(reason)) => {
+                tracing::debug!(%namespace, policy = %policy.name_any(), ?step, %reason, "step not done yet");
+            }
+            StepOutcome::NotYet(Waiting::Refused {
+                carried_by,
+                reason,
+                note,
+            }) => {
+                // Told at once, not after the status write: nothing about it is recorded, and the
+                // next reconcile reads the Lease again before it tries once more.
+                tracing::warn!(%namespace, policy = %policy.name_any(), ?step, carried_by, %note, "step refused");
+                warn(ctx, &policy.object_ref(&()), reason, note).await;
+            }
+            StepOutcome::NotYet(Waiting::Failed(error))
+            | StepOutcome::Unreachable(Waiting::Failed(error)) => {
+                executed.error = Some(error);
+            }
+            StepOutcome::Unreachable(other) => {
+                tracing::debug!(%namespace, policy = %policy.name_any(), ?step, ?other, "control plane unreachable");
+            }
+        }
+        break;
     }
+    executed.lease_now = executor.lease_now;
+    Ok(executed)
+}
 
-    let record = run.record(handled_command);
-    let written = write_status(ctx, policy, namespace, &run, &record, None).await;
-    // Events and counts follow the status that records them: after a failed write the next
-    // reconcile runs the same steps again, and would tell and count them twice.
-    let recorded = if written.is_ok() {
+/// Publishes the notices a status write has recorded, and counts the epoch and a finished
+/// promotion once status records them: after a failed write the next reconcile runs the same
+/// steps again, and would tell and count them twice.
+async fn publish_recorded(
+    ctx: &Context,
+    policy: &FailoverPolicy,
+    namespace: &str,
+    run: &Run<'_>,
+    written: bool,
+    recorded_by_write_ahead: usize,
+) {
+    let recorded = if written {
         run.notices.len()
     } else {
-        recorded_notices
+        recorded_by_write_ahead
     };
-    publish(ctx, &reference, spec, &run.notices[..recorded]).await;
-    if written.is_ok() {
+    publish(ctx, &policy.object_ref(&()), run.spec, &run.notices[..recorded]).await;
+    if written {
+        let name = policy.name_any();
         ctx.metrics.set_epoch(namespace, &name, run.machine.epoch.0);
         if let Some(done) = &run.finished {
             ctx.metrics
                 .failover_finished(namespace, &name, TransitionKind::as_str(done.kind));
         }
-    }
-    let view_stale = keep_route(ctx, &run, &lease_now, policy, &reference).await;
-    match (written, step_error.or(reserve_error)) {
-        // The step's failure is the cause (an unreachable Lease usually fails the status write
-        // too); the status error is only logged, so the error counts under the step's category.
-        (written, Some(error)) => {
-            if let Err(status_error) = written {
-                tracing::warn!(%namespace, policy = %name, error = %status_error, "status not written");
-            }
-            Err(error)
-        }
-        (Err(error), None) => Err(error),
-        (Ok(()), None) => Ok(Action::requeue(match run.machine.phase {
-            Phase::Promoting(_) => PROMOTING_REQUEUE.min(validated.probe.interval),
-            // A router ahead of us means the Lease moved: read it again soon.
-            _ if view_stale => PROMOTING_REQUEUE.min(validated.probe.interval),
-            _ => validated.probe.interval,
-        })),
     }
 }
 
@@ -1117,7 +1126,6 @@ async fn report_lease_regressed(
     policy: &FailoverPolicy,
     namespace: &str,
     run: &Run<'_>,
-    record: &OperatorRecord,
     lease_epoch: Epoch,
 ) -> Result<(), Error> {
     let already_reported = policy
@@ -1125,7 +1133,7 @@ async fn report_lease_regressed(
         .as_ref()
         .and_then(|s| s.conditions.get(condition_type::READY))
         .is_some_and(|ready| ready.reason == LEASE_REGRESSED);
-    write_status(ctx, policy, namespace, run, record, Some(lease_epoch)).await?;
+    write_status(ctx, policy, namespace, run, Some(lease_epoch)).await?;
     let reference = policy.object_ref(&());
     if !already_reported {
         let note = format!(
@@ -1149,15 +1157,27 @@ fn cleanup(policy: &FailoverPolicy, ctx: &Context, namespace: &str) -> Result<Ac
     Ok(Action::await_change())
 }
 
-/// Applies the status for `record` with server-side apply, under the write timeout.
+/// Applies the status the reconcile's working state makes, with server-side apply, under the
+/// write timeout.
 async fn write_status(
     ctx: &Context,
     policy: &FailoverPolicy,
     namespace: &str,
     run: &Run<'_>,
-    record: &OperatorRecord,
     lease_behind: Option<Epoch>,
 ) -> Result<(), Error> {
+    let status = status_of(ctx, policy, run, lease_behind)?;
+    apply_status(ctx, namespace, &policy.name_any(), &status).await
+}
+
+/// The status the reconcile's working state makes: pure, but for asking the golden answers'
+/// source what it keeps.
+fn status_of(
+    ctx: &Context,
+    policy: &FailoverPolicy,
+    run: &Run<'_>,
+    lease_behind: Option<Epoch>,
+) -> Result<FailoverPolicyStatus, Error> {
     let golden_answer = match &ctx.golden_answers {
         Some(source) => source.golden_answer(&ObjectRef::from_obj(policy)),
         None => policy
@@ -1166,20 +1186,19 @@ async fn write_status(
             .and_then(|status| status.golden_answer.clone())
             .filter(|golden| golden.fits(&run.spec.probe)),
     };
-    let status = desired_status(&StatusFacts {
+    desired_status(&StatusFacts {
         spec: run.spec,
         config: run.config,
         generation: policy.metadata.generation,
         previous: policy.status.as_ref(),
-        record,
+        record: &run.record(),
         finished: run.finished.as_ref(),
         lease_behind,
         gpu_reserve: run.gpu_reserve.as_ref(),
         golden_answer: golden_answer.as_ref(),
         now: run.now,
     })
-    .map_err(Error::Record)?;
-    apply_status(ctx, namespace, &policy.name_any(), &status).await
+    .map_err(Error::Record)
 }
 
 async fn apply_status(

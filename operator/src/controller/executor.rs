@@ -1,0 +1,182 @@
+//! The Kubernetes home's executor: core's [`Executor`], carried out against the epoch Lease, the
+//! pools' workloads, and the components behind [`StepExecutor`](super::StepExecutor) (the routers, the replicas' sleep
+//! endpoints, the fence sidecars).
+//!
+//! The lease step compare-and-sets the Lease on its `resourceVersion`, after writing the promotion
+//! to status first (the write-ahead), so that an operator restarted after the Lease moved resumes
+//! the promotion instead of adopting the new epoch and skipping its remaining steps. Scale raises
+//! the new primary's workload through its scale subresource; AwaitServing reads its ready
+//! replicas. Every other step goes to [`StepExecutor`](super::StepExecutor).
+//!
+//! It must never write after losing the compare-and-set, and never claim a call it did not make.
+
+use understudy_core::drive::{
+    Completion, Executor, LeaseClaim, ScaleOrder, ServingOrder, StepOutcome, Target, WakeOrder,
+};
+use understudy_core::failover::Step;
+use understudy_core::{Epoch, Pool};
+
+use super::execution::{StepReport, StepRequest, Workload};
+use super::{Context, Error, apply_status};
+use crate::crd::{FailoverPolicy, FailoverPolicyStatus, PoolSpec};
+use crate::lease::{EpochLease, KubeLease, LeaseError, LeaseRecord};
+use crate::policy::pool_name;
+
+/// Why a step of the Kubernetes executor waits.
+#[derive(Debug)]
+pub(super) enum Waiting {
+    /// Not done yet (replicas not ready, a replica still asleep); the reconciler comes back.
+    NotYet(String),
+    /// A component refused the step in a way somebody should look at: a Warning Event says why.
+    Refused {
+        carried_by: &'static str,
+        reason: &'static str,
+        note: String,
+    },
+    /// A call failed; the reconcile reports the error once the status is written.
+    Failed(Error),
+    /// The write-ahead failed: the reconcile stops and writes nothing more.
+    Abort(Error),
+}
+
+/// One reconcile's executor for one policy.
+pub(super) struct KubeExecutor<'a> {
+    pub ctx: &'a Context,
+    pub policy: &'a FailoverPolicy,
+    pub namespace: &'a str,
+    pub lease: &'a KubeLease,
+    /// The Lease as last read or written in this reconcile.
+    pub lease_now: LeaseRecord,
+    /// The status to apply before the Lease is written, when status does not record the
+    /// promotion yet. Taken by the first compare-and-set that needs it.
+    pub write_ahead: Option<FailoverPolicyStatus>,
+    /// Whether the write-ahead was applied: the notices it records are true from then on.
+    pub wrote_ahead: bool,
+}
+
+type Outcome = StepOutcome<Waiting>;
+
+impl KubeExecutor<'_> {
+    fn pool(&self, pool: Pool) -> &PoolSpec {
+        // validate() guarantees two pools.
+        &self.policy.spec.pools[pool.index()]
+    }
+
+    fn workload(&self, pool: Pool) -> Workload {
+        Workload::new(self.ctx.client.clone(), self.namespace, &self.pool(pool).workload)
+    }
+
+    fn workload_error(&self, step: Step, pool: Pool, source: kube::Error) -> Outcome {
+        StepOutcome::NotYet(Waiting::Failed(Error::Workload {
+            step,
+            workload: self.pool(pool).workload.name.clone(),
+            source,
+        }))
+    }
+
+    /// Hands a step to the components behind [`StepExecutor`](super::StepExecutor).
+    async fn carry(&self, step: Step, pool: Pool, epoch: Epoch) -> Outcome {
+        let request = StepRequest {
+            policy: self.policy,
+            step,
+            pool: self.pool(pool),
+            epoch,
+        };
+        match self.ctx.steps.carry_out(request).await {
+            StepReport::Done { carried_by, note } => StepOutcome::Done(Completion {
+                carried_by,
+                note,
+                handed_off: false,
+            }),
+            StepReport::HandedOff { carried_by, note } => {
+                StepOutcome::Done(Completion::handed_off(carried_by, note))
+            }
+            StepReport::NotYet { reason } => StepOutcome::NotYet(Waiting::NotYet(reason)),
+            StepReport::Refused {
+                carried_by,
+                reason,
+                note,
+            } => StepOutcome::NotYet(Waiting::Refused {
+                carried_by,
+                reason,
+                note,
+            }),
+        }
+    }
+}
+
+const OPERATOR: &str = "operator";
+
+impl Executor for KubeExecutor<'_> {
+    type Wait = Waiting;
+
+    async fn acquire_lease(&mut self, claim: LeaseClaim) -> Outcome {
+        let holder = pool_name(&self.policy.spec, claim.holder).to_owned();
+        if self.lease_now.epoch == claim.epoch && self.lease_now.holder == holder {
+            return StepOutcome::Done(Completion::by(OPERATOR));
+        }
+        if self.lease_now.epoch != claim.expected {
+            // The Lease is not where this promotion started from: somebody else moved it.
+            return StepOutcome::LostRace;
+        }
+        if let Some(status) = self.write_ahead.take() {
+            let name = self.policy.metadata.name.as_deref().unwrap_or_default();
+            if let Err(error) = apply_status(self.ctx, self.namespace, name, &status).await {
+                return StepOutcome::NotYet(Waiting::Abort(error));
+            }
+            self.wrote_ahead = true;
+        }
+        match self
+            .lease
+            .compare_and_set(&self.lease_now, &holder, claim.epoch)
+            .await
+        {
+            Ok(record) => {
+                self.lease_now = record;
+                StepOutcome::Done(Completion::by(OPERATOR))
+            }
+            Err(LeaseError::LostRace) => StepOutcome::LostRace,
+            // The write may or may not have landed; the next read of the Lease tells.
+            Err(error) if error.is_unreachable() => {
+                StepOutcome::Unreachable(Waiting::Failed(Error::ControlPlaneUnreachable(error)))
+            }
+            Err(error) => StepOutcome::NotYet(Waiting::Failed(Error::Lease(error))),
+        }
+    }
+
+    async fn fence_old(&mut self, old: Target) -> Outcome {
+        self.carry(Step::FenceOld, old.pool, old.epoch).await
+    }
+
+    async fn wake(&mut self, order: WakeOrder) -> Outcome {
+        self.carry(Step::Wake, order.pool, order.epoch).await
+    }
+
+    async fn scale(&mut self, order: ScaleOrder) -> Outcome {
+        match self.workload(order.pool).scale_up_to(order.replicas).await {
+            Ok(_) => StepOutcome::Done(Completion::by(OPERATOR)),
+            Err(source) => self.workload_error(Step::Scale, order.pool, source),
+        }
+    }
+
+    async fn await_serving(&mut self, order: ServingOrder) -> Outcome {
+        match self.workload(order.pool).ready_replicas().await {
+            Ok(ready) if ready >= order.quorum => StepOutcome::Done(Completion::by(OPERATOR)),
+            Ok(ready) => StepOutcome::NotYet(Waiting::NotYet(format!(
+                "{ready} of {} replicas of {} ready, {} needed",
+                order.replicas,
+                self.pool(order.pool).name,
+                order.quorum
+            ))),
+            Err(source) => self.workload_error(Step::AwaitServing, order.pool, source),
+        }
+    }
+
+    async fn route(&mut self, new: Target) -> Outcome {
+        self.carry(Step::Route, new.pool, new.epoch).await
+    }
+
+    async fn open_admission(&mut self, new: Target) -> Outcome {
+        self.carry(Step::OpenAdmission, new.pool, new.epoch).await
+    }
+}
