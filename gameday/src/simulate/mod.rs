@@ -2,9 +2,10 @@
 //!
 //! Time moves in rounds, a round being one check interval. Each round the simulator first
 //! counts what happened to that round's user traffic (served, dropped, or accepted and silently
-//! lost), then feeds the round's checks of both pools to the state machine, executes the
-//! actions it returns against an in-memory lease and instant pools, and at the end of the
-//! round lets promotions that have waited `promotion_rounds` finish serving.
+//! lost), then feeds the round's checks of both pools to the state machine and drives the
+//! promotion steps it asks for through core's step driver, with an executor of its own: an
+//! in-memory lease and instant pools that finish serving at the end of a round once a promotion
+//! has waited `promotion_rounds`. The operator drives the same steps through the same driver.
 //!
 //! The accounting follows seed 002's model exactly, so with a shallow check and its policy the
 //! simulator reproduces that seed's tables; tests compare against a transliteration of the
@@ -14,13 +15,18 @@
 pub mod report;
 mod schedule;
 
+use std::pin::pin;
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use serde::Serialize;
 use understudy_api::crd::FailoverPolicySpec;
+use understudy_core::drive::{
+    self, Completion, Executor, LeaseClaim, ScaleOrder, ServingOrder, StandbyShape, StepOutcome, Target,
+    WakeOrder,
+};
 use understudy_core::failover::{
-    Action, CheckResult, Event, FailbackPolicy, FailoverConfig, FailoverState, Input, Phase, Step,
-    StepFailure, TransitionKind,
+    Action, CheckResult, Event, FailbackPolicy, FailoverConfig, FailoverState, Input, Phase, TransitionKind,
 };
 use understudy_core::{Epoch, Pool};
 
@@ -215,62 +221,44 @@ impl<'a> Simulation<'a> {
         }
     }
 
-    /// Applies one input, then executes the actions it yields until nothing more completes.
+    /// Applies one input, then drives the promotion's steps until one has to wait.
     fn feed(&mut self, t: u32, input: Input) {
-        let mut inputs = vec![input];
-        while let Some(input) = inputs.pop() {
-            let now = self.rules.round * t;
-            let (next, actions) = self.state.step(&self.rules.config, now, &input);
-            self.state = next;
-            for action in actions {
-                if let Some(report) = self.execute(t, &input, action) {
-                    inputs.push(report);
-                }
+        let now = self.rules.round * t;
+        let (next, actions) = self.state.step(&self.rules.config, now, &input);
+        self.state = next;
+        let mut events: Vec<Event> = actions
+            .into_iter()
+            .filter_map(|action| match action {
+                Action::Emit(event) => Some(event),
+                _ => None, // the pending step's: driven below
+            })
+            .collect();
+        let mut pools = InstantPools {
+            lease: &mut self.lease,
+            serving_due: &mut self.serving_due,
+            round: t,
+            promotion_rounds: self.rules.promotion_rounds,
+            // Pools become ready only at the end of a round, after its checks: the step the
+            // round's tick itself asks for may finish serving, not one reached on the way.
+            on_tick: input == Input::Tick,
+        };
+        let shapes = [StandbyShape::hot(1); 2];
+        while let Some(driven) = at_once(drive::drive(
+            &self.state,
+            &self.rules.config,
+            now,
+            &shapes,
+            &mut pools,
+        )) {
+            pools.on_tick = false;
+            self.state = driven.state.clone();
+            events.extend(driven.events.iter().cloned());
+            if !driven.carries_on() {
+                break;
             }
         }
-    }
-
-    /// Executes one action; returns the step report to feed back, if the step finished.
-    fn execute(&mut self, t: u32, cause: &Input, action: Action) -> Option<Input> {
-        let done = |epoch, step| Some(Input::StepDone { epoch, step });
-        match action {
-            Action::Emit(event) => {
-                self.record(t, event);
-                None
-            }
-            Action::CompareAndSetLease {
-                expected,
-                holder,
-                epoch,
-            } => {
-                if self.lease == (holder, epoch) {
-                    done(epoch, Step::AcquireLease)
-                } else if self.lease.1 == expected {
-                    self.lease = (holder, epoch);
-                    done(epoch, Step::AcquireLease)
-                } else {
-                    Some(Input::StepFailed {
-                        epoch,
-                        step: Step::AcquireLease,
-                        reason: StepFailure::LostRace,
-                    })
-                }
-            }
-            Action::Fence { epoch, .. } => done(epoch, Step::FenceOld),
-            Action::Wake { epoch, .. } => done(epoch, Step::Wake),
-            Action::Scale { epoch, .. } => done(epoch, Step::Scale),
-            Action::AwaitServing { epoch, .. } => {
-                let due = *self.serving_due.get_or_insert(t + self.rules.promotion_rounds);
-                // Pools become ready only at the end of a round, after its checks.
-                if *cause == Input::Tick && t >= due {
-                    self.serving_due = None;
-                    done(epoch, Step::AwaitServing)
-                } else {
-                    None
-                }
-            }
-            Action::Route { epoch, .. } => done(epoch, Step::Route),
-            Action::OpenAdmission { epoch, .. } => done(epoch, Step::OpenAdmission),
+        for event in events {
+            self.record(t, event);
         }
     }
 
@@ -318,6 +306,77 @@ impl<'a> Simulation<'a> {
             }
             _ => {}
         }
+    }
+}
+
+/// The simulator's pools: one replica each, instant at every step but serving, against a lease
+/// the simulator alone writes.
+struct InstantPools<'a> {
+    lease: &'a mut (Pool, Epoch),
+    /// The round at whose end the pending "await serving" step is done.
+    serving_due: &'a mut Option<u32>,
+    round: u32,
+    promotion_rounds: u32,
+    /// Whether the step being driven is the one the round's tick asked for.
+    on_tick: bool,
+}
+
+const SIMULATOR: &str = "simulator";
+
+fn done() -> StepOutcome<()> {
+    StepOutcome::Done(Completion::by(SIMULATOR))
+}
+
+impl Executor for InstantPools<'_> {
+    type Wait = ();
+
+    async fn acquire_lease(&mut self, claim: LeaseClaim) -> StepOutcome<()> {
+        if *self.lease == (claim.holder, claim.epoch) {
+            done()
+        } else if self.lease.1 == claim.expected {
+            *self.lease = (claim.holder, claim.epoch);
+            done()
+        } else {
+            StepOutcome::LostRace
+        }
+    }
+
+    async fn fence_old(&mut self, _: Target) -> StepOutcome<()> {
+        done()
+    }
+
+    async fn wake(&mut self, _: WakeOrder) -> StepOutcome<()> {
+        done()
+    }
+
+    async fn scale(&mut self, _: ScaleOrder) -> StepOutcome<()> {
+        done()
+    }
+
+    async fn await_serving(&mut self, _: ServingOrder) -> StepOutcome<()> {
+        let due = *self.serving_due.get_or_insert(self.round + self.promotion_rounds);
+        if self.on_tick && self.round >= due {
+            *self.serving_due = None;
+            done()
+        } else {
+            StepOutcome::NotYet(())
+        }
+    }
+
+    async fn route(&mut self, _: Target) -> StepOutcome<()> {
+        done()
+    }
+
+    async fn open_admission(&mut self, _: Target) -> StepOutcome<()> {
+        done()
+    }
+}
+
+/// The output of a future that is ready when first polled, as every step of [`InstantPools`] is.
+fn at_once<F: Future>(future: F) -> F::Output {
+    match pin!(future).poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(output) => output,
+        Poll::Pending => unreachable!("the simulator's pools never wait"),
     }
 }
 
