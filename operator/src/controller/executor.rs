@@ -17,7 +17,8 @@ use understudy_core::failover::Step;
 use understudy_core::{Epoch, Pool};
 
 use super::execution::{StepReport, StepRequest, Workload};
-use super::{Context, Error, apply_status};
+use super::pipeline::apply_status;
+use super::{Context, Error};
 use crate::crd::{FailoverPolicy, FailoverPolicyStatus, PoolSpec};
 use crate::lease::{EpochLease, KubeLease, LeaseError, LeaseRecord};
 use crate::policy::pool_name;
