@@ -1,14 +1,11 @@
 //! The FailoverPolicy controller: drives the failover state machine from Kubernetes.
 //!
-//! Each reconcile is a typed pipeline: validate the spec (pure, [`crate::policy`]) → read the
-//! policy's epoch Lease, creating it when missing → load the state machine from
-//! `status.failover` (or start afresh, and let the Lease's epoch be adopted) → feed it the Lease,
-//! observations, a command from the annotation and a tick → carry out the promotion step it asks
-//! for, one after the other → apply the status → publish its events and count what finished →
-//! between promotions, keep the Lease's route on the routers → requeue. Before the status is
-//! applied, the GPU reserve is kept where the Lease says the standby is ([`crate::reserve`]):
-//! placeholder pods for the standby's pilot-light groups with `reserveGpus`, none for the primary
-//! beyond the hand-over: a new primary's reserve stays until its own replicas are ready.
+//! Each reconcile is a typed pipeline (`pipeline.rs`): validate the spec (pure, [`crate::policy`])
+//! → dereference what status recorded → observe the epoch Lease (creating it when missing) and
+//! the pools → decide on a command and a tick → execute the promotion's steps through core's
+//! driver and the Kubernetes executor (`executor.rs`) → keep the GPU reserve where the Lease says
+//! the standby is (`gpu_reserve.rs`) → apply the status → publish its events and count what
+//! finished (`events.rs`) → between promotions, keep the Lease's route on the routers → requeue.
 //!
 //! The epoch Lease has no owner reference and outlives its policy: routers and fence sidecars
 //! refuse anything below the highest epoch they have seen, so a policy deleted and created again
