@@ -35,6 +35,12 @@ use crate::refusal::error_response;
 /// The header on the sidecar's refusals, carrying the current epoch.
 pub const FENCE_HEADER: &str = "x-understudy-fenced";
 
+/// Marks an answer the fence made itself because its replica never took the request: it is fenced,
+/// or the replica refused the connection (crashed, not started). The gateway retries such an
+/// answer on another endpoint as it would a refused connection, since nothing reached a replica;
+/// without the mark a dead replica behind a live fence would look like a replica's own 502.
+pub const NOT_SERVED_HEADER: &str = "x-understudy-not-served";
+
 /// Where the sidecar reads the Lease. Every [`EpochLease`] is one; tests add partitions.
 pub trait LeaseSource: Send + Sync + 'static {
     /// The Lease now, or `None` when it does not exist.
@@ -171,6 +177,8 @@ impl Fence {
             let mut resp = error_response(StatusCode::SERVICE_UNAVAILABLE, "fenced", &message);
             resp.headers_mut()
                 .insert(FENCE_HEADER, HeaderValue::from(epoch.0));
+            resp.headers_mut()
+                .insert(NOT_SERVED_HEADER, HeaderValue::from_static("fenced"));
             return resp;
         }
         let (mut parts, body) = req.into_parts();
@@ -194,7 +202,13 @@ impl Fence {
                     "connection failed"
                 };
                 let message = format!("local replica unreachable: {why}");
-                error_response(StatusCode::BAD_GATEWAY, "upstream_failed", &message)
+                let mut resp = error_response(StatusCode::BAD_GATEWAY, "upstream_failed", &message);
+                // A refused connection never reached the replica; a failed one may have.
+                if e.is_connect() {
+                    resp.headers_mut()
+                        .insert(NOT_SERVED_HEADER, HeaderValue::from_static("refused"));
+                }
+                resp
             }
         }
     }

@@ -25,6 +25,7 @@ use crate::balance::{self, Tried};
 use crate::body::{Follow, InFlight, Proxied, Resend, RouterBody};
 use crate::continuation;
 use crate::endpoint::{EjectionPolicy, Endpoint, Outcome, Outstanding};
+use crate::fence_sidecar::NOT_SERVED_HEADER;
 use crate::metrics::{Metrics, RequestOutcome};
 use crate::path::{PublicPath, classify};
 use crate::refusal::Refusal;
@@ -236,8 +237,12 @@ impl Gateway {
                 }
                 let wake_at = balance::next_return(&state.endpoints, Tried::default(), now);
                 self.wait(routed.as_ref(), wake_at, leave_by).await?;
-                // Endpoints back from ejection may be tried again, within the retry budget.
+                // Endpoints back from ejection may be tried again. Waiting is not retrying: the
+                // request sent nothing while it waited, so its tries start afresh, as under a new
+                // route; the ejection back-off, not the retry budget, paces how often a dead
+                // endpoint is tried.
                 tried = Tried::default();
+                attempts = 0;
                 continue;
             };
             if attempts > 0 {
@@ -255,6 +260,8 @@ impl Gateway {
             let answer =
                 tokio::time::timeout(self.config.first_byte_timeout, self.send(&endpoint, &upstream)).await;
             let failure = match answer {
+                // The fence answered for a replica that never took the request: as refused.
+                Ok(Ok((head, _))) if head.headers.contains_key(NOT_SERVED_HEADER) => Outcome::Refused,
                 Ok(Ok((mut head, incoming))) => {
                     drop(seat.take());
                     let upstream_time = sent_at.elapsed();

@@ -1,6 +1,8 @@
 //! The fence sidecar end to end: in front of an emulated replica, watching an in-memory epoch
 //! Lease, it refuses generation once its pool loses the Lease (also when the Lease moved while
-//! the sidecar could not read it), and keeps answering probes and control calls.
+//! the sidecar could not read it), and keeps answering probes and control calls; and a gateway in
+//! front of fences tries another endpoint when a fence answers for a replica that never took the
+//! request.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -10,10 +12,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use router_support::{Emulator, FenceSidecar, completion, request};
+use router_support::{Emulator, FenceSidecar, Router, completion, request, route};
 use understudy_api::lease::{EpochLease, LeaseError, LeaseRecord, MemoryLease, Unreachable};
 use understudy_core::Epoch;
 use understudy_router::fence_sidecar::LeaseSource;
+use understudy_router::gateway::GatewayConfig;
+use understudy_tests::ClosedPort;
 
 const POLL: Duration = Duration::from_millis(20);
 
@@ -127,4 +131,38 @@ async fn without_a_lease_the_sidecar_fails_closed() {
     let reply = tokio::task::spawn_blocking(move || generate(port)).await.unwrap();
     assert_eq!(reply.status, 503);
     assert_eq!(reply.header("x-understudy-fenced").as_deref(), Some("0"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_retries_past_a_fence_whose_replica_refuses_and_past_a_fenced_one() {
+    let live = Emulator::start(&["--emu-zero-cost"], &[]);
+    let dead = ClosedPort::bind();
+    let lease = MemoryLease::new();
+    lease.create("pool-a", Epoch(1)).await.unwrap();
+    let in_front_of_dead = FenceSidecar::start(
+        lease.clone(),
+        "pool-a",
+        std::net::SocketAddr::from(([127, 0, 0, 1], dead.port)),
+        POLL,
+    );
+    let fenced = FenceSidecar::start(lease.clone(), "pool-b", live.addr(), POLL);
+    let serving = FenceSidecar::start(lease.clone(), "pool-a", live.addr(), POLL);
+    let port = serving.port;
+    tokio::task::spawn_blocking(move || wait_for_status(port, 200))
+        .await
+        .unwrap();
+    let router = Router::start(GatewayConfig::default(), None);
+    let endpoints = [in_front_of_dead.port, fenced.port, serving.port]
+        .map(|port| std::net::SocketAddr::from(([127, 0, 0, 1], port)));
+    assert_eq!(router.put_route(&route("pool-a", 1, &endpoints)).status, 200);
+    let answers = tokio::task::spawn_blocking(move || {
+        (0..12)
+            .map(|_| router.complete(&completion(4, false), &[]).status)
+            .collect::<Vec<u16>>()
+    })
+    .await
+    .unwrap();
+    // The dead replica's fence answers 502 and the fenced one 503, each marked as never served:
+    // every request is retried until the serving endpoint answers it.
+    assert!(answers.iter().all(|status| *status == 200), "{answers:?}");
 }
