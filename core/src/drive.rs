@@ -237,12 +237,13 @@ impl<W> Driven<W> {
 }
 
 /// Drives the promotion's pending step, if one is pending and the machine may act: one call on
-/// `executor`, its outcome fed back as the machine's input at `now`. `shapes` are the two pools'
-/// standby tiers, by [`Pool::index`]. `None` when nothing is pending.
+/// `executor`, its outcome fed back as the machine's input at the time `now` tells once the call
+/// has returned, so the timeline records when each step really finished. `shapes` are the two
+/// pools' standby tiers, by [`Pool::index`]. `None` when nothing is pending.
 pub async fn drive<E: Executor>(
     state: &FailoverState,
     config: &FailoverConfig,
-    now: Duration,
+    now: impl Fn() -> Duration,
     shapes: &[StandbyShape; 2],
     executor: &mut E,
 ) -> Option<Driven<E::Wait>> {
@@ -304,7 +305,7 @@ pub async fn drive<E: Executor>(
         // Never pending: events come out of `step`, not `pending_action`.
         Action::Emit(_) => return None,
     };
-    Some(record(state, config, now, step, epoch, outcome))
+    Some(record(state, config, now(), step, epoch, outcome))
 }
 
 /// Feeds one step's outcome back to the machine as its own inputs.

@@ -176,7 +176,7 @@ fn drive_once(state: &FailoverState, shape: StandbyShape, world: &mut World) -> 
     now(drive(
         state,
         &config(),
-        NOW,
+        || NOW,
         &shapes(shape),
         &mut Recorder { world },
     ))
@@ -485,10 +485,10 @@ impl Executor for Partitioned {
 #[test]
 fn an_unreachable_control_plane_pauses_the_promotion_at_its_step_until_it_is_back() {
     let shapes = shapes(StandbyShape::hot(2));
-    let driven = now(drive(&promoting(), &config(), NOW, &shapes, &mut Partitioned))
+    let driven = now(drive(&promoting(), &config(), || NOW, &shapes, &mut Partitioned))
         .unwrap_or_else(|| panic!("nothing pending"));
     assert_eq!(driven.state.control_plane, ControlPlane::Unreachable);
     assert!(driven.events.contains(&Event::ControlPlaneUnreachable));
     assert!(matches!(&driven.state.phase, Phase::Promoting(p) if p.step == Step::AcquireLease));
-    assert!(now(drive(&driven.state, &config(), NOW, &shapes, &mut Partitioned)).is_none());
+    assert!(now(drive(&driven.state, &config(), || NOW, &shapes, &mut Partitioned)).is_none());
 }

@@ -1,9 +1,12 @@
 //! Game days for understudy.
 //!
-//! This crate holds the policy simulator ([`simulate`]), which runs a failure schedule through
-//! the real failover state machine so a user can see what a policy would do before trusting it,
-//! and the vLLM-compatible [`emulator`] (with its faults and a small load generator) that every
-//! other part is tested against. Scheduled GameDay resources and their reports come next.
+//! This crate holds the local game day ([`local`]): the whole failover system on one machine,
+//! emulated replicas as real processes behind fences and routers, the operator's failover logic
+//! driving a local executor, load, faults and a report; the policy simulator ([`simulate`]), which
+//! runs a failure schedule through the real failover state machine for what-if questions; and the
+//! vLLM-compatible [`emulator`] (with its faults and a small load generator) that every other part
+//! is tested against. Scheduled GameDay resources on a cluster are the operator's.
 
 pub mod emulator;
+pub mod local;
 pub mod simulate;

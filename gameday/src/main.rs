@@ -6,6 +6,9 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use understudy_api::crd::FailoverPolicy;
+use understudy_gameday::local::replicas::Launcher;
+use understudy_gameday::local::scenario::{self, Scenario};
+use understudy_gameday::local::{self, Progress, RunOptions};
 use understudy_gameday::simulate::report::Report;
 use understudy_gameday::simulate::{self, Rules, Schedule};
 
@@ -18,6 +21,25 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run a local game day: emulated pools as real processes behind fences and two routers, the
+    /// failover logic the operator runs, open-loop load and the scenario's faults; then report.
+    Run {
+        /// The scenario (see examples/gamedays/local/); the default crashes a primary with a hot
+        /// standby.
+        scenario: Option<PathBuf>,
+        /// Where the report goes; a new folder under gameday-report/ when not given.
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Seeds the load's arrivals, prompts and lengths.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
+    /// The vLLM emulator, as `vllm-emulator` runs it: how a local game day starts its replicas.
+    #[command(hide = true)]
+    Emulator {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// Run a failure schedule through the real failover state machine and print what would happen.
     Simulate {
         /// The schedule: rounds, replica A's faults, and the policy (see examples/schedules/).
@@ -66,6 +88,11 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
+        Command::Run { scenario, out, seed } => run_game_day(scenario.as_deref(), out, seed),
+        Command::Emulator { args } => {
+            let code = understudy_gameday::emulator::run_to_exit(&args).context("emulator")?;
+            std::process::exit(code);
+        }
         Command::Simulate {
             schedule: path,
             json,
@@ -104,4 +131,64 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+fn run_game_day(path: Option<&Path>, out: Option<PathBuf>, seed: u64) -> anyhow::Result<()> {
+    let text = match path {
+        Some(path) => read(path)?,
+        None => scenario::DEFAULT.to_owned(),
+    };
+    let shown = path.map_or("the default scenario".to_owned(), |p| p.display().to_string());
+    let checked = Scenario::parse(&text).with_context(|| format!("in {shown}"))?;
+    let out = out.unwrap_or_else(|| default_out(&checked.scenario.name));
+    let options = RunOptions {
+        launcher: Launcher {
+            program: std::env::current_exe().context("finding this binary to start replicas with")?,
+            prefix: vec!["emulator".to_owned()],
+        },
+        seed,
+        progress: Progress::for_stderr(),
+    };
+    eprintln!(
+        "running {} ({}): {} replicas in pool a, {} in pool b, {} s of load",
+        checked.scenario.name,
+        shown,
+        checked.scenario.pools.a.replicas,
+        checked.scenario.pools.b.replicas,
+        checked.duration.as_secs()
+    );
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("tokio runtime")?;
+    let run = runtime.block_on(local::run(&checked, &options))?;
+    let report = local::report::Report {
+        scenario: checked.scenario.name.clone(),
+        runs: vec![run],
+    };
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let json = serde_json::to_string_pretty(&report)?;
+    std::fs::write(out.join("report.json"), json + "\n").context("writing report.json")?;
+    std::fs::write(out.join("report.md"), local::report::markdown(&report)).context("writing report.md")?;
+    for run in &report.runs {
+        print!("{}", local::report::summary(run));
+    }
+    println!("report: {}", out.display());
+    let failed = report
+        .runs
+        .iter()
+        .any(|r| r.verdict != local::report::Verdict::Passed);
+    if failed {
+        anyhow::bail!("the game day did not pass");
+    }
+    Ok(())
+}
+
+/// `gameday-report/<name>-<unix seconds>`: a new folder for every run.
+fn default_out(name: &str) -> PathBuf {
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    PathBuf::from("gameday-report").join(format!("{name}-{stamp}"))
 }

@@ -74,6 +74,8 @@ pub enum Error {
     },
     #[error("serving HTTP: {0}")]
     Serve(std::io::Error),
+    #[error("starting the runtime: {0}")]
+    Runtime(std::io::Error),
 }
 
 /// A parsed, validated emulator configuration.
@@ -209,6 +211,19 @@ pub struct BoundAddrs {
 /// Runs the emulator until a fault ends it (or forever).
 pub async fn run(config: EmulatorConfig, log: Arc<Log>) -> Result<Exit, Error> {
     run_reporting(config, log, Arc::default()).await
+}
+
+/// Runs the emulator as the `vllm-emulator` binary does, from its arguments (`serve MODEL …`) and
+/// this process's environment, logging to stdout, until it exits; returns its exit code.
+pub fn run_to_exit(argv: &[String]) -> Result<i32, Error> {
+    let config = EmulatorConfig::from_args(argv, std::env::vars())?;
+    // One thread per replica: many replicas share a small machine, and a replica is mostly asleep.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(Error::Runtime)?;
+    let exit = runtime.block_on(run(config, Arc::new(Log::stdout())))?;
+    Ok(exit.code())
 }
 
 /// [`run`], recording in `bound` each address as soon as it is bound.

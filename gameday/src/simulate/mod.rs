@@ -246,7 +246,7 @@ impl<'a> Simulation<'a> {
         while let Some(driven) = at_once(drive::drive(
             &self.state,
             &self.rules.config,
-            now,
+            || now,
             &shapes,
             &mut pools,
         )) {

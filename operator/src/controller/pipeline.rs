@@ -438,7 +438,7 @@ pub(super) async fn execute(
                 .then(|| status_of(ctx, policy, run, None))
                 .transpose()?;
         }
-        let Some(driven) = drive(&run.machine, run.config, run.now, &shapes, &mut executor).await else {
+        let Some(driven) = drive(&run.machine, run.config, || run.now, &shapes, &mut executor).await else {
             break;
         };
         let (step, carries_on) = (driven.step, driven.carries_on());

@@ -1,0 +1,654 @@
+//! The local game day: the whole failover system on one machine, against emulated vLLM.
+//!
+//! [`run`] starts each pool's replicas as real `vllm-emulator` processes on loopback ports they
+//! pick, a fence in front of each replica and two router gateways (on real sockets, inside this
+//! process for now), all reading one compare-and-set lease that lives in the runner. The failover
+//! logic is the operator's: the prober's generating probes feed core's state machine every
+//! interval, and core's `drive` carries each promotion step out through the local executor
+//! ([`executor`]). Open-loop load goes through the routers while the scenario's faults hit the
+//! replicas with real signals, and the report says what clients saw.
+//!
+//! A run never leaves a process behind: replicas die with their handles, whether the run ends,
+//! fails, or is interrupted.
+
+pub mod executor;
+pub mod http;
+pub mod load;
+pub mod replicas;
+pub mod report;
+pub mod scenario;
+
+use std::io::{IsTerminal, Write};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tokio::time::{Instant, MissedTickBehavior};
+use understudy_api::lease::{EpochLease, MemoryLease};
+use understudy_api::route::AdmissionSettings;
+use understudy_core::drive::{StandbyShape, StepOutcome, drive, serving_quorum};
+use understudy_core::failover::{
+    CheckResult, Event, FailbackPolicy, FailoverConfig, FailoverState, Input, Phase, Step,
+};
+use understudy_core::{Epoch, Pool};
+use understudy_prober::probe::{Endpoint, Expectation, ProbeSpec, probe_round};
+use understudy_prober::report::PoolRound;
+use understudy_router::admin::{Admin, AdminToken};
+use understudy_router::fence_sidecar::{Fence, FenceState, watch_lease};
+use understudy_router::gateway::{Gateway, GatewayConfig, housekeeping};
+use understudy_router::metrics::Metrics;
+use understudy_router::serve::serve;
+use understudy_router::table::RouteTable;
+
+use self::executor::{PoolAddrs, ProcessExecutor, RouterAdmin, pool_name};
+use self::load::{RequestOutcome, RequestRecord};
+use self::replicas::{Launcher, Replica, ReplicaError};
+use self::report::{AppliedFault, RunReport, StepSpan, Transition, Verdict};
+use self::scenario::{Checked, FaultKind, PoolName};
+
+/// How a run shows its progress.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Progress {
+    /// One status line, rewritten in place.
+    Terminal,
+    /// A plain line a second, for logs and pipes.
+    Lines,
+    Quiet,
+}
+
+impl Progress {
+    /// A status line on a terminal, plain lines otherwise.
+    #[must_use]
+    pub fn for_stderr() -> Progress {
+        if std::io::stderr().is_terminal() {
+            Progress::Terminal
+        } else {
+            Progress::Lines
+        }
+    }
+}
+
+/// How to run a scenario.
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    pub launcher: Launcher,
+    /// Seeds the load's arrivals, prompts and lengths.
+    pub seed: u64,
+    pub progress: Progress,
+}
+
+/// Why a run could not be carried out.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Replica(#[from] ReplicaError),
+    #[error("binding a loopback port: {0}")]
+    Bind(#[source] std::io::Error),
+    #[error("the policy cannot run: {0}")]
+    Policy(#[from] understudy_core::failover::ConfigError),
+    #[error("the lease: {0}")]
+    Lease(#[from] understudy_api::lease::LeaseError),
+    #[error("the first route was not taken: {0}")]
+    FirstRoute(String),
+    #[error("a fault could not be applied: {0}")]
+    Fault(String),
+}
+
+/// How long a replica may take to start and report ready.
+const START_LIMIT: Duration = Duration::from_secs(30);
+/// How often the fences read the lease.
+const FENCE_POLL: Duration = Duration::from_millis(100);
+/// How long requests still in flight at the end of the load get to finish.
+const DRAIN_LIMIT: Duration = Duration::from_secs(35);
+
+/// What the failover logic shares with the rest of the run.
+struct Logic {
+    config: FailoverConfig,
+    shapes: [StandbyShape; 2],
+    lease: MemoryLease,
+    pools: [PoolAddrs; 2],
+    routers: Vec<RouterAdmin>,
+    probe: ProbeSpec,
+    interval: Duration,
+    state: Mutex<FailoverState>,
+    journal: Mutex<Journal>,
+}
+
+/// What the failover logic did, timed from the start of load.
+#[derive(Debug, Default)]
+struct Journal {
+    events: Vec<(Duration, Event)>,
+    transitions: Vec<Transition>,
+    /// Each step's note, for the promotion under way.
+    notes: Vec<(Step, String)>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A poisoned lock only means a panicked task; what it guards is still the best record.
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Runs one scenario to its end (or to Ctrl-C) and reports what happened.
+pub async fn run(checked: &Checked, options: &RunOptions) -> Result<RunReport, RunError> {
+    let scenario = &checked.scenario;
+    let config = failover_config(checked);
+    config.check()?;
+    let mut tasks = JoinSet::new();
+    let mut replicas = Vec::new();
+    let mut pools = [PoolAddrs::default(), PoolAddrs::default()];
+    let lease = MemoryLease::new();
+    lease.create(pool_name(Pool::A), Epoch(0)).await?;
+    for (pool, shape) in [(Pool::A, &scenario.pools.a), (Pool::B, &scenario.pools.b)] {
+        for i in 0..shape.replicas {
+            let name = format!("{}-{i}", pool_name(pool));
+            let replica = Replica::start(&options.launcher, &name, pool, &scenario.model, &[], START_LIMIT)?;
+            let fence = start_fence(&mut tasks, &lease, pool, replica.api).await?;
+            pools[pool.index()].replicas.push(replica.api);
+            pools[pool.index()].fences.push(fence);
+            replicas.push(replica);
+        }
+    }
+    let mut routers = Vec::new();
+    let mut public = Vec::new();
+    let mut metrics = Vec::new();
+    for i in 0..2 {
+        let token = format!("local-game-day-{}-{i}", options.seed);
+        let (addr, admin, router_metrics) = start_router(&mut tasks, &token).await?;
+        public.push(addr);
+        metrics.push(router_metrics);
+        routers.push(RouterAdmin { addr: admin, token });
+    }
+    let logic = Arc::new(Logic {
+        shapes: [scenario.pools.a.replicas, scenario.pools.b.replicas].map(StandbyShape::hot),
+        config,
+        lease,
+        pools,
+        routers,
+        probe: probe_spec(checked),
+        interval: checked.interval,
+        state: Mutex::new(FailoverState::new()),
+        journal: Mutex::new(Journal::default()),
+    });
+    let first = executor_of(&logic).route_for(Pool::A, Epoch(0));
+    if let StepOutcome::NotYet(why) = executor_of(&logic).push(&first).await {
+        return Err(RunError::FirstRoute(why));
+    }
+
+    let start = Instant::now();
+    let records = Arc::new(Mutex::new(Vec::new()));
+    let (stop, stopped) = watch::channel(false);
+    tasks.spawn(failover_logic(Arc::clone(&logic), start, stopped.clone()));
+    tasks.spawn(show_progress(
+        Arc::clone(&logic),
+        Arc::clone(&records),
+        start,
+        checked.duration,
+        options.progress,
+        stopped,
+    ));
+    let replicas = Arc::new(Mutex::new(replicas));
+    let faults = apply_faults(checked, &logic, &replicas, start);
+    let load = load::run(
+        &scenario.load,
+        &scenario.model,
+        &public,
+        options.seed,
+        start,
+        checked.duration,
+        Arc::clone(&records),
+    );
+    let (interrupted, applied) = tokio::select! {
+        (applied, ()) = async { tokio::join!(faults, async {
+            if tokio::time::timeout(checked.duration + DRAIN_LIMIT, load).await.is_err() {
+                tracing::warn!("requests still in flight after the drain limit are left out");
+            }
+        }) } => (false, applied),
+        _ = tokio::signal::ctrl_c() => (true, Ok(Vec::new())),
+    };
+    let _ = stop.send(true);
+    let ended = start.elapsed();
+    if options.progress == Progress::Terminal {
+        eprintln!();
+    }
+    let applied = applied?;
+    let retried = metrics.iter().map(|m| retries(m)).sum();
+    let records = lock(&records).clone();
+    tasks.abort_all();
+    drop(replicas); // kills every replica still running
+    Ok(build_report(
+        checked,
+        &logic,
+        &records,
+        applied,
+        retried,
+        ended,
+        interrupted,
+    ))
+}
+
+fn failover_config(checked: &Checked) -> FailoverConfig {
+    let policy = &checked.scenario.policy;
+    FailoverConfig {
+        suspect_after: policy.suspect_after,
+        promote_after: policy.promote_after,
+        hard_promote_after: policy.hard_promote_after,
+        standby_ready_after: policy.standby_ready_after,
+        // A rehearsal of one failover: no dwell, and failback only when asked.
+        min_dwell: Duration::ZERO,
+        failback: FailbackPolicy::Manual,
+        paused: false,
+    }
+}
+
+fn probe_spec(checked: &Checked) -> ProbeSpec {
+    ProbeSpec {
+        model: Some(checked.scenario.model.clone()),
+        expect: Expectation::NonEmpty,
+        budget: understudy_prober::probe::Budget {
+            first_token: checked.timeout / 2,
+            total: checked.timeout,
+        },
+        timeout: checked.timeout,
+        stall_after: checked.timeout / 2,
+        ..ProbeSpec::default()
+    }
+}
+
+fn executor_of(logic: &Logic) -> ProcessExecutor<'_> {
+    ProcessExecutor {
+        lease: &logic.lease,
+        pools: &logic.pools,
+        routers: &logic.routers,
+        probe: &logic.probe,
+        admission: AdmissionSettings::default(),
+    }
+}
+
+async fn bind() -> Result<TcpListener, RunError> {
+    TcpListener::bind(("127.0.0.1", 0)).await.map_err(RunError::Bind)
+}
+
+/// A fence in front of `upstream`, refusing work while `pool` does not hold the lease.
+async fn start_fence(
+    tasks: &mut JoinSet<()>,
+    lease: &MemoryLease,
+    pool: Pool,
+    upstream: SocketAddr,
+) -> Result<SocketAddr, RunError> {
+    let state = Arc::new(FenceState::new(pool_name(pool)));
+    tasks.spawn(watch_lease(lease.clone(), Arc::clone(&state), FENCE_POLL));
+    let listener = bind().await?;
+    let addr = listener.local_addr().map_err(RunError::Bind)?;
+    let fence = Fence::new(state, upstream);
+    tasks.spawn(serve(listener, move |req| fence.clone().handle(req)));
+    Ok(addr)
+}
+
+/// A router gateway with no route yet: its public address, admin address and counters.
+async fn start_router(
+    tasks: &mut JoinSet<()>,
+    token: &str,
+) -> Result<(SocketAddr, SocketAddr, Arc<Metrics>), RunError> {
+    let routes = Arc::new(RouteTable::new(None).map_err(|e| RunError::FirstRoute(e.to_string()))?);
+    let metrics = Arc::new(Metrics::default());
+    let gateway = Gateway::new(
+        GatewayConfig::default(),
+        Arc::clone(&routes),
+        Arc::clone(&metrics),
+    );
+    let admin = Admin {
+        routes,
+        metrics: Arc::clone(&metrics),
+        token: AdminToken::new(token).map_err(|e| RunError::FirstRoute(e.to_string()))?,
+    };
+    let (public, admin_listener) = (bind().await?, bind().await?);
+    let addrs = (
+        public.local_addr().map_err(RunError::Bind)?,
+        admin_listener.local_addr().map_err(RunError::Bind)?,
+    );
+    tasks.spawn(housekeeping(Arc::clone(&gateway)));
+    tasks.spawn(serve(admin_listener, move |req| admin.clone().handle(req)));
+    tasks.spawn(serve(public, move |req| Arc::clone(&gateway).handle(req)));
+    Ok((addrs.0, addrs.1, metrics))
+}
+
+/// Every interval: probe both pools, feed the machine, and drive a promotion it starts.
+async fn failover_logic(logic: Arc<Logic>, start: Instant, mut stopped: watch::Receiver<bool>) {
+    let mut ticks = tokio::time::interval(logic.interval);
+    ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = ticks.tick() => {}
+            _ = stopped.changed() => return,
+        }
+        let rounds = probe_both(&logic).await;
+        let now = start.elapsed();
+        let mut state = lock(&logic.state).clone();
+        let mut events = Vec::new();
+        // The standby's check first, as the simulator feeds them: a standby that just became
+        // ready is promotable in the round the primary crosses its threshold.
+        let standby = state.standby();
+        let mut inputs: Vec<Input> = [standby, standby.other()]
+            .into_iter()
+            .map(|pool| Input::Check {
+                pool,
+                result: rounds[pool.index()],
+            })
+            .collect();
+        inputs.push(Input::Tick);
+        for input in &inputs {
+            let (next, actions) = state.step(&logic.config, now, input);
+            state = next;
+            events.extend(actions.into_iter().filter_map(|a| match a {
+                understudy_core::failover::Action::Emit(event) => Some(event),
+                _ => None,
+            }));
+        }
+        record(&logic, now, events);
+        *lock(&logic.state) = state.clone();
+        carry_out(&logic, start, state).await;
+    }
+}
+
+/// Drives the pending promotion until a step waits, recording each step.
+async fn carry_out(logic: &Logic, start: Instant, mut state: FailoverState) {
+    let mut executor = executor_of(logic);
+    for _ in 0..=Step::ALL.len() {
+        let Some(driven) = drive(
+            &state,
+            &logic.config,
+            || start.elapsed(),
+            &logic.shapes,
+            &mut executor,
+        )
+        .await
+        else {
+            break;
+        };
+        state = driven.state.clone();
+        *lock(&logic.state) = state.clone();
+        if let StepOutcome::Done(done) = &driven.outcome
+            && let Some(note) = &done.note
+        {
+            lock(&logic.journal).notes.push((driven.step, note.clone()));
+        }
+        record(logic, start.elapsed(), driven.events.clone());
+        if let Some(finished) = &driven.finished {
+            let mut journal = lock(&logic.journal);
+            let notes = std::mem::take(&mut journal.notes);
+            journal.transitions.push(transition(finished, &notes));
+        }
+        if !driven.carries_on() {
+            break;
+        }
+    }
+}
+
+fn record(logic: &Logic, at: Duration, events: Vec<Event>) {
+    let mut journal = lock(&logic.journal);
+    for event in events {
+        if let Event::PromotionStarted { .. } = event {
+            journal.notes.clear();
+        }
+        journal.events.push((at, event));
+    }
+}
+
+/// A finished promotion as the report shows it: each step from the end of the one before.
+fn transition(promotion: &understudy_core::failover::Promotion, notes: &[(Step, String)]) -> Transition {
+    let mut started = promotion.started_at;
+    let steps = promotion
+        .done
+        .iter()
+        .map(|(step, ended)| {
+            let span = StepSpan {
+                step: format!("{step:?}"),
+                started_ms: report::to_ms(started),
+                ended_ms: report::to_ms(*ended),
+                note: notes
+                    .iter()
+                    .rev()
+                    .find(|(s, _)| s == step)
+                    .map(|(_, n)| n.clone()),
+            };
+            started = *ended;
+            span
+        })
+        .collect();
+    Transition {
+        kind: promotion.kind.as_str().to_owned(),
+        from: pool_name(promotion.from).to_owned(),
+        to: pool_name(promotion.to).to_owned(),
+        epoch: promotion.epoch.0,
+        started_ms: report::to_ms(promotion.started_at),
+        steps,
+    }
+}
+
+/// One round of generating probes of both pools, as each pool's verdict.
+async fn probe_both(logic: &Logic) -> [CheckResult; 2] {
+    let round = |pool: Pool| async move {
+        let addrs = &logic.pools[pool.index()].replicas;
+        let endpoints: Vec<Endpoint> = addrs
+            .iter()
+            .map(|a| Endpoint::new(a.ip().to_string(), a.port()))
+            .collect();
+        let reports = probe_round(&endpoints, &logic.probe, 0, 0, Duration::ZERO).await;
+        let replicas = u32::try_from(addrs.len()).unwrap_or(u32::MAX);
+        PoolRound {
+            pool,
+            min_serving: serving_quorum(replicas) as usize,
+            reports,
+        }
+        .verdict()
+    };
+    let (a, b) = tokio::join!(round(Pool::A), round(Pool::B));
+    [a, b]
+}
+
+/// Applies each fault at its time to every replica of its pool.
+async fn apply_faults(
+    checked: &Checked,
+    logic: &Logic,
+    replicas: &Mutex<Vec<Replica>>,
+    start: Instant,
+) -> Result<Vec<AppliedFault>, RunError> {
+    let mut applied = Vec::new();
+    for (fault, at) in checked.scenario.faults.iter().zip(&checked.fault_times) {
+        tokio::time::sleep_until(start + *at).await;
+        let pool = match fault.pool {
+            Some(PoolName::A) => Pool::A,
+            Some(PoolName::B) => Pool::B,
+            None => lock(&logic.state).primary,
+        };
+        let mut count = 0;
+        for replica in lock(replicas).iter_mut().filter(|r| r.pool == pool) {
+            match fault.fault {
+                FaultKind::Crash => replica.crash(),
+                FaultKind::Hang => replica.hang(),
+            }
+            .map_err(|e| RunError::Fault(e.to_string()))?;
+            count += 1;
+        }
+        // The fault's time is when the last replica went down: a request sent while the others
+        // went could still be taken by one, and dies with it as one in flight.
+        let at = start.elapsed();
+        applied.push(AppliedFault {
+            at_ms: report::to_ms(at),
+            fault: format!("{:?}", fault.fault).to_lowercase(),
+            pool: pool_name(pool).to_owned(),
+            replicas: count,
+        });
+    }
+    Ok(applied)
+}
+
+/// The routers' retries, from their own counters.
+fn retries(metrics: &Metrics) -> u64 {
+    metrics
+        .render(None)
+        .lines()
+        .find_map(|line| line.strip_prefix("understudy_router_retries_total "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// A status line: elapsed, requests by outcome, primary, epoch, phase.
+async fn show_progress(
+    logic: Arc<Logic>,
+    records: Arc<Mutex<Vec<RequestRecord>>>,
+    start: Instant,
+    duration: Duration,
+    progress: Progress,
+    mut stopped: watch::Receiver<bool>,
+) {
+    if progress == Progress::Quiet {
+        return;
+    }
+    let mut ticks = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            _ = ticks.tick() => {}
+            _ = stopped.changed() => return,
+        }
+        let counts = report::count(&lock(&records), 0);
+        let state = lock(&logic.state).clone();
+        let phase = match &state.phase {
+            Phase::Promoting(p) => format!("promoting to {} ({:?})", pool_name(p.to), p.step),
+            other => format!("{other:?}").to_lowercase(),
+        };
+        let line = format!(
+            "{:>5.1}s/{}s  ok {}  failed {}  shed {}  primary {}  epoch {}  {}",
+            start.elapsed().as_secs_f64(),
+            duration.as_secs(),
+            counts.ok,
+            counts.failed,
+            counts.shed,
+            pool_name(state.primary),
+            state.epoch,
+            phase
+        );
+        let mut err = std::io::stderr().lock();
+        let _ = match progress {
+            Progress::Terminal => write!(err, "\r\x1b[2K{line}"),
+            _ => writeln!(err, "{line}"),
+        };
+        let _ = err.flush();
+    }
+}
+
+/// When the first fault's pool is promptly found failing, as the policy predicts it: the first
+/// round after the fault comes within one interval, and the promotion starts on the round that
+/// crosses its threshold (hard for refusals, soft for timeouts, each of which takes the timeout).
+fn predicted_detection(checked: &Checked, kind: FaultKind) -> [f64; 2] {
+    let policy = &checked.scenario.policy;
+    let interval = checked.interval;
+    let (rounds, probe) = match kind {
+        FaultKind::Crash => (
+            policy.hard_promote_after.min(policy.promote_after),
+            Duration::ZERO,
+        ),
+        FaultKind::Hang => (policy.promote_after, checked.timeout),
+    };
+    let low = interval * rounds.saturating_sub(1) + probe;
+    let high = interval * rounds + probe;
+    [report::to_ms(low), report::to_ms(high)]
+}
+
+fn build_report(
+    checked: &Checked,
+    logic: &Logic,
+    records: &[RequestRecord],
+    faults: Vec<AppliedFault>,
+    retried: u64,
+    ended: Duration,
+    interrupted: bool,
+) -> RunReport {
+    let scenario = &checked.scenario;
+    let journal = lock(&logic.journal);
+    let fault_at = faults.first().map(|f| Duration::from_secs_f64(f.at_ms / 1e3));
+    let started = journal
+        .events
+        .iter()
+        .find(|(at, e)| matches!(e, Event::PromotionStarted { .. }) && fault_at.is_some_and(|f| *at >= f))
+        .map(|(at, _)| *at);
+    let routed = journal.transitions.first().and_then(|t| {
+        t.steps
+            .iter()
+            .find(|s| s.step == "Route")
+            .map(|s| Duration::from_secs_f64(s.ended_ms / 1e3))
+    });
+    let requests = report::count(records, retried);
+    let mut reasons = Vec::new();
+    let mut passed = true;
+    if let Some(expected) = scenario.expect.failovers {
+        let finished = journal.transitions.len() as u32;
+        let holds = finished == expected;
+        passed &= holds;
+        reasons.push(format!(
+            "{} promotion(s) finished, {expected} expected{}",
+            finished,
+            if holds { "" } else { ": FAILED" }
+        ));
+    }
+    let in_flight = fault_at.map_or(0, |at| {
+        records
+            .iter()
+            .filter(|r| r.outcome == RequestOutcome::Failed && r.sent < at)
+            .count() as u64
+    });
+    if let Some(most) = scenario.expect.max_failed_sent_after_fault {
+        let after = requests.failed - in_flight;
+        let holds = after <= most;
+        passed &= holds;
+        reasons.push(format!(
+            "{after} request(s) sent after the fault failed, at most {most} allowed{}",
+            if holds { "" } else { ": FAILED" }
+        ));
+    }
+    if let Some(most) = scenario.expect.max_failed {
+        let holds = requests.failed <= most;
+        passed &= holds;
+        reasons.push(format!(
+            "{} request(s) failed, at most {most} allowed{}",
+            requests.failed,
+            if holds { "" } else { ": FAILED" }
+        ));
+    }
+    let verdict = match (interrupted, passed) {
+        (true, _) => Verdict::Interrupted,
+        (false, true) => Verdict::Passed,
+        (false, false) => Verdict::Failed,
+    };
+    RunReport {
+        name: scenario.name.clone(),
+        duration_ms: report::to_ms(ended),
+        failed_before_reaching_a_replica: records
+            .iter()
+            .filter(|r| r.outcome == RequestOutcome::Failed && r.never_reached_a_replica)
+            .count() as u64,
+        failures: report::failures(records),
+        failed_in_flight_at_fault: in_flight,
+        requests,
+        gap_ms: fault_at.and_then(|at| report::gap(records, at)).map(report::to_ms),
+        detection_ms: fault_at.zip(started).map(|(fault, start)| report::to_ms(start.saturating_sub(fault))),
+        predicted_detection_ms: scenario.faults.first().map(|f| predicted_detection(checked, f.fault)),
+        ttft_ms: report::ttft(records, fault_at, routed, ended),
+        faults,
+        transitions: journal.transitions.clone(),
+        verdict,
+        verdict_reasons: reasons,
+        not_measured: vec![
+            "the routers and fences run inside the runner's process, on real loopback sockets; \
+             only the replicas are processes of their own"
+                .to_owned(),
+            "every replica is hot: warm and pilot-light tiers, drift, half-failed, slow and lost-lease faults \
+             are not in local scenarios yet"
+                .to_owned(),
+            "timeline.svg is not drawn yet".to_owned(),
+        ],
+    }
+}

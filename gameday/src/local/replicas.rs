@@ -1,0 +1,209 @@
+//! The pools' replicas as real processes: one `vllm-emulator` each, on loopback ports it picks
+//! and reports, killed with a real signal when a fault says so and always when the run ends.
+//!
+//! A [`Replica`] owns its child process: dropping it kills the process and reaps it, so a run
+//! that stops early, by Ctrl-C or by a failure, leaves nothing behind.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use understudy_core::Pool;
+
+/// How to start an emulator: the program and the arguments before `serve`. The runner re-runs
+/// its own binary (`understudy-gameday emulator serve …`); tests start `vllm-emulator` itself.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Launcher {
+    pub program: PathBuf,
+    pub prefix: Vec<String>,
+}
+
+/// Why a replica could not be started or signalled.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplicaError {
+    #[error("starting {program}: {source}")]
+    Spawn {
+        program: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("replica {name} did not report its ports and readiness within {limit:?}; its last lines: {tail}")]
+    NotReady {
+        name: String,
+        limit: Duration,
+        tail: String,
+    },
+    #[error("signalling replica {name}: {message}")]
+    Signal { name: String, message: String },
+}
+
+/// One running replica.
+#[derive(Debug)]
+pub struct Replica {
+    pub name: String,
+    pub pool: Pool,
+    /// The OpenAI-compatible API, on loopback.
+    pub api: SocketAddr,
+    /// The emulator's fault endpoint.
+    pub control: SocketAddr,
+    child: Child,
+    stopped: bool,
+}
+
+/// What a replica's stdout has told so far.
+#[derive(Debug, Default)]
+struct Reported {
+    api: Option<SocketAddr>,
+    control: Option<SocketAddr>,
+    ready: bool,
+    tail: Vec<String>,
+}
+
+/// The address after `on http://` in a log line.
+fn address_in(line: &str) -> Option<SocketAddr> {
+    let (_, rest) = line.split_once("on http://")?;
+    rest.split_whitespace().next()?.parse().ok()
+}
+
+impl Replica {
+    /// Starts replica `name` of `pool` serving `model`, and waits until it is ready.
+    pub fn start(
+        launcher: &Launcher,
+        name: &str,
+        pool: Pool,
+        model: &str,
+        extra: &[String],
+        limit: Duration,
+    ) -> Result<Replica, ReplicaError> {
+        let mut command = Command::new(&launcher.program);
+        command
+            .args(&launcher.prefix)
+            .args(["serve", model, "--host", "127.0.0.1", "--port", "0"])
+            .args(["--emu-control-port", "0", "--emu-instant"])
+            .args(extra)
+            .env("VLLM_SERVER_DEV_MODE", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null());
+        let mut child = command.spawn().map_err(|source| ReplicaError::Spawn {
+            program: launcher.program.display().to_string(),
+            source,
+        })?;
+        let (lines, seen) = mpsc::channel();
+        if let Some(stdout) = child.stdout.take() {
+            // The reader ends with the process; its lines after readiness are dropped.
+            std::thread::spawn(move || {
+                for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                    if lines.send(line).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        let mut replica = Replica {
+            name: name.to_owned(),
+            pool,
+            api: SocketAddr::from(([127, 0, 0, 1], 0)),
+            control: SocketAddr::from(([127, 0, 0, 1], 0)),
+            child,
+            stopped: false,
+        };
+        let reported = wait_until_ready(&seen, limit);
+        match (reported.api, reported.control, reported.ready) {
+            (Some(api), Some(control), true) => {
+                replica.api = api;
+                replica.control = control;
+                Ok(replica)
+            }
+            _ => Err(ReplicaError::NotReady {
+                name: name.to_owned(),
+                limit,
+                tail: reported.tail.join(" | "),
+            }),
+        }
+    }
+
+    /// SIGKILL: the process is gone at once, its port refuses connections.
+    pub fn crash(&mut self) -> Result<(), ReplicaError> {
+        self.stopped = true;
+        self.child.kill().map_err(|e| ReplicaError::Signal {
+            name: self.name.clone(),
+            message: e.to_string(),
+        })?;
+        let _ = self.child.wait();
+        Ok(())
+    }
+
+    /// SIGSTOP: the process stays, its connections stay open, nothing answers.
+    pub fn hang(&mut self) -> Result<(), ReplicaError> {
+        self.signal("-STOP")
+    }
+
+    /// Sends `signal` through kill(1): the workspace forbids the unsafe a direct kill(2) needs.
+    fn signal(&self, signal: &str) -> Result<(), ReplicaError> {
+        let status = Command::new("kill")
+            .args([signal, &self.child.id().to_string()])
+            .status()
+            .map_err(|e| ReplicaError::Signal {
+                name: self.name.clone(),
+                message: e.to_string(),
+            })?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(ReplicaError::Signal {
+                name: self.name.clone(),
+                message: format!("kill {signal} exited with {status}"),
+            })
+        }
+    }
+}
+
+fn wait_until_ready(seen: &mpsc::Receiver<String>, limit: Duration) -> Reported {
+    let deadline = std::time::Instant::now() + limit;
+    let mut reported = Reported::default();
+    while !reported.ready {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let Ok(line) = seen.recv_timeout(left) else {
+            break;
+        };
+        if line.contains("emulator API endpoint bound") {
+            reported.api = address_in(&line);
+        } else if line.contains("emulator control endpoint on") {
+            reported.control = address_in(&line);
+        } else if line.contains("Application startup complete") {
+            reported.ready = true;
+        }
+        reported.tail.push(line);
+        if reported.tail.len() > 5 {
+            reported.tail.remove(0);
+        }
+    }
+    reported
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        if !self.stopped {
+            // A stopped (SIGSTOP) process still dies of SIGKILL.
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bound_address_is_read_from_the_emulators_log_line() {
+        let line = "(APIServer pid=7) INFO 11-30 06:12:10 [startup.py:1] emulator API endpoint bound, \
+                    refusing connections until ready, on http://127.0.0.1:38413";
+        assert_eq!(address_in(line), Some(SocketAddr::from(([127, 0, 0, 1], 38413))));
+        assert_eq!(address_in("no address here"), None);
+    }
+}

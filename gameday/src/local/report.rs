@@ -1,0 +1,360 @@
+//! What a local game day measured: counts and times from the requests' records and the failover
+//! logic's timeline, as `report.json`, `report.md` and a terminal summary.
+//!
+//! Everything here is computed from what was recorded during the run; nothing is assumed. A
+//! figure that could not be measured (no failure, so no gap) is `null`, never a made-up zero.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::load::{RequestOutcome, RequestRecord};
+
+/// Requests by how they ended.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Requests {
+    pub sent: u64,
+    pub ok: u64,
+    pub failed: u64,
+    pub shed: u64,
+    /// Tries the routers made again on another endpoint before the first byte.
+    pub retried: u64,
+}
+
+/// Percentiles of time to first token, in milliseconds.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Ttft {
+    /// Before the first fault.
+    pub steady_p99: Option<f64>,
+    /// In the storm window after the promotion's route.
+    pub storm_p99: Option<f64>,
+    /// After the storm window.
+    pub after_p99: Option<f64>,
+}
+
+/// One step of a promotion, in milliseconds from the start of load.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct StepSpan {
+    pub step: String,
+    pub started_ms: f64,
+    pub ended_ms: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+/// One promotion as it ran.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Transition {
+    pub kind: String,
+    pub from: String,
+    pub to: String,
+    pub epoch: u64,
+    pub started_ms: f64,
+    pub steps: Vec<StepSpan>,
+}
+
+/// A fault as applied.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct AppliedFault {
+    pub at_ms: f64,
+    pub fault: String,
+    pub pool: String,
+    pub replicas: usize,
+}
+
+/// One run's report, under the names `report.json` keeps.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RunReport {
+    pub name: String,
+    pub duration_ms: f64,
+    pub requests: Requests,
+    pub failed_before_reaching_a_replica: u64,
+    /// Failed requests by what their clients saw.
+    pub failures: BTreeMap<String, u64>,
+    /// Failed requests sent before the first fault: in flight, most of them held by a replica
+    /// that died with them.
+    pub failed_in_flight_at_fault: u64,
+    /// From the first failure after the first fault to the first success after it, as clients
+    /// saw it; `null` when no request failed.
+    pub gap_ms: Option<f64>,
+    /// From the first fault to the promotion's start.
+    pub detection_ms: Option<f64>,
+    /// What the probe interval, thresholds and timeout predict for that fault, `[low, high]`.
+    pub predicted_detection_ms: Option<[f64; 2]>,
+    pub ttft_ms: Ttft,
+    pub faults: Vec<AppliedFault>,
+    pub transitions: Vec<Transition>,
+    pub verdict: Verdict,
+    /// Why the verdict is what it is, one line each.
+    pub verdict_reasons: Vec<String>,
+    /// What this run leaves out, so nobody reads a missing part as measured.
+    pub not_measured: Vec<String>,
+}
+
+/// Whether the run showed what its scenario expects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum Verdict {
+    Passed,
+    Failed,
+    /// Stopped before its end (Ctrl-C): what it had is reported, and nothing is judged.
+    Interrupted,
+}
+
+/// The whole document.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Report {
+    pub scenario: String,
+    pub runs: Vec<RunReport>,
+}
+
+/// How long after a promotion's route the prefill storm is counted.
+pub const STORM_WINDOW: Duration = Duration::from_secs(5);
+
+fn ms(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1e6).round() / 1e3
+}
+
+/// Counts the requests by outcome.
+#[must_use]
+pub fn count(records: &[RequestRecord], retried: u64) -> Requests {
+    let of = |o: RequestOutcome| records.iter().filter(|r| r.outcome == o).count() as u64;
+    Requests {
+        sent: records.len() as u64,
+        ok: of(RequestOutcome::Ok),
+        failed: of(RequestOutcome::Failed),
+        shed: of(RequestOutcome::Shed),
+        retried,
+    }
+}
+
+/// Failed requests by what their clients saw.
+#[must_use]
+pub fn failures(records: &[RequestRecord]) -> BTreeMap<String, u64> {
+    let mut by_kind = BTreeMap::new();
+    for failure in records.iter().filter_map(|r| r.failure.as_ref()) {
+        *by_kind.entry(failure.clone()).or_insert(0) += 1;
+    }
+    by_kind
+}
+
+/// From the first request to fail after `fault` (by when it ended) to the first success that
+/// ended after it.
+#[must_use]
+pub fn gap(records: &[RequestRecord], fault: Duration) -> Option<Duration> {
+    let first_failure = records
+        .iter()
+        .filter(|r| r.outcome == RequestOutcome::Failed && r.ended >= fault)
+        .map(|r| r.ended)
+        .min()?;
+    let recovered = records
+        .iter()
+        .filter(|r| r.outcome == RequestOutcome::Ok && r.ended > first_failure)
+        .map(|r| r.ended)
+        .min()?;
+    Some(recovered - first_failure)
+}
+
+/// The 99th percentile of time to first token of the successful requests sent in `[from, to)`.
+#[must_use]
+pub fn ttft_p99(records: &[RequestRecord], from: Duration, to: Duration) -> Option<f64> {
+    let mut ttfts: Vec<Duration> = records
+        .iter()
+        .filter(|r| r.outcome == RequestOutcome::Ok && r.sent >= from && r.sent < to)
+        .filter_map(|r| r.first_byte.map(|first| first - r.sent))
+        .collect();
+    if ttfts.is_empty() {
+        return None;
+    }
+    ttfts.sort();
+    let rank = ((ttfts.len() as f64) * 0.99).ceil() as usize;
+    Some(ms(ttfts[rank.clamp(1, ttfts.len()) - 1]))
+}
+
+/// The time-to-first-token percentiles around the first promotion's route.
+#[must_use]
+pub fn ttft(
+    records: &[RequestRecord],
+    fault: Option<Duration>,
+    routed: Option<Duration>,
+    end: Duration,
+) -> Ttft {
+    let steady_until = fault.unwrap_or(end);
+    Ttft {
+        steady_p99: ttft_p99(records, Duration::ZERO, steady_until),
+        storm_p99: routed.and_then(|at| ttft_p99(records, at, at + STORM_WINDOW)),
+        after_p99: routed.and_then(|at| ttft_p99(records, at + STORM_WINDOW, end)),
+    }
+}
+
+/// Milliseconds, as a report prints them.
+#[must_use]
+pub fn to_ms(d: Duration) -> f64 {
+    ms(d)
+}
+
+fn cell(value: Option<f64>) -> String {
+    value.map_or("-".to_owned(), |v| format!("{v:.0}"))
+}
+
+/// The terminal summary, also the head of `report.md`.
+#[must_use]
+pub fn summary(run: &RunReport) -> String {
+    let r = &run.requests;
+    let mut out = String::new();
+    let _ = writeln!(out, "{}: {:?}", run.name, run.verdict);
+    for reason in &run.verdict_reasons {
+        let _ = writeln!(out, "  {reason}");
+    }
+    let _ = writeln!(
+        out,
+        "requests: {} sent, {} ok, {} failed ({} before reaching a replica), {} shed, {} retried by the routers",
+        r.sent, r.ok, r.failed, run.failed_before_reaching_a_replica, r.shed, r.retried
+    );
+    if run.requests.failed > 0 {
+        let _ = writeln!(
+            out,
+            "of the failed: {} sent before the fault (in flight when it struck), {} sent after it",
+            run.failed_in_flight_at_fault,
+            run.requests.failed - run.failed_in_flight_at_fault
+        );
+    }
+    if !run.failures.is_empty() {
+        let kinds: Vec<String> = run
+            .failures
+            .iter()
+            .map(|(kind, n)| format!("{n} {kind}"))
+            .collect();
+        let _ = writeln!(out, "failures: {}", kinds.join(", "));
+    }
+    let _ = writeln!(
+        out,
+        "gap as clients saw it: {} ms; detection: {} ms (predicted {})",
+        cell(run.gap_ms),
+        cell(run.detection_ms),
+        run.predicted_detection_ms
+            .map_or("-".to_owned(), |[low, high]| format!("{low:.0}-{high:.0} ms"))
+    );
+    let t = &run.ttft_ms;
+    let _ = writeln!(
+        out,
+        "time to first token p99: {} ms steady, {} ms in the {} s after the route, {} ms after",
+        cell(t.steady_p99),
+        cell(t.storm_p99),
+        STORM_WINDOW.as_secs(),
+        cell(t.after_p99)
+    );
+    for fault in &run.faults {
+        let _ = writeln!(
+            out,
+            "fault: {} of {} ({} replica(s)) at {:.0} ms",
+            fault.fault, fault.pool, fault.replicas, fault.at_ms
+        );
+    }
+    for transition in &run.transitions {
+        let _ = writeln!(
+            out,
+            "{} {} -> {} at epoch {}, from {:.0} ms:",
+            transition.kind, transition.from, transition.to, transition.epoch, transition.started_ms
+        );
+        for step in &transition.steps {
+            let _ = writeln!(
+                out,
+                "  {:<14} {:>8.0} ms {:>8.1} ms  {}",
+                step.step,
+                step.ended_ms,
+                step.ended_ms - step.started_ms,
+                step.note.as_deref().unwrap_or("")
+            );
+        }
+    }
+    out
+}
+
+/// `report.md`: the summary, then what was not measured.
+#[must_use]
+pub fn markdown(report: &Report) -> String {
+    let mut out = format!("# Local game day: {}\n\n", report.scenario);
+    for run in &report.runs {
+        let _ = writeln!(out, "## {}\n\n```text\n{}```\n", run.name, summary(run));
+        if !run.not_measured.is_empty() {
+            out.push_str("Not measured in this run:\n\n");
+            for item in &run.not_measured {
+                let _ = writeln!(out, "- {item}");
+            }
+            out.push('\n');
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(sent_ms: u64, ended_ms: u64, outcome: RequestOutcome) -> RequestRecord {
+        RequestRecord {
+            sent: Duration::from_millis(sent_ms),
+            ended: Duration::from_millis(ended_ms),
+            first_byte: Some(Duration::from_millis(sent_ms + 10)),
+            outcome,
+            never_reached_a_replica: false,
+            stream: false,
+            failure: (outcome == RequestOutcome::Failed).then(|| "http 502".to_owned()),
+        }
+    }
+
+    #[test]
+    fn the_gap_runs_from_the_first_failure_after_the_fault_to_the_next_success() {
+        let records = [
+            record(0, 900, RequestOutcome::Failed), // before the fault: not counted
+            record(1_000, 1_100, RequestOutcome::Ok),
+            record(1_200, 1_300, RequestOutcome::Failed),
+            record(1_250, 1_400, RequestOutcome::Failed),
+            record(1_300, 2_000, RequestOutcome::Ok),
+        ];
+        assert_eq!(
+            gap(&records, Duration::from_secs(1)),
+            Some(Duration::from_millis(700))
+        );
+        let clean = [record(1_000, 1_100, RequestOutcome::Ok)];
+        assert_eq!(gap(&clean, Duration::from_secs(1)), None);
+    }
+
+    #[test]
+    fn the_p99_is_the_rank_that_covers_ninety_nine_in_a_hundred() {
+        let mut records: Vec<RequestRecord> =
+            (0..100).map(|i| record(i, i + 50, RequestOutcome::Ok)).collect();
+        records[99].first_byte = Some(Duration::from_millis(99 + 500));
+        records[98].first_byte = Some(Duration::from_millis(98 + 200));
+        assert_eq!(
+            ttft_p99(&records, Duration::ZERO, Duration::from_secs(1)),
+            Some(200.0)
+        );
+        assert_eq!(
+            ttft_p99(&records, Duration::from_secs(5), Duration::from_secs(6)),
+            None
+        );
+    }
+
+    #[test]
+    fn requests_are_counted_by_outcome() {
+        let records = [
+            record(0, 1, RequestOutcome::Ok),
+            record(0, 1, RequestOutcome::Shed),
+            record(0, 1, RequestOutcome::Failed),
+            record(0, 1, RequestOutcome::Ok),
+        ];
+        assert_eq!(
+            count(&records, 3),
+            Requests {
+                sent: 4,
+                ok: 2,
+                failed: 1,
+                shed: 1,
+                retried: 3
+            }
+        );
+    }
+}

@@ -1,0 +1,295 @@
+//! A local game day's scenario: the pools, the policy, the load and the faults, as YAML a user
+//! copies and edits.
+//!
+//! Unknown and misplaced fields are refused with their name, and every rule is checked before a
+//! process starts: a scenario that cannot run says why and starts nothing.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+use understudy_core::duration;
+
+/// The scenario `understudy-gameday run` runs when given none: a hot standby, a crashed primary.
+pub const DEFAULT: &str = include_str!("../../../examples/gamedays/local/default.yaml");
+
+/// A scenario, as written.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scenario {
+    pub name: String,
+    /// How long load runs, from the moment both pools serve.
+    pub duration: String,
+    /// The model both pools serve.
+    #[serde(default = "default_model")]
+    pub model: String,
+    pub pools: Pools,
+    #[serde(default)]
+    pub policy: LocalPolicy,
+    pub load: Load,
+    #[serde(default)]
+    pub faults: Vec<FaultAt>,
+    /// What the run must show to pass.
+    #[serde(default)]
+    pub expect: Expect,
+}
+
+fn default_model() -> String {
+    "Qwen/Qwen3-0.6B".to_owned()
+}
+
+/// The two pools: `a` is the home primary, `b` its standby.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Pools {
+    pub a: PoolShape,
+    pub b: PoolShape,
+}
+
+/// One pool's replicas. Every replica is hot (awake) in this version.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolShape {
+    pub replicas: u32,
+}
+
+/// The failover policy, in the FailoverPolicy's own terms.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct LocalPolicy {
+    /// How often both pools are probed.
+    pub interval: String,
+    /// How long one probe may take.
+    pub timeout: String,
+    pub suspect_after: u32,
+    pub promote_after: u32,
+    /// Consecutive refusals or 5xx that promote on their own.
+    pub hard_promote_after: u32,
+    pub standby_ready_after: u32,
+}
+
+impl Default for LocalPolicy {
+    fn default() -> Self {
+        LocalPolicy {
+            interval: "1s".to_owned(),
+            timeout: "800ms".to_owned(),
+            suspect_after: 1,
+            promote_after: 3,
+            hard_promote_after: 2,
+            standby_ready_after: 2,
+        }
+    }
+}
+
+/// Open-loop load against the routers.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Load {
+    /// Requests a second, arriving as a Poisson process.
+    pub rate: f64,
+    /// The share of requests that stream.
+    #[serde(default = "half")]
+    pub stream_share: f64,
+    /// Output tokens asked of each request, drawn uniformly from `[min, max]`.
+    #[serde(default = "default_max_tokens")]
+    pub max_tokens: [u32; 2],
+    /// Prompt words, drawn uniformly from `[min, max]`.
+    #[serde(default = "default_prompt_words")]
+    pub prompt_words: [u32; 2],
+    /// The share of requests that begin with one shared system prefix.
+    #[serde(default)]
+    pub shared_prefix_share: f64,
+}
+
+fn half() -> f64 {
+    0.5
+}
+fn default_max_tokens() -> [u32; 2] {
+    [8, 24]
+}
+fn default_prompt_words() -> [u32; 2] {
+    [4, 48]
+}
+
+/// A fault, at a time counted from the start of load.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FaultAt {
+    pub at: String,
+    pub fault: FaultKind,
+    /// The pool whose every replica gets the fault: the primary at the time when absent.
+    #[serde(default)]
+    pub pool: Option<PoolName>,
+}
+
+/// What happens to the replicas.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FaultKind {
+    /// SIGKILL: the process is gone, its port refuses.
+    Crash,
+    /// SIGSTOP: connections stay open and nothing answers.
+    Hang,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PoolName {
+    A,
+    B,
+}
+
+/// What the run must show to pass.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Expect {
+    /// Promotions that must finish.
+    #[serde(default)]
+    pub failovers: Option<u32>,
+    /// The most requests that may fail.
+    #[serde(default)]
+    pub max_failed: Option<u64>,
+    /// The most requests sent after the first fault that may fail: the ones a dying replica
+    /// already held are not counted here, since nothing can save a request a replica took and lost.
+    #[serde(default)]
+    pub max_failed_sent_after_fault: Option<u64>,
+}
+
+/// A scenario that cannot run.
+#[derive(Debug, thiserror::Error)]
+pub enum ScenarioError {
+    #[error("not a scenario: {0}")]
+    Yaml(#[from] serde_yaml::Error),
+    #[error("{field}: {message}")]
+    Invalid { field: &'static str, message: String },
+}
+
+/// A scenario checked and with its durations parsed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Checked {
+    pub scenario: Scenario,
+    pub duration: Duration,
+    pub interval: Duration,
+    pub timeout: Duration,
+    /// Each fault's time, in the order given.
+    pub fault_times: Vec<Duration>,
+}
+
+fn invalid(field: &'static str, message: impl Into<String>) -> ScenarioError {
+    ScenarioError::Invalid {
+        field,
+        message: message.into(),
+    }
+}
+
+fn parse_duration(field: &'static str, text: &str) -> Result<Duration, ScenarioError> {
+    duration::parse(text).map_err(|e| invalid(field, format!("{text:?}: {e}")))
+}
+
+/// The most replicas a pool may run here: each is a process on this machine.
+const MAX_REPLICAS: u32 = 16;
+/// The longest run: a local game day is a rehearsal, not a soak.
+const MAX_DURATION: Duration = Duration::from_secs(600);
+
+impl Scenario {
+    /// Reads and checks a scenario.
+    pub fn parse(text: &str) -> Result<Checked, ScenarioError> {
+        let scenario: Scenario = serde_yaml::from_str(text)?;
+        scenario.check()
+    }
+
+    fn check(self) -> Result<Checked, ScenarioError> {
+        let duration = parse_duration("duration", &self.duration)?;
+        if duration.is_zero() || duration > MAX_DURATION {
+            return Err(invalid("duration", "must be more than 0s and at most 10m"));
+        }
+        for (field, pool) in [
+            ("pools.a.replicas", &self.pools.a),
+            ("pools.b.replicas", &self.pools.b),
+        ] {
+            if pool.replicas == 0 || pool.replicas > MAX_REPLICAS {
+                return Err(invalid(field, format!("must be 1 to {MAX_REPLICAS}")));
+            }
+        }
+        let interval = parse_duration("policy.interval", &self.policy.interval)?;
+        let timeout = parse_duration("policy.timeout", &self.policy.timeout)?;
+        if interval < Duration::from_millis(100) || timeout.is_zero() || timeout >= interval {
+            return Err(invalid(
+                "policy",
+                "interval must be at least 100ms and timeout shorter than it",
+            ));
+        }
+        let load = &self.load;
+        if !(load.rate > 0.0 && load.rate <= 2_000.0) {
+            return Err(invalid("load.rate", "must be more than 0 and at most 2000"));
+        }
+        for (field, share) in [
+            ("load.streamShare", load.stream_share),
+            ("load.sharedPrefixShare", load.shared_prefix_share),
+        ] {
+            if !(0.0..=1.0).contains(&share) {
+                return Err(invalid(field, "must be between 0 and 1"));
+            }
+        }
+        for (field, [low, high]) in [
+            ("load.maxTokens", load.max_tokens),
+            ("load.promptWords", load.prompt_words),
+        ] {
+            if low == 0 || low > high || high > 4_096 {
+                return Err(invalid(field, "must be [min, max] with 1 <= min <= max <= 4096"));
+            }
+        }
+        let mut fault_times = Vec::with_capacity(self.faults.len());
+        for fault in &self.faults {
+            let at = parse_duration("faults[].at", &fault.at)?;
+            if at >= duration {
+                return Err(invalid(
+                    "faults[].at",
+                    format!("{} is not within the run's duration", fault.at),
+                ));
+            }
+            fault_times.push(at);
+        }
+        Ok(Checked {
+            scenario: self,
+            duration,
+            interval,
+            timeout,
+            fault_times,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn the_default_scenario_is_valid_and_crashes_its_primary() {
+        let checked = Scenario::parse(DEFAULT).unwrap();
+        assert_eq!(checked.scenario.faults[0].fault, FaultKind::Crash);
+        assert!(checked.fault_times[0] < checked.duration);
+    }
+
+    #[test]
+    fn a_misspelled_field_is_refused_by_its_name() {
+        let text = DEFAULT.replace("rate:", "rat:");
+        let error = Scenario::parse(&text).unwrap_err().to_string();
+        assert!(error.contains("rat"), "{error}");
+    }
+
+    #[test]
+    fn a_fault_after_the_end_and_an_absurd_duration_are_refused() {
+        let late = DEFAULT.replace("at: 10s", "at: 10m");
+        assert!(matches!(
+            Scenario::parse(&late),
+            Err(ScenarioError::Invalid {
+                field: "faults[].at",
+                ..
+            })
+        ));
+        let long = DEFAULT.replace("duration: 30s", "duration: 2562047788015215h");
+        assert!(Scenario::parse(&long).is_err());
+    }
+}

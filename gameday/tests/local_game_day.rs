@@ -1,0 +1,90 @@
+//! The local game day end to end: real emulator processes, fences and routers on loopback, the
+//! failover logic driving promotion, open-loop load, and a real SIGKILL. Asserts verdicts and
+//! counts, never times.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::PathBuf;
+
+use understudy_gameday::local::replicas::Launcher;
+use understudy_gameday::local::report::{RunReport, Verdict};
+use understudy_gameday::local::scenario::Scenario;
+use understudy_gameday::local::{Progress, RunOptions, run};
+
+const SHORT_CRASH: &str = include_str!("../../examples/gamedays/local/short-crash.yaml");
+
+fn options() -> RunOptions {
+    RunOptions {
+        launcher: Launcher {
+            program: PathBuf::from(env!("CARGO_BIN_EXE_vllm-emulator")),
+            prefix: Vec::new(),
+        },
+        seed: 7,
+        progress: Progress::Quiet,
+    }
+}
+
+async fn run_scenario(text: &str) -> RunReport {
+    let checked = Scenario::parse(text).unwrap();
+    run(&checked, &options()).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_primary_is_replaced_by_its_hot_standby_and_no_request_sent_after_the_crash_fails() {
+    let report = run_scenario(SHORT_CRASH).await;
+    assert_eq!(report.verdict, Verdict::Passed, "{report:#?}");
+    assert!(report.requests.sent > 60, "{:?}", report.requests);
+    assert_eq!(
+        report.requests.failed, report.failed_in_flight_at_fault,
+        "only requests the dying replicas held may fail: {:?}",
+        report.failures
+    );
+    assert_eq!(report.transitions.len(), 1);
+    let promotion = &report.transitions[0];
+    assert_eq!(
+        (promotion.from.as_str(), promotion.to.as_str(), promotion.epoch),
+        ("a", "b", 1)
+    );
+    let steps: Vec<&str> = promotion.steps.iter().map(|s| s.step.as_str()).collect();
+    assert_eq!(
+        steps,
+        [
+            "AcquireLease",
+            "FenceOld",
+            "Wake",
+            "Scale",
+            "AwaitServing",
+            "Route",
+            "OpenAdmission"
+        ]
+    );
+    assert!(report.detection_ms.is_some());
+    assert_eq!(report.faults[0].replicas, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_fault_nothing_fails_over_and_every_request_is_served() {
+    let calm = SHORT_CRASH
+        .replace("  - {at: 3s, fault: crash, pool: a}\n", "")
+        .replace("faults:\n", "faults: []\n")
+        .replace("failovers: 1", "failovers: 0")
+        .replace("duration: 8s", "duration: 4s");
+    let report = run_scenario(&calm).await;
+    assert_eq!(report.verdict, Verdict::Passed, "{report:#?}");
+    assert!(report.transitions.is_empty());
+    assert_eq!(report.requests.failed, 0, "{:?}", report.failures);
+    assert_eq!(report.requests.ok, report.requests.sent);
+    assert_eq!(report.gap_ms, None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scenario_that_expects_no_failover_fails_when_one_happens() {
+    let wrong = SHORT_CRASH.replace("failovers: 1", "failovers: 0");
+    let report = run_scenario(&wrong).await;
+    assert_eq!(report.verdict, Verdict::Failed);
+    assert!(
+        report.verdict_reasons.iter().any(|r| r.contains("FAILED")),
+        "{:?}",
+        report.verdict_reasons
+    );
+}
