@@ -540,20 +540,22 @@ async fn show_progress(
     }
 }
 
-/// When the first fault's pool is promptly found failing, as the policy predicts it: the first
-/// round after the fault comes within one interval, and the promotion starts on the round that
-/// crosses its threshold (hard for refusals, soft for timeouts, each of which takes the timeout).
+/// When the policy predicts the first fault is acted on: the promotion starts on the round that
+/// crosses its threshold (hard for refusals, soft for timeouts, each taking the probe timeout).
+/// The first failing round is the first whose probe had not been answered when the fault struck:
+/// it starts at most one interval after the fault, and at the earliest one probe's time before it,
+/// which is below the timeout.
 fn predicted_detection(checked: &Checked, kind: FaultKind) -> [f64; 2] {
     let policy = &checked.scenario.policy;
-    let interval = checked.interval;
+    let (interval, timeout) = (checked.interval, checked.timeout);
     let (rounds, probe) = match kind {
         FaultKind::Crash => (
             policy.hard_promote_after.min(policy.promote_after),
             Duration::ZERO,
         ),
-        FaultKind::Hang => (policy.promote_after, checked.timeout),
+        FaultKind::Hang => (policy.promote_after, timeout),
     };
-    let low = interval * rounds.saturating_sub(1) + probe;
+    let low = (interval * rounds.saturating_sub(1) + probe).saturating_sub(timeout);
     let high = interval * rounds + probe;
     [report::to_ms(low), report::to_ms(high)]
 }
