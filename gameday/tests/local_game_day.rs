@@ -88,3 +88,25 @@ async fn a_scenario_that_expects_no_failover_fails_when_one_happens() {
         report.verdict_reasons
     );
 }
+
+/// The short scenario with `fault` instead of the crash.
+fn short_with(fault: &str) -> String {
+    SHORT_CRASH.replace("fault: crash", &format!("fault: {fault}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_failed_primary_that_answers_health_but_not_generation_is_replaced() {
+    let report = run_scenario(&short_with("half-failed").replace("maxFailedSentAfterFault: 0", "")).await;
+    assert_eq!(report.transitions.len(), 1, "{report:#?}");
+    assert_eq!(report.faults[0].fault, "half-failed");
+    // The primary's 500s reach clients until the route moves; none are refusals.
+    assert_eq!(report.failed_before_reaching_a_replica, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_answering_fluently_but_wrongly_is_caught_by_the_golden_answer() {
+    let report = run_scenario(&short_with("wrong-output").replace("maxFailedSentAfterFault: 0", "")).await;
+    assert_eq!(report.transitions.len(), 1, "{report:#?}");
+    // Its answers look fine to a client: nothing fails, and only the probe saw the fault.
+    assert_eq!(report.requests.failed, 0, "{:?}", report.failures);
+}

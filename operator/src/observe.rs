@@ -42,10 +42,7 @@ use crate::crd::{
 };
 use crate::policy::{self, ProbeTiming, pool_by_name};
 
-/// How many characters of the primary's first passing answer become the golden prefix: enough to
-/// tell one model's answer from another's, short enough that a late tie broken differently on
-/// other hardware does not fail a healthy replica.
-pub const GOLDEN_PREFIX_CHARS: usize = 24;
+pub use understudy_prober::probe::GOLDEN_PREFIX_CHARS;
 
 /// The most observations kept for one policy between two reconciles; the oldest go first. A
 /// reconciler that stopped draining must not grow the operator's memory without bound.

@@ -34,7 +34,7 @@ use understudy_core::failover::{
     CheckResult, Event, FailbackPolicy, FailoverConfig, FailoverState, Input, Phase, Step,
 };
 use understudy_core::{Epoch, Pool};
-use understudy_prober::probe::{Endpoint, Expectation, ProbeSpec, probe_round};
+use understudy_prober::probe::{Endpoint, Expectation, GOLDEN_PREFIX_CHARS, ProbeSpec, probe_round};
 use understudy_prober::report::PoolRound;
 use understudy_router::admin::{Admin, AdminToken};
 use understudy_router::fence_sidecar::{Fence, FenceState, watch_lease};
@@ -91,7 +91,7 @@ pub enum RunError {
     Policy(#[from] understudy_core::failover::ConfigError),
     #[error("the lease: {0}")]
     Lease(#[from] understudy_api::lease::LeaseError),
-    #[error("the first route was not taken: {0}")]
+    #[error("the system did not come up: {0}")]
     FirstRoute(String),
     #[error("a fault could not be applied: {0}")]
     Fault(String),
@@ -161,13 +161,14 @@ pub async fn run(checked: &Checked, options: &RunOptions) -> Result<RunReport, R
         metrics.push(router_metrics);
         routers.push(RouterAdmin { addr: admin, token });
     }
+    let probe = golden_probe(checked, pools[Pool::A.index()].replicas[0]).await?;
     let logic = Arc::new(Logic {
         shapes: [scenario.pools.a.replicas, scenario.pools.b.replicas].map(StandbyShape::hot),
         config,
         lease,
         pools,
         routers,
-        probe: probe_spec(checked),
+        probe,
         interval: checked.interval,
         state: Mutex::new(FailoverState::new()),
         journal: Mutex::new(Journal::default()),
@@ -255,6 +256,22 @@ fn probe_spec(checked: &Checked) -> ProbeSpec {
         stall_after: checked.timeout / 2,
         ..ProbeSpec::default()
     }
+}
+
+/// The probe both pools are judged by: its golden answer is the home primary's first answer, as
+/// the operator records it, so a replica that answers fluently but wrongly fails.
+async fn golden_probe(checked: &Checked, replica: SocketAddr) -> Result<ProbeSpec, RunError> {
+    let mut spec = probe_spec(checked);
+    let endpoint = Endpoint::new(replica.ip().to_string(), replica.port());
+    let first = understudy_prober::probe::probe(&endpoint, &spec).await;
+    if !matches!(first.outcome, understudy_prober::outcome::ProbeOutcome::Ok { .. }) {
+        return Err(RunError::FirstRoute(format!(
+            "the home primary's first probe was {:?}, so there is no golden answer",
+            first.outcome
+        )));
+    }
+    spec.expect = Expectation::golden_prefix(&first.text, GOLDEN_PREFIX_CHARS);
+    Ok(spec)
 }
 
 fn executor_of(logic: &Logic) -> ProcessExecutor<'_> {
@@ -465,25 +482,53 @@ async fn apply_faults(
             None => lock(&logic.state).primary,
         };
         let mut count = 0;
-        for replica in lock(replicas).iter_mut().filter(|r| r.pool == pool) {
-            match fault.fault {
-                FaultKind::Crash => replica.crash(),
-                FaultKind::Hang => replica.hang(),
+        match fault.fault.emulator_fault() {
+            Some(text) => {
+                let targets: Vec<SocketAddr> = lock(replicas)
+                    .iter()
+                    .filter(|r| r.pool == pool)
+                    .map(|r| r.control)
+                    .collect();
+                for control in targets {
+                    inject(control, text).await?;
+                    count += 1;
+                }
             }
-            .map_err(|e| RunError::Fault(e.to_string()))?;
-            count += 1;
+            None => {
+                for replica in lock(replicas).iter_mut().filter(|r| r.pool == pool) {
+                    match fault.fault {
+                        FaultKind::Hang => replica.hang(),
+                        _ => replica.crash(),
+                    }
+                    .map_err(|e| RunError::Fault(e.to_string()))?;
+                    count += 1;
+                }
+            }
         }
         // The fault's time is when the last replica went down: a request sent while the others
         // went could still be taken by one, and dies with it as one in flight.
         let at = start.elapsed();
         applied.push(AppliedFault {
             at_ms: report::to_ms(at),
-            fault: format!("{:?}", fault.fault).to_lowercase(),
+            fault: fault.fault.as_str().to_owned(),
             pool: pool_name(pool).to_owned(),
             replicas: count,
         });
     }
     Ok(applied)
+}
+
+/// Injects an emulator fault through a replica's control port.
+async fn inject(control: SocketAddr, fault: &str) -> Result<(), RunError> {
+    let body = bytes::Bytes::copy_from_slice(fault.as_bytes());
+    match http::exchange(control, "POST", "/faults", &[], body, Duration::from_secs(5)).await {
+        Ok(answer) if answer.status < 300 => Ok(()),
+        Ok(answer) => Err(RunError::Fault(format!(
+            "{control}: POST /faults answered {}",
+            answer.status
+        ))),
+        Err(error) => Err(RunError::Fault(format!("{control}: POST /faults: {error}"))),
+    }
 }
 
 /// The routers' retries, from their own counters.
@@ -548,12 +593,15 @@ async fn show_progress(
 fn predicted_detection(checked: &Checked, kind: FaultKind) -> [f64; 2] {
     let policy = &checked.scenario.policy;
     let (interval, timeout) = (checked.interval, checked.timeout);
-    let (rounds, probe) = match kind {
-        FaultKind::Crash => (
-            policy.hard_promote_after.min(policy.promote_after),
-            Duration::ZERO,
-        ),
-        FaultKind::Hang => (policy.promote_after, timeout),
+    let rounds = if kind.is_hard() {
+        policy.hard_promote_after.min(policy.promote_after)
+    } else {
+        policy.promote_after
+    };
+    // A hung or slowed replica's probe takes its whole timeout to fail; the others fail at once.
+    let probe = match kind {
+        FaultKind::Hang | FaultKind::Slow => timeout,
+        _ => Duration::ZERO,
     };
     let low = (interval * rounds.saturating_sub(1) + probe).saturating_sub(timeout);
     let high = interval * rounds + probe;

@@ -129,6 +129,45 @@ pub enum FaultKind {
     Crash,
     /// SIGSTOP: connections stay open and nothing answers.
     Hang,
+    /// Health answers, generation fails with a 500 (the emulator's `half-failed:error`).
+    HalfFailed,
+    /// Fluent answers that are not the model's (the emulator's `wrong-output`): only a
+    /// generating probe against the golden answer sees it.
+    WrongOutput,
+    /// Prefill and decode ten times slower (the emulator's `slow:10`).
+    Slow,
+}
+
+impl FaultKind {
+    /// The emulator's fault text, for the faults its control port injects.
+    #[must_use]
+    pub fn emulator_fault(self) -> Option<&'static str> {
+        match self {
+            FaultKind::Crash | FaultKind::Hang => None,
+            FaultKind::HalfFailed => Some("half-failed:error"),
+            FaultKind::WrongOutput => Some("wrong-output"),
+            FaultKind::Slow => Some("slow:10"),
+        }
+    }
+
+    /// Whether the probes see it as strong evidence (refused, 5xx) rather than weak (timeouts,
+    /// wrong or slow answers).
+    #[must_use]
+    pub fn is_hard(self) -> bool {
+        matches!(self, FaultKind::Crash | FaultKind::HalfFailed)
+    }
+
+    /// The name reports use.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FaultKind::Crash => "crash",
+            FaultKind::Hang => "hang",
+            FaultKind::HalfFailed => "half-failed",
+            FaultKind::WrongOutput => "wrong-output",
+            FaultKind::Slow => "slow",
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]

@@ -57,6 +57,11 @@ pub enum Expectation {
     NonEmpty,
 }
 
+/// How many characters of the primary's first passing answer become the golden prefix: enough to
+/// tell one model's answer from another's, short enough that a late tie broken differently on
+/// other hardware does not fail a healthy replica.
+pub const GOLDEN_PREFIX_CHARS: usize = 24;
+
 impl Expectation {
     /// A golden answer from the primary's text: its first `chars` characters.
     pub fn golden_prefix(text: &str, chars: usize) -> Expectation {

@@ -23,7 +23,7 @@ use http_body_util::BodyExt;
 use serde::Serialize;
 use tokio::time::Instant;
 
-pub use self::classify::{Budget, Ending, Expectation, Transcript, classify};
+pub use self::classify::{Budget, Ending, Expectation, GOLDEN_PREFIX_CHARS, Transcript, classify};
 use self::http::{BodyRead, Failure};
 use self::sse::{SseDecoder, SseEvent};
 use crate::outcome::ProbeOutcome;
