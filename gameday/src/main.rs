@@ -172,6 +172,10 @@ fn run_game_day(path: Option<&Path>, out: Option<PathBuf>, seed: u64) -> anyhow:
     std::fs::write(out.join("report.json"), json + "\n").context("writing report.json")?;
     std::fs::write(out.join("report.md"), local::report::markdown(&report)).context("writing report.md")?;
     for run in &report.runs {
+        let svg = local::timeline::svg(run, &run.records);
+        std::fs::write(out.join("timeline.svg"), svg).context("writing timeline.svg")?;
+    }
+    for run in &report.runs {
         print!("{}", local::report::summary(run));
     }
     println!("report: {}", out.display());

@@ -17,9 +17,11 @@ pub mod load;
 pub mod replicas;
 pub mod report;
 pub mod scenario;
+pub mod timeline;
 
 use std::io::{IsTerminal, Write};
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -191,6 +193,8 @@ pub async fn run(checked: &Checked, options: &RunOptions) -> Result<RunReport, R
         stopped,
     ));
     let replicas = Arc::new(Mutex::new(replicas));
+    let memory = Arc::new(AtomicU64::new(0));
+    tasks.spawn(sample_memory(Arc::clone(&replicas), Arc::clone(&memory)));
     let faults = apply_faults(checked, &logic, &replicas, start);
     let load = load::run(
         &scenario.load,
@@ -219,15 +223,11 @@ pub async fn run(checked: &Checked, options: &RunOptions) -> Result<RunReport, R
     let records = lock(&records).clone();
     tasks.abort_all();
     drop(replicas); // kills every replica still running
-    Ok(build_report(
-        checked,
-        &logic,
-        &records,
-        applied,
-        retried,
-        ended,
-        interrupted,
-    ))
+    let mut report = build_report(checked, &logic, &records, applied, retried, ended, interrupted);
+    let peak = memory.load(Ordering::Relaxed);
+    report.memory_peak_mib = (peak > 0).then(|| (peak as f64 / 1024.0 * 10.0).round() / 10.0);
+    report.records = records;
+    Ok(report)
 }
 
 fn failover_config(checked: &Checked) -> FailoverConfig {
@@ -518,6 +518,20 @@ async fn apply_faults(
     Ok(applied)
 }
 
+/// Keeps the peak of this process's and its replicas' resident memory, in KiB.
+async fn sample_memory(replicas: Arc<Mutex<Vec<Replica>>>, peak: Arc<AtomicU64>) {
+    let mut ticks = tokio::time::interval(Duration::from_millis(500));
+    loop {
+        ticks.tick().await;
+        let pids: Vec<u32> = lock(&replicas).iter().map(Replica::pid).collect();
+        let total: u64 = std::iter::once(std::process::id())
+            .chain(pids)
+            .filter_map(replicas::resident_kib)
+            .sum();
+        peak.fetch_max(total, Ordering::Relaxed);
+    }
+}
+
 /// Injects an emulator fault through a replica's control port.
 async fn inject(control: SocketAddr, fault: &str) -> Result<(), RunError> {
     let body = bytes::Bytes::copy_from_slice(fault.as_bytes());
@@ -698,7 +712,8 @@ fn build_report(
             "every replica is hot: warm and pilot-light tiers, drift, half-failed, slow and lost-lease faults \
              are not in local scenarios yet"
                 .to_owned(),
-            "timeline.svg is not drawn yet".to_owned(),
         ],
+        memory_peak_mib: None,
+        records: Vec::new(),
     }
 }

@@ -126,6 +126,12 @@ impl Replica {
         }
     }
 
+    /// The process id, while the process exists.
+    #[must_use]
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// SIGKILL: the process is gone at once, its port refuses connections.
     pub fn crash(&mut self) -> Result<(), ReplicaError> {
         self.stopped = true;
@@ -160,6 +166,15 @@ impl Replica {
             })
         }
     }
+}
+
+/// The resident memory of process `pid` in KiB, from `/proc`; `None` when it is gone or this
+/// system has no `/proc`.
+#[must_use]
+pub fn resident_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
 }
 
 fn wait_until_ready(seen: &mpsc::Receiver<String>, limit: Duration) -> Reported {

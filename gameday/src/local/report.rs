@@ -91,6 +91,12 @@ pub struct RunReport {
     pub verdict_reasons: Vec<String>,
     /// What this run leaves out, so nobody reads a missing part as measured.
     pub not_measured: Vec<String>,
+    /// The peak memory of the run's own process and its replicas together, sampled every half
+    /// second, in MiB.
+    pub memory_peak_mib: Option<f64>,
+    /// Every request's record, for the timeline; not in `report.json`.
+    #[serde(skip)]
+    pub records: Vec<RequestRecord>,
 }
 
 /// Whether the run showed what its scenario expects.
@@ -245,6 +251,12 @@ pub fn summary(run: &RunReport) -> String {
         STORM_WINDOW.as_secs(),
         cell(t.after_p99)
     );
+    if let Some(mib) = run.memory_peak_mib {
+        let _ = writeln!(
+            out,
+            "memory: {mib} MiB at the peak, this process and its replicas together"
+        );
+    }
     for fault in &run.faults {
         let _ = writeln!(
             out,
