@@ -33,6 +33,10 @@ enum Command {
         /// Seeds the load's arrivals, prompts and lengths.
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        /// Run the scenario this many times, with seeds `seed`, `seed + 1`, …, and report each
+        /// run beside the medians and ranges.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=20))]
+        seeds: u64,
     },
     /// The vLLM emulator, as `vllm-emulator` runs it: how a local game day starts its replicas.
     #[command(hide = true)]
@@ -88,7 +92,12 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Run { scenario, out, seed } => run_game_day(scenario.as_deref(), out, seed),
+        Command::Run {
+            scenario,
+            out,
+            seed,
+            seeds,
+        } => run_game_day(scenario.as_deref(), out, seed, seeds),
         Command::Emulator { args } => {
             let code = understudy_gameday::emulator::run_to_exit(&args).context("emulator")?;
             std::process::exit(code);
@@ -133,7 +142,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
-fn run_game_day(path: Option<&Path>, out: Option<PathBuf>, seed: u64) -> anyhow::Result<()> {
+fn run_game_day(path: Option<&Path>, out: Option<PathBuf>, seed: u64, seeds: u64) -> anyhow::Result<()> {
     let text = match path {
         Some(path) => read(path)?,
         None => scenario::DEFAULT.to_owned(),
@@ -141,13 +150,9 @@ fn run_game_day(path: Option<&Path>, out: Option<PathBuf>, seed: u64) -> anyhow:
     let shown = path.map_or("the default scenario".to_owned(), |p| p.display().to_string());
     let checked = Scenario::parse(&text).with_context(|| format!("in {shown}"))?;
     let out = out.unwrap_or_else(|| default_out(&checked.scenario.name));
-    let options = RunOptions {
-        launcher: Launcher {
-            program: std::env::current_exe().context("finding this binary to start replicas with")?,
-            prefix: vec!["emulator".to_owned()],
-        },
-        seed,
-        progress: Progress::for_stderr(),
+    let launcher = Launcher {
+        program: std::env::current_exe().context("finding this binary to start replicas with")?,
+        prefix: vec!["emulator".to_owned()],
     };
     eprintln!(
         "running {} ({}): {} replicas in pool a, {} in pool b, {} s of load",
@@ -162,21 +167,39 @@ fn run_game_day(path: Option<&Path>, out: Option<PathBuf>, seed: u64) -> anyhow:
         .enable_all()
         .build()
         .context("tokio runtime")?;
-    let run = runtime.block_on(local::run(&checked, &options))?;
+    let mut runs = Vec::new();
+    for seed in seed..seed + seeds {
+        let options = RunOptions {
+            launcher: launcher.clone(),
+            seed,
+            progress: Progress::for_stderr(),
+        };
+        let mut run = runtime.block_on(local::run(&checked, &options))?;
+        if seeds > 1 {
+            run.name = format!("{} seed {seed}", run.name);
+        }
+        runs.push(run);
+    }
     let report = local::report::Report {
         scenario: checked.scenario.name.clone(),
-        runs: vec![run],
+        runs,
     };
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
     let json = serde_json::to_string_pretty(&report)?;
     std::fs::write(out.join("report.json"), json + "\n").context("writing report.json")?;
     std::fs::write(out.join("report.md"), local::report::markdown(&report)).context("writing report.md")?;
-    for run in &report.runs {
+    for (i, run) in report.runs.iter().enumerate() {
+        let name = if report.runs.len() == 1 {
+            "timeline.svg".to_owned()
+        } else {
+            format!("timeline-{}.svg", seed + i as u64)
+        };
         let svg = local::timeline::svg(run, &run.records);
-        std::fs::write(out.join("timeline.svg"), svg).context("writing timeline.svg")?;
+        std::fs::write(out.join(&name), svg).with_context(|| format!("writing {name}"))?;
     }
-    for run in &report.runs {
-        print!("{}", local::report::summary(run));
+    match report.runs.as_slice() {
+        [run] => print!("{}", local::report::summary(run)),
+        runs => print!("{}", local::report::across_seeds(runs)),
     }
     println!("report: {}", out.display());
     let failed = report

@@ -481,6 +481,7 @@ async fn apply_faults(
             Some(PoolName::B) => Pool::B,
             None => lock(&logic.state).primary,
         };
+        let started = start.elapsed();
         let mut count = 0;
         match fault.fault.emulator_fault() {
             Some(text) => {
@@ -509,6 +510,7 @@ async fn apply_faults(
         // went could still be taken by one, and dies with it as one in flight.
         let at = start.elapsed();
         applied.push(AppliedFault {
+            started_ms: report::to_ms(started),
             at_ms: report::to_ms(at),
             fault: fault.fault.as_str().to_owned(),
             pool: pool_name(pool).to_owned(),
@@ -697,7 +699,10 @@ fn build_report(
         failures: report::failures(records),
         failed_in_flight_at_fault: in_flight,
         requests,
-        gap_ms: fault_at.and_then(|at| report::gap(records, at)).map(report::to_ms),
+        gap_ms: faults
+            .first()
+            .and_then(|f| report::gap(records, Duration::from_secs_f64(f.started_ms / 1e3)))
+            .map(report::to_ms),
         detection_ms: fault_at.zip(started).map(|(fault, start)| report::to_ms(start.saturating_sub(fault))),
         predicted_detection_ms: scenario.faults.first().map(|f| predicted_detection(checked, f.fault)),
         ttft_ms: report::ttft(records, fault_at, routed, ended),

@@ -58,6 +58,9 @@ pub struct Transition {
 /// A fault as applied.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct AppliedFault {
+    /// When it began to be applied: the first replica went down here.
+    pub started_ms: f64,
+    /// When every replica of the pool had it.
     pub at_ms: f64,
     pub fault: String,
     pub pool: String,
@@ -284,10 +287,59 @@ pub fn summary(run: &RunReport) -> String {
     out
 }
 
+/// The median and range of `values`, as `median [min, max]`; `-` when there are none.
+fn spread(mut values: Vec<f64>) -> String {
+    if values.is_empty() {
+        return "-".to_owned();
+    }
+    values.sort_by(f64::total_cmp);
+    let mid = values.len() / 2;
+    let median = if values.len().is_multiple_of(2) {
+        (values[mid - 1] + values[mid]) / 2.0
+    } else {
+        values[mid]
+    };
+    format!("{median:.0} [{:.0}, {:.0}]", values[0], values[values.len() - 1])
+}
+
+/// The runs of one scenario under several seeds, side by side, with medians and ranges.
+#[must_use]
+pub fn across_seeds(runs: &[RunReport]) -> String {
+    let mut out = String::from(
+        "run                                  verdict      sent  failed  in flight  gap ms  detection ms\n",
+    );
+    for run in runs {
+        let _ = writeln!(
+            out,
+            "{:<36} {:<11} {:>5} {:>7} {:>10} {:>7} {:>13}",
+            run.name,
+            format!("{:?}", run.verdict),
+            run.requests.sent,
+            run.requests.failed,
+            run.failed_in_flight_at_fault,
+            cell(run.gap_ms),
+            cell(run.detection_ms)
+        );
+    }
+    let of = |f: &dyn Fn(&RunReport) -> Option<f64>| spread(runs.iter().filter_map(f).collect());
+    let _ = writeln!(
+        out,
+        "median [range]: failed {}, in flight {}, gap {} ms, detection {} ms",
+        of(&|r| Some(r.requests.failed as f64)),
+        of(&|r| Some(r.failed_in_flight_at_fault as f64)),
+        of(&|r| r.gap_ms),
+        of(&|r| r.detection_ms)
+    );
+    out
+}
+
 /// `report.md`: the summary, then what was not measured.
 #[must_use]
 pub fn markdown(report: &Report) -> String {
     let mut out = format!("# Local game day: {}\n\n", report.scenario);
+    if report.runs.len() > 1 {
+        let _ = writeln!(out, "```text\n{}```\n", across_seeds(&report.runs));
+    }
     for run in &report.runs {
         let _ = writeln!(out, "## {}\n\n```text\n{}```\n", run.name, summary(run));
         if !run.not_measured.is_empty() {
@@ -348,6 +400,13 @@ mod tests {
             ttft_p99(&records, Duration::from_secs(5), Duration::from_secs(6)),
             None
         );
+    }
+
+    #[test]
+    fn a_spread_is_the_median_and_the_range() {
+        assert_eq!(spread(vec![3.0, 1.0, 2.0]), "2 [1, 3]");
+        assert_eq!(spread(vec![4.0, 1.0, 2.0, 3.0]), "2 [1, 4]");
+        assert_eq!(spread(Vec::new()), "-");
     }
 
     #[test]
