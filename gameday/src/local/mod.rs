@@ -703,8 +703,13 @@ fn build_report(
             .first()
             .and_then(|f| report::gap(records, Duration::from_secs_f64(f.started_ms / 1e3)))
             .map(report::to_ms),
-        detection_ms: fault_at.zip(started).map(|(fault, start)| report::to_ms(start.saturating_sub(fault))),
-        predicted_detection_ms: scenario.faults.first().map(|f| predicted_detection(checked, f.fault)),
+        detection_ms: fault_at
+            .zip(started)
+            .map(|(fault, start)| report::to_ms(start.saturating_sub(fault))),
+        predicted_detection_ms: scenario
+            .faults
+            .first()
+            .map(|f| predicted_detection(checked, f.fault)),
         ttft_ms: report::ttft(records, fault_at, routed, ended),
         faults,
         transitions: journal.transitions.clone(),
@@ -714,8 +719,10 @@ fn build_report(
             "the routers and fences run inside the runner's process, on real loopback sockets; \
              only the replicas are processes of their own"
                 .to_owned(),
-            "every replica is hot: warm and pilot-light tiers, drift, half-failed, slow and lost-lease faults \
-             are not in local scenarios yet"
+            "every replica is hot: warm and pilot-light tiers, drift and lost-lease faults are not in local \
+             scenarios yet"
+                .to_owned(),
+            "answers that are wrong but look fine are counted ok: the load does not check what it gets"
                 .to_owned(),
         ],
         memory_peak_mib: None,
