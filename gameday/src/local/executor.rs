@@ -1,8 +1,7 @@
 //! The local home's executor: core's [`Executor`] carried out against processes on this machine.
 //!
 //! The lease lives in the runner and is compare-and-set like the Kubernetes Lease; fences read it
-//! on their own; the new primary's replicas are woken through vLLM's sleep endpoints and proven by
-//! the prober's own generating probe; routes go to every router's admin API with its token. The
+//! on their own; the new primary's replicas are proven by the prober's own generating probe; routes go to every router's admin API with its token. The
 //! same `drive` the operator calls decides which of these runs when.
 
 use std::net::SocketAddr;
@@ -120,23 +119,6 @@ impl ProcessExecutor<'_> {
             route.endpoints.len()
         ))
     }
-
-    async fn post(&self, replica: SocketAddr, path: &str, body: &'static str) -> Result<(), String> {
-        match exchange(
-            replica,
-            "POST",
-            path,
-            &[],
-            Bytes::from_static(body.as_bytes()),
-            CALL_LIMIT,
-        )
-        .await
-        {
-            Ok(answer) if answer.status < 300 => Ok(()),
-            Ok(answer) => Err(format!("{replica}{path} answered {}", answer.status)),
-            Err(error) => Err(format!("{replica}{path}: {error}")),
-        }
-    }
 }
 
 impl Executor for ProcessExecutor<'_> {
@@ -184,22 +166,11 @@ impl Executor for ProcessExecutor<'_> {
                 "{name} has no warm tier: nothing sleeps, no replica was called"
             ));
         }
-        for &replica in &self.pools[order.pool.index()].replicas {
-            let mut calls = vec![self.post(replica, "/wake_up", "").await];
-            if order.level >= 2 {
-                calls.push(
-                    self.post(replica, "/collective_rpc", r#"{"method":"reload_weights"}"#)
-                        .await,
-                );
-                calls.push(self.post(replica, "/reset_prefix_cache", "").await);
-            }
-            if let Some(Err(error)) = calls.into_iter().find(Result::is_err) {
-                return StepOutcome::NotYet(error);
-            }
-        }
-        done(format!(
-            "woke {} replica(s) of {name} from level {}",
-            order.replicas, order.level
+        // Local scenarios have no warm tier yet, so nothing here sleeps. The operator's wake
+        // (`operator/src/wake.rs`) is the one to share once they do, rather than a second copy.
+        StepOutcome::NotYet(format!(
+            "{name} has {} warm replica(s), and waking them is not built into the local game day yet",
+            order.replicas
         ))
     }
 
