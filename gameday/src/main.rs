@@ -148,58 +148,57 @@ fn run_game_day(path: Option<&Path>, out: Option<PathBuf>, seed: u64, seeds: u64
         None => scenario::DEFAULT.to_owned(),
     };
     let shown = path.map_or("the default scenario".to_owned(), |p| p.display().to_string());
-    let checked = Scenario::parse(&text).with_context(|| format!("in {shown}"))?;
-    let out = out.unwrap_or_else(|| default_out(&checked.scenario.name));
+    let plan = Scenario::plan(&text).with_context(|| format!("in {shown}"))?;
+    let out = out.unwrap_or_else(|| default_out(&plan.name));
     let launcher = Launcher {
         program: std::env::current_exe().context("finding this binary to start replicas with")?,
         prefix: vec!["emulator".to_owned()],
     };
-    eprintln!(
-        "running {} ({}): {} replicas in pool a, {} in pool b, {} s of load",
-        checked.scenario.name,
-        shown,
-        checked.scenario.pools.a.replicas,
-        checked.scenario.pools.b.replicas,
-        checked.duration.as_secs()
-    );
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .context("tokio runtime")?;
     let mut runs = Vec::new();
-    for seed in seed..seed + seeds {
-        let options = RunOptions {
-            launcher: launcher.clone(),
-            seed,
-            progress: Progress::for_stderr(),
-        };
-        let mut run = runtime.block_on(local::run(&checked, &options))?;
-        if seeds > 1 {
-            run.name = format!("{} seed {seed}", run.name);
+    for checked in &plan.runs {
+        let scenario = &checked.scenario;
+        for seed in seed..seed + seeds {
+            eprintln!(
+                "running {} ({shown}, seed {seed}): {} replica(s) in pool a, {} in pool b, {:?}, {} s of load",
+                scenario.name,
+                scenario.pools.a.replicas,
+                scenario.pools.b.replicas,
+                scenario.topology,
+                checked.duration.as_secs()
+            );
+            let options = RunOptions {
+                launcher: launcher.clone(),
+                seed,
+                progress: Progress::for_stderr(),
+            };
+            runs.push(runtime.block_on(local::run(checked, &options))?);
         }
-        runs.push(run);
     }
     let report = local::report::Report {
-        scenario: checked.scenario.name.clone(),
+        scenario: plan.name.clone(),
         runs,
     };
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
     let json = serde_json::to_string_pretty(&report)?;
     std::fs::write(out.join("report.json"), json + "\n").context("writing report.json")?;
     std::fs::write(out.join("report.md"), local::report::markdown(&report)).context("writing report.md")?;
-    for (i, run) in report.runs.iter().enumerate() {
+    for run in &report.runs {
         let name = if report.runs.len() == 1 {
             "timeline.svg".to_owned()
         } else {
-            format!("timeline-{}.svg", seed + i as u64)
+            format!("timeline-{}-{}.svg", file_safe(&run.name), run.seed)
         };
         let svg = local::timeline::svg(run, &run.records);
         std::fs::write(out.join(&name), svg).with_context(|| format!("writing {name}"))?;
     }
     match report.runs.as_slice() {
         [run] => print!("{}", local::report::summary(run)),
-        runs => print!("{}", local::report::across_seeds(runs)),
+        runs => print!("{}", local::report::side_by_side(runs)),
     }
     println!("report: {}", out.display());
     let failed = report
@@ -210,6 +209,13 @@ fn run_game_day(path: Option<&Path>, out: Option<PathBuf>, seed: u64, seeds: u64
         anyhow::bail!("the game day did not pass");
     }
     Ok(())
+}
+
+/// A run's name as part of a file name: letters, digits and `-` only.
+fn file_safe(name: &str) -> String {
+    name.chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect()
 }
 
 /// `gameday-report/<name>-<unix seconds>`: a new folder for every run.

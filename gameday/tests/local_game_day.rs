@@ -110,3 +110,39 @@ async fn a_primary_answering_fluently_but_wrongly_is_caught_by_the_golden_answer
     // Its answers look fine to a client: nothing fails, and only the probe saw the fault.
     assert_eq!(report.requests.failed, 0, "{:?}", report.failures);
 }
+
+const SEED_000: &str = include_str!("../../examples/gamedays/local/seed-000.yaml");
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seed_000_loses_requests_active_passive_about_one_active_active_and_none_under_understudy() {
+    let short = SEED_000
+        .replace("duration: 30s", "duration: 7s")
+        .replace("{at: 10s, fault: crash", "{at: 3s, fault: crash");
+    let plan = Scenario::plan(&short).unwrap();
+    let names: Vec<&str> = plan.runs.iter().map(|r| r.scenario.name.as_str()).collect();
+    assert_eq!(names, ["active-passive", "active-active", "understudy"]);
+    let mut reports = Vec::new();
+    for checked in &plan.runs {
+        reports.push(run(checked, &options()).await.unwrap());
+    }
+    let [passive, active, understudy] = &reports[..] else {
+        unreachable!()
+    };
+    for report in &reports {
+        assert_eq!(report.verdict, Verdict::Passed, "{report:#?}");
+    }
+    // Every request sent before the switch goes to the dead primary and fails at once: two to
+    // three probe intervals at 50 a second.
+    assert!(passive.requests.failed >= 50, "{:?}", passive.requests);
+    assert_eq!(passive.requests.retried, 0);
+    assert_eq!(passive.transitions.len(), 1);
+    // Dropped on its first failure: what it held, and the one request that found it dead.
+    assert!(active.requests.failed <= 5, "{:?}", active.failures);
+    assert!(active.transitions.is_empty());
+    assert!(active.detection_ms.is_none() && active.predicted_detection_ms.is_none());
+    // Held by the routers until the standby's route, retried past the replica that died
+    // holding them: nothing fails.
+    assert_eq!(understudy.requests.failed, 0, "{:?}", understudy.failures);
+    assert_eq!(understudy.requests.ok, understudy.requests.sent);
+    assert!(understudy.stall_ms.is_some() && understudy.gap_ms.is_none());
+}

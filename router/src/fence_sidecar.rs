@@ -35,10 +35,12 @@ use crate::refusal::error_response;
 /// The header on the sidecar's refusals, carrying the current epoch.
 pub const FENCE_HEADER: &str = "x-understudy-fenced";
 
-/// Marks an answer the fence made itself because its replica never took the request: it is fenced,
-/// or the replica refused the connection (crashed, not started). The gateway retries such an
-/// answer on another endpoint as it would a refused connection, since nothing reached a replica;
-/// without the mark a dead replica behind a live fence would look like a replica's own 502.
+/// Marks an answer the fence made itself because no byte of an answer came from its replica:
+/// `fenced`, `refused` (the replica refused the connection: crashed, not started) or `reset`
+/// (the connection closed before the replica answered: it died holding the request). The
+/// gateway treats the first two as a refused connection and the last as a reset one, exactly as
+/// it would with no fence between them, and retries each on another endpoint; without the mark a
+/// dead replica behind a live fence would look like a replica's own 502.
 pub const NOT_SERVED_HEADER: &str = "x-understudy-not-served";
 
 /// Where the sidecar reads the Lease. Every [`EpochLease`] is one; tests add partitions.
@@ -203,11 +205,11 @@ impl Fence {
                 };
                 let message = format!("local replica unreachable: {why}");
                 let mut resp = error_response(StatusCode::BAD_GATEWAY, "upstream_failed", &message);
-                // A refused connection never reached the replica; a failed one may have.
-                if e.is_connect() {
-                    resp.headers_mut()
-                        .insert(NOT_SERVED_HEADER, HeaderValue::from_static("refused"));
-                }
+                // A refused connection never reached the replica; a failed one may have, but
+                // sent nothing back, which the gateway retries as it does a reset.
+                let mark = if e.is_connect() { "refused" } else { "reset" };
+                resp.headers_mut()
+                    .insert(NOT_SERVED_HEADER, HeaderValue::from_static(mark));
                 resp
             }
         }

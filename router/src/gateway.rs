@@ -29,7 +29,7 @@ use crate::fence_sidecar::NOT_SERVED_HEADER;
 use crate::metrics::{Metrics, RequestOutcome};
 use crate::path::{PublicPath, classify};
 use crate::refusal::Refusal;
-use crate::retry::RetryBudget;
+use crate::retry::{RetryBudget, RetryLimits};
 use crate::table::RouteTable;
 use crate::upstream::codec::is_hop_by_hop;
 use crate::upstream::{Outgoing, ResponseBody, SendError};
@@ -48,6 +48,8 @@ pub struct GatewayConfig {
     pub connect_timeout: Duration,
     /// How endpoints are ejected.
     pub ejection: EjectionPolicy,
+    /// How many tries may be made again on another endpoint, before any response byte.
+    pub retries: RetryLimits,
 }
 
 impl Default for GatewayConfig {
@@ -58,6 +60,7 @@ impl Default for GatewayConfig {
             first_byte_timeout: Duration::from_secs(120),
             connect_timeout: Duration::from_secs(1),
             ejection: EjectionPolicy::default(),
+            retries: RetryLimits::default(),
         }
     }
 }
@@ -87,7 +90,7 @@ impl Gateway {
     pub fn new(config: GatewayConfig, routes: Arc<RouteTable>, metrics: Arc<Metrics>) -> Arc<Self> {
         Arc::new(Gateway {
             room: Arc::new(WaitingRoom::new(config.waiting_room)),
-            budget: Arc::new(RetryBudget::default()),
+            budget: Arc::new(RetryBudget::new(config.retries)),
             config,
             routes,
             metrics,
@@ -260,8 +263,14 @@ impl Gateway {
             let answer =
                 tokio::time::timeout(self.config.first_byte_timeout, self.send(&endpoint, &upstream)).await;
             let failure = match answer {
-                // The fence answered for a replica that never took the request: as refused.
-                Ok(Ok((head, _))) if head.headers.contains_key(NOT_SERVED_HEADER) => Outcome::Refused,
+                // The fence answered for a replica that sent nothing: as the fence saw it.
+                Ok(Ok((ref head, _))) if let Some(mark) = head.headers.get(NOT_SERVED_HEADER) => {
+                    if mark.as_bytes() == b"reset" {
+                        Outcome::Reset
+                    } else {
+                        Outcome::Refused
+                    }
+                }
                 Ok(Ok((mut head, incoming))) => {
                     drop(seat.take());
                     let upstream_time = sent_at.elapsed();

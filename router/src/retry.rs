@@ -15,21 +15,43 @@ pub struct RetryBudget {
     floor: usize,
 }
 
+/// How large the retry budget is: `percent` of the requests in flight, never below `floor`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RetryLimits {
+    pub percent: usize,
+    pub floor: usize,
+}
+
+impl RetryLimits {
+    /// No retries at all: a failed try is the request's answer, as with a proxy that never
+    /// retries a POST (nginx's default for non-idempotent requests).
+    pub const NONE: RetryLimits = RetryLimits { percent: 0, floor: 0 };
+}
+
+impl Default for RetryLimits {
+    fn default() -> Self {
+        RetryLimits {
+            percent: 20,
+            floor: 3,
+        }
+    }
+}
+
 impl Default for RetryBudget {
     fn default() -> Self {
-        RetryBudget::new(20, 3)
+        RetryBudget::new(RetryLimits::default())
     }
 }
 
 impl RetryBudget {
-    /// A budget of `percent` of active requests, never below `floor`.
+    /// A budget of `limits.percent` of active requests, never below `limits.floor`.
     #[must_use]
-    pub fn new(percent: usize, floor: usize) -> Self {
+    pub fn new(limits: RetryLimits) -> Self {
         RetryBudget {
             active: AtomicUsize::new(0),
             retries: AtomicUsize::new(0),
-            percent,
-            floor,
+            percent: limits.percent,
+            floor: limits.floor,
         }
     }
 
@@ -74,6 +96,15 @@ mod tests {
         assert!(!b.try_retry());
         b.finish(3);
         assert_eq!(b.retries_in_flight(), 0);
+    }
+
+    #[test]
+    fn no_retries_means_none_however_many_requests_are_in_flight() {
+        let b = RetryBudget::new(RetryLimits::NONE);
+        for _ in 0..100 {
+            b.start();
+        }
+        assert!(!b.try_retry());
     }
 
     #[test]

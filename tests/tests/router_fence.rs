@@ -166,3 +166,50 @@ async fn a_gateway_retries_past_a_fence_whose_replica_refuses_and_past_a_fenced_
     // every request is retried until the serving endpoint answers it.
     assert!(answers.iter().all(|status| *status == 200), "{answers:?}");
 }
+
+/// A replica that takes every request and dies before answering: it reads the request and
+/// closes the connection, at most `count` times.
+fn dies_holding_requests(count: usize) -> std::net::SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().take(count) {
+            let Ok(mut stream) = stream else { continue };
+            let mut buf = [0u8; 4096];
+            let _ = std::io::Read::read(&mut stream, &mut buf);
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_dies_holding_a_request_behind_a_fence_is_retried_as_a_reset() {
+    let live = Emulator::start(&["--emu-zero-cost"], &[]);
+    let lease = MemoryLease::new();
+    lease.create("pool-a", Epoch(1)).await.unwrap();
+    let dying = FenceSidecar::start(lease.clone(), "pool-a", dies_holding_requests(64), POLL);
+    let serving = FenceSidecar::start(lease.clone(), "pool-a", live.addr(), POLL);
+    let port = serving.port;
+    tokio::task::spawn_blocking(move || wait_for_status(port, 200))
+        .await
+        .unwrap();
+    // The fence says why it answered for its replica.
+    let dying_port = dying.port;
+    let marked = tokio::task::spawn_blocking(move || generate(dying_port))
+        .await
+        .unwrap();
+    assert_eq!(marked.status, 502);
+    assert_eq!(marked.header("x-understudy-not-served").as_deref(), Some("reset"));
+    let router = Router::start(GatewayConfig::default(), None);
+    let endpoints = [dying.port, serving.port].map(|port| std::net::SocketAddr::from(([127, 0, 0, 1], port)));
+    assert_eq!(router.put_route(&route("pool-a", 1, &endpoints)).status, 200);
+    let answers = tokio::task::spawn_blocking(move || {
+        (0..12)
+            .map(|_| router.complete(&completion(4, false), &[]).status)
+            .collect::<Vec<u16>>()
+    })
+    .await
+    .unwrap();
+    // Without the mark the fence's 502 would be the replica's own answer, and passed on.
+    assert!(answers.iter().all(|status| *status == 200), "{answers:?}");
+}

@@ -8,6 +8,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use bytes::Bytes;
+use understudy_api::crd::AdmissionSpec;
 use understudy_api::lease::{EpochLease, LeaseError, MemoryLease};
 use understudy_api::route::{AdmissionSettings, Route, StreamContract};
 use understudy_core::drive::{
@@ -52,7 +53,8 @@ pub struct ProcessExecutor<'a> {
     pub pools: &'a [PoolAddrs; 2],
     pub routers: &'a [RouterAdmin],
     pub probe: &'a ProbeSpec,
-    pub admission: AdmissionSettings,
+    /// The policy's admission control on a promoted pool, per replica; `None` is off.
+    pub admission: Option<&'a AdmissionSpec>,
 }
 
 type Outcome = StepOutcome<String>;
@@ -72,16 +74,24 @@ impl ProcessExecutor<'_> {
             .collect()
     }
 
-    /// The route that makes `pool` primary at `epoch`, through its fences.
+    /// The route that makes `pool` primary at `epoch`, through its fences, with the policy's
+    /// admission budgets for that many replicas.
     #[must_use]
     pub fn route_for(&self, pool: Pool, epoch: Epoch) -> Route {
+        let endpoints = self.pools[pool.index()].fences.clone();
         Route {
             pool: pool_name(pool).to_owned(),
-            endpoints: self.pools[pool.index()].fences.clone(),
+            admission: self.admission_for(endpoints.len()),
+            endpoints,
             epoch,
-            admission: self.admission.clone(),
             stream_contract: StreamContract::RetryableError,
         }
+    }
+
+    fn admission_for(&self, replicas: usize) -> AdmissionSettings {
+        self.admission.map_or_else(AdmissionSettings::default, |spec| {
+            AdmissionSettings::for_replicas(spec, replicas)
+        })
     }
 
     /// Pushes `route` to every router; done only when every one holds it.
@@ -211,7 +221,8 @@ impl Executor for ProcessExecutor<'_> {
     }
 
     async fn open_admission(&mut self, new: Target) -> Outcome {
-        let window = self.admission.window();
+        let replicas = self.pools[new.pool.index()].fences.len();
+        let window = self.admission_for(replicas).window();
         done(if window.is_zero() {
             format!(
                 "no admission window: {} takes all traffic at once",

@@ -12,6 +12,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
+use understudy_router::admission::{PRIORITY_HEADER, Priority};
 
 use super::http::{ExchangeError, exchange};
 use super::scenario::Load;
@@ -40,6 +41,8 @@ pub struct RequestRecord {
     /// nowhere to send it.
     pub never_reached_a_replica: bool,
     pub stream: bool,
+    /// The class it declared (`Default` when it declared none).
+    pub priority: Priority,
     /// What a failure was, as its client saw it: `http 502`, `cut stream`, `no answer`, …
     pub failure: Option<String>,
 }
@@ -93,11 +96,20 @@ pub async fn run(
 struct Request {
     body: Bytes,
     stream: bool,
+    priority: Priority,
 }
 
 impl Request {
     fn draw(load: &Load, model: &str, rng: &mut fastrand::Rng) -> Request {
         let stream = rng.f64() < load.stream_share;
+        let class = rng.f64();
+        let priority = if class < load.priorities.interactive {
+            Priority::Interactive
+        } else if class < load.priorities.interactive + load.priorities.batch {
+            Priority::Batch
+        } else {
+            Priority::Default
+        };
         let words = rng.u32(load.prompt_words[0]..=load.prompt_words[1]);
         let max_tokens = rng.u32(load.max_tokens[0]..=load.max_tokens[1]);
         let mut prompt = String::new();
@@ -120,12 +132,27 @@ impl Request {
         Request {
             body: Bytes::from(body.to_string()),
             stream,
+            priority,
         }
     }
 
     async fn send(self, router: SocketAddr, start: Instant) -> RequestRecord {
         let sent = start.elapsed();
-        let answer = exchange(router, "POST", "/v1/completions", &[], self.body, REQUEST_LIMIT).await;
+        let header = match self.priority {
+            Priority::Interactive => Some("interactive"),
+            Priority::Batch => Some("batch"),
+            Priority::Default => None,
+        };
+        let headers: Vec<(&str, &str)> = header.map(|h| (PRIORITY_HEADER, h)).into_iter().collect();
+        let answer = exchange(
+            router,
+            "POST",
+            "/v1/completions",
+            &headers,
+            self.body,
+            REQUEST_LIMIT,
+        )
+        .await;
         let ended = start.elapsed();
         let (outcome, never_reached_a_replica, first_byte) = match &answer {
             Ok(answer) => {
@@ -152,6 +179,7 @@ impl Request {
             outcome,
             never_reached_a_replica,
             stream: self.stream,
+            priority: self.priority,
             failure,
         }
     }

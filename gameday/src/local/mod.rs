@@ -29,6 +29,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::{Instant, MissedTickBehavior};
+use understudy_api::crd::AdmissionSpec;
 use understudy_api::lease::{EpochLease, MemoryLease};
 use understudy_api::route::AdmissionSettings;
 use understudy_core::drive::{StandbyShape, StepOutcome, drive, serving_quorum};
@@ -39,9 +40,12 @@ use understudy_core::{Epoch, Pool};
 use understudy_prober::probe::{Endpoint, Expectation, GOLDEN_PREFIX_CHARS, ProbeSpec, probe_round};
 use understudy_prober::report::PoolRound;
 use understudy_router::admin::{Admin, AdminToken};
+use understudy_router::admission::Priority;
+use understudy_router::endpoint::EjectionPolicy;
 use understudy_router::fence_sidecar::{Fence, FenceState, watch_lease};
 use understudy_router::gateway::{Gateway, GatewayConfig, housekeeping};
 use understudy_router::metrics::Metrics;
+use understudy_router::retry::RetryLimits;
 use understudy_router::serve::serve;
 use understudy_router::table::RouteTable;
 
@@ -49,7 +53,7 @@ use self::executor::{PoolAddrs, ProcessExecutor, RouterAdmin, pool_name};
 use self::load::{RequestOutcome, RequestRecord};
 use self::replicas::{Launcher, Replica, ReplicaError};
 use self::report::{AppliedFault, RunReport, StepSpan, Transition, Verdict};
-use self::scenario::{Checked, FaultKind, PoolName};
+use self::scenario::{Checked, FaultKind, PoolName, Topology};
 
 /// How a run shows its progress.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -114,6 +118,7 @@ struct Logic {
     pools: [PoolAddrs; 2],
     routers: Vec<RouterAdmin>,
     probe: ProbeSpec,
+    admission: Option<AdmissionSpec>,
     interval: Duration,
     state: Mutex<FailoverState>,
     journal: Mutex<Journal>,
@@ -144,12 +149,25 @@ pub async fn run(checked: &Checked, options: &RunOptions) -> Result<RunReport, R
     let lease = MemoryLease::new();
     lease.create(pool_name(Pool::A), Epoch(0)).await?;
     for (pool, shape) in [(Pool::A, &scenario.pools.a), (Pool::B, &scenario.pools.b)] {
+        // Active-active: every replica serves under pool a's lease, in one route; faults still
+        // strike the pool the scenario names.
+        let serving = match scenario.topology {
+            Topology::ActivePassive => pool,
+            Topology::ActiveActive => Pool::A,
+        };
         for i in 0..shape.replicas {
             let name = format!("{}-{i}", pool_name(pool));
-            let replica = Replica::start(&options.launcher, &name, pool, &scenario.model, &[], START_LIMIT)?;
-            let fence = start_fence(&mut tasks, &lease, pool, replica.api).await?;
-            pools[pool.index()].replicas.push(replica.api);
-            pools[pool.index()].fences.push(fence);
+            let replica = Replica::start(
+                &options.launcher,
+                &name,
+                pool,
+                &scenario.model,
+                &shape.args,
+                START_LIMIT,
+            )?;
+            let fence = start_fence(&mut tasks, &lease, serving, replica.api).await?;
+            pools[serving.index()].replicas.push(replica.api);
+            pools[serving.index()].fences.push(fence);
             replicas.push(replica);
         }
     }
@@ -158,7 +176,7 @@ pub async fn run(checked: &Checked, options: &RunOptions) -> Result<RunReport, R
     let mut metrics = Vec::new();
     for i in 0..2 {
         let token = format!("local-game-day-{}-{i}", options.seed);
-        let (addr, admin, router_metrics) = start_router(&mut tasks, &token).await?;
+        let (addr, admin, router_metrics) = start_router(&mut tasks, &token, gateway_config(checked)).await?;
         public.push(addr);
         metrics.push(router_metrics);
         routers.push(RouterAdmin { addr: admin, token });
@@ -171,11 +189,18 @@ pub async fn run(checked: &Checked, options: &RunOptions) -> Result<RunReport, R
         pools,
         routers,
         probe,
+        admission: scenario
+            .router
+            .admission
+            .as_ref()
+            .map(scenario::LocalAdmission::spec),
         interval: checked.interval,
         state: Mutex::new(FailoverState::new()),
         journal: Mutex::new(Journal::default()),
     });
-    let first = executor_of(&logic).route_for(Pool::A, Epoch(0));
+    let mut first = executor_of(&logic).route_for(Pool::A, Epoch(0));
+    // Nothing is being promoted at the start: the first route opens no admission window.
+    first.admission = AdmissionSettings::default();
     if let StepOutcome::NotYet(why) = executor_of(&logic).push(&first).await {
         return Err(RunError::FirstRoute(why));
     }
@@ -183,7 +208,9 @@ pub async fn run(checked: &Checked, options: &RunOptions) -> Result<RunReport, R
     let start = Instant::now();
     let records = Arc::new(Mutex::new(Vec::new()));
     let (stop, stopped) = watch::channel(false);
-    tasks.spawn(failover_logic(Arc::clone(&logic), start, stopped.clone()));
+    if scenario.topology == Topology::ActivePassive {
+        tasks.spawn(failover_logic(Arc::clone(&logic), start, stopped.clone()));
+    }
     tasks.spawn(show_progress(
         Arc::clone(&logic),
         Arc::clone(&records),
@@ -224,10 +251,31 @@ pub async fn run(checked: &Checked, options: &RunOptions) -> Result<RunReport, R
     tasks.abort_all();
     drop(replicas); // kills every replica still running
     let mut report = build_report(checked, &logic, &records, applied, retried, ended, interrupted);
+    report.seed = options.seed;
     let peak = memory.load(Ordering::Relaxed);
     report.memory_peak_mib = (peak > 0).then(|| (peak as f64 / 1024.0 * 10.0).round() / 10.0);
     report.records = records;
     Ok(report)
+}
+
+/// The routers' settings: the router's defaults, less what the scenario turns off.
+fn gateway_config(checked: &Checked) -> GatewayConfig {
+    let router = &checked.scenario.router;
+    let mut config = GatewayConfig::default();
+    if !router.retries {
+        config.retries = RetryLimits::NONE;
+    }
+    if !router.waiting_room {
+        config.waiting_room.bound = 0;
+    }
+    if let Some(out_for) = checked.eject_for {
+        config.ejection = EjectionPolicy {
+            base: out_for,
+            max: out_for,
+            ..config.ejection
+        };
+    }
+    config
 }
 
 fn failover_config(checked: &Checked) -> FailoverConfig {
@@ -280,7 +328,7 @@ fn executor_of(logic: &Logic) -> ProcessExecutor<'_> {
         pools: &logic.pools,
         routers: &logic.routers,
         probe: &logic.probe,
-        admission: AdmissionSettings::default(),
+        admission: logic.admission.as_ref(),
     }
 }
 
@@ -308,14 +356,11 @@ async fn start_fence(
 async fn start_router(
     tasks: &mut JoinSet<()>,
     token: &str,
+    config: GatewayConfig,
 ) -> Result<(SocketAddr, SocketAddr, Arc<Metrics>), RunError> {
     let routes = Arc::new(RouteTable::new(None).map_err(|e| RunError::FirstRoute(e.to_string()))?);
     let metrics = Arc::new(Metrics::default());
-    let gateway = Gateway::new(
-        GatewayConfig::default(),
-        Arc::clone(&routes),
-        Arc::clone(&metrics),
-    );
+    let gateway = Gateway::new(config, Arc::clone(&routes), Arc::clone(&metrics));
     let admin = Admin {
         routes,
         metrics: Arc::clone(&metrics),
@@ -684,6 +729,34 @@ fn build_report(
             if holds { "" } else { ": FAILED" }
         ));
     }
+    if let Some(least) = scenario.expect.min_failed {
+        let holds = requests.failed >= least;
+        passed &= holds;
+        reasons.push(format!(
+            "{} request(s) failed, at least {least} expected of this baseline{}",
+            requests.failed,
+            if holds { "" } else { ": FAILED" }
+        ));
+    }
+    let ttft_interactive = report::ttft(records, Some(Priority::Interactive), fault_at, routed, ended);
+    if let Some(ratio) = scenario.expect.interactive_storm_ttft_within {
+        let (holds, line) = match (ttft_interactive.storm_p99, ttft_interactive.steady_p99) {
+            (Some(storm), Some(steady)) => (
+                storm <= ratio * steady,
+                format!(
+                    "interactive p99 time to first token in the storm {storm:.0} ms, {:.2}x its steady {steady:.0} ms, at most {ratio}x allowed",
+                    storm / steady
+                ),
+            ),
+            _ => (
+                false,
+                "no interactive request succeeded before the fault or in the storm, so the storm could not be judged"
+                    .to_owned(),
+            ),
+        };
+        passed &= holds;
+        reasons.push(format!("{line}{}", if holds { "" } else { ": FAILED" }));
+    }
     let verdict = match (interrupted, passed) {
         (true, _) => Verdict::Interrupted,
         (false, true) => Verdict::Passed,
@@ -691,6 +764,12 @@ fn build_report(
     };
     RunReport {
         name: scenario.name.clone(),
+        seed: 0,
+        topology: match scenario.topology {
+            Topology::ActivePassive => "active-passive",
+            Topology::ActiveActive => "active-active",
+        }
+        .to_owned(),
         duration_ms: report::to_ms(ended),
         failed_before_reaching_a_replica: records
             .iter()
@@ -709,8 +788,21 @@ fn build_report(
         predicted_detection_ms: scenario
             .faults
             .first()
+            .filter(|_| scenario.topology == Topology::ActivePassive)
             .map(|f| predicted_detection(checked, f.fault)),
-        ttft_ms: report::ttft(records, fault_at, routed, ended),
+        stall_ms: faults
+            .first()
+            .map(|f| {
+                report::stall(
+                    records,
+                    Duration::from_secs_f64(f.started_ms / 1e3),
+                    checked.duration,
+                )
+            })
+            .map(report::to_ms),
+        latency_ms: report::latency(records, fault_at, checked.duration),
+        ttft_ms: report::ttft(records, None, fault_at, routed, ended),
+        ttft_interactive_ms: ttft_interactive,
         faults,
         transitions: journal.transitions.clone(),
         verdict,

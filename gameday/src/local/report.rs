@@ -10,6 +10,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use understudy_router::admission::Priority;
+
 use super::load::{RequestOutcome, RequestRecord};
 
 /// Requests by how they ended.
@@ -32,6 +34,21 @@ pub struct Ttft {
     pub storm_p99: Option<f64>,
     /// After the storm window.
     pub after_p99: Option<f64>,
+}
+
+/// The 95th percentile of successful requests' end-to-end latency around the first fault, in
+/// milliseconds, by when they were sent: the measures seed 000 compares.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Latency {
+    /// Before the first fault.
+    pub p95_before: Option<f64>,
+    /// Between the fault and recovery (the first success of a request sent after the fault):
+    /// what the requests a router held, or retried, paid.
+    pub p95_during: Option<f64>,
+    /// In the first second after recovery: a cold standby shows here.
+    pub p95_first_second_after: Option<f64>,
+    /// From the end of the storm window after recovery to the end.
+    pub p95_steady_after: Option<f64>,
 }
 
 /// One step of a promotion, in milliseconds from the start of load.
@@ -71,6 +88,10 @@ pub struct AppliedFault {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct RunReport {
     pub name: String,
+    /// The seed of the load's arrivals, prompts and lengths.
+    pub seed: u64,
+    /// `active-passive` or `active-active`.
+    pub topology: String,
     pub duration_ms: f64,
     pub requests: Requests,
     pub failed_before_reaching_a_replica: u64,
@@ -86,7 +107,13 @@ pub struct RunReport {
     pub detection_ms: Option<f64>,
     /// What the probe interval, thresholds and timeout predict for that fault, `[low, high]`.
     pub predicted_detection_ms: Option<[f64; 2]>,
+    /// The longest time after the first fault in which no request ended in success: what a
+    /// client saw as the outage, failures or not.
+    pub stall_ms: Option<f64>,
+    pub latency_ms: Latency,
     pub ttft_ms: Ttft,
+    /// The same, for the requests that declared themselves interactive.
+    pub ttft_interactive_ms: Ttft,
     pub faults: Vec<AppliedFault>,
     pub transitions: Vec<Transition>,
     pub verdict: Verdict,
@@ -165,36 +192,126 @@ pub fn gap(records: &[RequestRecord], fault: Duration) -> Option<Duration> {
     Some(recovered - first_failure)
 }
 
+/// The `q` quantile of `values` by rank (the smallest that covers `q` of them), in ms.
+fn quantile(mut values: Vec<Duration>, q: f64) -> Option<f64> {
+    if values.is_empty() {
+        return None;
+    }
+    values.sort();
+    let rank = ((values.len() as f64) * q).ceil() as usize;
+    Some(ms(values[rank.clamp(1, values.len()) - 1]))
+}
+
+/// Which successful requests a percentile is taken over: sent in `[from, to)`, of one class
+/// or of all.
+#[derive(Clone, Copy, Debug)]
+struct Window {
+    from: Duration,
+    to: Duration,
+    class: Option<Priority>,
+}
+
+impl Window {
+    fn all(from: Duration, to: Duration) -> Window {
+        Window {
+            from,
+            to,
+            class: None,
+        }
+    }
+
+    fn holds(self, r: &RequestRecord) -> bool {
+        r.outcome == RequestOutcome::Ok
+            && r.sent >= self.from
+            && r.sent < self.to
+            && self.class.is_none_or(|c| c == r.priority)
+    }
+
+    fn ttft_p99(self, records: &[RequestRecord]) -> Option<f64> {
+        let ttfts = records.iter().filter(|r| self.holds(r));
+        quantile(
+            ttfts.filter_map(|r| r.first_byte.map(|f| f - r.sent)).collect(),
+            0.99,
+        )
+    }
+
+    fn latency_p95(self, records: &[RequestRecord]) -> Option<f64> {
+        let done = records.iter().filter(|r| self.holds(r));
+        quantile(done.map(|r| r.ended - r.sent).collect(), 0.95)
+    }
+}
+
 /// The 99th percentile of time to first token of the successful requests sent in `[from, to)`.
 #[must_use]
 pub fn ttft_p99(records: &[RequestRecord], from: Duration, to: Duration) -> Option<f64> {
-    let mut ttfts: Vec<Duration> = records
-        .iter()
-        .filter(|r| r.outcome == RequestOutcome::Ok && r.sent >= from && r.sent < to)
-        .filter_map(|r| r.first_byte.map(|first| first - r.sent))
-        .collect();
-    if ttfts.is_empty() {
-        return None;
-    }
-    ttfts.sort();
-    let rank = ((ttfts.len() as f64) * 0.99).ceil() as usize;
-    Some(ms(ttfts[rank.clamp(1, ttfts.len()) - 1]))
+    Window::all(from, to).ttft_p99(records)
 }
 
-/// The time-to-first-token percentiles around the first promotion's route.
+/// The time-to-first-token percentiles around the first promotion's route, of the requests of
+/// `class` or of all.
 #[must_use]
 pub fn ttft(
     records: &[RequestRecord],
+    class: Option<Priority>,
     fault: Option<Duration>,
     routed: Option<Duration>,
     end: Duration,
 ) -> Ttft {
-    let steady_until = fault.unwrap_or(end);
+    let window = |from, to| Window { from, to, class }.ttft_p99(records);
     Ttft {
-        steady_p99: ttft_p99(records, Duration::ZERO, steady_until),
-        storm_p99: routed.and_then(|at| ttft_p99(records, at, at + STORM_WINDOW)),
-        after_p99: routed.and_then(|at| ttft_p99(records, at + STORM_WINDOW, end)),
+        steady_p99: window(Duration::ZERO, fault.unwrap_or(end)),
+        storm_p99: routed.and_then(|at| window(at, at + STORM_WINDOW)),
+        after_p99: routed.and_then(|at| window(at + STORM_WINDOW, end)),
     }
+}
+
+/// When service came back after `fault`: the first success of a request sent after it.
+#[must_use]
+pub fn recovered(records: &[RequestRecord], fault: Duration) -> Option<Duration> {
+    records
+        .iter()
+        .filter(|r| r.outcome == RequestOutcome::Ok && r.sent >= fault)
+        .map(|r| r.ended)
+        .min()
+}
+
+/// The end-to-end p95s around `fault`.
+#[must_use]
+pub fn latency(records: &[RequestRecord], fault: Option<Duration>, end: Duration) -> Latency {
+    let Some(fault) = fault else {
+        return Latency {
+            p95_before: Window::all(Duration::ZERO, end).latency_p95(records),
+            ..Latency::default()
+        };
+    };
+    let back = recovered(records, fault);
+    let p95 = |from, to| Window::all(from, to).latency_p95(records);
+    Latency {
+        p95_before: p95(Duration::ZERO, fault),
+        p95_during: back.and_then(|at| p95(fault, at)),
+        p95_first_second_after: back.and_then(|at| p95(at, at + Duration::from_secs(1))),
+        p95_steady_after: back.and_then(|at| p95(at + STORM_WINDOW, end)),
+    }
+}
+
+/// The longest stretch from `fault` to `end` in which no request ended in success.
+#[must_use]
+pub fn stall(records: &[RequestRecord], fault: Duration, end: Duration) -> Duration {
+    let mut ends: Vec<Duration> = records
+        .iter()
+        .filter(|r| r.outcome == RequestOutcome::Ok && r.ended >= fault)
+        .map(|r| r.ended)
+        .collect();
+    ends.sort();
+    let mut longest = Duration::ZERO;
+    let mut last = fault;
+    // Requests still finishing after `end` (the drain) count too; `end` only closes a stall
+    // that lasted to the end of the load.
+    for at in ends.into_iter().chain(std::iter::once(end)) {
+        longest = longest.max(at.saturating_sub(last));
+        last = last.max(at);
+    }
+    longest
 }
 
 /// Milliseconds, as a report prints them.
@@ -239,21 +356,34 @@ pub fn summary(run: &RunReport) -> String {
     }
     let _ = writeln!(
         out,
-        "gap as clients saw it: {} ms; detection: {} ms (predicted {})",
+        "gap as clients saw it: {} ms; no success for {} ms at the longest; detection: {} ms (predicted {})",
         cell(run.gap_ms),
+        cell(run.stall_ms),
         cell(run.detection_ms),
         run.predicted_detection_ms
             .map_or("-".to_owned(), |[low, high]| format!("{low:.0}-{high:.0} ms"))
     );
-    let t = &run.ttft_ms;
+    let l = &run.latency_ms;
     let _ = writeln!(
         out,
-        "time to first token p99: {} ms steady, {} ms in the {} s after the route, {} ms after",
-        cell(t.steady_p99),
-        cell(t.storm_p99),
-        STORM_WINDOW.as_secs(),
-        cell(t.after_p99)
+        "latency p95: {} ms before the fault, {} ms until recovery, {} ms in the first second after, {} ms steady after",
+        cell(l.p95_before),
+        cell(l.p95_during),
+        cell(l.p95_first_second_after),
+        cell(l.p95_steady_after)
     );
+    for (who, t) in [("", &run.ttft_ms), (" (interactive)", &run.ttft_interactive_ms)] {
+        if who.is_empty() || t.steady_p99.is_some() {
+            let _ = writeln!(
+                out,
+                "time to first token p99{who}: {} ms steady, {} ms in the {} s after the route, {} ms after",
+                cell(t.steady_p99),
+                cell(t.storm_p99),
+                STORM_WINDOW.as_secs(),
+                cell(t.after_p99)
+            );
+        }
+    }
     if let Some(mib) = run.memory_peak_mib {
         let _ = writeln!(
             out,
@@ -302,34 +432,68 @@ fn spread(mut values: Vec<f64>) -> String {
     format!("{median:.0} [{:.0}, {:.0}]", values[0], values[values.len() - 1])
 }
 
-/// The runs of one scenario under several seeds, side by side, with medians and ranges.
+/// Several runs side by side, one line each (milliseconds; p95s of successful requests'
+/// latency before the fault, in the first second after recovery and steady after), then the
+/// median and range of every run name that ran under more than one seed.
 #[must_use]
-pub fn across_seeds(runs: &[RunReport]) -> String {
-    let mut out = String::from(
-        "run                                  verdict      sent  failed  in flight  gap ms  detection ms\n",
+pub fn side_by_side(runs: &[RunReport]) -> String {
+    let mut out = format!(
+        "{:<28} {:>5} {:<8} {:>5} {:>6} {:>6} {:>6} {:>6} {:>9} {:>6} {:>6} {:>6}\n",
+        "run",
+        "seed",
+        "verdict",
+        "sent",
+        "failed",
+        "flight",
+        "gap",
+        "stall",
+        "detection",
+        "p95<",
+        "p95 1s",
+        "p95>"
     );
     for run in runs {
+        let l = &run.latency_ms;
         let _ = writeln!(
             out,
-            "{:<36} {:<11} {:>5} {:>7} {:>10} {:>7} {:>13}",
+            "{:<28} {:>5} {:<8} {:>5} {:>6} {:>6} {:>6} {:>6} {:>9} {:>6} {:>6} {:>6}",
             run.name,
+            run.seed,
             format!("{:?}", run.verdict),
             run.requests.sent,
             run.requests.failed,
             run.failed_in_flight_at_fault,
             cell(run.gap_ms),
-            cell(run.detection_ms)
+            cell(run.stall_ms),
+            cell(run.detection_ms),
+            cell(l.p95_before),
+            cell(l.p95_first_second_after),
+            cell(l.p95_steady_after)
         );
     }
-    let of = |f: &dyn Fn(&RunReport) -> Option<f64>| spread(runs.iter().filter_map(f).collect());
-    let _ = writeln!(
-        out,
-        "median [range]: failed {}, in flight {}, gap {} ms, detection {} ms",
-        of(&|r| Some(r.requests.failed as f64)),
-        of(&|r| Some(r.failed_in_flight_at_fault as f64)),
-        of(&|r| r.gap_ms),
-        of(&|r| r.detection_ms)
-    );
+    let mut names: Vec<&str> = Vec::new();
+    for run in runs {
+        if !names.contains(&run.name.as_str()) {
+            names.push(&run.name);
+        }
+    }
+    for name in names {
+        let same: Vec<&RunReport> = runs.iter().filter(|r| r.name == name).collect();
+        if same.len() < 2 {
+            continue;
+        }
+        let of = |f: &dyn Fn(&RunReport) -> Option<f64>| spread(same.iter().copied().filter_map(f).collect());
+        let _ = writeln!(
+            out,
+            "{name}, median [range] over {} seeds: failed {}, in flight {}, gap {} ms, stall {} ms, detection {} ms",
+            same.len(),
+            of(&|r| Some(r.requests.failed as f64)),
+            of(&|r| Some(r.failed_in_flight_at_fault as f64)),
+            of(&|r| r.gap_ms),
+            of(&|r| r.stall_ms),
+            of(&|r| r.detection_ms)
+        );
+    }
     out
 }
 
@@ -338,7 +502,7 @@ pub fn across_seeds(runs: &[RunReport]) -> String {
 pub fn markdown(report: &Report) -> String {
     let mut out = format!("# Local game day: {}\n\n", report.scenario);
     if report.runs.len() > 1 {
-        let _ = writeln!(out, "```text\n{}```\n", across_seeds(&report.runs));
+        let _ = writeln!(out, "```text\n{}```\n", side_by_side(&report.runs));
     }
     for run in &report.runs {
         let _ = writeln!(out, "## {}\n\n```text\n{}```\n", run.name, summary(run));
@@ -365,6 +529,7 @@ mod tests {
             outcome,
             never_reached_a_replica: false,
             stream: false,
+            priority: Priority::Default,
             failure: (outcome == RequestOutcome::Failed).then(|| "http 502".to_owned()),
         }
     }
@@ -400,6 +565,22 @@ mod tests {
             ttft_p99(&records, Duration::from_secs(5), Duration::from_secs(6)),
             None
         );
+    }
+
+    #[test]
+    fn the_stall_is_the_longest_stretch_after_the_fault_without_a_success() {
+        let fault = Duration::from_secs(1);
+        let end = Duration::from_secs(3);
+        let records = [
+            record(0, 900, RequestOutcome::Ok), // before the fault: not counted
+            record(900, 1_100, RequestOutcome::Ok),
+            record(1_000, 1_200, RequestOutcome::Failed),
+            record(1_100, 2_000, RequestOutcome::Ok), // 900 ms after the last success
+            record(2_500, 3_400, RequestOutcome::Ok), // ends in the drain, after `end`
+        ];
+        assert_eq!(stall(&records, fault, end), Duration::from_millis(1_400));
+        // Nothing succeeds after the fault: the stall lasts to the end of the load.
+        assert_eq!(stall(&records[..1], fault, end), Duration::from_secs(2));
     }
 
     #[test]

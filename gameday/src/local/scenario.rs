@@ -7,6 +7,7 @@
 use std::time::Duration;
 
 use serde::Deserialize;
+use understudy_api::crd::AdmissionSpec;
 use understudy_core::duration;
 
 /// The scenario `understudy-gameday run` runs when given none: a hot standby, a crashed primary.
@@ -23,14 +24,118 @@ pub struct Scenario {
     #[serde(default = "default_model")]
     pub model: String,
     pub pools: Pools,
+    /// Whether pool b stands by or serves beside pool a.
+    #[serde(default)]
+    pub topology: Topology,
     #[serde(default)]
     pub policy: LocalPolicy,
+    #[serde(default)]
+    pub router: RouterShape,
     pub load: Load,
     #[serde(default)]
     pub faults: Vec<FaultAt>,
     /// What the run must show to pass.
     #[serde(default)]
     pub expect: Expect,
+    /// Runs to compare side by side in one report, each the scenario with some of its sections
+    /// replaced; absent, the scenario is one run.
+    #[serde(default)]
+    pub runs: Vec<Variant>,
+}
+
+/// One run of a comparison: the sections it gives replace the scenario's, whole.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Variant {
+    pub name: String,
+    #[serde(default)]
+    pub pools: Option<Pools>,
+    #[serde(default)]
+    pub topology: Option<Topology>,
+    #[serde(default)]
+    pub policy: Option<LocalPolicy>,
+    #[serde(default)]
+    pub router: Option<RouterShape>,
+    #[serde(default)]
+    pub expect: Option<Expect>,
+}
+
+/// How the two pools serve.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Topology {
+    /// Pool a serves and pool b stands by; the failover logic promotes b when a fails.
+    #[default]
+    ActivePassive,
+    /// Every replica of both pools serves in one route, and no failover logic runs: the routers'
+    /// ejection of a failing endpoint is all the failover there is.
+    ActiveActive,
+}
+
+/// What the routers do with a failed try, and how they admit work after a promotion.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RouterShape {
+    /// Whether a try refused or reset before any byte is made again on another endpoint.
+    #[serde(default = "yes")]
+    pub retries: bool,
+    /// Whether a request with no endpoint to take it waits for one (until a new route or an
+    /// endpoint's return) rather than failing at once.
+    #[serde(default = "yes")]
+    pub waiting_room: bool,
+    /// How long an endpoint that failed is left out; absent, the router's own back-off (one
+    /// second, growing with each ejection in a row).
+    #[serde(default)]
+    pub eject_for: Option<String>,
+    /// Admission control on the promoted pool, per replica as in a FailoverPolicy's
+    /// `admission`; absent, off.
+    #[serde(default)]
+    pub admission: Option<LocalAdmission>,
+}
+
+impl Default for RouterShape {
+    fn default() -> Self {
+        RouterShape {
+            retries: true,
+            waiting_room: true,
+            eject_for: None,
+            admission: None,
+        }
+    }
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// A FailoverPolicy's `admission`, with its field names.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct LocalAdmission {
+    /// How long after the route admission is limited.
+    pub window: String,
+    /// Concurrent requests per replica admitted at the start of the window.
+    pub initial_concurrency: u32,
+    /// Concurrent requests per replica at the end of the window.
+    #[serde(default)]
+    pub max_concurrency: Option<u32>,
+    /// Prompt tokens per replica admitted at the start of the window.
+    #[serde(default)]
+    pub initial_prefill_tokens: Option<u32>,
+}
+
+impl LocalAdmission {
+    /// The same settings as a FailoverPolicy's spec.
+    #[must_use]
+    pub fn spec(&self) -> AdmissionSpec {
+        AdmissionSpec {
+            window: self.window.as_str().into(),
+            initial_concurrency: self.initial_concurrency,
+            max_concurrency: self.max_concurrency,
+            initial_prefill_tokens: self.initial_prefill_tokens,
+            ..AdmissionSpec::default()
+        }
+    }
 }
 
 fn default_model() -> String {
@@ -50,6 +155,10 @@ pub struct Pools {
 #[serde(deny_unknown_fields)]
 pub struct PoolShape {
     pub replicas: u32,
+    /// vLLM flags (and the emulator's `--emu-*` settings) every replica of the pool starts
+    /// with, after the runner's own: `["--max-num-seqs", "2"]` for two workers.
+    #[serde(default)]
+    pub args: Vec<String>,
 }
 
 /// The failover policy, in the FailoverPolicy's own terms.
@@ -98,6 +207,19 @@ pub struct Load {
     /// The share of requests that begin with one shared system prefix.
     #[serde(default)]
     pub shared_prefix_share: f64,
+    /// Which priority class requests declare; the rest declare none.
+    #[serde(default)]
+    pub priorities: PriorityMix,
+}
+
+/// The shares of requests sent as `interactive` and as `batch` (`x-understudy-priority`).
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PriorityMix {
+    #[serde(default)]
+    pub interactive: f64,
+    #[serde(default)]
+    pub batch: f64,
 }
 
 fn half() -> f64 {
@@ -191,6 +313,14 @@ pub struct Expect {
     /// already held are not counted here, since nothing can save a request a replica took and lost.
     #[serde(default)]
     pub max_failed_sent_after_fault: Option<u64>,
+    /// The fewest requests that must fail: a baseline that loses nothing is not the baseline
+    /// its name says, and the comparison would be wrong.
+    #[serde(default)]
+    pub min_failed: Option<u64>,
+    /// The most the interactive p99 time to first token in the storm after the route may be,
+    /// as a multiple of its steady p99 before the fault.
+    #[serde(default)]
+    pub interactive_storm_ttft_within: Option<f64>,
 }
 
 /// A scenario that cannot run.
@@ -202,6 +332,13 @@ pub enum ScenarioError {
     Invalid { field: &'static str, message: String },
 }
 
+/// A scenario's runs, checked, under the scenario's name.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Plan {
+    pub name: String,
+    pub runs: Vec<Checked>,
+}
+
 /// A scenario checked and with its durations parsed.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Checked {
@@ -211,6 +348,8 @@ pub struct Checked {
     pub timeout: Duration,
     /// Each fault's time, in the order given.
     pub fault_times: Vec<Duration>,
+    /// How long the routers leave a failed endpoint out, when the scenario says.
+    pub eject_for: Option<Duration>,
 }
 
 fn invalid(field: &'static str, message: impl Into<String>) -> ScenarioError {
@@ -230,10 +369,44 @@ const MAX_REPLICAS: u32 = 16;
 const MAX_DURATION: Duration = Duration::from_secs(600);
 
 impl Scenario {
-    /// Reads and checks a scenario.
+    /// Reads and checks a scenario of one run.
     pub fn parse(text: &str) -> Result<Checked, ScenarioError> {
-        let scenario: Scenario = serde_yaml::from_str(text)?;
-        scenario.check()
+        let mut plan = Scenario::plan(text)?;
+        if plan.runs.len() != 1 {
+            return Err(invalid(
+                "runs",
+                format!("{} runs where one was expected", plan.runs.len()),
+            ));
+        }
+        Ok(plan.runs.remove(0))
+    }
+
+    /// Reads a scenario and checks each of its runs: one, or one per entry of `runs`, each
+    /// named after its entry.
+    pub fn plan(text: &str) -> Result<Plan, ScenarioError> {
+        let mut scenario: Scenario = serde_yaml::from_str(text)?;
+        let name = scenario.name.clone();
+        let variants = std::mem::take(&mut scenario.runs);
+        if variants.is_empty() {
+            return Ok(Plan {
+                name,
+                runs: vec![scenario.check()?],
+            });
+        }
+        let runs = variants
+            .into_iter()
+            .map(|variant| {
+                let mut run = scenario.clone();
+                run.name = variant.name;
+                run.pools = variant.pools.unwrap_or(run.pools);
+                run.topology = variant.topology.unwrap_or(run.topology);
+                run.policy = variant.policy.unwrap_or(run.policy);
+                run.router = variant.router.unwrap_or(run.router);
+                run.expect = variant.expect.unwrap_or(run.expect);
+                run.check()
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Plan { name, runs })
     }
 
     fn check(self) -> Result<Checked, ScenarioError> {
@@ -264,9 +437,34 @@ impl Scenario {
         for (field, share) in [
             ("load.streamShare", load.stream_share),
             ("load.sharedPrefixShare", load.shared_prefix_share),
+            ("load.priorities.interactive", load.priorities.interactive),
+            ("load.priorities.batch", load.priorities.batch),
         ] {
             if !(0.0..=1.0).contains(&share) {
                 return Err(invalid(field, "must be between 0 and 1"));
+            }
+        }
+        if load.priorities.interactive + load.priorities.batch > 1.0 {
+            return Err(invalid(
+                "load.priorities",
+                "interactive and batch together must be at most 1",
+            ));
+        }
+        let eject_for = match &self.router.eject_for {
+            Some(text) => Some(parse_duration("router.ejectFor", text)?),
+            None => None,
+        };
+        if let Some(admission) = &self.router.admission {
+            parse_duration("router.admission.window", &admission.window)?;
+            if admission.initial_concurrency == 0
+                || admission
+                    .max_concurrency
+                    .is_some_and(|m| m < admission.initial_concurrency)
+            {
+                return Err(invalid(
+                    "router.admission",
+                    "initialConcurrency must be at least 1 and maxConcurrency not below it",
+                ));
             }
         }
         for (field, [low, high]) in [
@@ -294,6 +492,7 @@ impl Scenario {
             interval,
             timeout,
             fault_times,
+            eject_for,
         })
     }
 }
