@@ -146,3 +146,39 @@ async fn seed_000_loses_requests_active_passive_about_one_active_active_and_none
     assert_eq!(understudy.requests.ok, understudy.requests.sent);
     assert!(understudy.stall_ms.is_some() && understudy.gap_ms.is_none());
 }
+
+const STORM: &str = include_str!("../../examples/gamedays/local/storm.yaml");
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_promotion_admission_control_sheds_batch_work_first_and_without_it_nothing_is_shed() {
+    // The times the full scenario judges are left to it: here only counts.
+    let short = STORM
+        .replace("duration: 30s", "duration: 8s")
+        .replace("{at: 10s, fault: crash", "{at: 3s, fault: crash")
+        .replace(", interactiveStormTtftWithin: 2.0", "");
+    let plan = Scenario::plan(&short).unwrap();
+    let mut reports = Vec::new();
+    for checked in &plan.runs {
+        reports.push(run(checked, &options()).await.unwrap());
+    }
+    let [without, with] = &reports[..] else {
+        unreachable!()
+    };
+    for report in &reports {
+        assert_eq!(report.verdict, Verdict::Passed, "{report:#?}");
+        assert_eq!(report.transitions.len(), 1);
+    }
+    assert_eq!(without.requests.shed, 0, "{:?}", without.shed_by_priority);
+    assert!(with.requests.shed > 0, "{:?}", with.requests);
+    let shed = |class: &str| with.shed_by_priority.get(class).copied().unwrap_or(0);
+    assert!(shed("batch") >= shed("interactive"), "{:?}", with.shed_by_priority);
+    let notes: Vec<&str> = with.transitions[0]
+        .steps
+        .iter()
+        .filter_map(|s| s.note.as_deref())
+        .collect();
+    assert!(
+        notes.iter().any(|n| n.contains("opened a 10s admission window")),
+        "{notes:?}"
+    );
+}

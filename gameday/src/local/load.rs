@@ -221,6 +221,27 @@ fn judge(status: u16, body: &[u8], complete: bool, stream: bool) -> (RequestOutc
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::local::scenario::{PriorityMix, Scenario};
+
+    #[test]
+    fn requests_declare_their_class_in_the_shares_the_scenario_gives() {
+        let mut load = Scenario::parse(crate::local::scenario::DEFAULT)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .scenario
+            .load;
+        load.priorities = PriorityMix {
+            interactive: 0.3,
+            batch: 0.4,
+        };
+        let mut rng = fastrand::Rng::with_seed(3);
+        let drawn: Vec<Priority> = (0..2_000)
+            .map(|_| Request::draw(&load, "m", &mut rng).priority)
+            .collect();
+        let share = |p: Priority| drawn.iter().filter(|d| **d == p).count() as f64 / 2_000.0;
+        assert!((share(Priority::Interactive) - 0.3).abs() < 0.05);
+        assert!((share(Priority::Batch) - 0.4).abs() < 0.05);
+        assert!((share(Priority::Default) - 0.3).abs() < 0.05);
+    }
 
     #[test]
     fn a_stream_is_ok_only_when_it_ends_with_done_and_carries_no_error() {

@@ -776,6 +776,7 @@ fn build_report(
             .filter(|r| r.outcome == RequestOutcome::Failed && r.never_reached_a_replica)
             .count() as u64,
         failures: report::failures(records),
+        shed_by_priority: report::shed_by_priority(records),
         failed_in_flight_at_fault: in_flight,
         requests,
         gap_ms: faults

@@ -97,6 +97,8 @@ pub struct RunReport {
     pub failed_before_reaching_a_replica: u64,
     /// Failed requests by what their clients saw.
     pub failures: BTreeMap<String, u64>,
+    /// Shed requests by the class they declared: admission control sheds batch work first.
+    pub shed_by_priority: BTreeMap<String, u64>,
     /// Failed requests sent before the first fault: in flight, most of them held by a replica
     /// that died with them.
     pub failed_in_flight_at_fault: u64,
@@ -173,6 +175,21 @@ pub fn failures(records: &[RequestRecord]) -> BTreeMap<String, u64> {
         *by_kind.entry(failure.clone()).or_insert(0) += 1;
     }
     by_kind
+}
+
+/// Shed requests by their declared class.
+#[must_use]
+pub fn shed_by_priority(records: &[RequestRecord]) -> BTreeMap<String, u64> {
+    let mut by_class = BTreeMap::new();
+    for r in records.iter().filter(|r| r.outcome == RequestOutcome::Shed) {
+        let class = match r.priority {
+            Priority::Interactive => "interactive",
+            Priority::Default => "default",
+            Priority::Batch => "batch",
+        };
+        *by_class.entry(class.to_owned()).or_insert(0) += 1;
+    }
+    by_class
 }
 
 /// From the first request to fail after `fault` (by when it ended) to the first success that
@@ -345,6 +362,14 @@ pub fn summary(run: &RunReport) -> String {
             run.failed_in_flight_at_fault,
             run.requests.failed - run.failed_in_flight_at_fault
         );
+    }
+    if !run.shed_by_priority.is_empty() {
+        let classes: Vec<String> = run
+            .shed_by_priority
+            .iter()
+            .map(|(class, n)| format!("{n} {class}"))
+            .collect();
+        let _ = writeln!(out, "shed: {}", classes.join(", "));
     }
     if !run.failures.is_empty() {
         let kinds: Vec<String> = run

@@ -530,4 +530,70 @@ mod tests {
         let long = DEFAULT.replace("duration: 30s", "duration: 2562047788015215h");
         assert!(Scenario::parse(&long).is_err());
     }
+
+    #[test]
+    fn each_run_replaces_whole_sections_and_keeps_the_rest() {
+        let text = format!(
+            "{DEFAULT}runs:\n  - name: baseline\n    router: {{retries: false}}\n    topology: active-active\n  - name: ours\n"
+        );
+        let plan = Scenario::plan(&text).unwrap();
+        assert_eq!(plan.name, "crashed-primary-hot-standby");
+        let [baseline, ours] = &plan.runs[..] else {
+            panic!("two runs expected")
+        };
+        assert_eq!(baseline.scenario.name, "baseline");
+        assert!(!baseline.scenario.router.retries);
+        // A section given replaces the scenario's whole, with its own defaults.
+        assert!(baseline.scenario.router.waiting_room);
+        assert_eq!(baseline.scenario.topology, Topology::ActiveActive);
+        assert_eq!(ours.scenario.topology, Topology::ActivePassive);
+        assert!(ours.scenario.router.retries);
+        assert_eq!(ours.scenario.load, baseline.scenario.load);
+        // A scenario of several runs is not one run.
+        assert!(Scenario::parse(&text).is_err());
+    }
+
+    #[test]
+    fn a_misplaced_field_in_a_run_and_shares_over_one_are_refused() {
+        let misplaced = format!("{DEFAULT}runs:\n  - name: x\n    rate: 5\n");
+        let error = Scenario::plan(&misplaced).unwrap_err().to_string();
+        assert!(error.contains("rate"), "{error}");
+        let shares = DEFAULT.replace(
+            "sharedPrefixShare: 0.3",
+            "sharedPrefixShare: 0.3\n  priorities: {interactive: 0.7, batch: 0.5}",
+        );
+        assert!(matches!(
+            Scenario::parse(&shares),
+            Err(ScenarioError::Invalid {
+                field: "load.priorities",
+                ..
+            })
+        ));
+        let window = DEFAULT.replace(
+            "policy:",
+            "router: {admission: {window: soon, initialConcurrency: 2}}\npolicy:",
+        );
+        assert!(matches!(
+            Scenario::parse(&window),
+            Err(ScenarioError::Invalid {
+                field: "router.admission.window",
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn every_example_scenario_is_valid() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/gamedays/local");
+        let mut seen = 0;
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            let text = std::fs::read_to_string(&path).unwrap();
+            if let Err(e) = Scenario::plan(&text) {
+                panic!("{}: {e}", path.display());
+            }
+            seen += 1;
+        }
+        assert!(seen >= 7, "{seen} scenarios");
+    }
 }
