@@ -171,7 +171,11 @@ async fn after_a_promotion_admission_control_sheds_batch_work_first_and_without_
     assert_eq!(without.requests.shed, 0, "{:?}", without.shed_by_priority);
     assert!(with.requests.shed > 0, "{:?}", with.requests);
     let shed = |class: &str| with.shed_by_priority.get(class).copied().unwrap_or(0);
-    assert!(shed("batch") >= shed("interactive"), "{:?}", with.shed_by_priority);
+    assert!(
+        shed("batch") >= shed("interactive"),
+        "{:?}",
+        with.shed_by_priority
+    );
     let notes: Vec<&str> = with.transitions[0]
         .steps
         .iter()
@@ -181,4 +185,24 @@ async fn after_a_promotion_admission_control_sheds_batch_work_first_and_without_
         notes.iter().any(|n| n.contains("opened a 10s admission window")),
         "{notes:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warm_standby_asleep_at_level_two_is_woken_on_promotion_and_the_wake_is_timed_apart() {
+    let short = include_str!("../../examples/gamedays/local/warm-level-2.yaml")
+        .replace("duration: 20s", "duration: 6s")
+        .replace("{at: 8s, fault: crash", "{at: 2s, fault: crash");
+    let report = run_scenario(&short).await;
+    assert_eq!(report.verdict, Verdict::Passed, "{report:#?}");
+    let promotion = &report.transitions[0];
+    let wake = promotion.steps.iter().find(|s| s.step == "Wake").unwrap();
+    assert_eq!(
+        wake.note
+            .as_deref()
+            .map(|n| n.starts_with("woke 2 replica(s) of b from level-2 sleep")),
+        Some(true),
+        "{wake:?}"
+    );
+    assert!(promotion.stage_ms.is_some() && promotion.orchestration_ms.is_some());
+    assert_eq!(report.requests.failed, report.failed_in_flight_at_fault);
 }

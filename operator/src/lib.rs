@@ -9,7 +9,6 @@ pub mod admin;
 pub mod controller;
 pub mod cron;
 pub mod gameday;
-mod http1;
 pub mod leader;
 pub mod metrics;
 pub mod observe;

@@ -34,8 +34,8 @@ use crate::controller::{
     HandOffToComponents, RouteSyncReport, RouteSyncRequest, StepExecutor, StepReport, StepRequest,
 };
 use crate::crd::{FailoverPolicy, PoolSpec};
-use crate::http1;
 use crate::observe::ReplicaEndpoints;
+use understudy_prober::http1;
 
 /// Who carries the route and admission steps when routers are configured.
 pub const CARRIED_BY: &str = "router";

@@ -1,42 +1,23 @@
 //! The promotion's Wake step: the new primary's warm replicas are woken from vLLM sleep mode
-//! through its dev endpoints (`GET /is_sleeping`, `POST /wake_up`, and after a level-2 sleep
-//! `POST /collective_rpc {"method":"reload_weights"}` and `POST /reset_prefix_cache`).
+//! through the prober's sleep-mode client ([`understudy_prober::sleep`], which the local game day
+//! shares), and the step is done only when every one of them is confirmed awake.
 //!
-//! A 200 from `/wake_up` proves nothing: a replica counts as woken only once `/is_sleeping` says
-//! false. A level-2 wake follows vLLM's documented order (weights, `reload_weights`, then the KV
-//! cache), so that a replica whose reload failed still reports itself asleep and is retried,
-//! rather than looking awake with garbage weights. A replica that answers 404 has no dev
-//! endpoints (`VLLM_SERVER_DEV_MODE` is off), so nothing can have put it to sleep through them:
-//! it counts as awake.
-//!
-//! This module must never report a replica woken that `/is_sleeping` did not confirm, send a
-//! request without a timeout, or let one replica's failure keep the others from being woken.
+//! This module must never report the step done while a replica is not confirmed awake.
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
 
-use bytes::Bytes;
-use futures::future::{BoxFuture, join_all};
+use futures::future::BoxFuture;
 use kube::ResourceExt;
 use understudy_core::failover::Step;
 use understudy_prober::probe::Endpoint;
 
 use crate::controller::{RouteSyncReport, RouteSyncRequest, StepExecutor, StepReport, StepRequest};
 use crate::crd::PoolSpec;
-use crate::http1;
 use crate::observe::ReplicaEndpoints;
 
 /// Who carries the Wake step: this operator, calling the replicas.
 pub const CARRIED_BY: &str = "operator";
-
-/// The longest `GET /is_sleeping` may take, connection included.
-pub const DEFAULT_QUERY_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// The longest one waking call may take. Bringing weights back from host memory, or reloading
-/// them from disk after a level-2 sleep, takes seconds to minutes on a large model; a call cut
-/// short is retried by the next reconcile.
-pub const DEFAULT_WAKE_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// How a pool's warm replicas sleep, from its standby tiers: `None` when it has no warm tier,
 /// and level 2 when any warm group sleeps at level 2, since that wake also serves level 1.
@@ -46,156 +27,9 @@ pub fn warm_sleep_level(pool: &PoolSpec) -> Option<u8> {
     (shape.warm > 0).then_some(shape.sleep_level)
 }
 
-/// The per-call timeouts.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct WakeTimeouts {
-    /// For `GET /is_sleeping`.
-    pub query: Duration,
-    /// For each call that wakes, reloads or resets.
-    pub wake: Duration,
-}
-
-impl Default for WakeTimeouts {
-    fn default() -> Self {
-        WakeTimeouts {
-            query: DEFAULT_QUERY_TIMEOUT,
-            wake: DEFAULT_WAKE_TIMEOUT,
-        }
-    }
-}
-
-/// What became of one replica.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ReplicaWake {
-    /// It was not asleep; nothing was sent.
-    Awake,
-    /// `/is_sleeping` answered 404: dev mode is off, so it cannot be asleep through the API.
-    NoSleepApi,
-    /// It was asleep, and after the waking calls `/is_sleeping` says false.
-    Woken,
-    /// The waking calls were answered, but it still reports itself asleep.
-    StillAsleep,
-    /// A call failed: no answer, a timeout, or an answer other than 2xx.
-    Failed(String),
-}
-
-impl ReplicaWake {
-    /// Whether the replica is awake now, as far as its API says.
-    #[must_use]
-    pub fn is_awake(&self) -> bool {
-        matches!(
-            self,
-            ReplicaWake::Awake | ReplicaWake::NoSleepApi | ReplicaWake::Woken
-        )
-    }
-}
-
-/// One call to one replica, under `timeout`; the status and answer, or why there is none.
-async fn call(
-    endpoint: &Endpoint,
-    method: http::Method,
-    target: &str,
-    json: Option<&'static str>,
-    timeout: Duration,
-) -> Result<(http::StatusCode, Bytes), String> {
-    let exchange = http1::exchange(http1::Call {
-        host: &endpoint.host,
-        port: endpoint.port,
-        method: method.clone(),
-        target,
-        bearer: None,
-        json: json.map(|text| Bytes::from_static(text.as_bytes())),
-    });
-    match tokio::time::timeout(timeout, exchange).await {
-        Ok(Ok(answer)) => Ok(answer),
-        Ok(Err(why)) => Err(format!("{method} {target}: {why}")),
-        Err(_) => Err(format!("{method} {target}: no answer within {timeout:?}")),
-    }
-}
-
-/// One state-changing call that must be answered 2xx.
-async fn post(
-    endpoint: &Endpoint,
-    target: &str,
-    json: Option<&'static str>,
-    timeout: Duration,
-) -> Result<(), String> {
-    let (status, body) = call(endpoint, http::Method::POST, target, json, timeout).await?;
-    if status.is_success() {
-        Ok(())
-    } else {
-        let shown = String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned();
-        Err(format!("POST {target} answered {}: {shown}", status.as_u16()))
-    }
-}
-
-/// Whether the replica is asleep: `None` when it has no sleep API (404).
-async fn is_sleeping(endpoint: &Endpoint, timeout: Duration) -> Result<Option<bool>, String> {
-    let (status, body) = call(endpoint, http::Method::GET, "/is_sleeping", None, timeout).await?;
-    if status == http::StatusCode::NOT_FOUND {
-        return Ok(None);
-    }
-    if !status.is_success() {
-        return Err(format!("GET /is_sleeping answered {}", status.as_u16()));
-    }
-    let json: serde_json::Value = serde_json::from_slice(&body)
-        .map_err(|error| format!("GET /is_sleeping answered what is not JSON: {error}"))?;
-    json.get("is_sleeping")
-        .and_then(serde_json::Value::as_bool)
-        .map(Some)
-        .ok_or_else(|| "GET /is_sleeping answered without a boolean `is_sleeping`".to_owned())
-}
-
-/// Wakes one replica that sleeps at up to `level`, and says what became of it.
-pub async fn wake_replica(endpoint: &Endpoint, level: u8, timeouts: WakeTimeouts) -> ReplicaWake {
-    match wake_replica_calls(endpoint, level, timeouts).await {
-        Ok(outcome) => outcome,
-        Err(why) => ReplicaWake::Failed(why),
-    }
-}
-
-async fn wake_replica_calls(
-    endpoint: &Endpoint,
-    level: u8,
-    timeouts: WakeTimeouts,
-) -> Result<ReplicaWake, String> {
-    match is_sleeping(endpoint, timeouts.query).await? {
-        None => return Ok(ReplicaWake::NoSleepApi),
-        Some(false) => return Ok(ReplicaWake::Awake),
-        Some(true) => {}
-    }
-    if level >= 2 {
-        // The KV cache comes back last, so `/is_sleeping` stays true until the weights are the
-        // model's again: a failed reload is retried instead of serving garbage.
-        post(endpoint, "/wake_up?tags=weights", None, timeouts.wake).await?;
-        let reload = Some(r#"{"method":"reload_weights"}"#);
-        post(endpoint, "/collective_rpc", reload, timeouts.wake).await?;
-        post(endpoint, "/wake_up?tags=kv_cache", None, timeouts.wake).await?;
-        post(endpoint, "/reset_prefix_cache", None, timeouts.wake).await?;
-    } else {
-        post(endpoint, "/wake_up", None, timeouts.wake).await?;
-    }
-    Ok(match is_sleeping(endpoint, timeouts.query).await? {
-        Some(true) => ReplicaWake::StillAsleep,
-        Some(false) => ReplicaWake::Woken,
-        // It answered before; a 404 now is a replaced pod, which was never put to sleep.
-        None => ReplicaWake::NoSleepApi,
-    })
-}
-
-/// Wakes every replica at once; each outcome beside its endpoint.
-pub async fn wake_replicas(
-    endpoints: &[Endpoint],
-    level: u8,
-    timeouts: WakeTimeouts,
-) -> Vec<(&Endpoint, ReplicaWake)> {
-    join_all(
-        endpoints
-            .iter()
-            .map(|endpoint| async move { (endpoint, wake_replica(endpoint, level, timeouts).await) }),
-    )
-    .await
-}
+pub use understudy_prober::sleep::{
+    DEFAULT_QUERY_TIMEOUT, DEFAULT_WAKE_TIMEOUT, ReplicaWake, WakeTimeouts, wake_replica, wake_replicas,
+};
 
 /// What the outcomes mean for the Wake step of `pool`: done only when every replica is awake.
 #[must_use]

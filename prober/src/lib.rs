@@ -17,7 +17,9 @@
 pub mod admin;
 pub mod coldstart;
 pub mod gpu;
+pub mod http1;
 pub mod outcome;
 pub mod parity;
 pub mod probe;
 pub mod report;
+pub mod sleep;

@@ -17,6 +17,7 @@ use understudy_core::drive::{
 use understudy_core::{Epoch, Pool};
 use understudy_prober::outcome::ProbeOutcome;
 use understudy_prober::probe::{Endpoint, ProbeSpec, probe_round};
+use understudy_prober::sleep::{ReplicaWake, WakeTimeouts, wake_replicas};
 
 use super::http::exchange;
 
@@ -55,6 +56,9 @@ pub struct ProcessExecutor<'a> {
     pub probe: &'a ProbeSpec,
     /// The policy's admission control on a promoted pool, per replica; `None` is off.
     pub admission: Option<&'a AdmissionSpec>,
+    /// How long the replicas' own work took in the last step that woke them: the stage time,
+    /// which the rest of the promotion's time is orchestration around.
+    pub stage: Option<Duration>,
 }
 
 type Outcome = StepOutcome<String>;
@@ -176,11 +180,24 @@ impl Executor for ProcessExecutor<'_> {
                 "{name} has no warm tier: nothing sleeps, no replica was called"
             ));
         }
-        // Local scenarios have no warm tier yet, so nothing here sleeps. The operator's wake
-        // (`operator/src/wake.rs`) is the one to share once they do, rather than a second copy.
-        StepOutcome::NotYet(format!(
-            "{name} has {} warm replica(s), and waking them is not built into the local game day yet",
-            order.replicas
+        let endpoints = self.endpoints(order.pool);
+        let began = tokio::time::Instant::now();
+        let outcomes = wake_replicas(&endpoints, order.level, WakeTimeouts::default()).await;
+        let took = began.elapsed();
+        let woken = outcomes.iter().filter(|(_, o)| *o == ReplicaWake::Woken).count();
+        let not_awake: Vec<String> = outcomes
+            .iter()
+            .filter(|(_, o)| !o.is_awake())
+            .map(|(e, o)| format!("{}:{} {o:?}", e.host, e.port))
+            .collect();
+        if !not_awake.is_empty() {
+            return StepOutcome::NotYet(format!("not yet awake: {}", not_awake.join("; ")));
+        }
+        self.stage = Some(took);
+        done(format!(
+            "woke {woken} replica(s) of {name} from level-{} sleep; the wake calls took {:.0} ms",
+            order.level,
+            took.as_secs_f64() * 1e3
         ))
     }
 

@@ -70,6 +70,11 @@ pub struct Transition {
     pub epoch: u64,
     pub started_ms: f64,
     pub steps: Vec<StepSpan>,
+    /// What the replicas' own work took (waking a warm tier), when there was any.
+    pub stage_ms: Option<f64>,
+    /// From the promotion's start to its route, less the stage time: what the failover logic
+    /// itself added.
+    pub orchestration_ms: Option<f64>,
 }
 
 /// A fault as applied.
@@ -428,6 +433,12 @@ pub fn summary(run: &RunReport) -> String {
             "{} {} -> {} at epoch {}, from {:.0} ms:",
             transition.kind, transition.from, transition.to, transition.epoch, transition.started_ms
         );
+        if let (Some(stage), Some(added)) = (transition.stage_ms, transition.orchestration_ms) {
+            let _ = writeln!(
+                out,
+                "  the replicas' own wake took {stage:.0} ms; the failover logic added {added:.0} ms to reach the route"
+            );
+        }
         for step in &transition.steps {
             let _ = writeln!(
                 out,

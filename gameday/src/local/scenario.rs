@@ -108,6 +108,10 @@ fn yes() -> bool {
     true
 }
 
+fn level_one() -> u8 {
+    1
+}
+
 /// A FailoverPolicy's `admission`, with its field names.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -150,11 +154,19 @@ pub struct Pools {
     pub b: PoolShape,
 }
 
-/// One pool's replicas. Every replica is hot (awake) in this version.
+/// One pool's replicas: hot (awake) unless some are warm.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct PoolShape {
     pub replicas: u32,
+    /// How many of the standby's replicas are put to sleep (vLLM sleep mode) before the run and
+    /// woken on promotion; the rest wait awake.
+    #[serde(default)]
+    pub warm: u32,
+    /// The level the warm replicas sleep at: 1 keeps the weights in host memory, 2 discards
+    /// them (the wake reloads them).
+    #[serde(default = "level_one")]
+    pub sleep_level: u8,
     /// vLLM flags (and the emulator's `--emu-*` settings) every replica of the pool starts
     /// with, after the runner's own: `["--max-num-seqs", "2"]` for two workers.
     #[serde(default)]
@@ -421,6 +433,25 @@ impl Scenario {
             if pool.replicas == 0 || pool.replicas > MAX_REPLICAS {
                 return Err(invalid(field, format!("must be 1 to {MAX_REPLICAS}")));
             }
+        }
+        if self.pools.a.warm > 0 {
+            return Err(invalid(
+                "pools.a.warm",
+                "the home primary serves awake: a warm tier belongs to the standby, pool b",
+            ));
+        }
+        let b = &self.pools.b;
+        if b.warm > 0 && self.topology == Topology::ActiveActive {
+            return Err(invalid(
+                "pools.b.warm",
+                "active-active serves every replica: none may sleep",
+            ));
+        }
+        if b.warm > b.replicas || !(1..=2).contains(&b.sleep_level) {
+            return Err(invalid(
+                "pools.b",
+                "warm must be at most replicas, and sleepLevel 1 or 2",
+            ));
         }
         let interval = parse_duration("policy.interval", &self.policy.interval)?;
         let timeout = parse_duration("policy.timeout", &self.policy.timeout)?;

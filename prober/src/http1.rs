@@ -1,5 +1,5 @@
-//! One HTTP/1.1 request on a fresh connection: how the operator calls the routers' admin APIs and
-//! the replicas' vLLM dev endpoints.
+//! One HTTP/1.1 request on a fresh connection: how the operator calls the routers' admin APIs,
+//! and how the operator and the local game day call the replicas' vLLM dev endpoints.
 //!
 //! This module must never wait on its own account: every caller bounds a call with a timeout. It
 //! must never log or return the bearer token it is given.
@@ -9,11 +9,11 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::rt::TokioIo;
 
 /// The most of an answer that is read.
-pub(crate) const MAX_ANSWER_BYTES: usize = 64 * 1024;
+pub const MAX_ANSWER_BYTES: usize = 64 * 1024;
 
 /// What to send where.
 #[derive(Debug)]
-pub(crate) struct Call<'a> {
+pub struct Call<'a> {
     pub host: &'a str,
     pub port: u16,
     pub method: http::Method,
@@ -26,7 +26,7 @@ pub(crate) struct Call<'a> {
 
 /// Makes `call` on a fresh connection; the status and up to [`MAX_ANSWER_BYTES`] of the answer,
 /// or why there is none. No timeout here, the caller bounds it.
-pub(crate) async fn exchange(call: Call<'_>) -> Result<(http::StatusCode, Bytes), String> {
+pub async fn exchange(call: Call<'_>) -> Result<(http::StatusCode, Bytes), String> {
     let stream = tokio::net::TcpStream::connect((call.host, call.port))
         .await
         .map_err(|error| format!("cannot connect: {error}"))?;
