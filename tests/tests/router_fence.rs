@@ -133,6 +133,23 @@ async fn without_a_lease_the_sidecar_fails_closed() {
     assert_eq!(reply.header("x-understudy-fenced").as_deref(), Some("0"));
 }
 
+/// The statuses of twelve completions through a gateway whose route is the fences on `ports`.
+async fn twelve_through_a_gateway(ports: &[u16]) -> Vec<u16> {
+    let router = Router::start(GatewayConfig::default(), None);
+    let endpoints: Vec<std::net::SocketAddr> = ports
+        .iter()
+        .map(|port| std::net::SocketAddr::from(([127, 0, 0, 1], *port)))
+        .collect();
+    assert_eq!(router.put_route(&route("pool-a", 1, &endpoints)).status, 200);
+    tokio::task::spawn_blocking(move || {
+        (0..12)
+            .map(|_| router.complete(&completion(4, false), &[]).status)
+            .collect()
+    })
+    .await
+    .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_retries_past_a_fence_whose_replica_refuses_and_past_a_fenced_one() {
     let live = Emulator::start(&["--emu-zero-cost"], &[]);
@@ -151,17 +168,7 @@ async fn a_gateway_retries_past_a_fence_whose_replica_refuses_and_past_a_fenced_
     tokio::task::spawn_blocking(move || wait_for_status(port, 200))
         .await
         .unwrap();
-    let router = Router::start(GatewayConfig::default(), None);
-    let endpoints = [in_front_of_dead.port, fenced.port, serving.port]
-        .map(|port| std::net::SocketAddr::from(([127, 0, 0, 1], port)));
-    assert_eq!(router.put_route(&route("pool-a", 1, &endpoints)).status, 200);
-    let answers = tokio::task::spawn_blocking(move || {
-        (0..12)
-            .map(|_| router.complete(&completion(4, false), &[]).status)
-            .collect::<Vec<u16>>()
-    })
-    .await
-    .unwrap();
+    let answers = twelve_through_a_gateway(&[in_front_of_dead.port, fenced.port, serving.port]).await;
     // The dead replica's fence answers 502 and the fenced one 503, each marked as never served:
     // every request is retried until the serving endpoint answers it.
     assert!(answers.iter().all(|status| *status == 200), "{answers:?}");
@@ -200,16 +207,7 @@ async fn a_replica_that_dies_holding_a_request_behind_a_fence_is_retried_as_a_re
         .unwrap();
     assert_eq!(marked.status, 502);
     assert_eq!(marked.header("x-understudy-not-served").as_deref(), Some("reset"));
-    let router = Router::start(GatewayConfig::default(), None);
-    let endpoints = [dying.port, serving.port].map(|port| std::net::SocketAddr::from(([127, 0, 0, 1], port)));
-    assert_eq!(router.put_route(&route("pool-a", 1, &endpoints)).status, 200);
-    let answers = tokio::task::spawn_blocking(move || {
-        (0..12)
-            .map(|_| router.complete(&completion(4, false), &[]).status)
-            .collect::<Vec<u16>>()
-    })
-    .await
-    .unwrap();
+    let answers = twelve_through_a_gateway(&[dying.port, serving.port]).await;
     // Without the mark the fence's 502 would be the replica's own answer, and passed on.
     assert!(answers.iter().all(|status| *status == 200), "{answers:?}");
 }
