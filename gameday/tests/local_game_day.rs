@@ -206,3 +206,34 @@ async fn a_warm_standby_asleep_at_level_two_is_woken_on_promotion_and_the_wake_i
     assert!(promotion.stage_ms.is_some() && promotion.orchestration_ms.is_some());
     assert_eq!(report.requests.failed, report.failed_in_flight_at_fault);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pilot_light_is_started_on_promotion_and_each_replica_is_timed_stage_by_stage() {
+    let short = include_str!("../../examples/gamedays/local/pilot-light.yaml")
+        .replace("duration: 20s", "duration: 6s")
+        .replace("{at: 8s, fault: crash", "{at: 2s, fault: crash");
+    let report = run_scenario(&short).await;
+    assert_eq!(report.verdict, Verdict::Passed, "{report:#?}");
+    let promotion = &report.transitions[0];
+    let scale = promotion.steps.iter().find(|s| s.step == "Scale").unwrap();
+    assert!(
+        scale
+            .note
+            .as_deref()
+            .is_some_and(|n| n.starts_with("grew 3 pilot-light replica(s) of b")),
+        "{scale:?}"
+    );
+    let route = promotion.steps.iter().find(|s| s.step == "Route").unwrap();
+    assert!(
+        route.note.as_deref().is_some_and(|n| n.contains("4 endpoint(s)")),
+        "{route:?}"
+    );
+    let names: Vec<&str> = report.cold_starts.iter().map(|c| c.replica.as_str()).collect();
+    assert_eq!(names, ["b-1", "b-2", "b-3"]);
+    for cold in &report.cold_starts {
+        // Every stage the emulator's log shows is timed, and the first token after them.
+        assert!(cold.stages.iter().all(|s| s.ms.is_some()), "{cold:?}");
+        assert_eq!(cold.stages.len(), 5);
+        assert!(cold.to_first_token_ms.is_some());
+    }
+}

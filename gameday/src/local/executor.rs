@@ -5,6 +5,7 @@
 //! same `drive` the operator calls decides which of these runs when.
 
 use std::net::SocketAddr;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -20,6 +21,9 @@ use understudy_prober::probe::{Endpoint, ProbeSpec, probe_round};
 use understudy_prober::sleep::{ReplicaWake, WakeTimeouts, wake_replicas};
 
 use super::http::exchange;
+use super::pilot::{ColdStart, PilotLight};
+use super::replicas::{Replica, Startup};
+use super::{Background, START_LIMIT, lock, start_fence};
 
 /// Who the timeline names for a step this executor carried out.
 pub const CARRIED_BY: &str = "local game day";
@@ -47,17 +51,31 @@ pub struct RouterAdmin {
     pub token: String,
 }
 
+/// What growing a pilot light takes from the run: what to start, where its fences' tasks live,
+/// where its replicas are kept (and killed at the end), and where their cold starts are written.
+#[derive(Clone, Copy, Debug)]
+pub struct Growth<'a> {
+    pub pilot: &'a PilotLight,
+    pub background: &'a Background,
+    pub replicas: &'a Mutex<Vec<Replica>>,
+    pub cold_starts: &'a Mutex<Vec<ColdStart>>,
+}
+
 /// The local executor over one run's lease, pools and routers.
 #[derive(Debug)]
 pub struct ProcessExecutor<'a> {
     pub lease: &'a MemoryLease,
-    pub pools: &'a [PoolAddrs; 2],
+    /// The pools as they run now: a grown pilot light joins its pool here.
+    pub pools: &'a Mutex<[PoolAddrs; 2]>,
     pub routers: &'a [RouterAdmin],
     pub probe: &'a ProbeSpec,
     /// The policy's admission control on a promoted pool, per replica; `None` is off.
     pub admission: Option<&'a AdmissionSpec>,
-    /// How long the replicas' own work took in the last step that woke them: the stage time,
-    /// which the rest of the promotion's time is orchestration around.
+    /// The pilot light, when the run has one.
+    pub growth: Option<Growth<'a>>,
+    /// How long the replicas' own work took in the steps this executor carried out (waking a
+    /// warm tier, starting a pilot light): the stage time, which the rest of the promotion's
+    /// time is orchestration around.
     pub stage: Option<Duration>,
 }
 
@@ -70,8 +88,16 @@ fn done(note: String) -> Outcome {
 }
 
 impl ProcessExecutor<'_> {
+    fn pool(&self, pool: Pool) -> PoolAddrs {
+        lock(self.pools)[pool.index()].clone()
+    }
+
+    fn add_stage(&mut self, took: Duration) {
+        self.stage = Some(self.stage.unwrap_or_default() + took);
+    }
+
     fn endpoints(&self, pool: Pool) -> Vec<Endpoint> {
-        self.pools[pool.index()]
+        self.pool(pool)
             .replicas
             .iter()
             .map(|addr| Endpoint::new(addr.ip().to_string(), addr.port()))
@@ -82,7 +108,7 @@ impl ProcessExecutor<'_> {
     /// admission budgets for that many replicas.
     #[must_use]
     pub fn route_for(&self, pool: Pool, epoch: Epoch) -> Route {
-        let endpoints = self.pools[pool.index()].fences.clone();
+        let endpoints = self.pool(pool).fences;
         Route {
             pool: pool_name(pool).to_owned(),
             admission: self.admission_for(endpoints.len()),
@@ -193,7 +219,7 @@ impl Executor for ProcessExecutor<'_> {
         if !not_awake.is_empty() {
             return StepOutcome::NotYet(format!("not yet awake: {}", not_awake.join("; ")));
         }
-        self.stage = Some(took);
+        self.add_stage(took);
         done(format!(
             "woke {woken} replica(s) of {name} from level-{} sleep; the wake calls took {:.0} ms",
             order.level,
@@ -203,12 +229,79 @@ impl Executor for ProcessExecutor<'_> {
 
     async fn scale(&mut self, order: ScaleOrder) -> Outcome {
         let name = pool_name(order.pool);
-        if order.pilot_light == 0 {
-            return done(format!("every replica of {name} runs: nothing to grow"));
+        let running = u32::try_from(self.pool(order.pool).replicas.len()).unwrap_or(u32::MAX);
+        if running >= order.replicas {
+            return done(if order.pilot_light == 0 {
+                format!("every replica of {name} runs: nothing to grow")
+            } else {
+                format!("all {} replica(s) of {name} run", order.replicas)
+            });
         }
-        StepOutcome::NotYet(format!(
-            "{name} has {} pilot-light replica(s), and growing them is not built into the local game day yet",
-            order.pilot_light
+        let Some(growth) = self.growth.filter(|g| g.pilot.pool == order.pool) else {
+            return StepOutcome::NotYet(format!(
+                "{name} runs {running} of {} replica(s) and has no pilot light to grow",
+                order.replicas
+            ));
+        };
+        let began = tokio::time::Instant::now();
+        // Every missing replica starts at once, each a process with its modelled startup.
+        let starts: Vec<_> = (running..order.replicas)
+            .map(|i| {
+                let pilot = growth.pilot.clone();
+                let replica = format!("{name}-{i}");
+                tokio::task::spawn_blocking(move || {
+                    Replica::start(
+                        &pilot.launcher,
+                        &replica,
+                        pilot.pool,
+                        &pilot.model,
+                        &pilot.args,
+                        Startup::Modelled,
+                        START_LIMIT,
+                    )
+                })
+            })
+            .collect();
+        let mut failures = Vec::new();
+        let mut grown = 0;
+        for start in starts {
+            let replica = match start.await {
+                Ok(Ok(replica)) => replica,
+                Ok(Err(error)) => {
+                    failures.push(error.to_string());
+                    continue;
+                }
+                Err(error) => {
+                    failures.push(format!("starting a replica: {error}"));
+                    continue;
+                }
+            };
+            match start_fence(growth.background, self.lease, order.pool, replica.api).await {
+                Ok(fence) => {
+                    let mut pools = lock(self.pools);
+                    pools[order.pool.index()].replicas.push(replica.api);
+                    pools[order.pool.index()].fences.push(fence);
+                    drop(pools);
+                    lock(growth.cold_starts).push(ColdStart::of(&replica, "pilot-light"));
+                    lock(growth.replicas).push(replica);
+                    grown += 1;
+                }
+                // The replica is dropped, and killed with it; the next call starts another.
+                Err(error) => failures.push(error.to_string()),
+            }
+        }
+        let took = began.elapsed();
+        self.add_stage(took);
+        if !failures.is_empty() {
+            return StepOutcome::NotYet(format!(
+                "grew {grown} of {} pilot-light replica(s) of {name}: {}",
+                order.replicas - running,
+                failures.join("; ")
+            ));
+        }
+        done(format!(
+            "grew {grown} pilot-light replica(s) of {name}, each a new process: all ready {:.0} ms after the first was started",
+            took.as_secs_f64() * 1e3
         ))
     }
 
@@ -220,6 +313,12 @@ impl Executor for ProcessExecutor<'_> {
             .count();
         let name = pool_name(order.pool);
         if serving >= order.quorum as usize {
+            if let Some(growth) = self.growth {
+                let now = jiff::Timestamp::now();
+                for cold in lock(growth.cold_starts).iter_mut() {
+                    cold.first_token(now);
+                }
+            }
             done(format!(
                 "{serving} of {} replica(s) of {name} answered a generating probe",
                 order.replicas
@@ -238,7 +337,7 @@ impl Executor for ProcessExecutor<'_> {
     }
 
     async fn open_admission(&mut self, new: Target) -> Outcome {
-        let replicas = self.pools[new.pool.index()].fences.len();
+        let replicas = self.pool(new.pool).fences.len();
         let window = self.admission_for(replicas).window();
         done(if window.is_zero() {
             format!(

@@ -14,6 +14,7 @@
 pub mod executor;
 pub mod http;
 pub mod load;
+pub mod pilot;
 pub mod replicas;
 pub mod report;
 pub mod scenario;
@@ -49,9 +50,10 @@ use understudy_router::retry::RetryLimits;
 use understudy_router::serve::serve;
 use understudy_router::table::RouteTable;
 
-use self::executor::{PoolAddrs, ProcessExecutor, RouterAdmin, pool_name};
+use self::executor::{Growth, PoolAddrs, ProcessExecutor, RouterAdmin, pool_name};
 use self::load::{RequestOutcome, RequestRecord};
-use self::replicas::{Launcher, Replica, ReplicaError};
+use self::pilot::{ColdStart, PilotLight};
+use self::replicas::{Launcher, Replica, ReplicaError, Startup};
 use self::report::{AppliedFault, RunReport, StepSpan, Transition, Verdict};
 use self::scenario::{Checked, FaultKind, PoolName, Topology};
 
@@ -106,7 +108,7 @@ pub enum RunError {
 }
 
 /// How long a replica may take to start and report ready.
-const START_LIMIT: Duration = Duration::from_secs(30);
+pub(crate) const START_LIMIT: Duration = Duration::from_secs(30);
 /// How often the fences read the lease.
 const FENCE_POLL: Duration = Duration::from_millis(100);
 /// How long requests still in flight at the end of the load get to finish.
@@ -117,7 +119,14 @@ struct Logic {
     config: FailoverConfig,
     shapes: [StandbyShape; 2],
     lease: MemoryLease,
-    pools: [PoolAddrs; 2],
+    /// The pools as they run: a pilot light joins its pool when it is grown.
+    pools: Mutex<[PoolAddrs; 2]>,
+    /// Every replica process; dropping one kills it.
+    replicas: Arc<Mutex<Vec<Replica>>>,
+    pilot: Option<PilotLight>,
+    /// The fences' tasks, the grown ones' too.
+    background: Background,
+    cold_starts: Mutex<Vec<ColdStart>>,
     routers: Vec<RouterAdmin>,
     probe: ProbeSpec,
     admission: Option<AdmissionSpec>,
@@ -133,9 +142,34 @@ struct Journal {
     transitions: Vec<Transition>,
     /// Each step's note, for the promotion under way.
     notes: Vec<(Step, String)>,
+    /// The replicas' own time in the promotion under way (waking, starting).
+    stage: Option<Duration>,
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+/// Tasks that live as long as the run, from wherever they are started: aborted together.
+#[derive(Debug, Default)]
+pub struct Background(Mutex<Vec<tokio::task::AbortHandle>>);
+
+impl Background {
+    fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) {
+        let handle = tokio::spawn(task).abort_handle();
+        lock(&self.0).push(handle);
+    }
+
+    fn abort_all(&self) {
+        for handle in lock(&self.0).drain(..) {
+            handle.abort();
+        }
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        self.abort_all();
+    }
+}
+
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     // A poisoned lock only means a panicked task; what it guards is still the best record.
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -146,6 +180,7 @@ pub async fn run(checked: &Checked, options: &RunOptions) -> Result<RunReport, R
     let config = failover_config(checked);
     config.check()?;
     let mut tasks = JoinSet::new();
+    let background = Background::default();
     let mut replicas = Vec::new();
     let mut pools = [PoolAddrs::default(), PoolAddrs::default()];
     let lease = MemoryLease::new();
@@ -161,7 +196,8 @@ pub async fn run(checked: &Checked, options: &RunOptions) -> Result<RunReport, R
         if shape.warm > 0 {
             args.push("--enable-sleep-mode".to_owned());
         }
-        for i in 0..shape.replicas {
+        // The pilot light does not run until a promotion grows it.
+        for i in 0..shape.replicas - shape.pilot_light {
             let name = format!("{}-{i}", pool_name(pool));
             let replica = Replica::start(
                 &options.launcher,
@@ -169,9 +205,10 @@ pub async fn run(checked: &Checked, options: &RunOptions) -> Result<RunReport, R
                 pool,
                 &scenario.model,
                 &args,
+                Startup::Instant,
                 START_LIMIT,
             )?;
-            let fence = start_fence(&mut tasks, &lease, serving, replica.api).await?;
+            let fence = start_fence(&background, &lease, serving, replica.api).await?;
             pools[serving.index()].replicas.push(replica.api);
             pools[serving.index()].fences.push(fence);
             replicas.push(replica);
@@ -194,11 +231,20 @@ pub async fn run(checked: &Checked, options: &RunOptions) -> Result<RunReport, R
             replicas: shape.replicas,
             warm: shape.warm,
             sleep_level: shape.sleep_level,
-            pilot_light: 0,
+            pilot_light: shape.pilot_light,
         }),
         config,
         lease,
-        pools,
+        pools: Mutex::new(pools),
+        replicas: Arc::new(Mutex::new(replicas)),
+        pilot: (scenario.pools.b.pilot_light > 0).then(|| PilotLight {
+            pool: Pool::B,
+            launcher: options.launcher.clone(),
+            model: scenario.model.clone(),
+            args: scenario.pools.b.args.clone(),
+        }),
+        background,
+        cold_starts: Mutex::new(Vec::new()),
         routers,
         probe,
         admission: scenario
@@ -231,10 +277,9 @@ pub async fn run(checked: &Checked, options: &RunOptions) -> Result<RunReport, R
         options.progress,
         stopped,
     ));
-    let replicas = Arc::new(Mutex::new(replicas));
     let memory = Arc::new(AtomicU64::new(0));
-    tasks.spawn(sample_memory(Arc::clone(&replicas), Arc::clone(&memory)));
-    let faults = apply_faults(checked, &logic, &replicas, start);
+    tasks.spawn(sample_memory(Arc::clone(&logic.replicas), Arc::clone(&memory)));
+    let faults = apply_faults(checked, &logic, &logic.replicas, start);
     let load = load::run(
         &scenario.load,
         &scenario.model,
@@ -261,7 +306,8 @@ pub async fn run(checked: &Checked, options: &RunOptions) -> Result<RunReport, R
     let retried = metrics.iter().map(|m| retries(m)).sum();
     let records = lock(&records).clone();
     tasks.abort_all();
-    drop(replicas); // kills every replica still running
+    logic.background.abort_all();
+    lock(&logic.replicas).clear(); // kills every replica still running
     let mut report = build_report(checked, &logic, &records, applied, retried, ended, interrupted);
     report.seed = options.seed;
     let peak = memory.load(Ordering::Relaxed);
@@ -354,6 +400,12 @@ fn executor_of(logic: &Logic) -> ProcessExecutor<'_> {
     ProcessExecutor {
         lease: &logic.lease,
         pools: &logic.pools,
+        growth: logic.pilot.as_ref().map(|pilot| Growth {
+            pilot,
+            background: &logic.background,
+            replicas: &logic.replicas,
+            cold_starts: &logic.cold_starts,
+        }),
         routers: &logic.routers,
         probe: &logic.probe,
         admission: logic.admission.as_ref(),
@@ -366,8 +418,8 @@ async fn bind() -> Result<TcpListener, RunError> {
 }
 
 /// A fence in front of `upstream`, refusing work while `pool` does not hold the lease.
-async fn start_fence(
-    tasks: &mut JoinSet<()>,
+pub(crate) async fn start_fence(
+    tasks: &Background,
     lease: &MemoryLease,
     pool: Pool,
     upstream: SocketAddr,
@@ -461,6 +513,10 @@ async fn carry_out(logic: &Logic, start: Instant, mut state: FailoverState) {
         };
         state = driven.state.clone();
         *lock(&logic.state) = state.clone();
+        if let Some(took) = executor.stage.take() {
+            let mut journal = lock(&logic.journal);
+            journal.stage = Some(journal.stage.unwrap_or_default() + took);
+        }
         if let StepOutcome::Done(done) = &driven.outcome
             && let Some(note) = &done.note
         {
@@ -470,9 +526,8 @@ async fn carry_out(logic: &Logic, start: Instant, mut state: FailoverState) {
         if let Some(finished) = &driven.finished {
             let mut journal = lock(&logic.journal);
             let notes = std::mem::take(&mut journal.notes);
-            journal
-                .transitions
-                .push(transition(finished, &notes, executor.stage.take()));
+            let stage = journal.stage.take();
+            journal.transitions.push(transition(finished, &notes, stage));
         }
         if !driven.carries_on() {
             break;
@@ -485,6 +540,7 @@ fn record(logic: &Logic, at: Duration, events: Vec<Event>) {
     for event in events {
         if let Event::PromotionStarted { .. } = event {
             journal.notes.clear();
+            journal.stage = None;
         }
         journal.events.push((at, event));
     }
@@ -537,7 +593,7 @@ fn transition(
 /// One round of generating probes of both pools, as each pool's verdict.
 async fn probe_both(logic: &Logic) -> [CheckResult; 2] {
     let round = |pool: Pool| async move {
-        let addrs = &logic.pools[pool.index()].replicas;
+        let addrs = lock(&logic.pools)[pool.index()].replicas.clone();
         let endpoints: Vec<Endpoint> = addrs
             .iter()
             .map(|a| Endpoint::new(a.ip().to_string(), a.port()))
@@ -850,14 +906,16 @@ fn build_report(
         ttft_interactive_ms: ttft_interactive,
         faults,
         transitions: journal.transitions.clone(),
+        cold_starts: lock(&logic.cold_starts).clone(),
         verdict,
         verdict_reasons: reasons,
         not_measured: vec![
             "the routers and fences run inside the runner's process, on real loopback sockets; \
              only the replicas are processes of their own"
                 .to_owned(),
-            "pilot-light tiers, drifted standbys, lost-lease faults and failback are not in local scenarios \
-             yet; a warm promotion reports its wake time, not a per-replica cold-start stage table"
+            "drifted standbys, lost-lease faults and failback are not in local scenarios yet; a warm \
+             promotion reports its wake time, not a per-replica stage table, and a pilot light's stages \
+             start at its process (no node or image stages here)"
                 .to_owned(),
             "answers that are wrong but look fine are counted ok: the load does not check what it gets"
                 .to_owned(),

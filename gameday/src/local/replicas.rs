@@ -40,6 +40,16 @@ pub enum ReplicaError {
     Signal { name: String, message: String },
 }
 
+/// How long a replica's startup stages take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Startup {
+    /// No time at all: the pools that are up before the run.
+    Instant,
+    /// The emulator's modelled weight load, compile, graph capture and API start: a replica
+    /// started during the run, whose cold start is timed.
+    Modelled,
+}
+
 /// One running replica.
 #[derive(Debug)]
 pub struct Replica {
@@ -49,6 +59,11 @@ pub struct Replica {
     pub api: SocketAddr,
     /// The emulator's fault endpoint.
     pub control: SocketAddr,
+    /// When the process was started.
+    pub spawned: jiff::Timestamp,
+    /// Its log up to readiness, each line stamped when it was read, as `kubectl logs
+    /// --timestamps` stamps a container's: what the cold-start reader times stages from.
+    pub startup_log: String,
     child: Child,
     stopped: bool,
 }
@@ -60,6 +75,7 @@ struct Reported {
     control: Option<SocketAddr>,
     ready: bool,
     tail: Vec<String>,
+    log: String,
 }
 
 /// The address after `on http://` in a log line.
@@ -76,18 +92,21 @@ impl Replica {
         pool: Pool,
         model: &str,
         extra: &[String],
+        startup: Startup,
         limit: Duration,
     ) -> Result<Replica, ReplicaError> {
         let mut command = Command::new(&launcher.program);
         command
             .args(&launcher.prefix)
             .args(["serve", model, "--host", "127.0.0.1", "--port", "0"])
-            .args(["--emu-control-port", "0", "--emu-instant"])
+            .args(["--emu-control-port", "0"])
+            .args((startup == Startup::Instant).then_some("--emu-instant"))
             .args(extra)
             .env("VLLM_SERVER_DEV_MODE", "1")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::null());
+        let spawned = jiff::Timestamp::now();
         let mut child = command.spawn().map_err(|source| ReplicaError::Spawn {
             program: launcher.program.display().to_string(),
             source,
@@ -97,7 +116,7 @@ impl Replica {
             // The reader ends with the process; its lines after readiness are dropped.
             std::thread::spawn(move || {
                 for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                    if lines.send(line).is_err() {
+                    if lines.send(format!("{} {line}", jiff::Timestamp::now())).is_err() {
                         break;
                     }
                 }
@@ -108,6 +127,8 @@ impl Replica {
             pool,
             api: SocketAddr::from(([127, 0, 0, 1], 0)),
             control: SocketAddr::from(([127, 0, 0, 1], 0)),
+            spawned,
+            startup_log: String::new(),
             child,
             stopped: false,
         };
@@ -116,6 +137,7 @@ impl Replica {
             (Some(api), Some(control), true) => {
                 replica.api = api;
                 replica.control = control;
+                replica.startup_log = reported.log;
                 Ok(replica)
             }
             _ => Err(ReplicaError::NotReady {
@@ -182,9 +204,15 @@ fn wait_until_ready(seen: &mpsc::Receiver<String>, limit: Duration) -> Reported 
     let mut reported = Reported::default();
     while !reported.ready {
         let left = deadline.saturating_duration_since(std::time::Instant::now());
-        let Ok(line) = seen.recv_timeout(left) else {
+        let Ok(stamped) = seen.recv_timeout(left) else {
             break;
         };
+        reported.log.push_str(&stamped);
+        reported.log.push('\n');
+        let line = stamped
+            .split_once(' ')
+            .map_or(stamped.as_str(), |(_, rest)| rest)
+            .to_owned();
         if line.contains("emulator API endpoint bound") {
             reported.api = address_in(&line);
         } else if line.contains("emulator control endpoint on") {

@@ -13,6 +13,7 @@ use serde::Serialize;
 use understudy_router::admission::Priority;
 
 use super::load::{RequestOutcome, RequestRecord};
+use super::pilot::ColdStart;
 
 /// Requests by how they ended.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -70,7 +71,7 @@ pub struct Transition {
     pub epoch: u64,
     pub started_ms: f64,
     pub steps: Vec<StepSpan>,
-    /// What the replicas' own work took (waking a warm tier), when there was any.
+    /// What the replicas' own work took (waking a warm tier, starting a pilot light), when there was any.
     pub stage_ms: Option<f64>,
     /// From the promotion's start to its route, less the stage time: what the failover logic
     /// itself added.
@@ -123,6 +124,8 @@ pub struct RunReport {
     pub ttft_interactive_ms: Ttft,
     pub faults: Vec<AppliedFault>,
     pub transitions: Vec<Transition>,
+    /// Every replica started during the run (a pilot light), stage by stage.
+    pub cold_starts: Vec<ColdStart>,
     pub verdict: Verdict,
     /// Why the verdict is what it is, one line each.
     pub verdict_reasons: Vec<String>,
@@ -436,7 +439,7 @@ pub fn summary(run: &RunReport) -> String {
         if let (Some(stage), Some(added)) = (transition.stage_ms, transition.orchestration_ms) {
             let _ = writeln!(
                 out,
-                "  the replicas' own wake took {stage:.0} ms; the failover logic added {added:.0} ms to reach the route"
+                "  the replicas' own work (waking, starting) took {stage:.0} ms; the failover logic added {added:.0} ms to reach the route"
             );
         }
         for step in &transition.steps {
@@ -449,6 +452,30 @@ pub fn summary(run: &RunReport) -> String {
                 step.note.as_deref().unwrap_or("")
             );
         }
+    }
+    if !run.cold_starts.is_empty() {
+        out.push_str(&cold_start_table(&run.cold_starts));
+    }
+    out
+}
+
+/// The cold starts, one row per replica, one column per stage, in milliseconds.
+#[must_use]
+pub fn cold_start_table(starts: &[ColdStart]) -> String {
+    let mut out = String::from("cold starts (ms):\n  replica  tier         ");
+    let Some(first) = starts.first() else {
+        return String::new();
+    };
+    for stage in &first.stages {
+        let _ = write!(out, "{:>16}", stage.stage.as_str());
+    }
+    out.push_str("   to first token\n");
+    for start in starts {
+        let _ = write!(out, "  {:<8} {:<12} ", start.replica, start.tier);
+        for stage in &start.stages {
+            let _ = write!(out, "{:>16}", cell(stage.ms));
+        }
+        let _ = writeln!(out, "   {:>14}", cell(start.to_first_token_ms));
     }
     out
 }

@@ -167,6 +167,10 @@ pub struct PoolShape {
     /// them (the wake reloads them).
     #[serde(default = "level_one")]
     pub sleep_level: u8,
+    /// How many of the standby's replicas do not run until a promotion starts them, each with
+    /// the emulator's modelled startup stages.
+    #[serde(default)]
+    pub pilot_light: u32,
     /// vLLM flags (and the emulator's `--emu-*` settings) every replica of the pool starts
     /// with, after the runner's own: `["--max-num-seqs", "2"]` for two workers.
     #[serde(default)]
@@ -434,23 +438,29 @@ impl Scenario {
                 return Err(invalid(field, format!("must be 1 to {MAX_REPLICAS}")));
             }
         }
-        if self.pools.a.warm > 0 {
+        if self.pools.a.warm > 0 || self.pools.a.pilot_light > 0 {
             return Err(invalid(
-                "pools.a.warm",
-                "the home primary serves awake: a warm tier belongs to the standby, pool b",
+                "pools.a",
+                "the home primary serves awake and whole: warm and pilot-light tiers belong to the standby, pool b",
             ));
         }
         let b = &self.pools.b;
-        if b.warm > 0 && self.topology == Topology::ActiveActive {
-            return Err(invalid(
-                "pools.b.warm",
-                "active-active serves every replica: none may sleep",
-            ));
-        }
-        if b.warm > b.replicas || !(1..=2).contains(&b.sleep_level) {
+        if (b.warm > 0 || b.pilot_light > 0) && self.topology == Topology::ActiveActive {
             return Err(invalid(
                 "pools.b",
-                "warm must be at most replicas, and sleepLevel 1 or 2",
+                "active-active serves every replica: none may sleep or wait unstarted",
+            ));
+        }
+        if b.warm + b.pilot_light > b.replicas || !(1..=2).contains(&b.sleep_level) {
+            return Err(invalid(
+                "pools.b",
+                "warm and pilotLight together must be at most replicas, and sleepLevel 1 or 2",
+            ));
+        }
+        if b.pilot_light >= b.replicas {
+            return Err(invalid(
+                "pools.b.pilotLight",
+                "at least one replica of the standby must run, so that it can be proven before a promotion",
             ));
         }
         let interval = parse_duration("policy.interval", &self.policy.interval)?;
@@ -611,6 +621,31 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    #[test]
+    fn tiers_belong_to_the_standby_and_a_standby_keeps_one_replica_running() {
+        for (shapes, field) in [
+            ("a: {replicas: 2, warm: 1}\n  b: {replicas: 2}", "pools.a"),
+            (
+                "a: {replicas: 2}\n  b: {replicas: 2, pilotLight: 2}",
+                "pools.b.pilotLight",
+            ),
+            (
+                "a: {replicas: 2}\n  b: {replicas: 3, warm: 2, pilotLight: 2}",
+                "pools.b",
+            ),
+            (
+                "a: {replicas: 2}\n  b: {replicas: 2, warm: 1, sleepLevel: 3}",
+                "pools.b",
+            ),
+        ] {
+            let text = DEFAULT.replace("a: {replicas: 2}\n  b: {replicas: 2}", shapes);
+            match Scenario::parse(&text) {
+                Err(ScenarioError::Invalid { field: got, .. }) => assert_eq!(got, field, "{shapes}"),
+                other => panic!("{shapes}: {other:?}"),
+            }
+        }
     }
 
     #[test]
