@@ -237,3 +237,83 @@ async fn a_pilot_light_is_started_on_promotion_and_each_replica_is_timed_stage_b
         assert!(cold.to_first_token_ms.is_some());
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drifted_standby_is_not_promoted_until_an_operator_forces_it() {
+    let short = include_str!("../../examples/gamedays/local/drifted-standby.yaml")
+        .replace("duration: 20s", "duration: 9s")
+        .replace("{at: 8s, fault: crash", "{at: 2s, fault: crash")
+        .replace(
+            "{at: 12s, command: force-failover}",
+            "{at: 6s, command: force-failover}",
+        );
+    let report = run_scenario(&short).await;
+    assert_eq!(report.verdict, Verdict::Passed, "{report:#?}");
+    let parity = report.parity.as_ref().unwrap();
+    assert!(parity.keys().contains(&"flag.max-model-len"), "{parity:?}");
+    assert!(
+        report
+            .held_back
+            .iter()
+            .any(|l| l.ends_with("promotion blocked: ParityBroken")),
+        "{:?}",
+        report.held_back
+    );
+    let promotion = &report.transitions[0];
+    assert_eq!((promotion.kind.as_str(), promotion.to.as_str()), ("forced", "b"));
+    // Nothing was promoted before the command: the promotion starts after it.
+    assert!(promotion.started_ms >= 6_000.0, "{promotion:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_lease_store_lost_control_pauses_and_the_promotion_waits_for_it() {
+    let short = include_str!("../../examples/gamedays/local/lost-lease.yaml")
+        .replace("duration: 20s", "duration: 10s")
+        .replace(
+            "{at: 5s, fault: lost-lease, for: 6s}",
+            "{at: 1s, fault: lost-lease, for: 5s}",
+        )
+        .replace("{at: 7s, fault: crash", "{at: 2s, fault: crash");
+    let report = run_scenario(&short).await;
+    assert_eq!(report.verdict, Verdict::Passed, "{report:#?}");
+    assert!(
+        report.held_back[0].ends_with("control paused"),
+        "{:?}",
+        report.held_back
+    );
+    let lease_back = report.faults[0].ended_ms.unwrap();
+    assert!(report.transitions[0].started_ms >= lease_back, "{report:#?}");
+    assert_eq!(report.requests.failed, report.failed_in_flight_at_fault);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flapping_primary_keeps_its_standby_under_manual_failback_and_gets_the_role_back_under_automatic() {
+    let short = include_str!("../../examples/gamedays/local/flapping.yaml")
+        .replace("duration: 28s", "duration: 12s")
+        .replace(
+            "{at: 5s, fault: hang, pool: a, for: 4s}",
+            "{at: 1s, fault: hang, pool: a, for: 3s}",
+        )
+        .replace(
+            "{at: 17s, fault: hang, pool: a, for: 4s}",
+            "{at: 11s, fault: hang, pool: a, for: 1s}",
+        )
+        .replace("minDwell: 5s", "minDwell: 2s")
+        .replace("expect: {failovers: 1}", "expect: {}")
+        .replace("expect: {failovers: 4}", "expect: {}");
+    let plan = Scenario::plan(&short).unwrap();
+    let mut kinds = Vec::new();
+    for checked in &plan.runs {
+        let report = run(checked, &options()).await.unwrap();
+        assert_eq!(report.verdict, Verdict::Passed, "{report:#?}");
+        kinds.push(
+            report
+                .transitions
+                .iter()
+                .map(|t| t.kind.clone())
+                .collect::<Vec<_>>(),
+        );
+    }
+    assert_eq!(kinds[0], ["failover"]);
+    assert_eq!(kinds[1][..2], ["failover", "failback"], "{kinds:?}");
+}

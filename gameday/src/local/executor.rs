@@ -6,11 +6,12 @@
 
 use std::net::SocketAddr;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
 use understudy_api::crd::AdmissionSpec;
-use understudy_api::lease::{EpochLease, LeaseError, MemoryLease};
+use understudy_api::lease::{EpochLease, LeaseError, LeaseRecord, MemoryLease, Unreachable};
 use understudy_api::route::{AdmissionSettings, Route, StreamContract};
 use understudy_core::drive::{
     Completion, Executor, LeaseClaim, ScaleOrder, ServingOrder, StepOutcome, Target, WakeOrder,
@@ -34,6 +35,59 @@ pub fn pool_name(pool: Pool) -> &'static str {
     match pool {
         Pool::A => "a",
         Pool::B => "b",
+    }
+}
+
+/// The lease as the failover logic reaches it: the runner's store, from which a `lost-lease`
+/// fault cuts the logic off while the fences go on reading it.
+#[derive(Debug)]
+pub struct LogicLease {
+    pub store: MemoryLease,
+    cut: AtomicBool,
+}
+
+impl LogicLease {
+    #[must_use]
+    pub fn new(store: MemoryLease) -> LogicLease {
+        LogicLease {
+            store,
+            cut: AtomicBool::new(false),
+        }
+    }
+
+    /// Cuts the logic off from the store (`true`) or gives it back (`false`).
+    pub fn cut_off(&self, cut: bool) {
+        self.cut.store(cut, Ordering::SeqCst);
+    }
+
+    fn reachable(&self) -> Result<(), LeaseError> {
+        if self.cut.load(Ordering::SeqCst) {
+            Err(LeaseError::Unreachable(Unreachable::MemoryStoreDown))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+impl EpochLease for LogicLease {
+    async fn read(&self) -> Result<Option<LeaseRecord>, LeaseError> {
+        self.reachable()?;
+        self.store.read().await
+    }
+
+    async fn create(&self, holder: &str, epoch: Epoch) -> Result<LeaseRecord, LeaseError> {
+        self.reachable()?;
+        self.store.create(holder, epoch).await
+    }
+
+    async fn compare_and_set(
+        &self,
+        expected: &LeaseRecord,
+        holder: &str,
+        epoch: Epoch,
+    ) -> Result<LeaseRecord, LeaseError> {
+        self.reachable()?;
+        self.store.compare_and_set(expected, holder, epoch).await
     }
 }
 
@@ -64,7 +118,7 @@ pub struct Growth<'a> {
 /// The local executor over one run's lease, pools and routers.
 #[derive(Debug)]
 pub struct ProcessExecutor<'a> {
-    pub lease: &'a MemoryLease,
+    pub lease: &'a LogicLease,
     /// The pools as they run now: a grown pilot light joins its pool here.
     pub pools: &'a Mutex<[PoolAddrs; 2]>,
     pub routers: &'a [RouterAdmin],
@@ -276,7 +330,7 @@ impl Executor for ProcessExecutor<'_> {
                     continue;
                 }
             };
-            match start_fence(growth.background, self.lease, order.pool, replica.api).await {
+            match start_fence(growth.background, &self.lease.store, order.pool, replica.api).await {
                 Ok(fence) => {
                     let mut pools = lock(self.pools);
                     pools[order.pool.index()].replicas.push(replica.api);

@@ -35,9 +35,13 @@ use understudy_api::lease::{EpochLease, MemoryLease};
 use understudy_api::route::AdmissionSettings;
 use understudy_core::drive::{StandbyShape, StepOutcome, drive, serving_quorum};
 use understudy_core::failover::{
-    CheckResult, Event, FailbackPolicy, FailoverConfig, FailoverState, Input, Phase, Step,
+    CheckResult, Command, ControlPlane, Event, FailbackPolicy, FailoverConfig, FailoverState, Input, Phase,
+    Step,
 };
 use understudy_core::{Epoch, Pool};
+use understudy_prober::parity::DriftReport;
+use understudy_prober::parity::flags::{FlagPolicy, flags_fingerprint};
+use understudy_prober::parity::runtime::runtime_fingerprint;
 use understudy_prober::probe::{Endpoint, Expectation, GOLDEN_PREFIX_CHARS, ProbeSpec, probe_round};
 use understudy_prober::report::PoolRound;
 use understudy_router::admin::{Admin, AdminToken};
@@ -50,7 +54,7 @@ use understudy_router::retry::RetryLimits;
 use understudy_router::serve::serve;
 use understudy_router::table::RouteTable;
 
-use self::executor::{Growth, PoolAddrs, ProcessExecutor, RouterAdmin, pool_name};
+use self::executor::{Growth, LogicLease, PoolAddrs, ProcessExecutor, RouterAdmin, pool_name};
 use self::load::{RequestOutcome, RequestRecord};
 use self::pilot::{ColdStart, PilotLight};
 use self::replicas::{Launcher, Replica, ReplicaError, Startup};
@@ -118,7 +122,14 @@ const DRAIN_LIMIT: Duration = Duration::from_secs(35);
 struct Logic {
     config: FailoverConfig,
     shapes: [StandbyShape; 2],
-    lease: MemoryLease,
+    /// The lease as the failover logic reaches it (a `lost-lease` fault cuts it off).
+    lease: LogicLease,
+    /// Each pool's `vllm serve` command line, for the flags in its fingerprint.
+    argv: [Vec<String>; 2],
+    /// Commands given and not yet fed to the machine.
+    commands: Mutex<Vec<Command>>,
+    /// The last parity report between the pools, when both could be read.
+    parity: Mutex<Option<DriftReport>>,
     /// The pools as they run: a pilot light joins its pool when it is grown.
     pools: Mutex<[PoolAddrs; 2]>,
     /// Every replica process; dropping one kills it.
@@ -185,6 +196,7 @@ pub async fn run(checked: &Checked, options: &RunOptions) -> Result<RunReport, R
     let mut pools = [PoolAddrs::default(), PoolAddrs::default()];
     let lease = MemoryLease::new();
     lease.create(pool_name(Pool::A), Epoch(0)).await?;
+    let argv = [&scenario.pools.a, &scenario.pools.b].map(|shape| serve_argv(scenario, shape));
     for (pool, shape) in [(Pool::A, &scenario.pools.a), (Pool::B, &scenario.pools.b)] {
         // Active-active: every replica serves under pool a's lease, in one route; faults still
         // strike the pool the scenario names.
@@ -192,10 +204,7 @@ pub async fn run(checked: &Checked, options: &RunOptions) -> Result<RunReport, R
             Topology::ActivePassive => pool,
             Topology::ActiveActive => Pool::A,
         };
-        let mut args = shape.args.clone();
-        if shape.warm > 0 {
-            args.push("--enable-sleep-mode".to_owned());
-        }
+        let args = argv[pool.index()][2..].to_vec();
         // The pilot light does not run until a promotion grows it.
         for i in 0..shape.replicas - shape.pilot_light {
             let name = format!("{}-{i}", pool_name(pool));
@@ -234,14 +243,17 @@ pub async fn run(checked: &Checked, options: &RunOptions) -> Result<RunReport, R
             pilot_light: shape.pilot_light,
         }),
         config,
-        lease,
+        lease: LogicLease::new(lease),
+        argv: argv.clone(),
+        commands: Mutex::new(Vec::new()),
+        parity: Mutex::new(None),
         pools: Mutex::new(pools),
         replicas: Arc::new(Mutex::new(replicas)),
         pilot: (scenario.pools.b.pilot_light > 0).then(|| PilotLight {
             pool: Pool::B,
             launcher: options.launcher.clone(),
             model: scenario.model.clone(),
-            args: scenario.pools.b.args.clone(),
+            args: argv[Pool::B.index()][2..].to_vec(),
         }),
         background,
         cold_starts: Mutex::new(Vec::new()),
@@ -279,7 +291,7 @@ pub async fn run(checked: &Checked, options: &RunOptions) -> Result<RunReport, R
     ));
     let memory = Arc::new(AtomicU64::new(0));
     tasks.spawn(sample_memory(Arc::clone(&logic.replicas), Arc::clone(&memory)));
-    let faults = apply_faults(checked, &logic, &logic.replicas, start);
+    let faults = apply_faults(checked, &logic, start);
     let load = load::run(
         &scenario.load,
         &scenario.model,
@@ -332,6 +344,17 @@ async fn put_warm_to_sleep(shape: &scenario::PoolShape, pool: &PoolAddrs) -> Res
     Ok(())
 }
 
+/// A pool's `vllm serve` command line: the scenario's flags, and sleep mode on both pools when
+/// the standby has a warm tier (the home pool must be able to sleep once it is the standby).
+fn serve_argv(scenario: &scenario::Scenario, shape: &scenario::PoolShape) -> Vec<String> {
+    let mut argv = vec!["serve".to_owned(), scenario.model.clone()];
+    argv.extend(shape.args.iter().cloned());
+    if scenario.pools.b.warm > 0 && !argv.iter().any(|a| a == "--enable-sleep-mode") {
+        argv.push("--enable-sleep-mode".to_owned());
+    }
+    argv
+}
+
 /// The routers' settings: the router's defaults, less what the scenario turns off.
 fn gateway_config(checked: &Checked) -> GatewayConfig {
     let router = &checked.scenario.router;
@@ -359,9 +382,11 @@ fn failover_config(checked: &Checked) -> FailoverConfig {
         promote_after: policy.promote_after,
         hard_promote_after: policy.hard_promote_after,
         standby_ready_after: policy.standby_ready_after,
-        // A rehearsal of one failover: no dwell, and failback only when asked.
-        min_dwell: Duration::ZERO,
-        failback: FailbackPolicy::Manual,
+        min_dwell: checked.min_dwell,
+        failback: match policy.failback {
+            scenario::Failback::Manual => FailbackPolicy::Manual,
+            scenario::Failback::Automatic { healthy_checks } => FailbackPolicy::Automatic { healthy_checks },
+        },
         paused: false,
     }
 }
@@ -467,21 +492,10 @@ async fn failover_logic(logic: Arc<Logic>, start: Instant, mut stopped: watch::R
             _ = ticks.tick() => {}
             _ = stopped.changed() => return,
         }
-        let rounds = probe_both(&logic).await;
+        let inputs = round_inputs(&logic).await;
         let now = start.elapsed();
         let mut state = lock(&logic.state).clone();
         let mut events = Vec::new();
-        // The standby's check first, as the simulator feeds them: a standby that just became
-        // ready is promotable in the round the primary crosses its threshold.
-        let standby = state.standby();
-        let mut inputs: Vec<Input> = [standby, standby.other()]
-            .into_iter()
-            .map(|pool| Input::Check {
-                pool,
-                result: rounds[pool.index()],
-            })
-            .collect();
-        inputs.push(Input::Tick);
         for input in &inputs {
             let (next, actions) = state.step(&logic.config, now, input);
             state = next;
@@ -494,6 +508,72 @@ async fn failover_logic(logic: Arc<Logic>, start: Instant, mut stopped: watch::R
         *lock(&logic.state) = state.clone();
         carry_out(&logic, start, state).await;
     }
+}
+
+/// One round's inputs, in the operator's order: the lease as read (or the store unreachable, and
+/// nothing else), the pools' checks, their parity, the commands given since the last round, and
+/// the tick on which the machine decides.
+async fn round_inputs(logic: &Logic) -> Vec<Input> {
+    let lease = match logic.lease.read().await {
+        Ok(Some(record)) => Some(record),
+        Ok(None) => None,
+        Err(_) => return vec![Input::ControlPlane(ControlPlane::Unreachable), Input::Tick],
+    };
+    let mut inputs = vec![Input::ControlPlane(ControlPlane::Reachable)];
+    if let Some(record) = lease {
+        let holder = if record.holder == pool_name(Pool::B) {
+            Pool::B
+        } else {
+            Pool::A
+        };
+        inputs.push(Input::LeaseObserved {
+            holder,
+            epoch: record.epoch,
+        });
+    }
+    let (rounds, parity) = tokio::join!(probe_both(logic), parity_of(logic));
+    // The standby's check first, as the simulator feeds them: a standby that just became ready
+    // is promotable in the round the primary crosses its threshold.
+    let standby = lock(&logic.state).standby();
+    for pool in [standby, standby.other()] {
+        inputs.push(Input::Check {
+            pool,
+            result: rounds[pool.index()],
+        });
+    }
+    if let Some(report) = parity {
+        inputs.push(Input::Parity {
+            holds: report.holds(),
+        });
+        *lock(&logic.parity) = Some(report);
+    }
+    inputs.extend(lock(&logic.commands).drain(..).map(Input::Command));
+    inputs.push(Input::Tick);
+    inputs
+}
+
+/// The pools' parity: each one's runtime (`/version`, `/v1/models`) read from its first replica,
+/// and its serving flags; `None` when either pool cannot be read now (a crashed primary leaves
+/// the last report standing).
+async fn parity_of(logic: &Logic) -> Option<DriftReport> {
+    let first = |pool: Pool| {
+        lock(&logic.pools)[pool.index()]
+            .replicas
+            .first()
+            .map(|a| Endpoint::new(a.ip().to_string(), a.port()))
+    };
+    let (a, b) = (first(Pool::A)?, first(Pool::B)?);
+    let timeout = logic.probe.timeout;
+    let (a_runtime, b_runtime) = tokio::join!(
+        runtime_fingerprint(&a, None, timeout),
+        runtime_fingerprint(&b, None, timeout)
+    );
+    let policy = FlagPolicy::default();
+    let mut fingerprints = [a_runtime.ok()?, b_runtime.ok()?];
+    for (fingerprint, argv) in fingerprints.iter_mut().zip(&logic.argv) {
+        fingerprint.extend(flags_fingerprint(argv, &policy));
+    }
+    Some(fingerprints[0].drift(&fingerprints[1]))
 }
 
 /// Drives the pending promotion until a step waits, recording each step.
@@ -611,58 +691,142 @@ async fn probe_both(logic: &Logic) -> [CheckResult; 2] {
     [a, b]
 }
 
-/// Applies each fault at its time to every replica of its pool.
+/// One thing that happens to the system at a scenario time.
+#[derive(Clone, Copy, Debug)]
+enum Happening {
+    /// Fault `i` begins.
+    Fault(usize),
+    /// Fault `i` ends.
+    Heal(usize),
+    /// Command `i` is given.
+    Command(usize),
+}
+
+/// Applies each fault at its time to every replica of its pool (or to the failover logic's
+/// lease), ends the ones that last, and queues each command for the failover logic's next round.
 async fn apply_faults(
     checked: &Checked,
     logic: &Logic,
-    replicas: &Mutex<Vec<Replica>>,
     start: Instant,
 ) -> Result<Vec<AppliedFault>, RunError> {
+    let scenario = &checked.scenario;
+    let mut schedule: Vec<(Duration, Happening)> = Vec::new();
+    for (i, at) in checked.fault_times.iter().enumerate() {
+        schedule.push((*at, Happening::Fault(i)));
+        if let Some(end) = checked.fault_ends[i] {
+            schedule.push((end, Happening::Heal(i)));
+        }
+    }
+    for (i, at) in checked.command_times.iter().enumerate() {
+        schedule.push((*at, Happening::Command(i)));
+    }
+    schedule.sort_by_key(|(at, _)| *at);
     let mut applied = Vec::new();
-    for (fault, at) in checked.scenario.faults.iter().zip(&checked.fault_times) {
-        tokio::time::sleep_until(start + *at).await;
-        let pool = match fault.pool {
-            Some(PoolName::A) => Pool::A,
-            Some(PoolName::B) => Pool::B,
-            None => lock(&logic.state).primary,
-        };
-        let started = start.elapsed();
-        let mut count = 0;
-        match fault.fault.emulator_fault() {
-            Some(text) => {
-                let targets: Vec<SocketAddr> = lock(replicas)
-                    .iter()
-                    .filter(|r| r.pool == pool)
-                    .map(|r| r.control)
-                    .collect();
-                for control in targets {
-                    inject(control, text).await?;
-                    count += 1;
-                }
+    // The pool each fault struck, so that its end reaches the same replicas.
+    let mut struck = vec![Pool::A; scenario.faults.len()];
+    let mut position = vec![None; scenario.faults.len()];
+    for (at, happening) in schedule {
+        tokio::time::sleep_until(start + at).await;
+        match happening {
+            Happening::Command(i) => {
+                let command = match scenario.commands[i].command {
+                    scenario::LocalCommand::Failover => Command::Failover,
+                    scenario::LocalCommand::Failback => Command::Failback,
+                    scenario::LocalCommand::ForceFailover => Command::ForceFailover,
+                };
+                lock(&logic.commands).push(command);
             }
-            None => {
-                for replica in lock(replicas).iter_mut().filter(|r| r.pool == pool) {
-                    match fault.fault {
-                        FaultKind::Hang => replica.hang(),
-                        _ => replica.crash(),
-                    }
-                    .map_err(|e| RunError::Fault(e.to_string()))?;
-                    count += 1;
+            Happening::Fault(i) => {
+                let fault = &scenario.faults[i];
+                let pool = match fault.pool {
+                    Some(PoolName::A) => Pool::A,
+                    Some(PoolName::B) => Pool::B,
+                    None => lock(&logic.state).primary,
+                };
+                struck[i] = pool;
+                position[i] = Some(applied.len());
+                let started = start.elapsed();
+                let count = strike(logic, fault.fault, pool).await?;
+                // The fault's time is when the last replica went down: a request sent while the
+                // others went could still be taken by one, and dies with it as one in flight.
+                let at = start.elapsed();
+                let struck_what = if fault.fault == FaultKind::LostLease {
+                    "the failover logic's lease"
+                } else {
+                    pool_name(pool)
+                };
+                applied.push(AppliedFault {
+                    started_ms: report::to_ms(started),
+                    at_ms: report::to_ms(at),
+                    ended_ms: None,
+                    fault: fault.fault.as_str().to_owned(),
+                    pool: struck_what.to_owned(),
+                    replicas: count,
+                });
+            }
+            Happening::Heal(i) => {
+                heal(logic, scenario.faults[i].fault, struck[i]).await?;
+                let ended = report::to_ms(start.elapsed());
+                if let Some(fault) = position[i].and_then(|p| applied.get_mut(p)) {
+                    fault.ended_ms = Some(ended);
                 }
             }
         }
-        // The fault's time is when the last replica went down: a request sent while the others
-        // went could still be taken by one, and dies with it as one in flight.
-        let at = start.elapsed();
-        applied.push(AppliedFault {
-            started_ms: report::to_ms(started),
-            at_ms: report::to_ms(at),
-            fault: fault.fault.as_str().to_owned(),
-            pool: pool_name(pool).to_owned(),
-            replicas: count,
-        });
     }
     Ok(applied)
+}
+
+/// Puts `kind` on every replica of `pool` (or on the logic's lease); how many it struck.
+async fn strike(logic: &Logic, kind: FaultKind, pool: Pool) -> Result<usize, RunError> {
+    if kind == FaultKind::LostLease {
+        logic.lease.cut_off(true);
+        return Ok(0);
+    }
+    if let Some(text) = kind.emulator_fault() {
+        let targets = controls_of(logic, pool);
+        for control in &targets {
+            inject(*control, text).await?;
+        }
+        return Ok(targets.len());
+    }
+    let mut count = 0;
+    for replica in lock(&logic.replicas).iter_mut().filter(|r| r.pool == pool) {
+        match kind {
+            FaultKind::Hang => replica.hang(),
+            _ => replica.crash(),
+        }
+        .map_err(|e| RunError::Fault(e.to_string()))?;
+        count += 1;
+    }
+    Ok(count)
+}
+
+/// Ends `kind` on `pool`: a hung replica continues, an emulator fault is cleared, the lease is
+/// given back.
+async fn heal(logic: &Logic, kind: FaultKind, pool: Pool) -> Result<(), RunError> {
+    match kind {
+        FaultKind::LostLease => logic.lease.cut_off(false),
+        FaultKind::Hang => {
+            for replica in lock(&logic.replicas).iter_mut().filter(|r| r.pool == pool) {
+                replica.resume().map_err(|e| RunError::Fault(e.to_string()))?;
+            }
+        }
+        FaultKind::Crash => {}
+        _ => {
+            for control in controls_of(logic, pool) {
+                inject(control, "clear").await?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn controls_of(logic: &Logic, pool: Pool) -> Vec<SocketAddr> {
+    lock(&logic.replicas)
+        .iter()
+        .filter(|r| r.pool == pool)
+        .map(|r| r.control)
+        .collect()
 }
 
 /// Keeps the peak of this process's and its replicas' resident memory, in KiB.
@@ -769,6 +933,27 @@ fn predicted_detection(checked: &Checked, kind: FaultKind) -> [f64; 2] {
     [report::to_ms(low), report::to_ms(high)]
 }
 
+/// What held the failover logic back, each time it changed: a promotion blocked or a command
+/// refused (with the reason), the lease's store lost and found.
+fn held_back(events: &[(Duration, Event)]) -> Vec<String> {
+    let mut lines: Vec<String> = Vec::new();
+    let mut last = None;
+    for (at, event) in events {
+        let line = match event {
+            Event::PromotionBlocked { reason } => format!("promotion blocked: {reason:?}"),
+            Event::CommandRefused { command, reason } => format!("{command:?} refused: {reason:?}"),
+            Event::ControlPlaneUnreachable => "the lease's store is unreachable: control paused".to_owned(),
+            Event::ControlPlaneRestored => "the lease's store is back".to_owned(),
+            _ => continue,
+        };
+        if last.as_ref() != Some(&line) {
+            lines.push(format!("{:.0} ms: {line}", report::to_ms(*at)));
+            last = Some(line);
+        }
+    }
+    lines
+}
+
 fn build_report(
     checked: &Checked,
     logic: &Logic,
@@ -780,7 +965,15 @@ fn build_report(
 ) -> RunReport {
     let scenario = &checked.scenario;
     let journal = lock(&logic.journal);
-    let fault_at = faults.first().map(|f| Duration::from_secs_f64(f.at_ms / 1e3));
+    // The first fault that strikes replicas is the one detection, the gap and the stall are
+    // counted from; a lost lease store strikes none.
+    let first = faults.iter().find(|f| f.replicas > 0);
+    let first_kind = scenario
+        .faults
+        .iter()
+        .find(|f| f.fault != FaultKind::LostLease)
+        .map(|f| f.fault);
+    let fault_at = first.map(|f| Duration::from_secs_f64(f.at_ms / 1e3));
     let started = journal
         .events
         .iter()
@@ -879,20 +1072,16 @@ fn build_report(
         shed_by_priority: report::shed_by_priority(records),
         failed_in_flight_at_fault: in_flight,
         requests,
-        gap_ms: faults
-            .first()
+        gap_ms: first
             .and_then(|f| report::gap(records, Duration::from_secs_f64(f.started_ms / 1e3)))
             .map(report::to_ms),
         detection_ms: fault_at
             .zip(started)
             .map(|(fault, start)| report::to_ms(start.saturating_sub(fault))),
-        predicted_detection_ms: scenario
-            .faults
-            .first()
+        predicted_detection_ms: first_kind
             .filter(|_| scenario.topology == Topology::ActivePassive)
-            .map(|f| predicted_detection(checked, f.fault)),
-        stall_ms: faults
-            .first()
+            .map(|kind| predicted_detection(checked, kind)),
+        stall_ms: first
             .map(|f| {
                 report::stall(
                     records,
@@ -904,6 +1093,8 @@ fn build_report(
         latency_ms: report::latency(records, fault_at, checked.duration),
         ttft_ms: report::ttft(records, None, fault_at, routed, ended),
         ttft_interactive_ms: ttft_interactive,
+        held_back: held_back(&journal.events),
+        parity: lock(&logic.parity).clone(),
         faults,
         transitions: journal.transitions.clone(),
         cold_starts: lock(&logic.cold_starts).clone(),
@@ -913,9 +1104,9 @@ fn build_report(
             "the routers and fences run inside the runner's process, on real loopback sockets; \
              only the replicas are processes of their own"
                 .to_owned(),
-            "drifted standbys, lost-lease faults and failback are not in local scenarios yet; a warm \
-             promotion reports its wake time, not a per-replica stage table, and a pilot light's stages \
-             start at its process (no node or image stages here)"
+            "the lease lives in memory, not in a file; a warm promotion reports its wake time, not a \
+             per-replica stage table, and a pilot light's stages start at its process (no node or image \
+             stages here)"
                 .to_owned(),
             "answers that are wrong but look fine are counted ok: the load does not check what it gets"
                 .to_owned(),

@@ -170,6 +170,15 @@ impl Replica {
         self.signal("-STOP")
     }
 
+    /// SIGCONT: a hung process carries on where it stopped.
+    pub fn resume(&mut self) -> Result<(), ReplicaError> {
+        if self.stopped {
+            // Crashed: there is nothing to continue.
+            return Ok(());
+        }
+        self.signal("-CONT")
+    }
+
     /// Sends `signal` through kill(1): the workspace forbids the unsafe a direct kill(2) needs.
     fn signal(&self, signal: &str) -> Result<(), ReplicaError> {
         let status = Command::new("kill")

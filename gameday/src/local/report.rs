@@ -85,6 +85,8 @@ pub struct AppliedFault {
     pub started_ms: f64,
     /// When every replica of the pool had it.
     pub at_ms: f64,
+    /// When it ended, for a fault that lasts a while.
+    pub ended_ms: Option<f64>,
     pub fault: String,
     pub pool: String,
     pub replicas: usize,
@@ -123,6 +125,11 @@ pub struct RunReport {
     /// The same, for the requests that declared themselves interactive.
     pub ttft_interactive_ms: Ttft,
     pub faults: Vec<AppliedFault>,
+    /// What held the failover logic back, when it changed (a promotion blocked and why, a
+    /// command refused, the lease's store lost and back), timed from the start of load.
+    pub held_back: Vec<String>,
+    /// The last parity report between the pools: the keys that drift, with both sides' values.
+    pub parity: Option<understudy_prober::parity::DriftReport>,
     pub transitions: Vec<Transition>,
     /// Every replica started during the run (a pilot light), stage by stage.
     pub cold_starts: Vec<ColdStart>,
@@ -234,6 +241,9 @@ struct Window {
     from: Duration,
     to: Duration,
     class: Option<Priority>,
+    /// Only requests that also ended before `to`: a steady state before a fault, which the
+    /// requests the fault caught in flight are not part of.
+    settled: bool,
 }
 
 impl Window {
@@ -242,6 +252,16 @@ impl Window {
             from,
             to,
             class: None,
+            settled: false,
+        }
+    }
+
+    fn before(to: Duration, class: Option<Priority>) -> Window {
+        Window {
+            from: Duration::ZERO,
+            to,
+            class,
+            settled: true,
         }
     }
 
@@ -249,6 +269,7 @@ impl Window {
         r.outcome == RequestOutcome::Ok
             && r.sent >= self.from
             && r.sent < self.to
+            && (!self.settled || r.ended < self.to)
             && self.class.is_none_or(|c| c == r.priority)
     }
 
@@ -282,9 +303,17 @@ pub fn ttft(
     routed: Option<Duration>,
     end: Duration,
 ) -> Ttft {
-    let window = |from, to| Window { from, to, class }.ttft_p99(records);
+    let window = |from, to| {
+        Window {
+            from,
+            to,
+            class,
+            settled: false,
+        }
+        .ttft_p99(records)
+    };
     Ttft {
-        steady_p99: window(Duration::ZERO, fault.unwrap_or(end)),
+        steady_p99: Window::before(fault.unwrap_or(end), class).ttft_p99(records),
         storm_p99: routed.and_then(|at| window(at, at + STORM_WINDOW)),
         after_p99: routed.and_then(|at| window(at + STORM_WINDOW, end)),
     }
@@ -312,7 +341,7 @@ pub fn latency(records: &[RequestRecord], fault: Option<Duration>, end: Duration
     let back = recovered(records, fault);
     let p95 = |from, to| Window::all(from, to).latency_p95(records);
     Latency {
-        p95_before: p95(Duration::ZERO, fault),
+        p95_before: Window::before(fault, None).latency_p95(records),
         p95_during: back.and_then(|at| p95(fault, at)),
         p95_first_second_after: back.and_then(|at| p95(at, at + Duration::from_secs(1))),
         p95_steady_after: back.and_then(|at| p95(at + STORM_WINDOW, end)),
@@ -424,11 +453,20 @@ pub fn summary(run: &RunReport) -> String {
         );
     }
     for fault in &run.faults {
+        let until = fault
+            .ended_ms
+            .map_or(String::new(), |end| format!(" until {end:.0} ms"));
         let _ = writeln!(
             out,
-            "fault: {} of {} ({} replica(s)) at {:.0} ms",
+            "fault: {} of {} ({} replica(s)) at {:.0} ms{until}",
             fault.fault, fault.pool, fault.replicas, fault.at_ms
         );
+    }
+    if let Some(parity) = run.parity.as_ref().filter(|p| !p.holds()) {
+        let _ = write!(out, "parity drift:\n{}", indent(&parity.render()));
+    }
+    for line in &run.held_back {
+        let _ = writeln!(out, "held back: {line}");
     }
     for transition in &run.transitions {
         let _ = writeln!(
@@ -457,6 +495,10 @@ pub fn summary(run: &RunReport) -> String {
         out.push_str(&cold_start_table(&run.cold_starts));
     }
     out
+}
+
+fn indent(text: &str) -> String {
+    text.lines().map(|l| format!("  {l}\n")).collect()
 }
 
 /// The cold starts, one row per replica, one column per stage, in milliseconds.

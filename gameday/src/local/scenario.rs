@@ -34,6 +34,9 @@ pub struct Scenario {
     pub load: Load,
     #[serde(default)]
     pub faults: Vec<FaultAt>,
+    /// Commands an operator gives during the run, as `kubectl annotate` would.
+    #[serde(default)]
+    pub commands: Vec<CommandAt>,
     /// What the run must show to pass.
     #[serde(default)]
     pub expect: Expect,
@@ -190,6 +193,29 @@ pub struct LocalPolicy {
     /// Consecutive refusals or 5xx that promote on their own.
     pub hard_promote_after: u32,
     pub standby_ready_after: u32,
+    /// `manual` (the default): only a `failback` command gives the primary role back to pool
+    /// a; `automatic`: after pool a passes `healthyChecks` rounds in a row as the standby.
+    #[serde(default)]
+    pub failback: Failback,
+    /// The least time between two promotions.
+    #[serde(default = "no_dwell")]
+    pub min_dwell: String,
+}
+
+fn no_dwell() -> String {
+    "0s".to_owned()
+}
+
+/// When the primary role goes back to the home pool.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", tag = "mode")]
+pub enum Failback {
+    #[default]
+    Manual,
+    Automatic {
+        #[serde(rename = "healthyChecks")]
+        healthy_checks: u32,
+    },
 }
 
 impl Default for LocalPolicy {
@@ -201,6 +227,8 @@ impl Default for LocalPolicy {
             promote_after: 3,
             hard_promote_after: 2,
             standby_ready_after: 2,
+            failback: Failback::Manual,
+            min_dwell: no_dwell(),
         }
     }
 }
@@ -257,6 +285,27 @@ pub struct FaultAt {
     /// The pool whose every replica gets the fault: the primary at the time when absent.
     #[serde(default)]
     pub pool: Option<PoolName>,
+    /// How long it lasts; absent, to the end. A hung replica is continued (SIGCONT), an
+    /// emulator fault cleared, the lease store given back. A crashed replica never returns.
+    #[serde(default, rename = "for")]
+    pub lasts: Option<String>,
+}
+
+/// A command, at a time counted from the start of load.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CommandAt {
+    pub at: String,
+    pub command: LocalCommand,
+}
+
+/// The FailoverPolicy's commands (its `understudy.dev/command` annotation's values).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LocalCommand {
+    Failover,
+    Failback,
+    ForceFailover,
 }
 
 /// What happens to the replicas.
@@ -274,6 +323,8 @@ pub enum FaultKind {
     WrongOutput,
     /// Prefill and decode ten times slower (the emulator's `slow:10`).
     Slow,
+    /// The failover logic cut off from the lease's store; the fences still read it.
+    LostLease,
 }
 
 impl FaultKind {
@@ -281,7 +332,7 @@ impl FaultKind {
     #[must_use]
     pub fn emulator_fault(self) -> Option<&'static str> {
         match self {
-            FaultKind::Crash | FaultKind::Hang => None,
+            FaultKind::Crash | FaultKind::Hang | FaultKind::LostLease => None,
             FaultKind::HalfFailed => Some("half-failed:error"),
             FaultKind::WrongOutput => Some("wrong-output"),
             FaultKind::Slow => Some("slow:10"),
@@ -304,6 +355,7 @@ impl FaultKind {
             FaultKind::HalfFailed => "half-failed",
             FaultKind::WrongOutput => "wrong-output",
             FaultKind::Slow => "slow",
+            FaultKind::LostLease => "lost-lease",
         }
     }
 }
@@ -364,6 +416,11 @@ pub struct Checked {
     pub timeout: Duration,
     /// Each fault's time, in the order given.
     pub fault_times: Vec<Duration>,
+    /// When each fault ends, when it does.
+    pub fault_ends: Vec<Option<Duration>>,
+    /// Each command's time, in the order given.
+    pub command_times: Vec<Duration>,
+    pub min_dwell: Duration,
     /// How long the routers leave a failed endpoint out, when the scenario says.
     pub eject_for: Option<Duration>,
 }
@@ -516,16 +573,38 @@ impl Scenario {
                 return Err(invalid(field, "must be [min, max] with 1 <= min <= max <= 4096"));
             }
         }
-        let mut fault_times = Vec::with_capacity(self.faults.len());
-        for fault in &self.faults {
-            let at = parse_duration("faults[].at", &fault.at)?;
+        let within = |field: &'static str, text: &str| {
+            let at = parse_duration(field, text)?;
             if at >= duration {
-                return Err(invalid(
-                    "faults[].at",
-                    format!("{} is not within the run's duration", fault.at),
-                ));
+                return Err(invalid(field, format!("{text} is not within the run's duration")));
             }
+            Ok(at)
+        };
+        let mut fault_times = Vec::with_capacity(self.faults.len());
+        let mut fault_ends = Vec::with_capacity(self.faults.len());
+        for fault in &self.faults {
+            let at = within("faults[].at", &fault.at)?;
             fault_times.push(at);
+            let end = match &fault.lasts {
+                None => None,
+                Some(_) if fault.fault == FaultKind::Crash => {
+                    return Err(invalid(
+                        "faults[].for",
+                        "a crashed replica does not come back: a crash lasts to the end",
+                    ));
+                }
+                Some(text) => Some(at + parse_duration("faults[].for", text)?),
+            };
+            fault_ends.push(end);
+        }
+        let command_times = self
+            .commands
+            .iter()
+            .map(|c| within("commands[].at", &c.at))
+            .collect::<Result<Vec<_>, _>>()?;
+        let min_dwell = parse_duration("policy.minDwell", &self.policy.min_dwell)?;
+        if let Failback::Automatic { healthy_checks: 0 } = self.policy.failback {
+            return Err(invalid("policy.failback.healthyChecks", "must be at least 1"));
         }
         Ok(Checked {
             scenario: self,
@@ -533,6 +612,9 @@ impl Scenario {
             interval,
             timeout,
             fault_times,
+            fault_ends,
+            command_times,
+            min_dwell,
             eject_for,
         })
     }
@@ -646,6 +728,30 @@ mod tests {
                 other => panic!("{shapes}: {other:?}"),
             }
         }
+    }
+
+    #[test]
+    fn a_crash_cannot_last_a_while_and_failback_reads_in_the_policys_terms() {
+        let crash = DEFAULT.replace("fault: crash, pool: a}", "fault: crash, pool: a, for: 2s}");
+        assert!(matches!(
+            Scenario::parse(&crash),
+            Err(ScenarioError::Invalid {
+                field: "faults[].for",
+                ..
+            })
+        ));
+        let automatic = DEFAULT.replace(
+            "standbyReadyAfter: 2",
+            "standbyReadyAfter: 2\n  failback: {mode: automatic, healthyChecks: 3}\n  minDwell: 5s",
+        );
+        let checked = Scenario::parse(&automatic).unwrap();
+        assert_eq!(
+            checked.scenario.policy.failback,
+            Failback::Automatic { healthy_checks: 3 }
+        );
+        assert_eq!(checked.min_dwell, Duration::from_secs(5));
+        let misspelled = automatic.replace("healthyChecks", "healthy");
+        assert!(Scenario::parse(&misspelled).is_err());
     }
 
     #[test]
