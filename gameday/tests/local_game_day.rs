@@ -205,6 +205,17 @@ async fn a_warm_standby_asleep_at_level_two_is_woken_on_promotion_and_the_wake_i
     );
     assert!(promotion.stage_ms.is_some() && promotion.orchestration_ms.is_some());
     assert_eq!(report.requests.failed, report.failed_in_flight_at_fault);
+    // Each woken replica has its own row: its wake, then its first token.
+    assert_eq!(report.cold_starts.len(), 2);
+    for cold in &report.cold_starts {
+        let stages: Vec<&str> = cold.stages.iter().map(|s| s.stage).collect();
+        assert_eq!(
+            (cold.tier, stages),
+            ("warm", vec!["wake", "first-token"]),
+            "{cold:?}"
+        );
+        assert!(cold.stages.iter().all(|s| s.ms.is_some()));
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -19,7 +19,7 @@ use understudy_core::drive::{
 use understudy_core::{Epoch, Pool};
 use understudy_prober::outcome::ProbeOutcome;
 use understudy_prober::probe::{Endpoint, ProbeSpec, probe_round};
-use understudy_prober::sleep::{ReplicaWake, WakeTimeouts, wake_replicas};
+use understudy_prober::sleep::{ReplicaWake, WakeTimeouts, wake_replica};
 
 use super::http::exchange;
 use super::pilot::{ColdStart, PilotLight};
@@ -105,14 +105,12 @@ pub struct RouterAdmin {
     pub token: String,
 }
 
-/// What growing a pilot light takes from the run: what to start, where its fences' tasks live,
-/// where its replicas are kept (and killed at the end), and where their cold starts are written.
+/// What growing a pilot light takes from the run: what to start, and where its fences' tasks
+/// live.
 #[derive(Clone, Copy, Debug)]
 pub struct Growth<'a> {
     pub pilot: &'a PilotLight,
     pub background: &'a Background,
-    pub replicas: &'a Mutex<Vec<Replica>>,
-    pub cold_starts: &'a Mutex<Vec<ColdStart>>,
 }
 
 /// The local executor over one run's lease, pools and routers.
@@ -125,6 +123,10 @@ pub struct ProcessExecutor<'a> {
     pub probe: &'a ProbeSpec,
     /// The policy's admission control on a promoted pool, per replica; `None` is off.
     pub admission: Option<&'a AdmissionSpec>,
+    /// Every replica process, where a grown one is kept (and killed at the end).
+    pub replicas: &'a Mutex<Vec<Replica>>,
+    /// The cold starts of the replicas a promotion started or woke.
+    pub cold_starts: &'a Mutex<Vec<ColdStart>>,
     /// The pilot light, when the run has one.
     pub growth: Option<Growth<'a>>,
     /// How long the replicas' own work took in the steps this executor carried out (waking a
@@ -144,6 +146,17 @@ fn done(note: String) -> Outcome {
 impl ProcessExecutor<'_> {
     fn pool(&self, pool: Pool) -> PoolAddrs {
         lock(self.pools)[pool.index()].clone()
+    }
+
+    /// The name of the replica behind `endpoint`.
+    fn replica_name(&self, endpoint: &Endpoint) -> String {
+        lock(self.replicas)
+            .iter()
+            .find(|r| r.api.port() == endpoint.port && r.api.ip().to_string() == endpoint.host)
+            .map_or_else(
+                || format!("{}:{}", endpoint.host, endpoint.port),
+                |r| r.name.clone(),
+            )
     }
 
     fn add_stage(&mut self, took: Duration) {
@@ -262,8 +275,21 @@ impl Executor for ProcessExecutor<'_> {
         }
         let endpoints = self.endpoints(order.pool);
         let began = tokio::time::Instant::now();
-        let outcomes = wake_replicas(&endpoints, order.level, WakeTimeouts::default()).await;
+        let began_at = jiff::Timestamp::now();
+        // Each replica's wake is timed on its own: the slowest decides the step.
+        let timed = futures::future::join_all(endpoints.iter().map(|endpoint| async move {
+            let outcome = wake_replica(endpoint, order.level, WakeTimeouts::default()).await;
+            (endpoint, outcome, jiff::Timestamp::now())
+        }))
+        .await;
         let took = began.elapsed();
+        let outcomes: Vec<(&Endpoint, ReplicaWake)> = timed.iter().map(|(e, o, _)| (*e, o.clone())).collect();
+        for (endpoint, outcome, at) in &timed {
+            if *outcome == ReplicaWake::Woken {
+                let name = self.replica_name(endpoint);
+                lock(self.cold_starts).push(ColdStart::woken(&name, began_at, *at));
+            }
+        }
         let woken = outcomes.iter().filter(|(_, o)| *o == ReplicaWake::Woken).count();
         let not_awake: Vec<String> = outcomes
             .iter()
@@ -336,8 +362,8 @@ impl Executor for ProcessExecutor<'_> {
                     pools[order.pool.index()].replicas.push(replica.api);
                     pools[order.pool.index()].fences.push(fence);
                     drop(pools);
-                    lock(growth.cold_starts).push(ColdStart::of(&replica, "pilot-light"));
-                    lock(growth.replicas).push(replica);
+                    lock(self.cold_starts).push(ColdStart::of(&replica, "pilot-light"));
+                    lock(self.replicas).push(replica);
                     grown += 1;
                 }
                 // The replica is dropped, and killed with it; the next call starts another.
@@ -367,11 +393,9 @@ impl Executor for ProcessExecutor<'_> {
             .count();
         let name = pool_name(order.pool);
         if serving >= order.quorum as usize {
-            if let Some(growth) = self.growth {
-                let now = jiff::Timestamp::now();
-                for cold in lock(growth.cold_starts).iter_mut() {
-                    cold.first_token(now);
-                }
+            let now = jiff::Timestamp::now();
+            for cold in lock(self.cold_starts).iter_mut() {
+                cold.first_token(now);
             }
             done(format!(
                 "{serving} of {} replica(s) of {name} answered a generating probe",

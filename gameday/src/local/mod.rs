@@ -425,11 +425,11 @@ fn executor_of(logic: &Logic) -> ProcessExecutor<'_> {
     ProcessExecutor {
         lease: &logic.lease,
         pools: &logic.pools,
+        replicas: &logic.replicas,
+        cold_starts: &logic.cold_starts,
         growth: logic.pilot.as_ref().map(|pilot| Growth {
             pilot,
             background: &logic.background,
-            replicas: &logic.replicas,
-            cold_starts: &logic.cold_starts,
         }),
         routers: &logic.routers,
         probe: &logic.probe,

@@ -2,7 +2,7 @@
 //! started then as a real process with the emulator's modelled startup (weight load, compile,
 //! graph capture, API start), and its cold start is timed stage by stage from its own log lines
 //! by the prober's cold-start reader, as the operator times a pod's from `kubectl logs
-//! --timestamps`.
+//! --timestamps`. A warm replica's start is timed the same way, from its wake.
 
 use std::time::Duration;
 
@@ -14,6 +14,9 @@ use understudy_prober::coldstart::vllm_log::{Mark, StartupLog};
 
 use super::replicas::{Launcher, Replica};
 
+/// The stage a warm replica's start is: its wake calls.
+pub const WAKE: &str = "wake";
+
 /// What a pool's pilot light starts, when a promotion asks for it.
 #[derive(Clone, Debug)]
 pub struct PilotLight {
@@ -23,10 +26,11 @@ pub struct PilotLight {
     pub args: Vec<String>,
 }
 
-/// One stage of a cold start.
+/// One stage of a cold start: the prober's stage names, and `wake` for a warm replica's wake
+/// calls (weights back from host memory, or reloaded after a level-2 sleep).
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct StageTime {
-    pub stage: ColdStartStage,
+    pub stage: &'static str,
     /// `null` when no line told when it began or ended.
     pub ms: Option<f64>,
 }
@@ -38,10 +42,10 @@ pub struct ColdStart {
     pub tier: &'static str,
     /// From the process's start; the stages before it (node, image) have no local counterpart.
     pub stages: Vec<StageTime>,
-    /// From the process's start to its first passing generating probe.
+    /// From the process's start (or the wake's) to its first passing generating probe.
     pub to_first_token_ms: Option<f64>,
     #[serde(skip)]
-    spawned: Timestamp,
+    began: Timestamp,
     #[serde(skip)]
     api_ready: Option<Timestamp>,
 }
@@ -80,34 +84,54 @@ impl ColdStart {
             (ColdStartStage::Ready, between(engine, api)),
         ]
         .into_iter()
-        .map(|(stage, d)| StageTime { stage, ms: ms(d) })
+        .map(|(stage, d)| StageTime {
+            stage: stage.as_str(),
+            ms: ms(d),
+        })
         .collect();
         ColdStart {
             replica: replica.to_owned(),
             tier,
             stages,
             to_first_token_ms: None,
-            spawned,
+            began: spawned,
             api_ready: api,
+        }
+    }
+
+    /// A warm replica woken at `woken`, whose wake calls began at `began`.
+    #[must_use]
+    pub fn woken(replica: &str, began: Timestamp, woken: Timestamp) -> ColdStart {
+        ColdStart {
+            replica: replica.to_owned(),
+            tier: "warm",
+            stages: vec![StageTime {
+                stage: WAKE,
+                ms: ms(between(Some(began), Some(woken))),
+            }],
+            to_first_token_ms: None,
+            began,
+            api_ready: Some(woken),
         }
     }
 
     /// From the process's start to its API's readiness.
     #[must_use]
     pub fn to_ready(&self) -> Option<Duration> {
-        between(Some(self.spawned), self.api_ready)
+        between(Some(self.began), self.api_ready)
     }
 
     /// Records its first passing generating probe, at `at`.
     pub fn first_token(&mut self, at: Timestamp) {
-        if self.stages.iter().any(|s| s.stage == ColdStartStage::FirstToken) {
+        let first_token = ColdStartStage::FirstToken.as_str();
+        if self.stages.iter().any(|s| s.stage == first_token) {
             return;
         }
         self.stages.push(StageTime {
-            stage: ColdStartStage::FirstToken,
+            stage: first_token,
             ms: ms(between(self.api_ready, Some(at))),
         });
-        self.to_first_token_ms = ms(between(Some(self.spawned), Some(at)));
+        self.to_first_token_ms = ms(between(Some(self.began), Some(at)));
     }
 }
 

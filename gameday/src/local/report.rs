@@ -504,18 +504,28 @@ fn indent(text: &str) -> String {
 /// The cold starts, one row per replica, one column per stage, in milliseconds.
 #[must_use]
 pub fn cold_start_table(starts: &[ColdStart]) -> String {
-    let mut out = String::from("cold starts (ms):\n  replica  tier         ");
-    let Some(first) = starts.first() else {
+    // Every stage any replica has, in the order they first appear.
+    let mut stages: Vec<&str> = Vec::new();
+    for start in starts {
+        for stage in &start.stages {
+            if !stages.contains(&stage.stage) {
+                stages.push(stage.stage);
+            }
+        }
+    }
+    if stages.is_empty() {
         return String::new();
-    };
-    for stage in &first.stages {
-        let _ = write!(out, "{:>16}", stage.stage.as_str());
+    }
+    let mut out = String::from("cold starts (ms):\n  replica  tier         ");
+    for stage in &stages {
+        let _ = write!(out, "{stage:>16}");
     }
     out.push_str("   to first token\n");
     for start in starts {
         let _ = write!(out, "  {:<8} {:<12} ", start.replica, start.tier);
-        for stage in &start.stages {
-            let _ = write!(out, "{:>16}", cell(stage.ms));
+        for stage in &stages {
+            let ms = start.stages.iter().find(|s| s.stage == *stage).and_then(|s| s.ms);
+            let _ = write!(out, "{:>16}", cell(ms));
         }
         let _ = writeln!(out, "   {:>14}", cell(start.to_first_token_ms));
     }
