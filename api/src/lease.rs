@@ -15,6 +15,9 @@
 //! `resourceVersion` compare-and-set) carries the operator's own leader election
 //! (`understudy_operator::leader`), which is why the raw reads and writes below are public.
 //!
+//! Beside [`KubeLease`], two stand-ins with the same semantics: [`MemoryLease`] for tests and
+//! in-process runs, and [`FileLease`] for local runs where separate processes share one Lease.
+//!
 //! What this module must never do:
 //! - write without the `resourceVersion` precondition (only `create` has none, and the API server
 //!   refuses it when the Lease exists);
@@ -37,6 +40,10 @@ use kube::api::{Api, PostParams};
 use understudy_core::Epoch;
 
 use crate::FIELD_MANAGER;
+
+mod file;
+
+pub use file::FileLease;
 
 /// The annotation that holds the fencing epoch, as a decimal `u64`.
 pub const EPOCH_ANNOTATION: &str = "understudy.dev/epoch";
@@ -139,12 +146,23 @@ pub enum Unreachable {
     /// The in-memory store was switched off with [`MemoryLease::set_reachable`].
     #[error("the in-memory lease store is switched off")]
     MemoryStoreDown,
+    /// A [`FileLease`]'s file (or its lock) could not be read or written, other than by not
+    /// existing.
+    #[error("lease file {}: {source}", path.display())]
+    File {
+        /// The file that failed.
+        path: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// The fencing Lease of one policy: read it, create it, and move it by compare-and-set.
 ///
-/// Two implementations: [`KubeLease`] against the API server and [`MemoryLease`] for local runs
-/// and tests. Both have the same semantics, down to which error each failure is.
+/// Three implementations: [`KubeLease`] against the API server, [`MemoryLease`] for tests and
+/// in-process runs, and [`FileLease`] for processes on one machine. All have the same semantics,
+/// down to which error each failure is.
 pub trait EpochLease: Send + Sync {
     /// The Lease as it is now, or `None` when it does not exist.
     fn read(&self) -> impl Future<Output = Result<Option<LeaseRecord>, LeaseError>> + Send;

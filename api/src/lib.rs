@@ -1,5 +1,5 @@
 //! The shared contracts of understudy: the CRD types and their validation ([`crd`], [`policy`]),
-//! the epoch Lease in Kubernetes and in memory ([`lease`]), the route contract the operator pushes
+//! the epoch Lease in Kubernetes, in memory and in a file ([`lease`]), the route contract the operator pushes
 //! and the router takes ([`route`]), and the field manager every write is recorded under
 //! ([`FIELD_MANAGER`]).
 //!

@@ -44,6 +44,13 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// The router, as `understudy-router` runs it: how a local game day starts its gateways and
+    /// fences.
+    #[command(hide = true)]
+    Router {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// Run a failure schedule through the real failover state machine and print what would happen.
     Simulate {
         /// The schedule: rounds, replica A's faults, and the policy (see examples/schedules/).
@@ -98,6 +105,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             seed,
             seeds,
         } => run_game_day(scenario.as_deref(), out, seed, seeds),
+        Command::Router { args } => {
+            let argv = std::iter::once("understudy-router".into()).chain(args.into_iter().map(Into::into));
+            understudy_router::cli::run(argv)
+        }
         Command::Emulator { args } => {
             let code = understudy_gameday::emulator::run_to_exit(&args).context("emulator")?;
             std::process::exit(code);
@@ -150,9 +161,14 @@ fn run_game_day(path: Option<&Path>, out: Option<PathBuf>, seed: u64, seeds: u64
     let shown = path.map_or("the default scenario".to_owned(), |p| p.display().to_string());
     let plan = Scenario::plan(&text).with_context(|| format!("in {shown}"))?;
     let out = out.unwrap_or_else(|| default_out(&plan.name));
+    let this = std::env::current_exe().context("finding this binary to start replicas with")?;
     let launcher = Launcher {
-        program: std::env::current_exe().context("finding this binary to start replicas with")?,
+        program: this.clone(),
         prefix: vec!["emulator".to_owned()],
+    };
+    let router = Launcher {
+        program: this,
+        prefix: vec!["router".to_owned()],
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -173,6 +189,7 @@ fn run_game_day(path: Option<&Path>, out: Option<PathBuf>, seed: u64, seeds: u64
             );
             let options = RunOptions {
                 launcher: launcher.clone(),
+                router: router.clone(),
                 seed,
                 progress: Progress::for_stderr(),
             };

@@ -1,6 +1,6 @@
-//! The local game day end to end: real emulator processes, fences and routers on loopback, the
-//! failover logic driving promotion, open-loop load, and a real SIGKILL. Asserts verdicts and
-//! counts, never times.
+//! The local game day end to end: emulator replicas, fences and routers as real processes on
+//! loopback, the failover logic driving promotion over a file lease, open-loop load, and real
+//! signals. Asserts verdicts and counts, never times.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -18,6 +18,10 @@ fn options() -> RunOptions {
         launcher: Launcher {
             program: PathBuf::from(env!("CARGO_BIN_EXE_vllm-emulator")),
             prefix: Vec::new(),
+        },
+        router: Launcher {
+            program: PathBuf::from(env!("CARGO_BIN_EXE_understudy-gameday")),
+            prefix: vec!["router".to_owned()],
         },
         seed: 7,
         progress: Progress::Quiet,

@@ -11,12 +11,13 @@
 //! retryable, or is carried on by another endpoint ([`continuation`]). The **fence** sidecar
 //! ([`fence_sidecar`]) runs beside each vLLM replica and refuses generation when its pool does not
 //! hold the epoch Lease. Routes are the contract of `understudy_api::route`, which the operator
-//! pushes.
+//! pushes. The command line that runs either role is [`cli`].
 
 pub mod admin;
 pub mod admission;
 pub mod balance;
 pub mod body;
+pub mod cli;
 pub mod continuation;
 pub mod endpoint;
 pub mod fence_sidecar;

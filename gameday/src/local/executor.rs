@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use understudy_api::crd::AdmissionSpec;
-use understudy_api::lease::{EpochLease, LeaseError, LeaseRecord, MemoryLease, Unreachable};
+use understudy_api::lease::{EpochLease, FileLease, LeaseError, LeaseRecord, Unreachable};
 use understudy_api::route::{AdmissionSettings, Route, StreamContract};
 use understudy_core::drive::{
     Completion, Executor, LeaseClaim, ScaleOrder, ServingOrder, StepOutcome, Target, WakeOrder,
@@ -24,7 +24,8 @@ use understudy_prober::sleep::{ReplicaWake, WakeTimeouts, wake_replica};
 use super::http::exchange;
 use super::pilot::{ColdStart, PilotLight};
 use super::replicas::{Replica, Startup};
-use super::{Background, START_LIMIT, lock, start_fence};
+use super::system::System;
+use super::{START_LIMIT, lock};
 
 /// Who the timeline names for a step this executor carried out.
 pub const CARRIED_BY: &str = "local game day";
@@ -42,13 +43,13 @@ pub fn pool_name(pool: Pool) -> &'static str {
 /// fault cuts the logic off while the fences go on reading it.
 #[derive(Debug)]
 pub struct LogicLease {
-    pub store: MemoryLease,
+    pub store: FileLease,
     cut: AtomicBool,
 }
 
 impl LogicLease {
     #[must_use]
-    pub fn new(store: MemoryLease) -> LogicLease {
+    pub fn new(store: FileLease) -> LogicLease {
         LogicLease {
             store,
             cut: AtomicBool::new(false),
@@ -105,12 +106,11 @@ pub struct RouterAdmin {
     pub token: String,
 }
 
-/// What growing a pilot light takes from the run: what to start, and where its fences' tasks
-/// live.
+/// What growing a pilot light takes from the run: what to start, and what starts its fences.
 #[derive(Clone, Copy, Debug)]
 pub struct Growth<'a> {
     pub pilot: &'a PilotLight,
-    pub background: &'a Background,
+    pub system: &'a System,
 }
 
 /// The local executor over one run's lease, pools and routers.
@@ -356,7 +356,7 @@ impl Executor for ProcessExecutor<'_> {
                     continue;
                 }
             };
-            match start_fence(growth.background, &self.lease.store, order.pool, replica.api).await {
+            match growth.system.fence(order.pool, replica.api).await {
                 Ok(fence) => {
                     let mut pools = lock(self.pools);
                     pools[order.pool.index()].replicas.push(replica.api);

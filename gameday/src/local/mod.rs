@@ -1,23 +1,25 @@
 //! The local game day: the whole failover system on one machine, against emulated vLLM.
 //!
 //! [`run`] starts each pool's replicas as real `vllm-emulator` processes on loopback ports they
-//! pick, a fence in front of each replica and two router gateways (on real sockets, inside this
-//! process for now), all reading one compare-and-set lease that lives in the runner. The failover
+//! pick, a fence process in front of each replica and two router gateway processes
+//! ([`system`]), the fences reading one compare-and-set lease in a file of the run's own. The failover
 //! logic is the operator's: the prober's generating probes feed core's state machine every
 //! interval, and core's `drive` carries each promotion step out through the local executor
 //! ([`executor`]). Open-loop load goes through the routers while the scenario's faults hit the
 //! replicas with real signals, and the report says what clients saw.
 //!
-//! A run never leaves a process behind: replicas die with their handles, whether the run ends,
-//! fails, or is interrupted.
+//! A run never leaves a process behind: replicas, routers and fences die with their handles,
+//! whether the run ends, fails, or is interrupted, and the run's folder goes with them.
 
 pub mod executor;
 pub mod http;
 pub mod load;
 pub mod pilot;
+pub mod process;
 pub mod replicas;
 pub mod report;
 pub mod scenario;
+pub mod system;
 pub mod timeline;
 
 use std::io::{IsTerminal, Write};
@@ -26,12 +28,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::{Instant, MissedTickBehavior};
 use understudy_api::crd::AdmissionSpec;
-use understudy_api::lease::{EpochLease, MemoryLease};
+use understudy_api::lease::{EpochLease, FileLease};
 use understudy_api::route::AdmissionSettings;
 use understudy_core::drive::{StandbyShape, StepOutcome, drive, serving_quorum};
 use understudy_core::failover::{
@@ -44,15 +45,7 @@ use understudy_prober::parity::flags::{FlagPolicy, flags_fingerprint};
 use understudy_prober::parity::runtime::runtime_fingerprint;
 use understudy_prober::probe::{Endpoint, Expectation, GOLDEN_PREFIX_CHARS, ProbeSpec, probe_round};
 use understudy_prober::report::PoolRound;
-use understudy_router::admin::{Admin, AdminToken};
 use understudy_router::admission::Priority;
-use understudy_router::endpoint::EjectionPolicy;
-use understudy_router::fence_sidecar::{Fence, FenceState, watch_lease};
-use understudy_router::gateway::{Gateway, GatewayConfig, housekeeping};
-use understudy_router::metrics::Metrics;
-use understudy_router::retry::RetryLimits;
-use understudy_router::serve::serve;
-use understudy_router::table::RouteTable;
 
 use self::executor::{Growth, LogicLease, PoolAddrs, ProcessExecutor, RouterAdmin, pool_name};
 use self::load::{RequestOutcome, RequestRecord};
@@ -60,6 +53,7 @@ use self::pilot::{ColdStart, PilotLight};
 use self::replicas::{Launcher, Replica, ReplicaError, Startup};
 use self::report::{AppliedFault, RunReport, StepSpan, Transition, Verdict};
 use self::scenario::{Checked, FaultKind, PoolName, Topology};
+use self::system::{RunDir, System};
 
 /// How a run shows its progress.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -86,7 +80,10 @@ impl Progress {
 /// How to run a scenario.
 #[derive(Clone, Debug)]
 pub struct RunOptions {
+    /// How replicas start (`vllm-emulator`).
     pub launcher: Launcher,
+    /// How routers and fences start (`understudy-router`).
+    pub router: Launcher,
     /// Seeds the load's arrivals, prompts and lengths.
     pub seed: u64,
     pub progress: Progress,
@@ -97,8 +94,10 @@ pub struct RunOptions {
 pub enum RunError {
     #[error(transparent)]
     Replica(#[from] ReplicaError),
-    #[error("binding a loopback port: {0}")]
-    Bind(#[source] std::io::Error),
+    #[error("a router or fence: {0}")]
+    System(#[from] process::ProcessError),
+    #[error("the run's folder: {0}")]
+    RunDir(#[source] std::io::Error),
     #[error("the policy cannot run: {0}")]
     Policy(#[from] understudy_core::failover::ConfigError),
     #[error("the lease: {0}")]
@@ -113,8 +112,6 @@ pub enum RunError {
 
 /// How long a replica may take to start and report ready.
 pub(crate) const START_LIMIT: Duration = Duration::from_secs(30);
-/// How often the fences read the lease.
-const FENCE_POLL: Duration = Duration::from_millis(100);
 /// How long requests still in flight at the end of the load get to finish.
 const DRAIN_LIMIT: Duration = Duration::from_secs(35);
 
@@ -135,8 +132,8 @@ struct Logic {
     /// Every replica process; dropping one kills it.
     replicas: Arc<Mutex<Vec<Replica>>>,
     pilot: Option<PilotLight>,
-    /// The fences' tasks, the grown ones' too.
-    background: Background,
+    /// The routers and fences, the grown ones' too.
+    system: System,
     cold_starts: Mutex<Vec<ColdStart>>,
     routers: Vec<RouterAdmin>,
     probe: ProbeSpec,
@@ -157,29 +154,6 @@ struct Journal {
     stage: Option<Duration>,
 }
 
-/// Tasks that live as long as the run, from wherever they are started: aborted together.
-#[derive(Debug, Default)]
-pub struct Background(Mutex<Vec<tokio::task::AbortHandle>>);
-
-impl Background {
-    fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) {
-        let handle = tokio::spawn(task).abort_handle();
-        lock(&self.0).push(handle);
-    }
-
-    fn abort_all(&self) {
-        for handle in lock(&self.0).drain(..) {
-            handle.abort();
-        }
-    }
-}
-
-impl Drop for Background {
-    fn drop(&mut self) {
-        self.abort_all();
-    }
-}
-
 pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     // A poisoned lock only means a panicked task; what it guards is still the best record.
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
@@ -191,10 +165,13 @@ pub async fn run(checked: &Checked, options: &RunOptions) -> Result<RunReport, R
     let config = failover_config(checked);
     config.check()?;
     let mut tasks = JoinSet::new();
-    let background = Background::default();
+    let system = System::new(
+        options.router.clone(),
+        RunDir::create(options.seed).map_err(RunError::RunDir)?,
+    );
     let mut replicas = Vec::new();
     let mut pools = [PoolAddrs::default(), PoolAddrs::default()];
-    let lease = MemoryLease::new();
+    let lease = FileLease::new(system.lease_file());
     lease.create(pool_name(Pool::A), Epoch(0)).await?;
     let argv = [&scenario.pools.a, &scenario.pools.b].map(|shape| serve_argv(scenario, shape));
     for (pool, shape) in [(Pool::A, &scenario.pools.a), (Pool::B, &scenario.pools.b)] {
@@ -217,7 +194,7 @@ pub async fn run(checked: &Checked, options: &RunOptions) -> Result<RunReport, R
                 Startup::Instant,
                 START_LIMIT,
             )?;
-            let fence = start_fence(&background, &lease, serving, replica.api).await?;
+            let fence = system.fence(serving, replica.api).await?;
             pools[serving.index()].replicas.push(replica.api);
             pools[serving.index()].fences.push(fence);
             replicas.push(replica);
@@ -225,13 +202,13 @@ pub async fn run(checked: &Checked, options: &RunOptions) -> Result<RunReport, R
     }
     let mut routers = Vec::new();
     let mut public = Vec::new();
-    let mut metrics = Vec::new();
     for i in 0..2 {
-        let token = format!("local-game-day-{}-{i}", options.seed);
-        let (addr, admin, router_metrics) = start_router(&mut tasks, &token, gateway_config(checked)).await?;
-        public.push(addr);
-        metrics.push(router_metrics);
-        routers.push(RouterAdmin { addr: admin, token });
+        let router = system.router(i, checked).await?;
+        public.push(router.public);
+        routers.push(RouterAdmin {
+            addr: router.admin,
+            token: router.token,
+        });
     }
     let probe = golden_probe(checked, pools[Pool::A.index()].replicas[0]).await?;
     put_warm_to_sleep(&scenario.pools.b, &pools[Pool::B.index()]).await?;
@@ -255,7 +232,7 @@ pub async fn run(checked: &Checked, options: &RunOptions) -> Result<RunReport, R
             model: scenario.model.clone(),
             args: argv[Pool::B.index()][2..].to_vec(),
         }),
-        background,
+        system,
         cold_starts: Mutex::new(Vec::new()),
         routers,
         probe,
@@ -290,7 +267,7 @@ pub async fn run(checked: &Checked, options: &RunOptions) -> Result<RunReport, R
         stopped,
     ));
     let memory = Arc::new(AtomicU64::new(0));
-    tasks.spawn(sample_memory(Arc::clone(&logic.replicas), Arc::clone(&memory)));
+    tasks.spawn(sample_memory(Arc::clone(&logic), Arc::clone(&memory)));
     let faults = apply_faults(checked, &logic, start);
     let load = load::run(
         &scenario.load,
@@ -315,11 +292,15 @@ pub async fn run(checked: &Checked, options: &RunOptions) -> Result<RunReport, R
         eprintln!();
     }
     let applied = applied?;
-    let retried = metrics.iter().map(|m| retries(m)).sum();
+    let mut retried = 0;
+    for router in &logic.routers {
+        retried += retries(router).await;
+    }
     let records = lock(&records).clone();
     tasks.abort_all();
-    logic.background.abort_all();
-    lock(&logic.replicas).clear(); // kills every replica still running
+    // Kills every router, fence and replica still running.
+    logic.system.stop();
+    lock(&logic.replicas).clear();
     let mut report = build_report(checked, &logic, &records, applied, retried, ended, interrupted);
     report.seed = options.seed;
     let peak = memory.load(Ordering::Relaxed);
@@ -353,26 +334,6 @@ fn serve_argv(scenario: &scenario::Scenario, shape: &scenario::PoolShape) -> Vec
         argv.push("--enable-sleep-mode".to_owned());
     }
     argv
-}
-
-/// The routers' settings: the router's defaults, less what the scenario turns off.
-fn gateway_config(checked: &Checked) -> GatewayConfig {
-    let router = &checked.scenario.router;
-    let mut config = GatewayConfig::default();
-    if !router.retries {
-        config.retries = RetryLimits::NONE;
-    }
-    if !router.waiting_room {
-        config.waiting_room.bound = 0;
-    }
-    if let Some(out_for) = checked.eject_for {
-        config.ejection = EjectionPolicy {
-            base: out_for,
-            max: out_for,
-            ..config.ejection
-        };
-    }
-    config
 }
 
 fn failover_config(checked: &Checked) -> FailoverConfig {
@@ -429,58 +390,13 @@ fn executor_of(logic: &Logic) -> ProcessExecutor<'_> {
         cold_starts: &logic.cold_starts,
         growth: logic.pilot.as_ref().map(|pilot| Growth {
             pilot,
-            background: &logic.background,
+            system: &logic.system,
         }),
         routers: &logic.routers,
         probe: &logic.probe,
         admission: logic.admission.as_ref(),
         stage: None,
     }
-}
-
-async fn bind() -> Result<TcpListener, RunError> {
-    TcpListener::bind(("127.0.0.1", 0)).await.map_err(RunError::Bind)
-}
-
-/// A fence in front of `upstream`, refusing work while `pool` does not hold the lease.
-pub(crate) async fn start_fence(
-    tasks: &Background,
-    lease: &MemoryLease,
-    pool: Pool,
-    upstream: SocketAddr,
-) -> Result<SocketAddr, RunError> {
-    let state = Arc::new(FenceState::new(pool_name(pool)));
-    tasks.spawn(watch_lease(lease.clone(), Arc::clone(&state), FENCE_POLL));
-    let listener = bind().await?;
-    let addr = listener.local_addr().map_err(RunError::Bind)?;
-    let fence = Fence::new(state, upstream);
-    tasks.spawn(serve(listener, move |req| fence.clone().handle(req)));
-    Ok(addr)
-}
-
-/// A router gateway with no route yet: its public address, admin address and counters.
-async fn start_router(
-    tasks: &mut JoinSet<()>,
-    token: &str,
-    config: GatewayConfig,
-) -> Result<(SocketAddr, SocketAddr, Arc<Metrics>), RunError> {
-    let routes = Arc::new(RouteTable::new(None).map_err(|e| RunError::FirstRoute(e.to_string()))?);
-    let metrics = Arc::new(Metrics::default());
-    let gateway = Gateway::new(config, Arc::clone(&routes), Arc::clone(&metrics));
-    let admin = Admin {
-        routes,
-        metrics: Arc::clone(&metrics),
-        token: AdminToken::new(token).map_err(|e| RunError::FirstRoute(e.to_string()))?,
-    };
-    let (public, admin_listener) = (bind().await?, bind().await?);
-    let addrs = (
-        public.local_addr().map_err(RunError::Bind)?,
-        admin_listener.local_addr().map_err(RunError::Bind)?,
-    );
-    tasks.spawn(housekeeping(Arc::clone(&gateway)));
-    tasks.spawn(serve(admin_listener, move |req| admin.clone().handle(req)));
-    tasks.spawn(serve(public, move |req| Arc::clone(&gateway).handle(req)));
-    Ok((addrs.0, addrs.1, metrics))
 }
 
 /// Every interval: probe both pools, feed the machine, and drive a promotion it starts.
@@ -830,11 +746,12 @@ fn controls_of(logic: &Logic, pool: Pool) -> Vec<SocketAddr> {
 }
 
 /// Keeps the peak of this process's and its replicas' resident memory, in KiB.
-async fn sample_memory(replicas: Arc<Mutex<Vec<Replica>>>, peak: Arc<AtomicU64>) {
+async fn sample_memory(logic: Arc<Logic>, peak: Arc<AtomicU64>) {
     let mut ticks = tokio::time::interval(Duration::from_millis(500));
     loop {
         ticks.tick().await;
-        let pids: Vec<u32> = lock(&replicas).iter().map(Replica::pid).collect();
+        let mut pids: Vec<u32> = lock(&logic.replicas).iter().map(Replica::pid).collect();
+        pids.extend(logic.system.pids());
         let total: u64 = std::iter::once(std::process::id())
             .chain(pids)
             .filter_map(replicas::resident_kib)
@@ -856,10 +773,19 @@ async fn inject(control: SocketAddr, fault: &str) -> Result<(), RunError> {
     }
 }
 
-/// The routers' retries, from their own counters.
-fn retries(metrics: &Metrics) -> u64 {
-    metrics
-        .render(None)
+/// A router's retries, from its own counters (`GET /metrics` on its admin port).
+async fn retries(router: &RouterAdmin) -> u64 {
+    let answer = http::exchange(
+        router.addr,
+        "GET",
+        "/metrics",
+        &[],
+        bytes::Bytes::new(),
+        Duration::from_secs(5),
+    )
+    .await;
+    let Ok(answer) = answer else { return 0 };
+    String::from_utf8_lossy(&answer.body)
         .lines()
         .find_map(|line| line.strip_prefix("understudy_router_retries_total "))
         .and_then(|n| n.trim().parse().ok())
@@ -1101,12 +1027,8 @@ fn build_report(
         verdict,
         verdict_reasons: reasons,
         not_measured: vec![
-            "the routers and fences run inside the runner's process, on real loopback sockets; \
-             only the replicas are processes of their own"
-                .to_owned(),
-            "the lease lives in memory, not in a file; a warm promotion reports its wake time, not a \
-             per-replica stage table, and a pilot light's stages start at its process (no node or image \
-             stages here)"
+            "a warm promotion times each replica's wake, not the stages inside it; a pilot light's \
+             stages start at its process (no node or image stages here)"
                 .to_owned(),
             "answers that are wrong but look fine are counted ok: the load does not check what it gets"
                 .to_owned(),

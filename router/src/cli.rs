@@ -1,0 +1,326 @@
+//! The `understudy-router` command line: the gateway (`gateway`) or the fence sidecar (`fence`),
+//! each on a runtime of its own. A library module so that other binaries (the game day's, the
+//! end-to-end tests') can start the router as a real process without a second copy of it.
+//!
+//! Once bound, each listener is announced on stdout in one line, `understudy-router <listener>
+//! listening on http://<addr>`, so a parent that asked for port 0 can read the port back. Those
+//! lines are a contract: what this module must never do is change their wording, or announce a
+//! listener before it is bound.
+
+use std::ffi::OsString;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{ArgGroup, Parser, Subcommand};
+use tokio::net::TcpListener;
+use understudy_api::lease::{FileLease, KubeLease};
+
+use crate::admin::{Admin, AdminToken};
+use crate::endpoint::EjectionPolicy;
+use crate::fence_sidecar::{Fence, FenceState, watch_lease};
+use crate::gateway::{Gateway, GatewayConfig, housekeeping};
+use crate::highest_epoch::StateFile;
+use crate::metrics::Metrics;
+use crate::retry::RetryLimits;
+use crate::serve::serve;
+use crate::table::RouteTable;
+use crate::waiting_room::WaitingRoomConfig;
+
+#[derive(Parser, Debug)]
+#[command(name = "understudy-router", version, about = "understudy's data path")]
+struct Cli {
+    #[command(subcommand)]
+    mode: Mode,
+}
+
+#[derive(Subcommand, Debug)]
+enum Mode {
+    /// The epoch-fenced gateway in front of the primary pool.
+    Gateway(GatewayArgs),
+    /// The fence sidecar beside one vLLM replica.
+    Fence(FenceArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct GatewayArgs {
+    /// Public address (OpenAI-compatible API).
+    #[arg(long, env = "UNDERSTUDY_LISTEN", default_value = "0.0.0.0:8080")]
+    listen: SocketAddr,
+    /// Admin address (route updates, signals, metrics).
+    #[arg(long, env = "UNDERSTUDY_ADMIN_LISTEN", default_value = "0.0.0.0:9090")]
+    admin_listen: SocketAddr,
+    /// File holding the admin bearer token.
+    #[arg(long, env = "UNDERSTUDY_ADMIN_TOKEN_FILE", conflicts_with = "admin_token")]
+    admin_token_file: Option<PathBuf>,
+    /// The admin bearer token itself.
+    #[arg(long, env = "UNDERSTUDY_ADMIN_TOKEN", hide_env_values = true)]
+    admin_token: Option<String>,
+    /// Where the highest epoch seen is kept across restarts.
+    #[arg(long, env = "UNDERSTUDY_STATE_FILE")]
+    state_file: Option<PathBuf>,
+    /// Largest request body, in bytes.
+    #[arg(long, env = "UNDERSTUDY_MAX_BODY_BYTES", default_value_t = 4 * 1024 * 1024)]
+    max_body_bytes: usize,
+    /// Requests that may wait for a route at once.
+    #[arg(long, env = "UNDERSTUDY_QUEUE_BOUND", default_value_t = 1024)]
+    queue_bound: usize,
+    /// How long a request may wait for a route, in milliseconds.
+    #[arg(long, env = "UNDERSTUDY_QUEUE_DEADLINE_MS", default_value_t = 30_000)]
+    queue_deadline_ms: u64,
+    /// How long an upstream may take to send response headers, in milliseconds.
+    #[arg(long, env = "UNDERSTUDY_FIRST_BYTE_TIMEOUT_MS", default_value_t = 120_000)]
+    first_byte_timeout_ms: u64,
+    /// First ejection of a failing endpoint, in milliseconds (multiplied per repeat).
+    #[arg(long, env = "UNDERSTUDY_EJECTION_BASE_MS", default_value_t = 1_000)]
+    ejection_base_ms: u64,
+    /// The longest ejection, in milliseconds.
+    #[arg(long, env = "UNDERSTUDY_EJECTION_MAX_MS", default_value_t = 30_000)]
+    ejection_max_ms: u64,
+    /// Retries in flight allowed, as a percentage of the requests in flight (0 with a floor
+    /// of 0: no retries at all).
+    #[arg(long, env = "UNDERSTUDY_RETRY_BUDGET_PERCENT", default_value_t = 20)]
+    retry_budget_percent: usize,
+    /// Retries in flight always allowed, whatever the percentage.
+    #[arg(long, env = "UNDERSTUDY_RETRY_BUDGET_FLOOR", default_value_t = 3)]
+    retry_budget_floor: usize,
+    /// Worker threads (0: one per core).
+    #[arg(long, env = "UNDERSTUDY_WORKERS", default_value_t = 0)]
+    workers: usize,
+}
+
+#[derive(clap::Args, Debug)]
+#[command(group(ArgGroup::new("lease").required(true).args(["policy", "lease_file"])))]
+struct FenceArgs {
+    /// Address the sidecar serves on.
+    #[arg(long, env = "UNDERSTUDY_LISTEN", default_value = "0.0.0.0:8001")]
+    listen: SocketAddr,
+    /// The local vLLM replica.
+    #[arg(long, env = "UNDERSTUDY_UPSTREAM", default_value = "127.0.0.1:8000")]
+    upstream: SocketAddr,
+    /// This replica's pool, as the Lease's holder names it.
+    #[arg(long, env = "UNDERSTUDY_POOL")]
+    pool: String,
+    /// The FailoverPolicy whose Lease (`<policy>-epoch`) is watched in Kubernetes.
+    #[arg(long, env = "UNDERSTUDY_POLICY")]
+    policy: Option<String>,
+    /// The policy's namespace.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    namespace: String,
+    /// A Lease kept in this file instead of Kubernetes, for processes on one machine.
+    #[arg(long, env = "UNDERSTUDY_LEASE_FILE", conflicts_with = "policy")]
+    lease_file: Option<PathBuf>,
+    /// How often the Lease is read, in milliseconds.
+    #[arg(long, env = "UNDERSTUDY_LEASE_POLL_MS", default_value_t = 1_000)]
+    lease_poll_ms: u64,
+}
+
+/// A listener announced on stdout once it is bound.
+#[derive(Clone, Copy, Debug)]
+enum Listener {
+    Gateway,
+    Admin,
+    Fence,
+}
+
+impl Listener {
+    fn announcement(self, addr: SocketAddr) -> String {
+        let name = match self {
+            Listener::Gateway => "gateway",
+            Listener::Admin => "admin",
+            Listener::Fence => "fence",
+        };
+        format!("understudy-router {name} listening on http://{addr}")
+    }
+}
+
+/// Announces the bound `listener` on stdout, flushed, so a parent reading it never waits.
+fn announce(kind: Listener, listener: &TcpListener) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{}", kind.announcement(listener.local_addr()?))?;
+    out.flush().context("announcing a listener on stdout")
+}
+
+/// Parses `args` (the program name first, as `std::env::args_os` gives them) and runs the chosen
+/// mode until it stops or the process is interrupted.
+///
+/// Bad arguments, `--help` and `--version` print what clap prints and exit the process, as any
+/// command line does.
+pub fn run(args: impl IntoIterator<Item = OsString>) -> anyhow::Result<()> {
+    // `try_init`: a binary that embeds the router may have set up logging already.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .try_init();
+    let cli = Cli::parse_from(args);
+    let workers = match &cli.mode {
+        Mode::Gateway(a) if a.workers > 0 => a.workers,
+        _ => std::thread::available_parallelism().map_or(1, |n| n.get()),
+    };
+    // One worker: a current-thread runtime, which wakes tasks without cross-thread signalling
+    // (the multi-thread runtime with one worker still pays an eventfd write per spawn).
+    let rt = if workers == 1 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(workers)
+            .enable_all()
+            .build()?
+    };
+    rt.block_on(async move {
+        match cli.mode {
+            Mode::Gateway(args) => gateway(args).await,
+            Mode::Fence(args) => fence(args).await,
+        }
+    })
+}
+
+async fn gateway(args: GatewayArgs) -> anyhow::Result<()> {
+    let token_text = match (&args.admin_token_file, &args.admin_token) {
+        (Some(path), _) => {
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?
+        }
+        (None, Some(t)) => t.clone(),
+        (None, None) => {
+            anyhow::bail!("an admin token is required: --admin-token-file or UNDERSTUDY_ADMIN_TOKEN")
+        }
+    };
+    let token = AdminToken::new(&token_text)?;
+    let routes = Arc::new(RouteTable::new(args.state_file.map(StateFile::new))?);
+    if let Some(h) = routes.highest() {
+        tracing::info!(epoch = %h.epoch, pool = %h.pool, "highest epoch read back from the state file");
+    }
+    let metrics = Arc::new(Metrics::default());
+    let config = GatewayConfig {
+        max_body_bytes: args.max_body_bytes,
+        waiting_room: WaitingRoomConfig {
+            bound: args.queue_bound,
+            deadline: Duration::from_millis(args.queue_deadline_ms),
+        },
+        first_byte_timeout: Duration::from_millis(args.first_byte_timeout_ms),
+        ejection: EjectionPolicy {
+            base: Duration::from_millis(args.ejection_base_ms),
+            max: Duration::from_millis(args.ejection_max_ms.max(args.ejection_base_ms)),
+            ..EjectionPolicy::default()
+        },
+        retries: RetryLimits {
+            percent: args.retry_budget_percent,
+            floor: args.retry_budget_floor,
+        },
+        ..GatewayConfig::default()
+    };
+    let gw = Gateway::new(config, Arc::clone(&routes), Arc::clone(&metrics));
+    let admin = Admin {
+        routes,
+        metrics,
+        token,
+    };
+    let public = TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("binding {}", args.listen))?;
+    let admin_listener = TcpListener::bind(args.admin_listen)
+        .await
+        .with_context(|| format!("binding {}", args.admin_listen))?;
+    tracing::info!(public = %public.local_addr()?, admin = %admin_listener.local_addr()?, "gateway listening");
+    announce(Listener::Gateway, &public)?;
+    announce(Listener::Admin, &admin_listener)?;
+    tokio::spawn(housekeeping(Arc::clone(&gw)));
+    let admin_task = tokio::spawn(serve(admin_listener, move |req| admin.clone().handle(req)));
+    let public_task = tokio::spawn(serve(public, move |req| Arc::clone(&gw).handle(req)));
+    tokio::select! {
+        _ = admin_task => anyhow::bail!("admin server stopped"),
+        _ = public_task => anyhow::bail!("public server stopped"),
+        r = tokio::signal::ctrl_c() => { r?; Ok(()) }
+    }
+}
+
+async fn fence(args: FenceArgs) -> anyhow::Result<()> {
+    let state = Arc::new(FenceState::new(args.pool.clone()));
+    let poll = Duration::from_millis(args.lease_poll_ms);
+    match (&args.lease_file, &args.policy) {
+        (Some(path), _) => {
+            tracing::info!(lease_file = %path.display(), "watching a lease file");
+            tokio::spawn(watch_lease(FileLease::new(path), Arc::clone(&state), poll));
+        }
+        (None, Some(policy)) => {
+            let client = kube::Client::try_default().await.context("kubernetes client")?;
+            let api = kube::Api::namespaced(client, &args.namespace);
+            tokio::spawn(watch_lease(
+                KubeLease::for_policy(api, policy),
+                Arc::clone(&state),
+                poll,
+            ));
+        }
+        (None, None) => anyhow::bail!("a lease to watch is required: --policy or --lease-file"),
+    }
+    let fence = Fence::new(state, args.upstream);
+    let listener = TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("binding {}", args.listen))?;
+    tracing::info!(listen = %listener.local_addr()?, upstream = %args.upstream, pool = %args.pool, "fence listening");
+    announce(Listener::Fence, &listener)?;
+    tokio::select! {
+        () = serve(listener, move |req| fence.clone().handle(req)) => Ok(()),
+        r = tokio::signal::ctrl_c() => { r?; Ok(()) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use clap::error::ErrorKind;
+
+    use super::*;
+
+    fn fence_args(extra: &[&str]) -> Result<Cli, clap::Error> {
+        let base = ["understudy-router", "fence", "--pool", "a"];
+        Cli::try_parse_from(base.iter().chain(extra))
+    }
+
+    #[test]
+    fn the_announcements_read_as_parents_parse_them() {
+        let addr: SocketAddr = "127.0.0.1:40123".parse().unwrap();
+        assert_eq!(
+            Listener::Gateway.announcement(addr),
+            "understudy-router gateway listening on http://127.0.0.1:40123"
+        );
+        assert_eq!(
+            Listener::Admin.announcement(addr),
+            "understudy-router admin listening on http://127.0.0.1:40123"
+        );
+        assert_eq!(
+            Listener::Fence.announcement(addr),
+            "understudy-router fence listening on http://127.0.0.1:40123"
+        );
+    }
+
+    #[test]
+    fn a_fence_watches_a_policy_or_a_lease_file_and_exactly_one() {
+        let Mode::Fence(by_file) = fence_args(&["--lease-file", "/tmp/lease.json"]).unwrap().mode else {
+            panic!("not the fence")
+        };
+        assert_eq!(by_file.lease_file, Some(PathBuf::from("/tmp/lease.json")));
+        assert_eq!(by_file.policy, None);
+        let Mode::Fence(by_policy) = fence_args(&["--policy", "chat"]).unwrap().mode else {
+            panic!("not the fence")
+        };
+        assert_eq!(by_policy.policy.as_deref(), Some("chat"));
+        let both = fence_args(&["--policy", "chat", "--lease-file", "/tmp/lease.json"]);
+        assert_eq!(both.unwrap_err().kind(), ErrorKind::ArgumentConflict);
+        let neither = fence_args(&[]).unwrap_err();
+        assert_eq!(neither.kind(), ErrorKind::MissingRequiredArgument);
+        let message = neither.to_string();
+        assert!(
+            message.contains("--policy") && message.contains("--lease-file"),
+            "{message}"
+        );
+    }
+}
