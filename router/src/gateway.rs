@@ -207,6 +207,8 @@ impl Gateway {
         let mut tried = Tried::default();
         let mut attempts = 0u32;
         let mut last_failure = "refused";
+        // Whether a try may have reached a replica (a reset): such a request is not held again.
+        let mut reached_a_replica = false;
         loop {
             let routed = self.routes.current();
             let Some(state) = routed.as_ref() else {
@@ -251,6 +253,21 @@ impl Gateway {
             if attempts > 0 {
                 if !self.budget.try_retry() {
                     self.metrics.retry_overflow();
+                    if !reached_a_replica {
+                        // Every try was refused, so nothing was sent anywhere: waiting for an
+                        // endpoint's return or a new route adds no load, where failing would
+                        // turn a dead pool's refusals into the client's errors. A request held
+                        // through a promotion wakes with every other one at each return, and
+                        // the budget must not fail them all.
+                        if seat.is_none() {
+                            seat = Some(self.enter_room()?);
+                        }
+                        let wake_at = balance::next_return(&state.endpoints, Tried::default(), now);
+                        self.wait(routed.as_ref(), wake_at, leave_by).await?;
+                        tried = Tried::default();
+                        attempts = 0;
+                        continue;
+                    }
                     return Err(Refusal::UpstreamFailed(last_failure));
                 }
                 held.retries += 1;
@@ -345,6 +362,7 @@ impl Gateway {
             last_failure = if failure == Outcome::Refused {
                 "refused"
             } else {
+                reached_a_replica = true;
                 "reset"
             };
             tried.insert(i);

@@ -1,7 +1,8 @@
 //! The gateway end to end over real sockets with the vLLM emulator behind it: streams pass
 //! through intact, refused endpoints are retried elsewhere, a mid-stream death follows the
 //! stream contract, stale epochs change nothing, control endpoints are unreachable, the waiting
-//! room releases requests to a new route, admission sheds batch first and then opens up, and an
+//! room releases requests to a new route (also those a dead pool refused with no retry budget
+//! left), admission sheds batch first and then opens up, and an
 //! answer that is not HTTP is a 502 that is not sent again.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -16,6 +17,7 @@ use std::time::Duration;
 
 use router_support::{Emulator, Router, completion, read_until, request, route, send, streamed_text};
 use understudy_router::gateway::GatewayConfig;
+use understudy_router::retry::RetryLimits;
 use understudy_router::waiting_room::WaitingRoomConfig;
 use understudy_tests::ClosedPort;
 
@@ -346,6 +348,38 @@ fn the_waiting_room_releases_queued_requests_to_a_newly_pushed_route() {
     r.wait_for_metrics("an empty room", |m| {
         m.contains("understudy_router_queue_depth 0\n")
     });
+}
+
+#[test]
+fn requests_every_endpoint_refused_wait_for_the_next_route_even_with_no_retry_budget_left() {
+    // No retries at all: every request's second try, on the other dead endpoint, finds the
+    // budget empty. Nothing reached a replica, so it waits for the next route rather than fail.
+    let config = GatewayConfig {
+        retries: RetryLimits::NONE,
+        ..GatewayConfig::default()
+    };
+    let r = Router::start(config, None);
+    let dead = [ClosedPort::bind(), ClosedPort::bind()];
+    assert_eq!(
+        r.put_route(&route("a", 1, &[dead[0].addr(), dead[1].addr()]))
+            .status,
+        200
+    );
+    let public = r.public;
+    let waiting: Vec<_> = (0..6)
+        .map(|_| {
+            std::thread::spawn(move || {
+                router_support::request(public, "POST", "/v1/completions", &[], &completion(4, false))
+            })
+        })
+        .collect();
+    r.wait_for_metrics("six waiting", |m| m.contains("understudy_router_queue_depth 6\n"));
+    let e = Emulator::fast();
+    assert_eq!(r.put_route(&route("b", 2, &[e.addr()])).status, 200);
+    for w in waiting {
+        let reply = w.join().unwrap();
+        assert_eq!(reply.status, 200, "{}", reply.text());
+    }
 }
 
 #[test]

@@ -745,7 +745,7 @@ fn controls_of(logic: &Logic, pool: Pool) -> Vec<SocketAddr> {
         .collect()
 }
 
-/// Keeps the peak of this process's and its replicas' resident memory, in KiB.
+/// Keeps the peak of the resident memory of this process, its replicas, routers and fences, in KiB.
 async fn sample_memory(logic: Arc<Logic>, peak: Arc<AtomicU64>) {
     let mut ticks = tokio::time::interval(Duration::from_millis(500));
     loop {

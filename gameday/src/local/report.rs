@@ -138,7 +138,7 @@ pub struct RunReport {
     pub verdict_reasons: Vec<String>,
     /// What this run leaves out, so nobody reads a missing part as measured.
     pub not_measured: Vec<String>,
-    /// The peak memory of the run's own process and its replicas together, sampled every half
+    /// The peak memory of the run's own process, its replicas, routers and fences together, sampled every half
     /// second, in MiB.
     pub memory_peak_mib: Option<f64>,
     /// Every request's record, for the timeline; not in `report.json`.
@@ -449,7 +449,7 @@ pub fn summary(run: &RunReport) -> String {
     if let Some(mib) = run.memory_peak_mib {
         let _ = writeln!(
             out,
-            "memory: {mib} MiB at the peak, this process and its replicas together"
+            "memory: {mib} MiB at the peak, this process, its replicas, routers and fences together"
         );
     }
     for fault in &run.faults {
