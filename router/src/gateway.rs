@@ -237,11 +237,7 @@ impl Gateway {
                 permit = Some(p);
             }
             let Some(i) = balance::pick(&state.endpoints, tried, now) else {
-                if seat.is_none() {
-                    seat = Some(self.enter_room()?);
-                }
-                let wake_at = balance::next_return(&state.endpoints, Tried::default(), now);
-                self.wait(routed.as_ref(), wake_at, leave_by).await?;
+                self.wait_for_an_endpoint(&mut seat, state, leave_by).await?;
                 // Endpoints back from ejection may be tried again. Waiting is not retrying: the
                 // request sent nothing while it waited, so its tries start afresh, as under a new
                 // route; the ejection back-off, not the retry budget, paces how often a dead
@@ -259,11 +255,7 @@ impl Gateway {
                         // turn a dead pool's refusals into the client's errors. A request held
                         // through a promotion wakes with every other one at each return, and
                         // the budget must not fail them all.
-                        if seat.is_none() {
-                            seat = Some(self.enter_room()?);
-                        }
-                        let wake_at = balance::next_return(&state.endpoints, Tried::default(), now);
-                        self.wait(routed.as_ref(), wake_at, leave_by).await?;
+                        self.wait_for_an_endpoint(&mut seat, state, leave_by).await?;
                         tried = Tried::default();
                         attempts = 0;
                         continue;
@@ -429,6 +421,21 @@ impl Gateway {
             .connections()
             .send(endpoint.addr(), self.config.connect_timeout, req)
             .await
+    }
+
+    /// Waits in the room, taking a seat the first time, until an endpoint of `routed` is back
+    /// from ejection, a new route arrives, or the request's deadline.
+    async fn wait_for_an_endpoint(
+        &self,
+        seat: &mut Option<waiting_room::Seat>,
+        routed: &Arc<crate::table::Routed>,
+        leave_by: Instant,
+    ) -> Result<(), Refusal> {
+        if seat.is_none() {
+            *seat = Some(self.enter_room()?);
+        }
+        let wake_at = balance::next_return(&routed.endpoints, Tried::default(), Instant::now());
+        self.wait(Some(routed), wake_at, leave_by).await
     }
 
     fn enter_room(&self) -> Result<waiting_room::Seat, Refusal> {
