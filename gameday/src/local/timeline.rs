@@ -48,9 +48,9 @@ pub fn svg(run: &RunReport, records: &[RequestRecord]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="430" font-family="sans-serif" font-size="12">"#
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="446" font-family="sans-serif" font-size="12">"#
     );
-    let _ = writeln!(out, r#"<rect width="{WIDTH}" height="430" fill="white"/>"#);
+    let _ = writeln!(out, r#"<rect width="{WIDTH}" height="446" fill="white"/>"#);
     let _ = writeln!(
         out,
         r#"<text x="{LEFT}" y="18" font-size="14">{} ({:?})</text>"#,
@@ -127,15 +127,33 @@ pub fn svg(run: &RunReport, records: &[RequestRecord]) -> String {
     );
     // The fault, detection (predicted and measured) and the promotion's steps: y from 350.
     let band = 350.0;
-    if let Some(fault) = run.faults.first() {
+    // Every fault: a line where it struck, a faint band while it lasted.
+    for (i, fault) in run.faults.iter().enumerate() {
+        let label = if fault.replicas == 0 {
+            fault.fault.clone()
+        } else {
+            format!("{} of {}", fault.fault, fault.pool)
+        };
+        // Labels alternate between two rows, so that faults close together stay readable.
         let _ = writeln!(
             out,
-            "<line x1=\"{0:.1}\" y1=\"30\" x2=\"{0:.1}\" y2=\"400\" stroke=\"#e53935\" stroke-dasharray=\"4 3\"/><text x=\"{1:.1}\" y=\"414\" fill=\"#e53935\">{2} of {3}</text>",
+            "<line x1=\"{0:.1}\" y1=\"30\" x2=\"{0:.1}\" y2=\"400\" stroke=\"#e53935\" stroke-dasharray=\"4 3\"/><text x=\"{1:.1}\" y=\"{2}\" fill=\"#e53935\">{3}</text>",
             x(fault.at_ms),
             x(fault.at_ms) + 3.0,
-            escape(&fault.fault),
-            escape(&fault.pool)
+            if i % 2 == 0 { 412 } else { 426 },
+            escape(&label)
         );
+        if let Some(end) = fault.ended_ms {
+            let _ = writeln!(
+                out,
+                "<rect x=\"{:.1}\" y=\"30\" width=\"{:.1}\" height=\"370\" fill=\"#e53935\" fill-opacity=\"0.06\"/>",
+                x(fault.at_ms),
+                (x(end) - x(fault.at_ms)).max(1.0)
+            );
+        }
+    }
+    // Detection is counted from the first fault that struck replicas, as in the report.
+    if let Some(fault) = run.faults.iter().find(|f| f.replicas > 0) {
         if let Some([low, high]) = run.predicted_detection_ms {
             let _ = writeln!(
                 out,
@@ -177,7 +195,7 @@ pub fn svg(run: &RunReport, records: &[RequestRecord]) -> String {
     for s in (0..=seconds).step_by(5) {
         let _ = writeln!(
             out,
-            r#"<text x="{:.1}" y="428" text-anchor="middle">{s} s</text>"#,
+            r#"<text x="{:.1}" y="442" text-anchor="middle">{s} s</text>"#,
             x(s as f64 * 1000.0)
         );
     }
