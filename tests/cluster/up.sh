@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Starts a real control plane on 127.0.0.1, on ports it picks: etcd, kube-apiserver (RBAC on,
-# generated certificates, a service-account key, a bearer token for the tests and an admin
-# client certificate in RUN_DIR/pki),
+# generated certificates, a service-account key, a bearer token for the tests, an admin client
+# certificate and the emulated kubelet's serving certificate in RUN_DIR/pki),
 # kube-controller-manager and kube-scheduler. Builds them first if needed (build.sh).
 #
 #   tests/cluster/up.sh [RUN_DIR]     prints RUN_DIR; RUN_DIR/kubeconfig reaches the cluster
@@ -40,6 +40,10 @@ await() {
   openssl req -newkey rsa:2048 -nodes -keyout admin.key -out admin.csr -subj "/O=system:masters/CN=admin"
   printf 'extendedKeyUsage=clientAuth\n' > client.ext
   openssl x509 -req -in admin.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out admin.crt -days 7 -extfile client.ext
+  # The emulated GPU nodes' kubelet endpoint (logs), which the API server calls on 127.0.0.1.
+  openssl req -newkey rsa:2048 -nodes -keyout kubelet.key -out kubelet.csr -subj "/CN=understudy-emulated-kubelet"
+  printf 'subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n' > kubelet.ext
+  openssl x509 -req -in kubelet.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out kubelet.crt -days 7 -extfile kubelet.ext
 ) >/dev/null 2>&1
 token=$(openssl rand -hex 16)
 echo "$token,test-admin,test-admin,system:masters" > "$pki/token.csv"
@@ -57,6 +61,7 @@ await "$run/etcd.pid" "http://127.0.0.1:$etcd_client/health"
   --bind-address=127.0.0.1 --secure-port="$api_port" --advertise-address=127.0.0.1 \
   --cert-dir="$pki" --tls-cert-file="$pki/apiserver.crt" --tls-private-key-file="$pki/apiserver.key" \
   --client-ca-file="$pki/ca.crt" --token-auth-file="$pki/token.csv" --authorization-mode=RBAC \
+  --kubelet-certificate-authority="$pki/ca.crt" \
   --service-account-issuer=https://kubernetes.default.svc --service-account-key-file="$pki/sa.pub" \
   --service-account-signing-key-file="$pki/sa.key" --service-cluster-ip-range=10.0.0.0/24 \
   --endpoint-reconciler-type=none --allow-privileged=true \

@@ -1,4 +1,7 @@
-//! understudy's end-to-end tests, which cross crates. The tests live in `tests/tests/`.
+//! understudy's end-to-end tests, which cross crates. The tests live in `tests/tests/`; the
+//! emulated GPU nodes of the cluster tier live here, in [`nodes`].
+
+pub mod nodes;
 
 use std::net::SocketAddr;
 

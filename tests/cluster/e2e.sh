@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# The cluster tier's end-to-end suite: a real control plane (up.sh), emulated GPU nodes
+# (`understudy-gpu-nodes`, whose pods are vllm-emulator and router processes on 127.0.0.x), the
+# CRDs and the chart's RBAC applied, then `cargo test -p understudy-tests --test cluster`, which
+# starts the operator binary as the chart's ServiceAccount. Everything it started is stopped on
+# exit, and a failing test fails the script.
+#
+#   tests/cluster/e2e.sh [-- CARGO_TEST_ARGS...]
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$root"
+test_args=()
+[ "${1:-}" = "--" ] && { shift; test_args=("$@"); }
+
+echo "building the operator, the emulator and the emulated nodes ..." >&2
+cargo build -q --locked -p understudy-operator --bin understudy-operator
+cargo build -q --locked -p understudy-gameday --bin vllm-emulator
+cargo build -q --locked -p understudy-tests --bins
+target=$(cargo metadata -q --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/debug
+
+run=$("$root/tests/cluster/up.sh")
+nodes_pid=
+cleanup() {
+  status=$?
+  [ -n "$nodes_pid" ] && kill "$nodes_pid" 2>/dev/null && wait "$nodes_pid" 2>/dev/null
+  # The emulated pods' processes die with their kubelet (kill on drop); any left are ours.
+  if [ "$status" -ne 0 ] && [ -f "$run/nodes.log" ]; then
+    echo "--- the emulated nodes' log (last 30 lines)" >&2; tail -30 "$run/nodes.log" >&2
+  fi
+  "$root/tests/cluster/down.sh" "$run"
+  exit "$status"
+}
+trap cleanup EXIT
+bin=$("$root/tests/cluster/build.sh")
+k() { "$bin/kubectl" --kubeconfig "$run/kubeconfig" "$@"; }
+
+"$target/understudy-gpu-nodes" --kubeconfig "$run/kubeconfig" --nodes 3 --gpus-per-node 2 \
+  --vllm "$target/vllm-emulator" --understudy "$target/understudy-router-e2e" \
+  --work-dir "$run/nodes" --tls-cert "$run/pki/kubelet.crt" --tls-key "$run/pki/kubelet.key" \
+  > "$run/nodes.out" 2> "$run/nodes.log" &
+nodes_pid=$!
+for _ in $(seq 300); do
+  grep -q '^kubelet listening on' "$run/nodes.out" 2>/dev/null && break
+  kill -0 "$nodes_pid" 2>/dev/null || { echo "e2e.sh: the emulated nodes died:" >&2; cat "$run/nodes.log" >&2; exit 1; }
+  sleep 0.1
+done
+k wait --for=condition=Ready node --all --timeout=60s >/dev/null
+
+k apply -f "$root/crds/" >/dev/null
+k wait --for=condition=Established crd --all --timeout=60s >/dev/null
+# The chart's RBAC for release "understudy" in understudy-system: the operator runs with exactly
+# the rights the chart gives it. rbac.yaml's only template expressions are the release's name and
+# namespace and its labels, so it is rendered here with sed until the cluster tier builds helm.
+k create namespace understudy-system >/dev/null
+sed -e 's/{{ \.Release\.Name }}/understudy/g' -e 's/{{ \.Release\.Namespace }}/understudy-system/g' \
+    -e '/{{- include "understudy.labels"/d' charts/understudy/templates/rbac.yaml \
+  | k apply -n understudy-system -f - >/dev/null
+token=$(k -n understudy-system create token understudy-operator --duration 2h)
+server=$(sed -n 's/.*server: "\([^"]*\)".*/\1/p' "$run/kubeconfig")
+cat > "$run/operator.kubeconfig" <<KUBECONFIG
+apiVersion: v1
+kind: Config
+clusters: [{name: understudy-test, cluster: {server: "$server", certificate-authority: "$run/pki/ca.crt"}}]
+users: [{name: understudy-operator, user: {token: "$token"}}]
+contexts: [{name: operator, context: {cluster: understudy-test, user: understudy-operator}}]
+current-context: operator
+KUBECONFIG
+
+UNDERSTUDY_CLUSTER_KUBECONFIG="$run/kubeconfig" \
+UNDERSTUDY_CLUSTER_OPERATOR_KUBECONFIG="$run/operator.kubeconfig" \
+UNDERSTUDY_CLUSTER_OPERATOR="$target/understudy-operator" \
+  cargo test -q --locked -p understudy-tests --test cluster -- --test-threads=1 "${test_args[@]}"

@@ -1,0 +1,305 @@
+//! A container as a local process: which program stands in for its image, its command line
+//! and environment as the pod gives them, and its output kept as the kubelet keeps a log.
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::{ConfigMap, Container, EnvVar, Pod, Secret};
+use kube::{Api, Client, ResourceExt};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWriteExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio::sync::Mutex;
+
+/// The local programs that stand in for container images.
+#[derive(Debug, Clone)]
+pub struct Programs {
+    /// Runs every image whose name contains `vllm`: `vllm-emulator`, a drop-in for `vllm serve`.
+    pub vllm: PathBuf,
+    /// Runs every image whose name contains `understudy`: the router's command line (`fence`,
+    /// `gateway`). Without it such a container fails to start.
+    pub understudy: Option<PathBuf>,
+}
+
+/// What an image is, here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Image {
+    /// vLLM's OpenAI server, whose entrypoint is `vllm serve`.
+    Vllm,
+    /// One of understudy's own images, whose entrypoint is `understudy-router`.
+    Understudy,
+    /// Anything else (a pause container, say): it runs no process and never exits.
+    Inert,
+}
+
+impl Image {
+    #[must_use]
+    pub fn of(image: &str) -> Image {
+        if image.contains("vllm") {
+            Image::Vllm
+        } else if image.contains("understudy") {
+            Image::Understudy
+        } else {
+            Image::Inert
+        }
+    }
+}
+
+/// Why a container could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("no program stands in for image {0:?}: give --understudy")]
+    NoProgram(String),
+    #[error("{0}")]
+    Env(String),
+    #[error("starting {program}: {source}")]
+    Spawn {
+        program: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// The argument vector the image's program gets: the pod's `command` and `args` with the
+/// image's own executable (`vllm`, `understudy-router`) left out, and the pod's address where
+/// the pod says every address (`0.0.0.0`), since here all pods share one network. vLLM listens
+/// on every address unless told: it is given the pod's.
+#[must_use]
+pub fn argv(image: Image, container: &Container, pod_ip: Ipv4Addr) -> Vec<String> {
+    let command = container.command.clone().unwrap_or_default();
+    let mut words: Vec<String> = match image {
+        Image::Vllm if command.is_empty() => vec!["serve".to_owned()],
+        Image::Vllm | Image::Understudy => command.into_iter().skip(1).collect(),
+        Image::Inert => command,
+    };
+    words.extend(container.args.iter().flatten().cloned());
+    let ip = pod_ip.to_string();
+    let mut words: Vec<String> = words.iter().map(|w| w.replace("0.0.0.0", &ip)).collect();
+    if image == Image::Vllm {
+        let given = words.iter().any(|w| w == "--host" || w.starts_with("--host="));
+        if !given {
+            words.extend(["--host".to_owned(), ip]);
+        }
+    }
+    words
+}
+
+/// A value a container's environment takes from elsewhere.
+async fn resolve_env(
+    client: &Client,
+    pod: &Pod,
+    pod_ip: Ipv4Addr,
+    var: &EnvVar,
+) -> Result<String, StartError> {
+    if let Some(value) = &var.value {
+        return Ok(value.replace("0.0.0.0", &pod_ip.to_string()));
+    }
+    let Some(from) = &var.value_from else {
+        return Ok(String::new());
+    };
+    let namespace = pod.namespace().unwrap_or_default();
+    let missing = |what: String| StartError::Env(format!("env {}: {what}", var.name));
+    if let Some(field) = &from.field_ref {
+        let spec = pod.spec.as_ref();
+        return match field.field_path.as_str() {
+            "metadata.name" => Ok(pod.name_any()),
+            "metadata.namespace" => Ok(namespace),
+            "metadata.uid" => Ok(pod.uid().unwrap_or_default()),
+            "spec.nodeName" => Ok(spec.and_then(|s| s.node_name.clone()).unwrap_or_default()),
+            "spec.serviceAccountName" => Ok(spec
+                .and_then(|s| s.service_account_name.clone())
+                .unwrap_or_else(|| "default".to_owned())),
+            "status.podIP" => Ok(pod_ip.to_string()),
+            "status.hostIP" => Ok("127.0.0.1".to_owned()),
+            other => Err(missing(format!("fieldRef {other} is not emulated"))),
+        };
+    }
+    if let Some(key) = &from.secret_key_ref {
+        let secret = Api::<Secret>::namespaced(client.clone(), &namespace)
+            .get(&key.name)
+            .await
+            .map_err(|e| missing(format!("secret {}: {e}", key.name)))?;
+        let data = secret.data.unwrap_or_default();
+        let bytes = data
+            .get(&key.key)
+            .ok_or_else(|| missing(format!("secret {} has no key {}", key.name, key.key)))?;
+        return Ok(String::from_utf8_lossy(&bytes.0).into_owned());
+    }
+    if let Some(key) = &from.config_map_key_ref {
+        let map = Api::<ConfigMap>::namespaced(client.clone(), &namespace)
+            .get(&key.name)
+            .await
+            .map_err(|e| missing(format!("configmap {}: {e}", key.name)))?;
+        return map
+            .data
+            .unwrap_or_default()
+            .remove(&key.key)
+            .ok_or_else(|| missing(format!("configmap {} has no key {}", key.name, key.key)));
+    }
+    Err(missing("its source is not emulated".to_owned()))
+}
+
+/// A container's environment, as the kubelet would set it.
+pub async fn environment(
+    client: &Client,
+    pod: &Pod,
+    pod_ip: Ipv4Addr,
+    container: &Container,
+) -> Result<BTreeMap<String, String>, StartError> {
+    let mut env = BTreeMap::new();
+    for var in container.env.iter().flatten() {
+        env.insert(var.name.clone(), resolve_env(client, pod, pod_ip, var).await?);
+    }
+    Ok(env)
+}
+
+/// One container's log, each line stamped with the time it was read, as the kubelet's CRI log
+/// is; kept across the container's restarts, as `kubectl logs` shows the current one's.
+#[derive(Debug)]
+pub struct Log {
+    pub path: PathBuf,
+    file: Mutex<Option<tokio::fs::File>>,
+}
+
+impl Log {
+    pub async fn create(path: PathBuf) -> std::io::Result<Arc<Log>> {
+        let file = tokio::fs::File::create(&path).await?;
+        Ok(Arc::new(Log {
+            path,
+            file: Mutex::new(Some(file)),
+        }))
+    }
+
+    /// Starts the log afresh, for a new instance of the container.
+    pub async fn restart(&self) -> std::io::Result<()> {
+        *self.file.lock().await = Some(tokio::fs::File::create(&self.path).await?);
+        Ok(())
+    }
+
+    async fn append(&self, line: &str) {
+        let stamped = format!("{} {line}\n", Timestamp::now());
+        if let Some(file) = self.file.lock().await.as_mut() {
+            // A log that cannot be written loses lines, never the container.
+            let _ = file.write_all(stamped.as_bytes()).await;
+        }
+    }
+
+    /// Copies `from` into the log, line by line, until it ends.
+    fn follow(self: &Arc<Self>, from: impl AsyncRead + Unpin + Send + 'static) {
+        let log = self.clone();
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(from).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                log.append(&line).await;
+            }
+        });
+    }
+}
+
+/// Starts `program` with `argv` and `env`, its output going to `log`. The process is killed if
+/// the handle is dropped.
+pub fn spawn(
+    program: &Path,
+    argv: &[String],
+    env: &BTreeMap<String, String>,
+    dir: &Path,
+    log: &Arc<Log>,
+) -> Result<Child, StartError> {
+    let mut child = Command::new(program)
+        .args(argv)
+        .envs(env)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|source| StartError::Spawn {
+            program: program.to_owned(),
+            source,
+        })?;
+    if let Some(out) = child.stdout.take() {
+        log.follow(out);
+    }
+    if let Some(err) = child.stderr.take() {
+        log.follow(err);
+    }
+    Ok(child)
+}
+
+/// Sends SIGTERM to `pid`, as the kubelet asks a container to stop. `unsafe` is forbidden in
+/// this workspace, so the signal goes through kill(1).
+pub async fn terminate(pid: u32) {
+    let _ = Command::new("kill")
+        .arg("-TERM")
+        .arg(pid.to_string())
+        .status()
+        .await;
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn container(command: &[&str], args: &[&str]) -> Container {
+        let words = |w: &[&str]| (!w.is_empty()).then(|| w.iter().map(|s| (*s).to_owned()).collect());
+        Container {
+            name: "c".to_owned(),
+            command: words(command),
+            args: words(args),
+            ..Container::default()
+        }
+    }
+
+    const IP: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 12);
+
+    #[test]
+    fn a_vllm_image_without_a_command_runs_serve_on_the_pods_address() {
+        let argv = argv(
+            Image::Vllm,
+            &container(&[], &["meta-llama/Llama-3.1-8B", "--port", "8000"]),
+            IP,
+        );
+        assert_eq!(
+            argv,
+            [
+                "serve",
+                "meta-llama/Llama-3.1-8B",
+                "--port",
+                "8000",
+                "--host",
+                "127.0.0.12"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_vllm_command_loses_its_executable_and_every_address_becomes_the_pods() {
+        let c = container(&["vllm", "serve"], &["m", "--host", "0.0.0.0"]);
+        assert_eq!(argv(Image::Vllm, &c, IP), ["serve", "m", "--host", "127.0.0.12"]);
+    }
+
+    #[test]
+    fn an_understudy_image_runs_the_routers_command_line() {
+        let c = container(&["understudy-router", "fence"], &["--listen", "0.0.0.0:8001"]);
+        assert_eq!(
+            argv(Image::Understudy, &c, IP),
+            ["fence", "--listen", "127.0.0.12:8001"]
+        );
+    }
+
+    #[test]
+    fn images_are_told_apart_by_name() {
+        assert_eq!(Image::of("vllm/vllm-openai:v0.11.0"), Image::Vllm);
+        assert_eq!(
+            Image::of("ghcr.io/understudy-dev/understudy-router:0.1"),
+            Image::Understudy
+        );
+        assert_eq!(Image::of("registry.k8s.io/pause:3.10"), Image::Inert);
+    }
+}
