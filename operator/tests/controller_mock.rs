@@ -2217,7 +2217,7 @@ mod cluster {
     use super::*;
 
     #[tokio::test]
-    #[ignore = "needs a cluster: kind create cluster; kubectl apply -f crds/; cargo test -- --ignored"]
+    #[ignore = "needs a cluster: tests/cluster/e2e.sh runs it; elsewhere kubectl apply -f crds/ and cargo test -- --ignored"]
     async fn applied_policy_gets_a_status_and_an_epoch_lease() {
         let client = Client::try_default().await.unwrap();
         let namespace = client.default_namespace().to_owned();
@@ -2263,7 +2263,7 @@ mod cluster {
     }
 
     #[tokio::test]
-    #[ignore = "needs a cluster: kind create cluster; kubectl apply -f crds/; cargo test -- --ignored"]
+    #[ignore = "needs a cluster: tests/cluster/e2e.sh runs it; elsewhere kubectl apply -f crds/ and cargo test -- --ignored"]
     async fn a_policy_the_schema_refuses_never_reaches_the_controller() {
         let client = Client::try_default().await.unwrap();
         let policies: Api<FailoverPolicy> = Api::default_namespaced(client);
@@ -2278,7 +2278,7 @@ mod cluster {
     }
 
     #[tokio::test]
-    #[ignore = "needs a cluster: kind create cluster; kubectl apply -f crds/; cargo test -- --ignored"]
+    #[ignore = "needs a cluster: tests/cluster/e2e.sh runs it; elsewhere kubectl apply -f crds/ and cargo test -- --ignored"]
     async fn a_standby_with_reserved_gpus_gets_placeholders_that_go_with_the_policy() {
         use k8s_openapi::api::apps::v1::Deployment;
 

@@ -594,7 +594,7 @@ mod cluster {
     use super::*;
 
     #[tokio::test]
-    #[ignore = "needs a cluster: kind create cluster; kubectl apply -f crds/; cargo test -- --ignored"]
+    #[ignore = "needs a cluster: tests/cluster/e2e.sh runs it; elsewhere kubectl apply -f crds/ and cargo test -- --ignored"]
     async fn a_game_day_on_a_missing_policy_is_recorded_aborted() {
         let client = Client::try_default().await.unwrap();
         let namespace = client.default_namespace().to_owned();

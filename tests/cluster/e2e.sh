@@ -2,7 +2,8 @@
 # The cluster tier's end-to-end suite: a real control plane (up.sh), emulated GPU nodes
 # (`understudy-gpu-nodes`, whose pods are vllm-emulator and router processes on 127.0.0.x), the
 # CRDs and the chart's RBAC applied, then `cargo test -p understudy-tests --test cluster`, which
-# starts the operator binary as the chart's ServiceAccount. Everything it started is stopped on
+# starts the operator binary as the chart's ServiceAccount, and the tests elsewhere that are
+# ignored for want of a cluster. Everything it started is stopped on
 # exit, and a failing test fails the script.
 #
 #   tests/cluster/e2e.sh [-- CARGO_TEST_ARGS...]
@@ -23,6 +24,7 @@ run=$("$root/tests/cluster/up.sh")
 nodes_pid=
 cleanup() {
   status=$?
+  set +e # whatever fails here, the rest is still stopped
   [ -n "$nodes_pid" ] && kill "$nodes_pid" 2>/dev/null && wait "$nodes_pid" 2>/dev/null
   # The emulated pods' processes die with their kubelet (kill on drop); any left are ours.
   if [ "$status" -ne 0 ] && [ -f "$run/nodes.log" ]; then
@@ -35,7 +37,7 @@ trap cleanup EXIT
 bin=$("$root/tests/cluster/build.sh")
 k() { "$bin/kubectl" --kubeconfig "$run/kubeconfig" "$@"; }
 
-"$target/understudy-gpu-nodes" --kubeconfig "$run/kubeconfig" --nodes 3 --gpus-per-node 2 \
+"$target/understudy-gpu-nodes" --kubeconfig "$run/kubeconfig" --nodes 4 --gpus-per-node 2 \
   --vllm "$target/vllm-emulator" --understudy "$target/understudy-router-e2e" \
   --work-dir "$run/nodes" --tls-cert "$run/pki/kubelet.crt" --tls-key "$run/pki/kubelet.key" \
   > "$run/nodes.out" 2> "$run/nodes.log" &
@@ -47,14 +49,16 @@ for _ in $(seq 300); do
 done
 k wait --for=condition=Ready node --all --timeout=60s >/dev/null
 
-k apply -f "$root/crds/" >/dev/null
+# (kube-apiserver warns of the integer formats schemars writes, which it does not check.)
+k apply -f "$root/crds/" >/dev/null 2> >(grep -v '^Warning: unrecognized format' >&2)
 k wait --for=condition=Established crd --all --timeout=60s >/dev/null
-# The chart's RBAC for release "understudy" in understudy-system: the operator runs with exactly
-# the rights the chart gives it. rbac.yaml's only template expressions are the release's name and
-# namespace and its labels, so it is rendered here with sed until the cluster tier builds helm.
+# The chart, rendered by helm as release "understudy" in understudy-system: its RBAC, so that the
+# operator runs with exactly the rights the chart gives it, and the PriorityClass of the GPU
+# reserve's placeholders. (Its Deployment is not applied: the tests start the operator binary.)
+"$bin/helm" lint --quiet charts/understudy >/dev/null
 k create namespace understudy-system >/dev/null
-sed -e 's/{{ \.Release\.Name }}/understudy/g' -e 's/{{ \.Release\.Namespace }}/understudy-system/g' \
-    -e '/{{- include "understudy.labels"/d' charts/understudy/templates/rbac.yaml \
+"$bin/helm" template understudy charts/understudy --namespace understudy-system \
+    --show-only templates/rbac.yaml --show-only templates/priorityclass.yaml \
   | k apply -n understudy-system -f - >/dev/null
 token=$(k -n understudy-system create token understudy-operator --duration 2h)
 server=$(sed -n 's/.*server: "\([^"]*\)".*/\1/p' "$run/kubeconfig")
@@ -71,3 +75,16 @@ UNDERSTUDY_CLUSTER_KUBECONFIG="$run/kubeconfig" \
 UNDERSTUDY_CLUSTER_OPERATOR_KUBECONFIG="$run/operator.kubeconfig" \
 UNDERSTUDY_CLUSTER_OPERATOR="$target/understudy-operator" \
   cargo test -q --locked -p understudy-tests --test cluster -- --test-threads=1 "${test_args[@]}"
+
+# The tests elsewhere that are ignored for want of a cluster run here, as the admin, in the
+# default namespace: the operator's controllers in-process against the real server, and the
+# prober's cold-start reader on a pod that really started.
+KUBECONFIG="$run/kubeconfig" \
+  cargo test -q --locked -p understudy-operator --test controller_mock --test gameday_mock -- --ignored --test-threads=1
+k create namespace e2e-coldstart >/dev/null
+k -n e2e-coldstart create deployment coldstart --image vllm/vllm-openai:v0.11.0 --port 8000 \
+  -- vllm serve Qwen/Qwen3-0.6B --port 8000 >/dev/null
+k -n e2e-coldstart wait --for=condition=Available deployment/coldstart --timeout=90s >/dev/null
+KUBECONFIG="$run/kubeconfig" UNDERSTUDY_COLDSTART_NAMESPACE=e2e-coldstart \
+UNDERSTUDY_COLDSTART_POD=$(k -n e2e-coldstart get pod -l app=coldstart -o jsonpath='{.items[0].metadata.name}') \
+  cargo test -q --locked -p understudy-prober --test coldstart_api -- --ignored --nocapture

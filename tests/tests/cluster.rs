@@ -16,18 +16,20 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Event, Namespace, Pod};
-use kube::api::{Api, DeleteParams, ListParams, LogParams, PostParams};
+use k8s_openapi::api::core::v1::{Event, Namespace, Node, Pod};
+use kube::api::{Api, DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use understudy_api::crd::FailoverPolicy;
 use understudy_api::lease::EPOCH_ANNOTATION;
-use understudy_prober::coldstart::{self, ColdStartInputs, ColdStartStage};
+use understudy_prober::coldstart::source::Recorded;
+use understudy_prober::coldstart::{self, ColdStartStage};
 
 const MODEL: &str = "Qwen/Qwen3-0.6B";
 const ROUTER: &str = env!("CARGO_BIN_EXE_understudy-router-e2e");
 const ADMIN_TOKEN: &str = "cluster-test-admin-token";
+const GPU: &str = "nvidia.com/gpu";
 
 /// The cluster's admin client, or `None` (with a note) when no cluster is up.
 async fn cluster() -> Option<Client> {
@@ -46,8 +48,10 @@ async fn client_from(path: &std::path::Path) -> Client {
     Client::try_from(config).unwrap()
 }
 
-/// A fresh namespace named `name` (any left by an earlier run is deleted first).
-async fn namespace(client: &Client, name: &str) {
+/// Deletes the namespace `name`, if there is one, and waits until it is gone: its pods deleted
+/// and their processes stopped by the emulated kubelet, their GPUs free again. The policies'
+/// finalizer is the operator's to take off, so one must be running.
+async fn delete_namespace(client: &Client, name: &str) {
     let namespaces: Api<Namespace> = Api::all(client.clone());
     let _ = namespaces.delete(name, &DeleteParams::default()).await;
     let until = Instant::now() + Duration::from_secs(60);
@@ -55,6 +59,26 @@ async fn namespace(client: &Client, name: &str) {
         assert!(Instant::now() < until, "namespace {name} is still being deleted");
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+}
+
+/// A fresh namespace named `name`. One left by an earlier run that failed is deleted first,
+/// with the finalizers of its policies taken off, as no operator serves them now.
+async fn namespace(client: &Client, name: &str) {
+    let policies: Api<FailoverPolicy> = Api::namespaced(client.clone(), name);
+    for policy in policies.list(&ListParams::default()).await.unwrap().items {
+        let unfinalized = json!({"metadata": {"finalizers": null}});
+        policies
+            .patch(
+                &policy.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&unfinalized),
+            )
+            .await
+            .unwrap();
+    }
+    delete_namespace(client, name).await;
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let until = Instant::now() + Duration::from_secs(60);
     let object = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
     namespaces.create(&PostParams::default(), &object).await.unwrap();
     // The controller manager gives every namespace its default ServiceAccount.
@@ -83,7 +107,9 @@ fn vllm_deployment(name: &str, replicas: u32) -> Deployment {
                         "name": "vllm",
                         "image": "vllm/vllm-openai:v0.11.0",
                         "command": ["vllm", "serve"],
-                        "args": [MODEL, "--port", "8000", "--max-model-len", "4096"],
+                        "args": [MODEL, "--port", "8000", "--max-model-len", "4096", "--enable-sleep-mode"],
+                        // Sleep mode's routes, for a warm standby's replicas.
+                        "env": [{"name": "VLLM_SERVER_DEV_MODE", "value": "1"}],
                         "ports": [{"name": "http", "containerPort": 8000}],
                         "resources": {"limits": {"nvidia.com/gpu": "1"}},
                         "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 1},
@@ -299,16 +325,12 @@ async fn emulated_gpu_nodes_run_a_vllm_deployment_as_a_kubelet_would() {
         .await
         .unwrap();
     assert!(log.contains("Starting vLLM API server"), "{log}");
-    let pod_json = coldstart::parse_pod(&serde_json::to_string(pod).unwrap()).unwrap();
-    let events_json = json!({"items": events.list(&params).await.unwrap().items});
-    let events = coldstart::parse_events(&events_json.to_string()).unwrap();
-    let timeline = coldstart::build(&ColdStartInputs {
-        pod: &pod_json,
-        events: &events,
-        log: &log,
-        container: Some("vllm"),
-        first_token: None,
-    });
+    // The prober's own reader, through the API server as the operator reads it.
+    let recorded = Recorded::from_api(client.clone(), NS, &pod.name_any(), None)
+        .await
+        .unwrap();
+    let timeline = recorded.timeline(None).unwrap();
+    assert_eq!(timeline.container.as_deref(), Some("vllm"));
     for stage in [
         ColdStartStage::Node,
         ColdStartStage::ContainerStart,
@@ -356,130 +378,223 @@ async fn emulated_gpu_nodes_run_a_vllm_deployment_as_a_kubelet_would() {
     }
 }
 
-#[tokio::test]
-async fn the_operator_as_the_charts_service_account_fails_a_crashed_primary_over_to_its_hot_standby() {
-    let Some(client) = cluster().await else { return };
-    const NS: &str = "e2e-failover";
-    namespace(&client, NS).await;
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), NS);
-    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
-    for name in ["chat-east", "chat-west"] {
-        deployments
-            .create(&PostParams::default(), &vllm_deployment(name, 2))
-            .await
-            .unwrap();
+/// Two pools of vLLM replicas (`chat-east`, the home primary, and `chat-west`, the standby)
+/// under the FailoverPolicy `chat`, and a real router process, in namespace `ns`.
+struct TwoPools {
+    client: Client,
+    ns: &'static str,
+    east: Vec<Pod>,
+    west: Vec<Pod>,
+    /// Kept for its lifetime: dropping it stops the router.
+    _router: Process,
+    admin: SocketAddr,
+    dir: tempfile::TempDir,
+    policies: Api<FailoverPolicy>,
+}
+
+/// How the standby pool `west` waits.
+struct Standby {
+    /// `spec.pools[].replicas`: what it serves with once promoted.
+    replicas: u32,
+    /// The replicas its Deployment runs while it waits (the pilot-light ones are not running).
+    running: u32,
+    /// `spec.pools[].standby`: its tiers; `null` for all hot.
+    tiers: serde_json::Value,
+}
+
+impl Standby {
+    /// Two hot replicas.
+    fn hot() -> Standby {
+        Standby {
+            replicas: 2,
+            running: 2,
+            tiers: serde_json::Value::Null,
+        }
     }
-    let east = ready_pods(&pods, "chat-east", 2).await;
-    let west = ready_pods(&pods, "chat-west", 2).await;
+}
 
-    // A real router, whose admin API the operator pushes routes to.
-    let dir = tempfile::tempdir().unwrap();
-    let token_file = dir.path().join("router-token");
-    std::fs::write(&token_file, ADMIN_TOKEN).unwrap();
-    let router = Process::start(Command::new(ROUTER).args([
-        "gateway",
-        "--listen",
-        "127.0.0.1:0",
-        "--admin-listen",
-        "127.0.0.1:0",
-        "--admin-token-file",
-        token_file.to_str().unwrap(),
-    ]));
-    let admin = router.announced("understudy-router admin listening on http://");
+impl TwoPools {
+    /// `trigger` is merged over the policy's fast-detection trigger.
+    async fn start(
+        client: Client,
+        ns: &'static str,
+        standby: Standby,
+        trigger: serde_json::Value,
+    ) -> TwoPools {
+        namespace(&client, ns).await;
+        let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
+        let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+        for (name, running) in [("chat-east", 2), ("chat-west", standby.running)] {
+            deployments
+                .create(&PostParams::default(), &vllm_deployment(name, running))
+                .await
+                .unwrap();
+        }
+        let east = ready_pods(&pods, "chat-east", 2).await;
+        let west = ready_pods(&pods, "chat-west", standby.running as usize).await;
 
-    let policies: Api<FailoverPolicy> = Api::namespaced(client.clone(), NS);
-    let policy = serde_json::from_value(json!({
-        "apiVersion": "understudy.dev/v1alpha1",
-        "kind": "FailoverPolicy",
-        "metadata": {"name": "chat"},
-        "spec": {
-            "pools": [
-                {"name": "east", "workload": {"kind": "Deployment", "name": "chat-east"}, "replicas": 2},
-                {"name": "west", "workload": {"kind": "Deployment", "name": "chat-west"}, "replicas": 2},
-            ],
-            "recoveryObjective": "1m",
-            "probe": {"interval": "1s", "timeout": "800ms", "budgets": {"firstToken": "500ms", "total": "800ms"}},
-            "trigger": {"suspectAfter": 1, "promoteAfter": 3, "hardFailure": {"promoteAfter": 2}, "standbyReadyAfter": 2},
-        },
-    }))
-    .unwrap();
-    policies.create(&PostParams::default(), &policy).await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let token_file = dir.path().join("router-token");
+        std::fs::write(&token_file, ADMIN_TOKEN).unwrap();
+        let router = Process::start(Command::new(ROUTER).args([
+            "gateway",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+            "--admin-token-file",
+            token_file.to_str().unwrap(),
+        ]));
+        let admin = router.announced("understudy-router admin listening on http://");
 
-    let operator_bin = std::env::var("UNDERSTUDY_CLUSTER_OPERATOR").expect("the operator binary");
-    let operator_kubeconfig =
-        std::env::var("UNDERSTUDY_CLUSTER_OPERATOR_KUBECONFIG").expect("its kubeconfig");
-    let operator = Process::start(
-        Command::new(operator_bin)
-            .env("KUBECONFIG", &operator_kubeconfig)
-            .env("RUST_LOG", "info")
-            .args([
-                "--identity",
-                "e2e-operator-1",
-                "--namespace",
-                NS,
-                "--admin-addr",
-                "127.0.0.1:0",
-            ])
-            .args(["--router-admin", &format!("http://{admin}")])
-            .arg("--router-token-file")
-            .arg(&token_file),
-    );
+        let mut spec_trigger = json!({
+            "suspectAfter": 1, "promoteAfter": 3, "hardFailure": {"promoteAfter": 2}, "standbyReadyAfter": 2,
+        });
+        for (key, value) in trigger.as_object().unwrap() {
+            spec_trigger[key] = value.clone();
+        }
+        let mut west_spec = json!({"name": "west", "workload": {"kind": "Deployment", "name": "chat-west"}, "replicas": standby.replicas});
+        if !standby.tiers.is_null() {
+            west_spec["standby"] = standby.tiers;
+        }
+        let policies: Api<FailoverPolicy> = Api::namespaced(client.clone(), ns);
+        let policy = serde_json::from_value(json!({
+            "apiVersion": "understudy.dev/v1alpha1",
+            "kind": "FailoverPolicy",
+            "metadata": {"name": "chat"},
+            "spec": {
+                "pools": [
+                    {"name": "east", "workload": {"kind": "Deployment", "name": "chat-east"}, "replicas": 2},
+                    west_spec,
+                ],
+                "recoveryObjective": "1m",
+                "probe": {"interval": "1s", "timeout": "800ms", "budgets": {"firstToken": "500ms", "total": "800ms"}},
+                "trigger": spec_trigger,
+            },
+        }))
+        .unwrap();
+        policies.create(&PostParams::default(), &policy).await.unwrap();
+        TwoPools {
+            client,
+            ns,
+            east,
+            west,
+            _router: router,
+            admin,
+            dir,
+            policies,
+        }
+    }
 
-    // It leads, takes east as the primary at epoch 0, and tells the router.
-    let held = |pool: &'static str, epoch: u64| {
-        move || async move {
-            let (status, body) = http(
-                admin,
-                "GET",
-                "/route",
-                &[("authorization", &format!("Bearer {ADMIN_TOKEN}"))],
-                "",
-            );
+    /// The operator binary as the chart's ServiceAccount, pushing routes to the router with the
+    /// token `token`.
+    fn operator(&self, identity: &str, token: &str) -> Process {
+        let token_file = self.dir.path().join(format!("{identity}-token"));
+        std::fs::write(&token_file, token).unwrap();
+        let binary = std::env::var("UNDERSTUDY_CLUSTER_OPERATOR").expect("the operator binary");
+        let kubeconfig = std::env::var("UNDERSTUDY_CLUSTER_OPERATOR_KUBECONFIG").expect("its kubeconfig");
+        Process::start(
+            Command::new(binary)
+                .env("KUBECONFIG", &kubeconfig)
+                .env("RUST_LOG", "info")
+                .env("NO_COLOR", "1")
+                .args([
+                    "--identity",
+                    identity,
+                    "--namespace",
+                    self.ns,
+                    "--admin-addr",
+                    "127.0.0.1:0",
+                ])
+                .args(["--router-admin", &format!("http://{}", self.admin)])
+                .arg("--router-token-file")
+                .arg(&token_file),
+        )
+    }
+
+    /// What the router holds, once it holds `pool` at `epoch`.
+    async fn routed(&self, pool: &str, epoch: u64) -> serde_json::Value {
+        let what = format!("the router holding {pool} at epoch {epoch}");
+        eventually(Duration::from_secs(60), &what, || async {
+            let auth = format!("Bearer {ADMIN_TOKEN}");
+            let (status, body) = http(self.admin, "GET", "/route", &[("authorization", &auth)], "");
             let holds: serde_json::Value = serde_json::from_str(&body).ok()?;
             (status == 200 && holds["route"]["pool"] == pool && holds["route"]["epoch"] == epoch)
                 .then_some(holds)
-        }
-    };
-    let home = eventually(
-        Duration::from_secs(60),
-        "the router holding east at epoch 0",
-        held("east", 0),
-    )
-    .await;
-    let endpoints: BTreeSet<String> = serde_json::from_value(home["route"]["endpoints"].clone()).unwrap();
-    let east_endpoints: BTreeSet<String> = east.iter().map(|p| format!("{}:8000", pod_ip(p))).collect();
-    assert_eq!(endpoints, east_endpoints);
-
-    // The primary's every process dies; the kubelet's back-off keeps them down for 10 s.
-    for pod in &east {
-        sigkill(container_pid(pod));
+        })
+        .await
     }
-    let routed = eventually(
-        Duration::from_secs(60),
-        "the router holding west at epoch 1",
-        held("west", 1),
-    )
-    .await;
-    let endpoints: BTreeSet<String> = serde_json::from_value(routed["route"]["endpoints"].clone()).unwrap();
-    let west_endpoints: BTreeSet<String> = west.iter().map(|p| format!("{}:8000", pod_ip(p))).collect();
-    assert_eq!(endpoints, west_endpoints);
+
+    /// The epoch Lease's epoch and holder.
+    async fn lease(&self) -> (String, String) {
+        let leases: Api<Lease> = Api::namespaced(self.client.clone(), self.ns);
+        let lease = leases.get("chat-epoch").await.unwrap();
+        let epoch = lease
+            .annotations()
+            .get(EPOCH_ANNOTATION)
+            .cloned()
+            .unwrap_or_default();
+        (
+            epoch,
+            lease.spec.and_then(|s| s.holder_identity).unwrap_or_default(),
+        )
+    }
+
+    /// Deletes the namespace and with it both pools, so that the next test has their GPUs, and
+    /// then stops `operator`, which meanwhile takes its finalizer off the policy. A test that
+    /// fails leaves its namespace for a look; the next run deletes it first.
+    async fn stop(self, operator: Process) {
+        delete_namespace(&self.client, self.ns).await;
+        drop(operator);
+    }
+
+    /// Kills every process of the primary east; the kubelet's back-off keeps them down 10 s.
+    fn crash_east(&self) {
+        for pod in &self.east {
+            sigkill(container_pid(pod));
+        }
+    }
+}
+
+/// The `ip:8000` of each pod.
+fn endpoints_of(pods: &[Pod]) -> BTreeSet<String> {
+    pods.iter().map(|p| format!("{}:8000", pod_ip(p))).collect()
+}
+
+fn endpoints_held(holds: &serde_json::Value) -> BTreeSet<String> {
+    serde_json::from_value(holds["route"]["endpoints"].clone()).unwrap()
+}
+
+/// The lines in which the API server refused the operator something.
+fn refusals(operator: &Process) -> Vec<String> {
+    operator
+        .lines()
+        .into_iter()
+        .filter(|l| l.contains("forbidden") || l.contains("Forbidden"))
+        .collect()
+}
+
+#[tokio::test]
+async fn the_operator_as_the_charts_service_account_fails_a_crashed_primary_over_to_its_hot_standby() {
+    let Some(client) = cluster().await else { return };
+    let pools = TwoPools::start(client, "e2e-failover", Standby::hot(), json!({})).await;
+    let operator = pools.operator("e2e-operator-1", ADMIN_TOKEN);
+
+    // It leads, takes east as the primary at epoch 0, and tells the router.
+    let home = pools.routed("east", 0).await;
+    assert_eq!(endpoints_held(&home), endpoints_of(&pools.east));
+
+    pools.crash_east();
+    let routed = pools.routed("west", 1).await;
+    assert_eq!(endpoints_held(&routed), endpoints_of(&pools.west));
 
     // The epoch Lease moved once, by compare-and-set, and status tells the story.
-    let leases: Api<Lease> = Api::namespaced(client.clone(), NS);
-    let lease = leases.get("chat-epoch").await.unwrap();
-    assert_eq!(
-        lease.annotations().get(EPOCH_ANNOTATION).map(String::as_str),
-        Some("1")
-    );
-    assert_eq!(
-        lease.spec.and_then(|s| s.holder_identity).as_deref(),
-        Some("west")
-    );
+    assert_eq!(pools.lease().await, ("1".to_owned(), "west".to_owned()));
     let status = eventually(
         Duration::from_secs(30),
         "status naming west at epoch 1",
         || async {
-            let status = policies.get("chat").await.unwrap().status?;
+            let status = pools.policies.get("chat").await.unwrap().status?;
             (status.primary_pool.as_deref() == Some("west") && status.epoch == Some(1)).then_some(status)
         },
     )
@@ -496,13 +611,192 @@ async fn the_operator_as_the_charts_service_account_fails_a_crashed_primary_over
     assert!(failover.finished_at.is_some(), "{failover:?}");
 
     // The chart's ClusterRole was enough: nothing the operator asked for was refused.
-    let refused: Vec<String> = operator
-        .lines()
+    assert!(refusals(&operator).is_empty(), "{:#?}", refusals(&operator));
+    pools.stop(operator).await;
+}
+
+/// The GPUs no running or pending pod holds, on every node.
+async fn free_gpus(client: &Client) -> i64 {
+    let gpus = |q: Option<&k8s_openapi::apimachinery::pkg::api::resource::Quantity>| {
+        q.map_or(0, |q| q.0.parse::<i64>().unwrap())
+    };
+    let nodes: Api<Node> = Api::all(client.clone());
+    let allocatable: i64 = nodes
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|n| gpus(n.status.as_ref().and_then(|s| s.allocatable.as_ref()?.get(GPU))))
+        .sum();
+    let pods: Api<Pod> = Api::all(client.clone());
+    let held: i64 = pods
+        .list(&ListParams::default().fields("status.phase!=Succeeded,status.phase!=Failed"))
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .flat_map(|p| p.spec.iter().flat_map(|s| s.containers.iter()))
+        .map(|c| gpus(c.resources.as_ref().and_then(|r| r.limits.as_ref()?.get(GPU))))
+        .sum();
+    allocatable - held
+}
+
+#[tokio::test]
+async fn a_promoted_standby_wakes_its_warm_replica_and_its_pilot_light_replicas_preempt_the_gpu_reserve() {
+    let Some(client) = cluster().await else { return };
+    let standby = Standby {
+        replicas: 4,
+        running: 2,
+        tiers: json!([
+            {"tier": "hot", "replicas": 1},
+            {"tier": "warm", "replicas": 1, "sleepLevel": 1},
+            {"tier": "pilotLight", "replicas": 2, "reserveGpus": true},
+        ]),
+    };
+    let pools = TwoPools::start(client.clone(), "e2e-tiers", standby, json!({})).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), pools.ns);
+    // The warm replica sleeps, as whoever runs the pool puts it to sleep (vLLM's sleep mode).
+    let warm = SocketAddr::new(pod_ip(&pools.west[1]), 8000);
+    assert_eq!(http(warm, "POST", "/sleep?level=1", &[], "").0, 200);
+    assert!(http(warm, "GET", "/is_sleeping", &[], "").1.contains("true"));
+
+    let operator = pools.operator("e2e-operator-1", ADMIN_TOKEN);
+    pools.routed("east", 0).await;
+    // The operator holds the pilot-light replicas' GPUs with two placeholders ...
+    let reserve = ListParams::default().labels("app.kubernetes.io/component=gpu-reserve");
+    let placeholders: BTreeSet<String> =
+        eventually(Duration::from_secs(60), "two placeholders running", || async {
+            let ready: Vec<Pod> = pods
+                .list(&reserve)
+                .await
+                .unwrap()
+                .items
+                .into_iter()
+                .filter(is_ready)
+                .collect();
+            (ready.len() == 2).then(|| ready.iter().map(|p| p.name_any()).collect())
+        })
+        .await;
+    // ... and something else takes every GPU left, so the replicas can only have theirs.
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), pools.ns);
+    let others = free_gpus(&client).await;
+    let mut filler = vllm_deployment("other", u32::try_from(others).unwrap());
+    let template = filler.spec.as_mut().unwrap().template.spec.as_mut().unwrap();
+    template.containers[0].image = Some("registry.k8s.io/pause:3.10".to_owned());
+    template.containers[0].readiness_probe = None;
+    deployments.create(&PostParams::default(), &filler).await.unwrap();
+    let others = ready_pods(&pods, "other", others as usize).await;
+    assert_eq!(free_gpus(&client).await, 0);
+
+    pools.crash_east();
+    let routed = pools.routed("west", 1).await;
+    let west = ready_pods(&pods, "chat-west", 4).await;
+    assert_eq!(endpoints_held(&routed), endpoints_of(&west));
+    // The sleeping replica was woken before the route moved to it.
+    assert!(http(warm, "GET", "/is_sleeping", &[], "").1.contains("false"));
+    // The scheduler made room by preempting the placeholders, and nothing else.
+    let events: Api<Event> = Api::namespaced(client.clone(), pools.ns);
+    let preempted: BTreeSet<String> = events
+        .list(&ListParams::default().fields("reason=Preempted"))
+        .await
+        .unwrap()
+        .items
         .into_iter()
-        .filter(|l| l.contains("forbidden") || l.contains("Forbidden"))
+        .filter_map(|e| e.involved_object.name)
         .collect();
-    assert!(refused.is_empty(), "the operator was refused: {refused:#?}");
-    drop(operator);
-    drop(router);
-    policies.delete("chat", &DeleteParams::default()).await.unwrap();
+    assert_eq!(preempted, placeholders);
+    for pod in others {
+        let now = pods.get(&pod.name_any()).await.unwrap();
+        assert!(
+            now.metadata.deletion_timestamp.is_none() && is_ready(&now),
+            "{now:?}"
+        );
+    }
+    assert_eq!(pools.lease().await, ("1".to_owned(), "west".to_owned()));
+    assert!(refusals(&operator).is_empty(), "{:#?}", refusals(&operator));
+    pools.stop(operator).await;
+}
+
+#[tokio::test]
+async fn an_operator_lost_between_the_lease_write_and_the_route_push_is_succeeded_by_one_that_finishes_at_the_same_epoch()
+ {
+    let Some(client) = cluster().await else { return };
+    let pools = TwoPools::start(client, "e2e-restart", Standby::hot(), json!({})).await;
+    // The first operator's router token is wrong: it can move the Lease but never the route.
+    let first = pools.operator("e2e-operator-1", "not-the-token");
+    eventually(Duration::from_secs(60), "east primary at epoch 0", || async {
+        let status = pools.policies.get("chat").await.unwrap().status?;
+        (status.primary_pool.as_deref() == Some("east") && status.epoch == Some(0)).then_some(())
+    })
+    .await;
+    pools.crash_east();
+    eventually(Duration::from_secs(60), "the Lease at epoch 1", || async {
+        (pools.lease().await.0 == "1").then_some(())
+    })
+    .await;
+    // Lost without a goodbye (its leader Lease runs out), after the Lease write and before any
+    // router took the route.
+    drop(first);
+    let auth = format!("Bearer {ADMIN_TOKEN}");
+    let (_, body) = http(pools.admin, "GET", "/route", &[("authorization", &auth)], "");
+    assert!(
+        !body.contains("\"west\""),
+        "the route moved without a token: {body}"
+    );
+
+    let second = pools.operator("e2e-operator-2", ADMIN_TOKEN);
+    let routed = pools.routed("west", 1).await;
+    assert_eq!(endpoints_held(&routed), endpoints_of(&pools.west));
+    // It finished the promotion the first began: the same epoch, not another.
+    assert_eq!(pools.lease().await, ("1".to_owned(), "west".to_owned()));
+    assert!(refusals(&second).is_empty(), "{:#?}", refusals(&second));
+    pools.stop(second).await;
+}
+
+#[tokio::test]
+async fn a_scheduled_game_day_fails_over_for_real_holds_fails_back_and_records_passed() {
+    use understudy_api::crd::{GameDay, Verdict};
+
+    let Some(client) = cluster().await else { return };
+    let pools = TwoPools::start(
+        client.clone(),
+        "e2e-gameday",
+        Standby::hot(),
+        json!({"minDwell": "2s"}),
+    )
+    .await;
+    let operator = pools.operator("e2e-operator-1", ADMIN_TOKEN);
+    pools.routed("east", 0).await;
+
+    // Every minute; the first run comes at the next minute's start.
+    let gamedays: Api<GameDay> = Api::namespaced(client, pools.ns);
+    let gameday = serde_json::from_value(json!({
+        "apiVersion": "understudy.dev/v1alpha1",
+        "kind": "GameDay",
+        "metadata": {"name": "chat-drill"},
+        "spec": {
+            "policyRef": {"name": "chat"},
+            "schedule": "* * * * *",
+            "fault": "failover",
+            "steadyState": {"readyFor": "1s"},
+            "maxRecovery": "1m",
+            "failback": {"mode": "after", "after": "3s"},
+        },
+    }))
+    .unwrap();
+    gamedays.create(&PostParams::default(), &gameday).await.unwrap();
+
+    let verdict = eventually(Duration::from_secs(150), "a verdict", || async {
+        gamedays.get("chat-drill").await.unwrap().status?.last_verdict
+    })
+    .await;
+    let status = gamedays.get("chat-drill").await.unwrap().status.unwrap();
+    assert_eq!(verdict, Verdict::Passed, "{status:#?}");
+    // It failed over for real (epoch 1, west) and back (epoch 2, east).
+    assert_eq!(pools.lease().await, ("2".to_owned(), "east".to_owned()));
+    let routed = pools.routed("east", 2).await;
+    assert_eq!(endpoints_held(&routed), endpoints_of(&pools.east));
+    assert!(refusals(&operator).is_empty(), "{:#?}", refusals(&operator));
+    pools.stop(operator).await;
 }
