@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The cluster tier's end-to-end suite: a real control plane (up.sh), emulated GPU nodes
 # (`understudy-gpu-nodes`, whose pods are vllm-emulator and router processes on 127.0.0.x), the
-# CRDs and the chart's RBAC applied, then `cargo test -p understudy-tests --test cluster`, which
-# starts the operator binary as the chart's ServiceAccount, and the tests elsewhere that are
-# ignored for want of a cluster. Everything it started is stopped on
-# exit, and a failing test fails the script.
+# CRDs applied and the chart rendered by helm (its RBAC and PriorityClass), then `cargo test -p
+# understudy-tests --test cluster`, which starts the operator binary as the chart's
+# ServiceAccount, and the tests elsewhere that are ignored for want of a cluster. Everything it
+# started is stopped on exit, and a failing test fails the script.
 #
 #   tests/cluster/e2e.sh [-- CARGO_TEST_ARGS...]
 set -euo pipefail
@@ -74,7 +74,7 @@ KUBECONFIG
 UNDERSTUDY_CLUSTER_KUBECONFIG="$run/kubeconfig" \
 UNDERSTUDY_CLUSTER_OPERATOR_KUBECONFIG="$run/operator.kubeconfig" \
 UNDERSTUDY_CLUSTER_OPERATOR="$target/understudy-operator" \
-  cargo test -q --locked -p understudy-tests --test cluster -- --test-threads=1 "${test_args[@]}"
+  cargo test --locked -p understudy-tests --test cluster -- --test-threads=1 "${test_args[@]}"
 
 # The tests elsewhere that are ignored for want of a cluster run here, as the admin, in the
 # default namespace: the operator's controllers in-process against the real server, and the
@@ -85,6 +85,12 @@ k create namespace e2e-coldstart >/dev/null
 k -n e2e-coldstart create deployment coldstart --image vllm/vllm-openai:v0.11.0 --port 8000 \
   -- vllm serve Qwen/Qwen3-0.6B --port 8000 >/dev/null
 k -n e2e-coldstart wait --for=condition=Available deployment/coldstart --timeout=90s >/dev/null
+# Without a readiness probe the pod is Ready when its process starts; the reader wants vLLM's
+# whole start-up in the log.
+for _ in $(seq 360); do
+  k -n e2e-coldstart logs deployment/coldstart 2>/dev/null | grep -q 'Application startup complete' && break
+  sleep 0.25
+done
 KUBECONFIG="$run/kubeconfig" UNDERSTUDY_COLDSTART_NAMESPACE=e2e-coldstart \
 UNDERSTUDY_COLDSTART_POD=$(k -n e2e-coldstart get pod -l app=coldstart -o jsonpath='{.items[0].metadata.name}') \
   cargo test -q --locked -p understudy-prober --test coldstart_api -- --ignored --nocapture
