@@ -1,7 +1,7 @@
-//! The shared contracts of understudy: the CRD types and their validation ([`crd`], [`policy`]),
-//! the epoch Lease in Kubernetes, in memory and in a file ([`lease`]), the route contract the operator pushes
-//! and the router takes ([`route`]), and the field manager every write is recorded under
-//! ([`FIELD_MANAGER`]).
+//! The shared contracts of understudy: the CRD types and their validation ([`crd`], [`policy`],
+//! and [`schema`] for a manifest read offline), the epoch Lease in Kubernetes, in memory and in a
+//! file ([`lease`]), the route contract the operator pushes and the router takes ([`route`]), and
+//! the field manager every write is recorded under ([`FIELD_MANAGER`]).
 //!
 //! Types and their rules only: no controller runtime, no reconcile loop, no data path. The
 //! operator, the router and the local game day all link this crate, so that each contract is
@@ -11,6 +11,7 @@ pub mod crd;
 pub mod lease;
 pub mod policy;
 pub mod route;
+pub mod schema;
 
 /// The field manager every write to Kubernetes is recorded under: server-side apply of status and
 /// objects, and the Lease's compare-and-set.

@@ -16,7 +16,7 @@ pub enum ParseDurationError {
     Negative(String),
     #[error("invalid duration {0:?}: expected numbers with units h, m, s, ms, us or ns, like 1m30s")]
     Invalid(String),
-    #[error("duration {0:?} is too large")]
+    #[error("duration {0:?} is too large: the longest is 2562047h47m16.854775807s, as in Go")]
     Overflow(String),
 }
 
@@ -77,7 +77,12 @@ pub fn parse(text: &str) -> Result<Duration, ParseDurationError> {
         total_nanos = total_nanos.checked_add(nanos).ok_or_else(overflow)?;
         rest = tail;
     }
-    let secs = u64::try_from(total_nanos / 1_000_000_000).map_err(|_| overflow())?;
+    // Go keeps a duration in an i64 of nanoseconds and refuses longer ones; so does the API
+    // server's `duration()` in CEL, and so must anything that adds one to a clock.
+    if total_nanos > i64::MAX as u128 {
+        return Err(overflow());
+    }
+    let secs = (total_nanos / 1_000_000_000) as u64;
     Ok(Duration::new(secs, (total_nanos % 1_000_000_000) as u32))
 }
 
@@ -150,6 +155,19 @@ mod tests {
             parse("99999999999999999999999h"),
             Err(ParseDurationError::Overflow(_))
         ));
+    }
+
+    #[test]
+    fn the_longest_duration_is_gos() {
+        let longest = Duration::new(9_223_372_036, 854_775_807);
+        assert_eq!(parse("2562047h47m16.854775807s"), Ok(longest));
+        assert_eq!(parse("9223372036854775807ns"), Ok(longest));
+        for too_long in ["2562047h47m16.854775808s", "2562048h", "2562047788015215h"] {
+            assert!(
+                matches!(parse(too_long), Err(ParseDurationError::Overflow(_))),
+                "{too_long} should be too large"
+            );
+        }
     }
 
     #[test]

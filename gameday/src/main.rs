@@ -124,8 +124,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 Schedule::from_yaml(&read(&path)?).with_context(|| format!("in {}", path.display()))?;
             let rules = match policy {
                 Some(policy_path) => {
-                    let manifest: FailoverPolicy =
-                        serde_yaml::from_str(&read(&policy_path)?).with_context(|| {
+                    // Checked against the CRD's schema as kube-apiserver checks it, so that a
+                    // misspelt or misplaced field is refused rather than left out.
+                    let manifest: FailoverPolicy = understudy_api::schema::from_yaml(&read(&policy_path)?)
+                        .with_context(|| {
                             format!("reading a FailoverPolicy from {}", policy_path.display())
                         })?;
                     Rules::from_failover_policy(&manifest.spec, promotion_rounds)

@@ -120,3 +120,57 @@ fn an_invalid_failover_policy_is_refused_with_its_field() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("spec.probe.timeout"), "{stderr}");
 }
+
+/// The minimal example with `spec_tail` appended (it ends in spec's fields, so what is appended
+/// is in spec), written into `dir`.
+fn policy_file(dir: &tempfile::TempDir, spec_tail: &str) -> String {
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/failoverpolicy-minimal.yaml");
+    let minimal =
+        std::fs::read_to_string(&example).unwrap_or_else(|error| panic!("{}: {error}", example.display()));
+    let path = dir.path().join("policy.yaml");
+    if let Err(error) = std::fs::write(&path, format!("{minimal}{spec_tail}")) {
+        panic!("{}: {error}", path.display());
+    }
+    path.to_string_lossy().into_owned()
+}
+
+#[test]
+fn an_unknown_or_misplaced_field_is_refused_as_the_api_server_refuses_it() {
+    let Ok(dir) = tempfile::tempdir() else {
+        panic!("no temporary directory")
+    };
+    for (tail, expected) in [
+        (
+            "  probe:\n    intervall: 3s\n",
+            "unknown field \"spec.probe.intervall\"",
+        ),
+        ("  minDwell: 10m\n", "unknown field \"spec.minDwell\""),
+    ] {
+        let output = simulate(&[
+            "examples/schedules/seed-002.yaml",
+            "--policy",
+            &policy_file(&dir, tail),
+        ]);
+        assert_eq!(output.status.code(), Some(1), "{tail}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(expected), "{stderr}");
+    }
+}
+
+#[test]
+fn a_duration_too_long_for_go_is_an_error_not_a_panic() {
+    let Ok(dir) = tempfile::tempdir() else {
+        panic!("no temporary directory")
+    };
+    let output = simulate(&[
+        "examples/schedules/seed-002.yaml",
+        "--policy",
+        &policy_file(&dir, "  probe:\n    interval: 2562047788015215h\n"),
+    ]);
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("spec.probe.interval") && stderr.contains("too large"),
+        "{stderr}"
+    );
+}
