@@ -48,6 +48,9 @@ pub enum InvalidRoute {
     /// The admission settings contradict each other.
     #[error("admission: {0}")]
     Admission(&'static str),
+    /// The last epoch there is: no route could ever follow it.
+    #[error("epoch {0} is the last there is, and no later route could be newer")]
+    LastEpoch(Epoch),
 }
 
 impl Route {
@@ -71,6 +74,9 @@ impl Route {
         }
         if self.endpoints.is_empty() {
             return Err(InvalidRoute::NoEndpoints);
+        }
+        if self.epoch.0 == u64::MAX {
+            return Err(InvalidRoute::LastEpoch(self.epoch));
         }
         self.admission.validate()
     }

@@ -53,15 +53,17 @@ struct GatewayArgs {
     /// Admin address (route updates, signals, metrics).
     #[arg(long, env = "UNDERSTUDY_ADMIN_LISTEN", default_value = "0.0.0.0:9090")]
     admin_listen: SocketAddr,
-    /// File holding the admin bearer token.
-    #[arg(long, env = "UNDERSTUDY_ADMIN_TOKEN_FILE", conflicts_with = "admin_token")]
+    /// File holding the admin bearer token. Without it, the token is read from the environment
+    /// (`UNDERSTUDY_ADMIN_TOKEN`); never from the command line, which every user of the machine
+    /// can read in the process list.
+    #[arg(long, env = "UNDERSTUDY_ADMIN_TOKEN_FILE")]
     admin_token_file: Option<PathBuf>,
-    /// The admin bearer token itself.
-    #[arg(long, env = "UNDERSTUDY_ADMIN_TOKEN", hide_env_values = true)]
-    admin_token: Option<String>,
     /// Where the highest epoch seen is kept across restarts.
     #[arg(long, env = "UNDERSTUDY_STATE_FILE")]
     state_file: Option<PathBuf>,
+    /// How far above the highest epoch seen a route may go unless forced (`PUT /route?force=true`).
+    #[arg(long, env = "UNDERSTUDY_MAX_EPOCH_JUMP", default_value_t = crate::highest_epoch::DEFAULT_MAX_EPOCH_JUMP)]
+    max_epoch_jump: u64,
     /// Largest request body, in bytes.
     #[arg(long, env = "UNDERSTUDY_MAX_BODY_BYTES", default_value_t = 4 * 1024 * 1024)]
     max_body_bytes: usize,
@@ -183,17 +185,19 @@ pub fn run(args: impl IntoIterator<Item = OsString>) -> anyhow::Result<()> {
 }
 
 async fn gateway(args: GatewayArgs) -> anyhow::Result<()> {
-    let token_text = match (&args.admin_token_file, &args.admin_token) {
+    let token_text = match (&args.admin_token_file, std::env::var("UNDERSTUDY_ADMIN_TOKEN")) {
         (Some(path), _) => {
             std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?
         }
-        (None, Some(t)) => t.clone(),
-        (None, None) => {
+        (None, Ok(token)) => token,
+        (None, Err(_)) => {
             anyhow::bail!("an admin token is required: --admin-token-file or UNDERSTUDY_ADMIN_TOKEN")
         }
     };
     let token = AdminToken::new(&token_text)?;
-    let routes = Arc::new(RouteTable::new(args.state_file.map(StateFile::new))?);
+    let routes = Arc::new(
+        RouteTable::new(args.state_file.map(StateFile::new))?.with_max_epoch_jump(args.max_epoch_jump),
+    );
     if let Some(h) = routes.highest() {
         tracing::info!(epoch = %h.epoch, pool = %h.pool, "highest epoch read back from the state file");
     }

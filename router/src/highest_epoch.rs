@@ -1,5 +1,6 @@
 //! The highest epoch this router has taken, persisted in its state file, and the judgement of a
-//! route update against it: anything older is refused. The highest epoch is written to the state
+//! route update against it: anything older is refused, and so is anything far above it unless
+//! forced. The highest epoch is written to the state
 //! file (write to a temporary file, fsync, rename) before a route is taken, so it survives a
 //! restart.
 //!
@@ -28,12 +29,33 @@ pub enum Verdict {
         /// The pool taken at it.
         pool: String,
     },
+    /// Further above the highest seen than the limit allows: refused, nothing changes.
+    TooFar {
+        /// The highest epoch seen, if any.
+        highest: Option<Epoch>,
+        /// How far above it an update may go.
+        limit: u64,
+    },
 }
+
+/// How far above the highest epoch seen (0 before any) an update may go unless it is forced.
+/// Epochs grow by one per promotion, so a router that missed a thousand of them is unlikely; an
+/// epoch far above is a bug or an attack, and taking it would refuse every honest route after it.
+pub const DEFAULT_MAX_EPOCH_JUMP: u64 = 1000;
+
+/// How far above the highest seen an update may go: at most this many epochs, or any number
+/// when `None` (`PUT /route?force=true`).
+pub type JumpLimit = Option<u64>;
 
 /// Decides an update against the highest seen. Pure.
 #[must_use]
-pub fn judge(highest: Option<&HeldEpoch>, epoch: Epoch, pool: &str) -> Verdict {
+pub fn judge(highest: Option<&HeldEpoch>, epoch: Epoch, pool: &str, limit: JumpLimit) -> Verdict {
+    let base = highest.map_or(0, |h| h.epoch.0);
     match highest {
+        _ if limit.is_some_and(|jump| epoch.0 > base.saturating_add(jump)) => Verdict::TooFar {
+            highest: highest.map(|h| h.epoch),
+            limit: limit.unwrap_or_default(),
+        },
         None => Verdict::Newer,
         Some(h) if epoch > h.epoch => Verdict::Newer,
         Some(h) if epoch == h.epoch && pool == h.pool => Verdict::SameEpoch,
@@ -102,7 +124,12 @@ impl StateFile {
             let mut f = std::fs::File::create(&tmp)?;
             f.write_all(&bytes)?;
             f.sync_all()?;
-            std::fs::rename(&tmp, &self.path)
+            std::fs::rename(&tmp, &self.path)?;
+            // The rename is durable once the directory that records it is.
+            match self.path.parent().filter(|p| !p.as_os_str().is_empty()) {
+                Some(dir) => std::fs::File::open(dir)?.sync_all(),
+                None => std::fs::File::open(".")?.sync_all(),
+            }
         };
         write().map_err(|source| self.io(source))
     }
@@ -126,6 +153,8 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
 
+    const LIMIT: JumpLimit = Some(DEFAULT_MAX_EPOCH_JUMP);
+
     fn seen(epoch: u64, pool: &str) -> HeldEpoch {
         HeldEpoch {
             epoch: Epoch(epoch),
@@ -135,15 +164,15 @@ mod tests {
 
     #[test]
     fn the_first_route_and_any_higher_epoch_are_newer() {
-        assert_eq!(judge(None, Epoch(0), "a"), Verdict::Newer);
-        assert_eq!(judge(Some(&seen(3, "a")), Epoch(4), "b"), Verdict::Newer);
+        assert_eq!(judge(None, Epoch(0), "a", LIMIT), Verdict::Newer);
+        assert_eq!(judge(Some(&seen(3, "a")), Epoch(4), "b", LIMIT), Verdict::Newer);
     }
 
     #[test]
     fn a_lower_epoch_is_stale_whatever_pool_it_names() {
         for pool in ["a", "b"] {
             assert!(matches!(
-                judge(Some(&seen(3, "a")), Epoch(2), pool),
+                judge(Some(&seen(3, "a")), Epoch(2), pool, LIMIT),
                 Verdict::Stale { .. }
             ));
         }
@@ -151,14 +180,36 @@ mod tests {
 
     #[test]
     fn the_same_epoch_is_idempotent_for_its_pool_and_stale_for_another() {
-        assert_eq!(judge(Some(&seen(3, "a")), Epoch(3), "a"), Verdict::SameEpoch);
         assert_eq!(
-            judge(Some(&seen(3, "a")), Epoch(3), "b"),
+            judge(Some(&seen(3, "a")), Epoch(3), "a", LIMIT),
+            Verdict::SameEpoch
+        );
+        assert_eq!(
+            judge(Some(&seen(3, "a")), Epoch(3), "b", LIMIT),
             Verdict::Stale {
                 highest: Epoch(3),
                 pool: "a".into()
             }
         );
+    }
+
+    #[test]
+    fn an_epoch_far_above_the_highest_is_refused_unless_forced() {
+        let at = |epoch| judge(Some(&seen(3, "a")), Epoch(epoch), "b", Some(10));
+        assert_eq!(at(13), Verdict::Newer);
+        assert_eq!(
+            at(14),
+            Verdict::TooFar {
+                highest: Some(Epoch(3)),
+                limit: 10
+            }
+        );
+        // Before any route, the jump is counted from 0.
+        assert!(matches!(
+            judge(None, Epoch(11), "a", Some(10)),
+            Verdict::TooFar { highest: None, .. }
+        ));
+        assert_eq!(judge(Some(&seen(3, "a")), Epoch(5000), "b", None), Verdict::Newer);
     }
 
     #[test]

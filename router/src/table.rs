@@ -14,7 +14,7 @@ use understudy_api::route::{HeldEpoch, InvalidRoute, Route};
 
 use crate::admission::Admission;
 use crate::endpoint::Endpoint;
-use crate::highest_epoch::{StateFile, StateFileError, Verdict, judge};
+use crate::highest_epoch::{DEFAULT_MAX_EPOCH_JUMP, StateFile, StateFileError, Verdict, judge};
 
 /// The route served now, with its live endpoints and admission.
 #[derive(Debug)]
@@ -50,6 +50,20 @@ pub enum RouteError {
         /// The pool at it.
         pool: String,
     },
+    /// Further above the highest epoch seen than the table allows without force.
+    #[error(
+        "epoch {epoch} is more than {limit} above the highest epoch seen ({}); a person can force it \
+         with PUT /route?force=true",
+        .highest.map_or_else(|| "none yet, so 0".to_owned(), |e| e.to_string())
+    )]
+    TooFar {
+        /// The epoch refused.
+        epoch: understudy_core::Epoch,
+        /// The highest epoch seen, if any.
+        highest: Option<understudy_core::Epoch>,
+        /// How far above it an update may go.
+        limit: u64,
+    },
     /// The epoch could not be made durable, so it was not taken.
     #[error(transparent)]
     Persist(#[from] StateFileError),
@@ -66,6 +80,7 @@ pub struct RouteTable {
 struct FenceBook {
     highest: Option<HeldEpoch>,
     file: Option<StateFile>,
+    max_jump: u64,
 }
 
 impl RouteTable {
@@ -77,8 +92,19 @@ impl RouteTable {
         };
         Ok(RouteTable {
             current: watch::Sender::new(None),
-            fence: Mutex::new(FenceBook { highest, file }),
+            fence: Mutex::new(FenceBook {
+                highest,
+                file,
+                max_jump: DEFAULT_MAX_EPOCH_JUMP,
+            }),
         })
+    }
+
+    /// Takes updates at most `jump` epochs above the highest seen without force.
+    #[must_use]
+    pub fn with_max_epoch_jump(self, jump: u64) -> Self {
+        self.fence.lock().unwrap_or_else(PoisonError::into_inner).max_jump = jump;
+        self
     }
 
     /// The route now.
@@ -105,11 +131,27 @@ impl RouteTable {
 
     /// Takes an update if its epoch allows it.
     pub fn update(&self, route: Route) -> Result<Applied, RouteError> {
+        self.apply(route, false)
+    }
+
+    /// Takes an update however far above the highest seen its epoch is: a person's call, never
+    /// the operator's.
+    pub fn force_update(&self, route: Route) -> Result<Applied, RouteError> {
+        self.apply(route, true)
+    }
+
+    fn apply(&self, route: Route, force: bool) -> Result<Applied, RouteError> {
         route.validate()?;
         // Held across the file write so that two updates cannot interleave their checks.
         let mut book = self.fence.lock().unwrap_or_else(PoisonError::into_inner);
-        match judge(book.highest.as_ref(), route.epoch, &route.pool) {
+        let limit = (!force).then_some(book.max_jump);
+        match judge(book.highest.as_ref(), route.epoch, &route.pool, limit) {
             Verdict::Stale { highest, pool } => Err(RouteError::Stale { highest, pool }),
+            Verdict::TooFar { highest, limit } => Err(RouteError::TooFar {
+                epoch: route.epoch,
+                highest,
+                limit,
+            }),
             Verdict::Newer => {
                 let record = HeldEpoch {
                     epoch: route.epoch,
@@ -187,6 +229,26 @@ mod tests {
         let now = t.current().unwrap();
         assert_eq!((now.route.pool.as_str(), now.route.epoch), ("b", Epoch(5)));
         assert_eq!(now.endpoints[0].addr().port(), 1);
+    }
+
+    #[tokio::test]
+    async fn an_epoch_far_above_is_taken_only_when_forced_and_the_last_one_never() {
+        let t = RouteTable::new(None).unwrap().with_max_epoch_jump(5);
+        t.update(route("a", 2, 1)).unwrap();
+        let refused = t.update(route("b", 8, 2)).unwrap_err();
+        assert!(matches!(refused, RouteError::TooFar { limit: 5, .. }));
+        assert!(refused.to_string().contains("force=true"), "{refused}");
+        assert_eq!(t.highest().unwrap().epoch, Epoch(2), "nothing changed");
+        assert_eq!(t.force_update(route("b", 8, 2)).unwrap(), Applied::NewEpoch);
+        // Then the usual jump is counted from the forced epoch.
+        t.update(route("a", 13, 3)).unwrap();
+        for take in [RouteTable::update, RouteTable::force_update] {
+            assert!(matches!(
+                take(&t, route("b", u64::MAX, 4)),
+                Err(RouteError::Invalid(InvalidRoute::LastEpoch(_)))
+            ));
+        }
+        assert_eq!(t.current().unwrap().route.epoch, Epoch(13));
     }
 
     #[tokio::test]

@@ -33,6 +33,7 @@ impl RouterProcess {
         let mut child = Command::new(ROUTER)
             .args(args)
             .env("RUST_LOG", "warn")
+            .env("UNDERSTUDY_ADMIN_TOKEN", TOKEN)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .spawn()
@@ -144,8 +145,6 @@ async fn a_gateway_process_announces_both_ports_and_serves_the_route_it_is_given
             "127.0.0.1:0",
             "--admin-listen",
             "127.0.0.1:0",
-            "--admin-token",
-            TOKEN,
         ],
         &["gateway", "admin"],
     );
@@ -161,4 +160,92 @@ async fn a_gateway_process_announces_both_ports_and_serves_the_route_it_is_given
     .await
     .unwrap();
     assert_eq!(answer.status, 200, "{}", answer.text());
+}
+
+/// The gateway's admin port as a person or a buggy caller uses it: epochs that would lock every
+/// later route out are refused, a forced jump is taken and remembered across a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_refuses_an_epoch_far_above_the_highest_unless_forced_and_remembers_it() {
+    let e = Emulator::fast();
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("fence.json");
+    let start = || {
+        RouterProcess::start(
+            &[
+                "gateway",
+                "--listen",
+                "127.0.0.1:0",
+                "--admin-listen",
+                "127.0.0.1:0",
+                "--state-file",
+                state.to_str().unwrap(),
+            ],
+            &["gateway", "admin"],
+        )
+    };
+    let upstream = e.addr();
+    let put = move |admin: u16, path: &'static str, epoch: u64| {
+        let body = route("a", epoch, &[upstream]).to_string();
+        let auth = format!("Bearer {TOKEN}");
+        let reply = request(admin, "PUT", path, &[("authorization", &auth)], &body);
+        (reply.status, reply.text())
+    };
+    let gateway = start();
+    let admin = gateway.port("admin");
+    let replies = tokio::task::spawn_blocking(move || {
+        [
+            put(admin, "/route", 1),
+            put(admin, "/route", u64::MAX),
+            put(admin, "/route?force=true", u64::MAX),
+            put(admin, "/route", 5000),
+            put(admin, "/route?force=true", 5000),
+            put(admin, "/route", 5001),
+        ]
+    })
+    .await
+    .unwrap();
+    let statuses: Vec<u16> = replies.iter().map(|(status, _)| *status).collect();
+    assert_eq!(statuses, [200, 400, 400, 422, 200, 200], "{replies:#?}");
+    assert!(replies[1].1.contains("the last there is"), "{}", replies[1].1);
+    assert!(replies[3].1.contains("more than 1000 above"), "{}", replies[3].1);
+    drop(gateway);
+
+    // Restarted on the same state file, it holds 5001 and refuses what is below.
+    let gateway = start();
+    let admin = gateway.port("admin");
+    let (status, text) = tokio::task::spawn_blocking(move || put(admin, "/route", 4999))
+        .await
+        .unwrap();
+    assert_eq!(status, 409, "{text}");
+    assert!(text.contains("\"highest_epoch\":5001"), "{text}");
+}
+
+#[test]
+fn a_gateway_with_a_garbled_state_file_refuses_to_start_and_names_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("fence.json");
+    std::fs::write(&state, "{\"epoch\": 7, \"po").unwrap();
+    let output = Command::new(ROUTER)
+        .args([
+            "gateway",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+        ])
+        .args(["--state-file", state.to_str().unwrap()])
+        .env("UNDERSTUDY_ADMIN_TOKEN", TOKEN)
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains(state.to_str().unwrap()) && stderr.contains("not a fencing record"),
+        "{stderr}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&state).unwrap(),
+        "{\"epoch\": 7, \"po",
+        "the record is left for a person to read"
+    );
 }
