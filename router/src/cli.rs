@@ -47,11 +47,12 @@ enum Mode {
 
 #[derive(clap::Args, Debug)]
 struct GatewayArgs {
-    /// Public address (OpenAI-compatible API).
-    #[arg(long, env = "UNDERSTUDY_LISTEN", default_value = "0.0.0.0:8080")]
+    /// Public address (OpenAI-compatible API). Loopback by default: in a pod, give the pod's
+    /// address (or 0.0.0.0) on purpose.
+    #[arg(long, env = "UNDERSTUDY_LISTEN", default_value = "127.0.0.1:8080")]
     listen: SocketAddr,
-    /// Admin address (route updates, signals, metrics).
-    #[arg(long, env = "UNDERSTUDY_ADMIN_LISTEN", default_value = "0.0.0.0:9090")]
+    /// Admin address (route updates, signals, metrics). Loopback by default.
+    #[arg(long, env = "UNDERSTUDY_ADMIN_LISTEN", default_value = "127.0.0.1:9090")]
     admin_listen: SocketAddr,
     /// File holding the admin bearer token. Without it, the token is read from the environment
     /// (`UNDERSTUDY_ADMIN_TOKEN`); never from the command line, which every user of the machine
@@ -97,8 +98,9 @@ struct GatewayArgs {
 #[derive(clap::Args, Debug)]
 #[command(group(ArgGroup::new("lease").required(true).args(["policy", "lease_file"])))]
 struct FenceArgs {
-    /// Address the sidecar serves on.
-    #[arg(long, env = "UNDERSTUDY_LISTEN", default_value = "0.0.0.0:8001")]
+    /// Address the sidecar serves on. Loopback by default: in a pod, give the pod's address so
+    /// that the gateway can reach it.
+    #[arg(long, env = "UNDERSTUDY_LISTEN", default_value = "127.0.0.1:8001")]
     listen: SocketAddr,
     /// The local vLLM replica.
     #[arg(long, env = "UNDERSTUDY_UPSTREAM", default_value = "127.0.0.1:8000")]
@@ -118,6 +120,11 @@ struct FenceArgs {
     /// How often the Lease is read, in milliseconds.
     #[arg(long, env = "UNDERSTUDY_LEASE_POLL_MS", default_value_t = 1_000)]
     lease_poll_ms: u64,
+    /// File holding the operator's token, which control calls (`/sleep`, `/wake_up`, ...) must
+    /// carry. Without it, the token is read from `UNDERSTUDY_CONTROL_TOKEN`; without either,
+    /// every control call is refused.
+    #[arg(long, env = "UNDERSTUDY_CONTROL_TOKEN_FILE")]
+    control_token_file: Option<PathBuf>,
 }
 
 /// A listener announced on stdout once it is bound.
@@ -185,16 +192,9 @@ pub fn run(args: impl IntoIterator<Item = OsString>) -> anyhow::Result<()> {
 }
 
 async fn gateway(args: GatewayArgs) -> anyhow::Result<()> {
-    let token_text = match (&args.admin_token_file, std::env::var("UNDERSTUDY_ADMIN_TOKEN")) {
-        (Some(path), _) => {
-            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?
-        }
-        (None, Ok(token)) => token,
-        (None, Err(_)) => {
-            anyhow::bail!("an admin token is required: --admin-token-file or UNDERSTUDY_ADMIN_TOKEN")
-        }
+    let Some(token) = read_token(args.admin_token_file.as_deref(), "UNDERSTUDY_ADMIN_TOKEN")? else {
+        anyhow::bail!("an admin token is required: --admin-token-file or UNDERSTUDY_ADMIN_TOKEN")
     };
-    let token = AdminToken::new(&token_text)?;
     let routes = Arc::new(
         RouteTable::new(args.state_file.map(StateFile::new))?.with_max_epoch_jump(args.max_epoch_jump),
     );
@@ -245,7 +245,24 @@ async fn gateway(args: GatewayArgs) -> anyhow::Result<()> {
     }
 }
 
+/// A token from `file`, or else from the environment variable `var`; `None` when neither is
+/// given. Never from the command line, which anyone on the machine can read.
+fn read_token(file: Option<&std::path::Path>, var: &str) -> anyhow::Result<Option<AdminToken>> {
+    let text = match (file, std::env::var(var)) {
+        (Some(path), _) => {
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?
+        }
+        (None, Ok(token)) => token,
+        (None, Err(_)) => return Ok(None),
+    };
+    Ok(Some(AdminToken::new(&text)?))
+}
+
 async fn fence(args: FenceArgs) -> anyhow::Result<()> {
+    let control_token = read_token(args.control_token_file.as_deref(), "UNDERSTUDY_CONTROL_TOKEN")?;
+    if control_token.is_none() {
+        tracing::info!("no control token: control calls through this fence are refused");
+    }
     let state = Arc::new(FenceState::new(args.pool.clone()));
     let poll = Duration::from_millis(args.lease_poll_ms);
     match (&args.lease_file, &args.policy) {
@@ -264,7 +281,7 @@ async fn fence(args: FenceArgs) -> anyhow::Result<()> {
         }
         (None, None) => anyhow::bail!("a lease to watch is required: --policy or --lease-file"),
     }
-    let fence = Fence::new(state, args.upstream);
+    let fence = Fence::new(state, args.upstream).with_control_token(control_token);
     let listener = TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;

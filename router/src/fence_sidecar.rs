@@ -1,17 +1,21 @@
 //! The fence sidecar, which refuses generation when its pool lost the epoch Lease. It runs beside
-//! vLLM in each serving pod, proxies to it, watches the policy's epoch Lease, and refuses
-//! generation (`/v1/...`) with 503 and `x-understudy-fenced: <epoch>` whenever its own pool does
-//! not hold the Lease. Probes (`/health`, `/metrics`, ...) and the operator's control calls
-//! (`/sleep`, `/wake_up`, ...) still pass, so a fenced replica can be watched, put to sleep and
-//! woken.
+//! vLLM in each serving pod, proxies to it, watches the policy's epoch Lease, and refuses every
+//! path but the probes with 503 and `x-understudy-fenced: <epoch>` whenever its own pool does not
+//! hold the Lease (generation is not only `/v1/...`: `/invocations`, `/inference/v1/generate` and
+//! `/pooling` generate too). Probes (`/health`, `/metrics`, `/is_sleeping`, ...) pass to anyone;
+//! vLLM's control calls (`/sleep`, `/wake_up`, `/collective_rpc`, ...) pass, fenced or not, only
+//! with the operator's token, which is not forwarded. So a fenced replica can be watched, put to
+//! sleep and woken by the operator, and by nobody else. Paths a server further in might read as
+//! another (`//`, `..`, percent-encoding) are refused (400).
 //!
 //! Until the first successful read, and when no Lease exists, the sidecar is fenced: it fails
 //! closed. When the Lease store is unreachable it keeps its last verdict (a store outage is not a
 //! failover: the operator pauses control actions, and the data path keeps serving), and the first read after the outage decides, so a
 //! partitioned old primary that comes back fences itself before it serves again.
 //!
-//! What this module must never do: let generation through while fenced, or refuse a probe or a
-//! control call because of the fence.
+//! What this module must never do: let generation through while fenced, let a control call
+//! through without the token, or refuse a probe or the operator's control call because of the
+//! fence.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -19,7 +23,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
-use http::header::HeaderValue;
+use http::header::{AUTHORIZATION, HeaderValue, WWW_AUTHENTICATE};
 use http::{Request, Response, StatusCode, Uri};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
@@ -28,8 +32,10 @@ use hyper_util::rt::TokioExecutor;
 use understudy_api::lease::{EpochLease, LeaseError, LeaseRecord};
 use understudy_core::Epoch;
 
+use crate::admin::AdminToken;
 use crate::body::RouterBody;
 use crate::gateway::strip_hop_by_hop;
+use crate::path::{FencePath, classify_for_fence};
 use crate::refusal::error_response;
 
 /// The header on the sidecar's refusals, carrying the current epoch.
@@ -154,6 +160,8 @@ pub struct Fence {
     state: Arc<FenceState>,
     upstream: http::uri::Authority,
     client: UpstreamClient,
+    /// The operator's token for control calls; without one they are all refused.
+    control_token: Option<AdminToken>,
 }
 
 impl Fence {
@@ -167,22 +175,65 @@ impl Fence {
                 .parse()
                 .unwrap_or_else(|_| http::uri::Authority::from_static("127.0.0.1")),
             client: upstream_client(Duration::from_secs(1)),
+            control_token: None,
         }
     }
 
-    /// Handles one request: refuse generation when fenced, pass everything else through.
-    pub async fn handle(self, req: Request<Incoming>) -> Response<RouterBody> {
-        if req.uri().path().starts_with("/v1/")
-            && let Some(epoch) = self.state.fenced_at()
-        {
-            let message = format!("pool {} does not hold epoch {epoch}: fenced", self.state.pool);
-            let mut resp = error_response(StatusCode::SERVICE_UNAVAILABLE, "fenced", &message);
-            resp.headers_mut()
-                .insert(FENCE_HEADER, HeaderValue::from(epoch.0));
-            resp.headers_mut()
-                .insert(NOT_SERVED_HEADER, HeaderValue::from_static("fenced"));
-            return resp;
+    /// Lets control calls through when they carry `token`.
+    #[must_use]
+    pub fn with_control_token(mut self, token: Option<AdminToken>) -> Self {
+        self.control_token = token;
+        self
+    }
+
+    /// Handles one request: probes pass, control calls pass with the token, anything else only
+    /// while the pool holds the Lease.
+    pub async fn handle(self, mut req: Request<Incoming>) -> Response<RouterBody> {
+        match classify_for_fence(req.uri().path()) {
+            FencePath::Probe => {}
+            FencePath::Control => {
+                if let Some(refusal) = self.refuse_control(&req) {
+                    return refusal;
+                }
+                // The token is the fence's business; vLLM never sees it.
+                req.headers_mut().remove(AUTHORIZATION);
+            }
+            FencePath::Serving => {
+                if let Some(epoch) = self.state.fenced_at() {
+                    let message = format!("pool {} does not hold epoch {epoch}: fenced", self.state.pool);
+                    let mut resp = error_response(StatusCode::SERVICE_UNAVAILABLE, "fenced", &message);
+                    resp.headers_mut()
+                        .insert(FENCE_HEADER, HeaderValue::from(epoch.0));
+                    resp.headers_mut()
+                        .insert(NOT_SERVED_HEADER, HeaderValue::from_static("fenced"));
+                    return resp;
+                }
+            }
+            FencePath::Garbled => {
+                let message = "a path with `//`, `..` or percent-encoding is not served";
+                return error_response(StatusCode::BAD_REQUEST, "invalid_path", message);
+            }
         }
+        self.forward(req).await
+    }
+
+    /// Why a control call may not pass, if it may not.
+    fn refuse_control(&self, req: &Request<Incoming>) -> Option<Response<RouterBody>> {
+        let Some(token) = &self.control_token else {
+            let message = "control calls are closed: this fence has no control token";
+            return Some(error_response(StatusCode::FORBIDDEN, "forbidden", message));
+        };
+        if token.admits(req.headers().get(AUTHORIZATION)) {
+            return None;
+        }
+        let message = "a control call needs the operator's bearer token";
+        let mut resp = error_response(StatusCode::UNAUTHORIZED, "unauthorized", message);
+        resp.headers_mut()
+            .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        Some(resp)
+    }
+
+    async fn forward(self, req: Request<Incoming>) -> Response<RouterBody> {
         let (mut parts, body) = req.into_parts();
         let mut uri = Uri::builder().scheme("http").authority(self.upstream.clone());
         if let Some(pq) = parts.uri.path_and_query() {

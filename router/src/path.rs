@@ -43,6 +43,47 @@ const CONTROL: &[&str] = &[
 ];
 const V1_CONTROL: usize = 2;
 
+/// What the fence sidecar does with a path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FencePath {
+    /// Health, load, version, metrics and the sleep state: anyone may read them, fenced or not,
+    /// so a fenced replica can still be watched.
+    Probe,
+    /// A control or development endpoint of vLLM: only with the operator's token, fenced or not.
+    Control,
+    /// Anything else, generation or not: refused while the pool does not hold the Lease.
+    Serving,
+    /// A path a server further in might read as another (`//`, `..`, percent-encoding): 400.
+    Garbled,
+}
+
+/// The probes among [`CONTROL`]: read-only, answered to anyone by the fence.
+const PROBES: &[&str] = &[
+    "/health",
+    "/ping",
+    "/load",
+    "/version",
+    "/metrics",
+    "/is_sleeping",
+];
+
+/// Classifies a request path (without query) for the fence sidecar. Nothing is a probe or
+/// passes without the token unless it is named here.
+#[must_use]
+pub fn classify_for_fence(path: &str) -> FencePath {
+    if !is_plain(path) {
+        return FencePath::Garbled;
+    }
+    let trimmed = path.trim_end_matches('/');
+    if PROBES.iter().any(|p| trimmed.eq_ignore_ascii_case(p)) {
+        FencePath::Probe
+    } else if classify(path) == PublicPath::Control {
+        FencePath::Control
+    } else {
+        FencePath::Serving
+    }
+}
+
 /// Classifies a request path (without query).
 #[must_use]
 pub fn classify(path: &str) -> PublicPath {
@@ -135,6 +176,48 @@ mod tests {
             "/metrics",
         ] {
             assert_eq!(classify(p), PublicPath::Control, "{p}");
+        }
+    }
+
+    #[test]
+    fn the_fence_lets_probes_through_asks_a_token_for_control_and_fences_the_rest() {
+        for p in [
+            "/health",
+            "/ping",
+            "/metrics",
+            "/version",
+            "/load",
+            "/is_sleeping",
+            "/health/",
+        ] {
+            assert_eq!(classify_for_fence(p), FencePath::Probe, "{p}");
+        }
+        for p in [
+            "/sleep",
+            "/wake_up",
+            "/collective_rpc",
+            "/reset_prefix_cache",
+            "/server_info",
+            "/v1/load_lora_adapter",
+            "/SLEEP",
+            "/sleep/now",
+            "/health/anything",
+        ] {
+            assert_eq!(classify_for_fence(p), FencePath::Control, "{p}");
+        }
+        // Generation outside /v1/ is fenced too.
+        for p in [
+            "/v1/completions",
+            "/invocations",
+            "/inference/v1/generate",
+            "/pooling",
+            "/tokenize",
+            "/",
+        ] {
+            assert_eq!(classify_for_fence(p), FencePath::Serving, "{p}");
+        }
+        for p in ["/%73leep", "//sleep", "/v1/../sleep", "/v1/%2e%2e/wake_up"] {
+            assert_eq!(classify_for_fence(p), FencePath::Garbled, "{p}");
         }
     }
 

@@ -1,6 +1,7 @@
 //! The fence sidecar end to end: in front of an emulated replica, watching an in-memory epoch
 //! Lease, it refuses generation once its pool loses the Lease (also when the Lease moved while
-//! the sidecar could not read it), and keeps answering probes and control calls; and a gateway in
+//! the sidecar could not read it), keeps answering probes, and passes control calls only with the
+//! operator's token; and a gateway in
 //! front of fences tries another endpoint when a fence answers for a replica that never took the
 //! request.
 
@@ -60,7 +61,7 @@ fn wait_for_status(port: u16, status: u16) -> router_support::Reply {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_pool_that_loses_the_lease_refuses_generation_but_answers_probes_and_control_calls() {
+async fn a_pool_that_loses_the_lease_refuses_generation_but_answers_probes() {
     let e = Emulator::start(
         &["--emu-zero-cost", "--enable-sleep-mode"],
         &[("VLLM_SERVER_DEV_MODE", "1")],
@@ -88,6 +89,90 @@ async fn a_pool_that_loses_the_lease_refuses_generation_but_answers_probes_and_c
     .await
     .unwrap();
     assert_eq!((health, sleeping, metrics), (200, 200, 200));
+}
+
+/// The head of the one request a raw upstream on a free loopback port gets (answered 200).
+fn one_request_upstream() -> (std::net::SocketAddr, std::sync::mpsc::Receiver<String>) {
+    use std::io::{BufRead, BufReader, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (heads, head) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let (stream, _) = listener.accept().unwrap();
+        let mut reader = BufReader::new(stream.try_clone().unwrap());
+        let mut text = String::new();
+        while reader.read_line(&mut text).unwrap() > 2 && !text.ends_with("\r\n\r\n") {}
+        (&stream)
+            .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+            .unwrap();
+        let _ = heads.send(text);
+    });
+    (addr, head)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn control_calls_pass_only_with_the_operators_token_and_every_serving_path_is_fenced() {
+    let e = Emulator::start(
+        &["--emu-zero-cost", "--enable-sleep-mode"],
+        &[("VLLM_SERVER_DEV_MODE", "1")],
+    );
+    // Nobody holds the Lease: fenced from the start.
+    let fence =
+        FenceSidecar::with_control_token(MemoryLease::new(), "pool-a", e.addr(), POLL, Some("op-token"));
+    let closed = FenceSidecar::start(MemoryLease::new(), "pool-a", e.addr(), POLL);
+    let (port, closed_port) = (fence.port, closed.port);
+    let statuses = tokio::task::spawn_blocking(move || {
+        let with = |token: &str| [("authorization", format!("Bearer {token}"))];
+        let post = |port, path: &str, auth: &[(&str, String)]| {
+            let headers: Vec<(&str, &str)> = auth.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            request(port, "POST", path, &headers, "{}").status
+        };
+        [
+            // Generation outside /v1/ is fenced like /v1/.
+            post(port, "/invocations", &[]),
+            post(port, "/inference/v1/generate", &[]),
+            post(port, "/v1/completions", &with("op-token")),
+            // Control: no token, a wrong one, a longer one, then the operator's.
+            post(port, "/sleep?level=1", &[]),
+            post(port, "/sleep?level=1", &with("op-tok")),
+            post(port, "/sleep?level=1", &with("op-token2")),
+            post(port, "/sleep?level=1", &with("op-token")),
+            request(port, "GET", "/is_sleeping", &[], "").status,
+            // Spelled to slip past: refused before anything else.
+            post(port, "/%73leep", &with("op-token")),
+            // A fence with no control token opens control to nobody.
+            post(closed_port, "/wake_up", &with("op-token")),
+        ]
+    })
+    .await
+    .unwrap();
+    assert_eq!(statuses, [503, 503, 503, 401, 401, 401, 200, 200, 400, 403]);
+    let asleep = tokio::task::spawn_blocking(move || request(port, "GET", "/is_sleeping", &[], ""))
+        .await
+        .unwrap();
+    assert!(asleep.text().contains("true"), "{}", asleep.text());
+
+    // The token stops at the fence: the replica never sees it.
+    let (upstream, head) = one_request_upstream();
+    let fence =
+        FenceSidecar::with_control_token(MemoryLease::new(), "pool-a", upstream, POLL, Some("op-token"));
+    let port = fence.port;
+    let status = tokio::task::spawn_blocking(move || {
+        request(
+            port,
+            "POST",
+            "/wake_up",
+            &[("authorization", "Bearer op-token")],
+            "",
+        )
+        .status
+    })
+    .await
+    .unwrap();
+    assert_eq!(status, 200);
+    let head = head.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert!(head.starts_with("POST /wake_up"), "{head}");
+    assert!(!head.to_ascii_lowercase().contains("authorization"), "{head}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -225,13 +225,25 @@ pub struct FenceSidecar {
 
 impl FenceSidecar {
     pub fn start<L: LeaseSource>(lease: L, pool: &str, upstream: SocketAddr, poll: Duration) -> FenceSidecar {
+        Self::with_control_token(lease, pool, upstream, poll, None)
+    }
+
+    /// A sidecar that lets control calls through with `token`.
+    pub fn with_control_token<L: LeaseSource>(
+        lease: L,
+        pool: &str,
+        upstream: SocketAddr,
+        poll: Duration,
+        token: Option<&str>,
+    ) -> FenceSidecar {
+        let token = token.map(|t| understudy_router::admin::AdminToken::new(t).unwrap());
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         listener.set_nonblocking(true).unwrap();
         let state = Arc::new(FenceState::new(pool));
         let bg = Background::run(1, move || async move {
             tokio::spawn(watch_lease(lease, Arc::clone(&state), poll));
-            let fence = Fence::new(state, upstream);
+            let fence = Fence::new(state, upstream).with_control_token(token);
             let listener = tokio::net::TcpListener::from_std(listener).unwrap();
             serve(listener, move |req| fence.clone().handle(req)).await;
         });
