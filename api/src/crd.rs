@@ -696,8 +696,11 @@ pub mod condition_type {
     pub const PARITY_HOLDS: &str = "ParityHolds";
     /// The standby tiers, at their measured cold-start times, can meet the recovery objective.
     pub const OBJECTIVE_MET: &str = "ObjectiveMet";
+    /// The replicas accept the policy's probe; `False` when they refuse the probe itself (an
+    /// unknown model, a bad request, a missing key), which leaves both pools unjudged.
+    pub const PROBE_ACCEPTED: &str = "ProbeAccepted";
     /// Every type above.
-    pub const ALL: [&str; 4] = [READY, STANDBY_PROVEN, PARITY_HOLDS, OBJECTIVE_MET];
+    pub const ALL: [&str; 5] = [READY, STANDBY_PROVEN, PARITY_HOLDS, OBJECTIVE_MET, PROBE_ACCEPTED];
 }
 
 /// What the operator observed and did.

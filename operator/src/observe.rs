@@ -461,9 +461,19 @@ struct Tracked {
     timing: ProbeTiming,
     pending: VecDeque<Observation>,
     golden: Option<GoldenAnswer>,
+    /// Whether the replicas took the last round's probe, or why not.
+    probe_accepted: Option<Result<(), String>>,
     rounds: u64,
     next_round: Instant,
     in_flight: bool,
+}
+
+/// What one round found.
+#[derive(Debug, Default)]
+struct RoundResult {
+    checks: Vec<Observation>,
+    golden: Option<GoldenUpdate>,
+    accepted: Option<Result<(), String>>,
 }
 
 /// What a round needs, copied out of the map so that no lock is held while probing.
@@ -573,11 +583,18 @@ impl ProbingObservations {
         let Some(plan) = self.plan(policy) else {
             return false;
         };
-        let (checks, update) = self.round(&plan).await;
+        let RoundResult {
+            checks,
+            golden: update,
+            accepted,
+        } = self.round(&plan).await;
         {
             let mut policies = self.policies();
             if let Some(tracked) = policies.get_mut(policy) {
                 tracked.in_flight = false;
+                if accepted.is_some() {
+                    tracked.probe_accepted = accepted;
+                }
                 tracked.rounds = tracked.rounds.max(plan.round + 1);
                 // A spec tracked while the round ran may have changed what the round judged by.
                 if let Some(update) = update
@@ -650,8 +667,9 @@ impl ProbingObservations {
         (golden, serving)
     }
 
-    /// One round over both pools: the checks, and what it learned of the golden answer.
-    async fn round(&self, plan: &RoundPlan) -> (Vec<Observation>, Option<GoldenUpdate>) {
+    /// One round over both pools: the checks, what it learned of the golden answer, and whether
+    /// the replicas took the probe (`None` when no pool was probed).
+    async fn round(&self, plan: &RoundPlan) -> RoundResult {
         let spec = &plan.policy.spec;
         let primary = primary_pool(&plan.policy);
         let standby = primary.other();
@@ -661,7 +679,7 @@ impl ProbingObservations {
             Err(error) => {
                 // Nothing can be judged: reporting either pool failed would be a guess.
                 tracing::warn!(policy = %plan.policy.name_any(), %error, "spec.probe.expect.value is not a valid regular expression; not probing");
-                return (Vec::new(), None);
+                return RoundResult::default();
             }
         };
         let (primary_endpoints, standby_endpoints) =
@@ -707,21 +725,33 @@ impl ProbingObservations {
         };
         let mut rounds: Vec<PoolRound> = [primary_round, standby_round].into_iter().flatten().collect();
         rounds.sort_by_key(|round| round.pool.index());
+        let mut rejected = None;
         let checks = rounds
             .iter()
-            .map(|round| {
+            .filter_map(|round| {
                 let result = round.verdict();
                 tracing::debug!(
                     policy = %plan.policy.name_any(), pool = ?round.pool, replicas = round.reports.len(),
                     min_serving = round.min_serving, ?result, "probed"
                 );
-                Observation::Check {
+                let Some(result) = result else {
+                    // The replicas refused the probe itself: no evidence about the pool.
+                    let why = round.rejection().unwrap_or_default();
+                    tracing::warn!(policy = %plan.policy.name_any(), pool = ?round.pool, %why, "the probe was rejected; no check this round");
+                    rejected.get_or_insert(why);
+                    return None;
+                };
+                Some(Observation::Check {
                     pool: round.pool,
                     result,
-                }
+                })
             })
             .collect();
-        (checks, golden)
+        RoundResult {
+            checks,
+            golden,
+            accepted: (!rounds.is_empty()).then(|| rejected.map_or(Ok(()), Err)),
+        }
     }
 
     async fn resolve(&self, plan: &RoundPlan, pool: Pool) -> Option<Vec<Endpoint>> {
@@ -787,6 +817,12 @@ impl GoldenAnswers for ProbingObservations {
             .get(policy)
             .and_then(|tracked| tracked.golden.clone())
     }
+
+    fn probe_accepted(&self, policy: &ObjectRef<FailoverPolicy>) -> Option<Result<(), String>> {
+        self.policies()
+            .get(policy)
+            .and_then(|tracked| tracked.probe_accepted.clone())
+    }
 }
 
 impl ObservationSource for ProbingObservations {
@@ -831,6 +867,7 @@ impl ObservationSource for ProbingObservations {
                             .as_ref()
                             .and_then(|status| status.golden_answer.clone())
                             .filter(|golden| golden.fits(&policy.spec.probe)),
+                        probe_accepted: None,
                         rounds: 0,
                         next_round: Instant::now(),
                         in_flight: false,
@@ -954,6 +991,11 @@ mod tests {
 
     /// A replica that is awake and answers every completion with `answer`.
     async fn replica(answer: &'static str) -> Endpoint {
+        replica_with(200, answer).await
+    }
+
+    /// A replica that answers generation with `status` (and `answer` when that is 200).
+    async fn replica_with(status: u16, answer: &'static str) -> Endpoint {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
@@ -967,14 +1009,21 @@ mod tests {
                     };
                     raw.extend_from_slice(&buf[..n]);
                 }
-                let (kind, body) = if raw.starts_with(b"GET /is_sleeping") {
-                    ("application/json", r#"{"is_sleeping": false}"#.to_owned())
+                let (code, kind, body) = if raw.starts_with(b"GET /is_sleeping") {
+                    (200, "application/json", r#"{"is_sleeping": false}"#.to_owned())
+                } else if status != 200 {
+                    let error = serde_json::json!({"error": {"message": "no such model", "code": status}});
+                    (status, "application/json", error.to_string())
                 } else {
                     let chunk = serde_json::json!({"choices": [{"text": answer}]});
-                    ("text/event-stream", format!("data: {chunk}\n\ndata: [DONE]\n\n"))
+                    (
+                        200,
+                        "text/event-stream",
+                        format!("data: {chunk}\n\ndata: [DONE]\n\n"),
+                    )
                 };
                 let reply = format!(
-                    "HTTP/1.1 200 OK\r\ncontent-type: {kind}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    "HTTP/1.1 {code} X\r\ncontent-type: {kind}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
                     body.len()
                 );
                 let _ = stream.write_all(reply.as_bytes()).await;
@@ -1010,6 +1059,31 @@ mod tests {
         let key = ObjectRef::from_obj(p);
         assert!(observations.probe_now(&key).await);
         observations.drain(&key)
+    }
+
+    #[tokio::test]
+    async fn a_probe_the_replicas_reject_judges_no_pool_and_says_why() {
+        let east = replica_with(404, PARIS).await;
+        let west = replica(PARIS).await;
+        let replicas = FixedReplicas::default()
+            .with_pool("east", vec![east.clone()])
+            .with_pool("west", vec![west]);
+        let observations = ProbingObservations::new(Arc::new(replicas)).with_max_jitter(Duration::ZERO);
+        let p = with_golden(policy(ONE_EACH), golden(&PARIS[..GOLDEN_PREFIX_CHARS], None));
+        let key = ObjectRef::from_obj(&p);
+        assert_eq!(observations.probe_accepted(&key), None, "before any round");
+        observations.track(&p);
+        // East refused the probe itself: no check of east (a failed one would count toward a
+        // failover), west is judged as usual, and the reason is kept for status.
+        assert_eq!(
+            one_round(&observations, &p).await,
+            [Observation::Check {
+                pool: Pool::B,
+                result: CheckResult::Pass
+            }]
+        );
+        let why = observations.probe_accepted(&key).unwrap().unwrap_err();
+        assert!(why.contains(&format!("{east} answered 404")), "{why}");
     }
 
     #[tokio::test]

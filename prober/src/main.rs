@@ -146,13 +146,13 @@ async fn main() -> anyhow::Result<()> {
         Command::Probe { probe: args, json } => {
             let reports = probe::probe_round(&args.endpoints, &args.spec(), args.seed, 0, args.jitter).await;
             let outcomes: Vec<_> = reports.iter().map(|r| r.outcome.clone()).collect();
-            let verdict = pool_verdict(&outcomes, args.min_serving);
+            let verdict = understudy_prober::report::describe(pool_verdict(&outcomes, args.min_serving));
             if json {
-                let doc = serde_json::json!({"reports": reports, "pool": format!("{verdict:?}")});
+                let doc = serde_json::json!({"reports": reports, "pool": verdict});
                 println!("{}", serde_json::to_string_pretty(&doc)?);
             } else {
                 print!("{}", probe::render_table(&reports));
-                println!("pool (min serving {}): {verdict:?}", args.min_serving);
+                println!("pool (min serving {}): {verdict}", args.min_serving);
             }
         }
         Command::Watch {

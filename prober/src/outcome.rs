@@ -59,16 +59,26 @@ impl ProbeOutcome {
             _ => false,
         }
     }
+
+    /// Whether the replica refused the probe itself as wrong: a 4xx other than 408 (the server
+    /// gave up waiting) and 429 (the server is overloaded), such as 400 for a bad request, 404
+    /// for a model it does not serve, 401 for a key the probe lacks. That is the policy's
+    /// mistake, not the replica's failure, and says nothing of whether the pool serves.
+    pub fn is_probe_rejected(&self) -> bool {
+        matches!(self, ProbeOutcome::HttpError(code) if (400..500).contains(code) && *code != 408 && *code != 429)
+    }
 }
 
-/// A pool's round of probes as one check result.
+/// A pool's round of probes as one check result, or `None` when the round says nothing of the
+/// pool: too few replicas passed, and every one that did not rejected the probe itself
+/// ([`ProbeOutcome::is_probe_rejected`]), so the probe, not the pool, is wrong.
 ///
 /// The pool passes when at least `min_serving` replicas passed (a sleeping replica counts as
 /// passing only for a standby, which the state machine decides from [`CheckResult::Asleep`]).
 /// When it fails, the failure is hard only if every failing replica failed hard: one timeout
-/// among refusals makes the evidence weak. An empty round is a hard failure: a pool with no
-/// replicas to probe cannot serve.
-pub fn pool_verdict(outcomes: &[ProbeOutcome], min_serving: usize) -> CheckResult {
+/// among refusals makes the evidence weak; a rejected probe is no evidence either way. An empty
+/// round is a hard failure: a pool with no replicas to probe cannot serve.
+pub fn pool_verdict(outcomes: &[ProbeOutcome], min_serving: usize) -> Option<CheckResult> {
     let min_serving = min_serving.max(1);
     let passed = outcomes
         .iter()
@@ -79,24 +89,23 @@ pub fn pool_verdict(outcomes: &[ProbeOutcome], min_serving: usize) -> CheckResul
         .filter(|o| matches!(o, ProbeOutcome::Asleep))
         .count();
     if passed >= min_serving {
-        return CheckResult::Pass;
+        return Some(CheckResult::Pass);
     }
     if asleep > 0 && passed + asleep >= min_serving {
-        return CheckResult::Asleep;
+        return Some(CheckResult::Asleep);
     }
-    let failing = outcomes
+    let failing: Vec<&ProbeOutcome> = outcomes
         .iter()
-        .filter(|o| !matches!(o, ProbeOutcome::Ok { .. } | ProbeOutcome::Asleep));
-    let mut any = false;
-    let mut all_hard = true;
-    for outcome in failing {
-        any = true;
-        all_hard &= outcome.is_hard_failure();
+        .filter(|o| !matches!(o, ProbeOutcome::Ok { .. } | ProbeOutcome::Asleep))
+        .collect();
+    if !failing.is_empty() && failing.iter().all(|o| o.is_probe_rejected()) {
+        return None;
     }
-    if !any || all_hard {
-        CheckResult::HardFail
+    let failed = failing.iter().filter(|o| !o.is_probe_rejected());
+    if failed.clone().all(|o| o.is_hard_failure()) {
+        Some(CheckResult::HardFail)
     } else {
-        CheckResult::SoftFail
+        Some(CheckResult::SoftFail)
     }
 }
 
@@ -115,11 +124,11 @@ mod tests {
     fn enough_passing_replicas_pass_the_pool() {
         assert_eq!(
             pool_verdict(&[ok(), ok(), ProbeOutcome::Timeout], 2),
-            CheckResult::Pass
+            Some(CheckResult::Pass)
         );
         assert_eq!(
             pool_verdict(&[ok(), ProbeOutcome::Timeout, ProbeOutcome::Timeout], 2),
-            CheckResult::SoftFail
+            Some(CheckResult::SoftFail)
         );
     }
 
@@ -130,9 +139,9 @@ mod tests {
             ProbeOutcome::HttpError(503),
             ProbeOutcome::Reset,
         ];
-        assert_eq!(pool_verdict(&refused, 1), CheckResult::HardFail);
+        assert_eq!(pool_verdict(&refused, 1), Some(CheckResult::HardFail));
         let mixed = [ProbeOutcome::Refused, ProbeOutcome::Timeout];
-        assert_eq!(pool_verdict(&mixed, 1), CheckResult::SoftFail);
+        assert_eq!(pool_verdict(&mixed, 1), Some(CheckResult::SoftFail));
     }
 
     #[test]
@@ -152,11 +161,42 @@ mod tests {
     }
 
     #[test]
+    fn a_probe_the_replicas_reject_as_wrong_says_nothing_of_the_pool() {
+        for code in [400, 401, 404, 422] {
+            assert!(ProbeOutcome::HttpError(code).is_probe_rejected(), "{code}");
+            let rejected = [ProbeOutcome::HttpError(code), ProbeOutcome::HttpError(code)];
+            assert_eq!(pool_verdict(&rejected, 1), None, "{code}");
+        }
+        // Overload, a server's own timeout and 5xx are the pool's.
+        for code in [408, 429, 500, 503] {
+            assert!(!ProbeOutcome::HttpError(code).is_probe_rejected(), "{code}");
+            assert!(
+                pool_verdict(&[ProbeOutcome::HttpError(code)], 1).is_some(),
+                "{code}"
+            );
+        }
+        assert_eq!(
+            pool_verdict(&[ProbeOutcome::HttpError(429)], 1),
+            Some(CheckResult::SoftFail)
+        );
+        // Beside real failures, a rejection neither softens nor hardens them.
+        let refused = [ProbeOutcome::Refused, ProbeOutcome::HttpError(404)];
+        assert_eq!(pool_verdict(&refused, 1), Some(CheckResult::HardFail));
+        let slow = [ProbeOutcome::TooSlow, ProbeOutcome::HttpError(404)];
+        assert_eq!(pool_verdict(&slow, 1), Some(CheckResult::SoftFail));
+        // Enough passing replicas still pass the pool.
+        assert_eq!(
+            pool_verdict(&[ok(), ProbeOutcome::HttpError(404)], 1),
+            Some(CheckResult::Pass)
+        );
+    }
+
+    #[test]
     fn a_sleeping_pool_reports_asleep_and_an_empty_round_fails_hard() {
         assert_eq!(
             pool_verdict(&[ProbeOutcome::Asleep, ProbeOutcome::Asleep], 2),
-            CheckResult::Asleep
+            Some(CheckResult::Asleep)
         );
-        assert_eq!(pool_verdict(&[], 1), CheckResult::HardFail);
+        assert_eq!(pool_verdict(&[], 1), Some(CheckResult::HardFail));
     }
 }

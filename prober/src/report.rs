@@ -13,7 +13,7 @@ use serde::Serialize;
 use understudy_core::Pool;
 use understudy_core::failover::{CheckResult, Input};
 
-use crate::outcome::pool_verdict;
+use crate::outcome::{ProbeOutcome, pool_verdict};
 use crate::parity::DriftReport;
 use crate::probe::ProbeReport;
 
@@ -26,10 +26,35 @@ pub struct PoolRound {
 }
 
 impl PoolRound {
-    pub fn verdict(&self) -> CheckResult {
+    /// The round's check, or `None` when the replicas rejected the probe itself
+    /// ([`pool_verdict`]).
+    pub fn verdict(&self) -> Option<CheckResult> {
         let outcomes: Vec<_> = self.reports.iter().map(|r| r.outcome.clone()).collect();
         pool_verdict(&outcomes, self.min_serving)
     }
+
+    /// The first replica that rejected the probe as wrong, with its status, for a person to
+    /// read: `10.0.0.5:8000 answered 404`.
+    pub fn rejection(&self) -> Option<String> {
+        self.reports
+            .iter()
+            .find(|r| r.outcome.is_probe_rejected())
+            .map(|r| {
+                let code = match r.outcome {
+                    ProbeOutcome::HttpError(code) => code,
+                    _ => 0,
+                };
+                format!("{} answered {code} to the probe", r.endpoint)
+            })
+    }
+}
+
+/// A verdict as people read it: the check, or that the probe was rejected.
+pub fn describe(verdict: Option<CheckResult>) -> String {
+    verdict.map_or_else(
+        || "ProbeRejected (the replicas refused the probe itself: see the http-error codes)".to_owned(),
+        |check| format!("{check:?}"),
+    )
 }
 
 /// The inputs the failover state machine consumes for one round: a check per pool, and parity
@@ -37,9 +62,11 @@ impl PoolRound {
 pub fn observations(rounds: &[PoolRound], parity: Option<&DriftReport>) -> Vec<Input> {
     let mut inputs: Vec<Input> = rounds
         .iter()
-        .map(|r| Input::Check {
-            pool: r.pool,
-            result: r.verdict(),
+        .filter_map(|r| {
+            Some(Input::Check {
+                pool: r.pool,
+                result: r.verdict()?,
+            })
         })
         .collect();
     if let Some(report) = parity {
@@ -73,7 +100,7 @@ impl<'a> RoundDocument<'a> {
                 .iter()
                 .map(|r| PoolDocument {
                     pool: r.pool,
-                    verdict: format!("{:?}", r.verdict()),
+                    verdict: describe(r.verdict()),
                     min_serving: r.min_serving,
                     replicas: &r.reports,
                 })
@@ -139,7 +166,7 @@ impl ProberMetrics {
                     outcome: r.outcome.as_str().to_owned(),
                 })
                 .inc();
-            if let crate::outcome::ProbeOutcome::Ok { first_token, .. } = r.outcome {
+            if let ProbeOutcome::Ok { first_token, .. } = r.outcome {
                 self.first_token
                     .get_or_create(&EndpointLabels {
                         pool: pool.clone(),
@@ -163,7 +190,6 @@ impl ProberMetrics {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::outcome::ProbeOutcome;
     use crate::parity::Fingerprint;
     use crate::probe::Endpoint;
     use std::time::Duration;

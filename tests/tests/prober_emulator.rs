@@ -99,7 +99,7 @@ async fn a_dead_engine_is_a_hard_http_error_and_the_pool_fails_hard() {
     )
     .await;
     let outcomes: Vec<_> = round.into_iter().map(|r| r.outcome).collect();
-    assert_eq!(pool_verdict(&outcomes, 1), CheckResult::HardFail);
+    assert_eq!(pool_verdict(&outcomes, 1), Some(CheckResult::HardFail));
     let both = probe::probe_round(
         &[healthy.endpoint.clone(), dead.endpoint.clone()],
         &spec(),
@@ -109,8 +109,22 @@ async fn a_dead_engine_is_a_hard_http_error_and_the_pool_fails_hard() {
     )
     .await;
     let outcomes: Vec<_> = both.into_iter().map(|r| r.outcome).collect();
-    assert_eq!(pool_verdict(&outcomes, 1), CheckResult::Pass);
-    assert_eq!(pool_verdict(&outcomes, 2), CheckResult::HardFail);
+    assert_eq!(pool_verdict(&outcomes, 1), Some(CheckResult::Pass));
+    assert_eq!(pool_verdict(&outcomes, 2), Some(CheckResult::HardFail));
+}
+
+#[tokio::test]
+async fn a_probe_for_a_model_the_replicas_do_not_serve_is_rejected_and_judges_nothing() {
+    let e = Emulator::ready(&[], &[]);
+    let wrong = ProbeSpec {
+        model: Some("not/the-served-model".into()),
+        ..spec()
+    };
+    let round = probe::probe_round(std::slice::from_ref(&e.endpoint), &wrong, 1, 0, Duration::ZERO).await;
+    let outcomes: Vec<_> = round.into_iter().map(|r| r.outcome).collect();
+    assert_eq!(outcomes, [ProbeOutcome::HttpError(404)]);
+    assert!(outcomes[0].is_probe_rejected());
+    assert_eq!(pool_verdict(&outcomes, 1), None);
 }
 
 #[tokio::test]
@@ -201,7 +215,10 @@ async fn a_sleeping_replica_is_asleep_and_wakes_to_pass() {
         probe::probe(&e.endpoint, &quick).await.outcome,
         ProbeOutcome::Asleep
     );
-    assert_eq!(pool_verdict(&[ProbeOutcome::Asleep], 1), CheckResult::Asleep);
+    assert_eq!(
+        pool_verdict(&[ProbeOutcome::Asleep], 1),
+        Some(CheckResult::Asleep)
+    );
     assert_eq!(e.post("/wake_up", ""), 200);
     assert!(matches!(
         probe::probe(&e.endpoint, &spec()).await.outcome,

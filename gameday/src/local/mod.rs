@@ -452,10 +452,10 @@ async fn round_inputs(logic: &Logic) -> Vec<Input> {
     // is promotable in the round the primary crosses its threshold.
     let standby = lock(&logic.state).standby();
     for pool in [standby, standby.other()] {
-        inputs.push(Input::Check {
-            pool,
-            result: rounds[pool.index()],
-        });
+        // A probe the replicas rejected as wrong says nothing of the pool: no check this round.
+        if let Some(result) = rounds[pool.index()] {
+            inputs.push(Input::Check { pool, result });
+        }
     }
     if let Some(report) = parity {
         inputs.push(Input::Parity {
@@ -586,8 +586,9 @@ fn transition(
     }
 }
 
-/// One round of generating probes of both pools, as each pool's verdict.
-async fn probe_both(logic: &Logic) -> [CheckResult; 2] {
+/// One round of generating probes of both pools, as each pool's verdict (`None`: the replicas
+/// rejected the probe itself).
+async fn probe_both(logic: &Logic) -> [Option<CheckResult>; 2] {
     let round = |pool: Pool| async move {
         let addrs = lock(&logic.pools)[pool.index()].replicas.clone();
         let endpoints: Vec<Endpoint> = addrs

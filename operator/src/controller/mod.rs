@@ -171,6 +171,13 @@ impl Error {
 pub trait GoldenAnswers: Send + Sync + fmt::Debug {
     /// The golden answer kept for `policy` now; `None` when there is none, yet or any more.
     fn golden_answer(&self, policy: &ObjectRef<FailoverPolicy>) -> Option<GoldenAnswer>;
+
+    /// What the probes of `policy` learned of the probe itself: `Some(Ok(()))` when replicas
+    /// answered it in the last round, `Some(Err(why))` when they refused it as wrong, `None`
+    /// before any round.
+    fn probe_accepted(&self, _policy: &ObjectRef<FailoverPolicy>) -> Option<Result<(), String>> {
+        None
+    }
 }
 
 /// What every reconcile shares.

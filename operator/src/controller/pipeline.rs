@@ -591,6 +591,10 @@ pub(super) fn status_of(
     run: &Run<'_>,
     lease_behind: Option<Epoch>,
 ) -> Result<FailoverPolicyStatus, Error> {
+    let probe_accepted = ctx
+        .golden_answers
+        .as_ref()
+        .and_then(|source| source.probe_accepted(&ObjectRef::from_obj(policy)));
     let golden_answer = match &ctx.golden_answers {
         Some(source) => source.golden_answer(&ObjectRef::from_obj(policy)),
         None => policy
@@ -609,6 +613,9 @@ pub(super) fn status_of(
         lease_behind,
         gpu_reserve: run.gpu_reserve.as_ref(),
         golden_answer: golden_answer.as_ref(),
+        probe_accepted: probe_accepted
+            .as_ref()
+            .map(|r| r.as_ref().map_err(String::as_str).copied()),
         now: run.now,
     })
     .map_err(Error::Record)

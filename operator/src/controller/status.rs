@@ -166,6 +166,8 @@ pub struct StatusFacts<'a> {
     pub gpu_reserve: Option<&'a GpuReserve>,
     /// The golden answer the probes judge by after this reconcile.
     pub golden_answer: Option<&'a GoldenAnswer>,
+    /// Whether the replicas took the last round's probe, or why not; `None` before any round.
+    pub probe_accepted: Option<Result<(), &'a str>>,
     pub now: Duration,
 }
 
@@ -191,7 +193,13 @@ pub fn desired_status(facts: &StatusFacts<'_>) -> Result<FailoverPolicyStatus, s
         observed_generation: facts.generation,
         conditions: merge_conditions(
             &previous.conditions,
-            conditions(facts.spec, facts.config, machine, facts.lease_behind),
+            conditions(
+                facts.spec,
+                facts.config,
+                machine,
+                facts.lease_behind,
+                facts.probe_accepted,
+            ),
             facts.now,
         ),
         last_failover,
@@ -242,6 +250,7 @@ fn conditions(
     config: &FailoverConfig,
     machine: &FailoverState,
     lease_behind: Option<Epoch>,
+    probe_accepted: Option<Result<(), &str>>,
 ) -> BTreeMap<String, Condition> {
     use ConditionStatus::{False, True, Unknown};
     let primary = pool_name(spec, machine.primary);
@@ -347,11 +356,24 @@ fn conditions(
         "ColdStartNotMeasured",
         "cold-start stages are not measured yet, so the recovery time per tier is unknown".to_owned(),
     );
+    let probe = match probe_accepted {
+        Some(Ok(())) => condition(True, "Answered", "the replicas answer the probe".to_owned()),
+        Some(Err(why)) => condition(
+            False,
+            "ProbeRejected",
+            format!(
+                "{why}: the probe itself is wrong (spec.probe, or the model the pools serve), so no \
+                 check judges either pool and nothing fails over on probes until it is fixed"
+            ),
+        ),
+        None => condition(Unknown, "NotProbed", "no probe round has finished yet".to_owned()),
+    };
     BTreeMap::from([
         (condition_type::READY.to_owned(), ready),
         (condition_type::STANDBY_PROVEN.to_owned(), standby_proven),
         (condition_type::PARITY_HOLDS.to_owned(), parity),
         (condition_type::OBJECTIVE_MET.to_owned(), objective),
+        (condition_type::PROBE_ACCEPTED.to_owned(), probe),
     ])
 }
 
@@ -487,6 +509,7 @@ mod tests {
             lease_behind: None,
             gpu_reserve: None,
             golden_answer: None,
+            probe_accepted: None,
             now: NOW,
         })
         .unwrap()
@@ -596,6 +619,7 @@ mod tests {
             lease_behind: Some(Epoch(2)),
             gpu_reserve: None,
             golden_answer: None,
+            probe_accepted: None,
             now: NOW,
         })
         .unwrap();
@@ -611,6 +635,47 @@ mod tests {
         );
         // The record's epoch stays what it was; the Lease's lower one is not taken.
         assert_eq!(status.epoch, Some(7));
+    }
+
+    #[test]
+    fn a_rejected_probe_shows_as_probe_accepted_false_with_the_replicas_answer() {
+        let spec = spec();
+        let config = failover_config(&spec).unwrap();
+        let rec = record(FailoverState::new());
+        let with = |probe_accepted| {
+            desired_status(&StatusFacts {
+                spec: &spec,
+                config: &config,
+                generation: Some(3),
+                previous: None,
+                record: &rec,
+                finished: None,
+                lease_behind: None,
+                gpu_reserve: None,
+                golden_answer: None,
+                probe_accepted,
+                now: NOW,
+            })
+            .unwrap()
+            .conditions[condition_type::PROBE_ACCEPTED]
+                .clone()
+        };
+        let rejected = with(Some(Err("10.0.0.5:8000 answered 404 to the probe")));
+        assert_eq!(
+            (rejected.status, rejected.reason.as_str()),
+            (ConditionStatus::False, "ProbeRejected")
+        );
+        assert!(
+            rejected.message.starts_with("10.0.0.5:8000 answered 404"),
+            "{}",
+            rejected.message
+        );
+        let answered = with(Some(Ok(())));
+        assert_eq!(
+            (answered.status, answered.reason.as_str()),
+            (ConditionStatus::True, "Answered")
+        );
+        assert_eq!(with(None).status, ConditionStatus::Unknown);
     }
 
     #[test]
