@@ -1,6 +1,9 @@
 //! The admin server: `/live`, `/ready` and `/metrics` on the admin port.
 //!
-//! - `/live` answers 200 for as long as the process serves HTTP at all.
+//! - `/live` answers 200 for as long as the process serves HTTP, unless this replica leads and
+//!   the [`Watchdog`] finds a controller stalled: then 503, with the [`Stall`] as the body, so
+//!   that the kubelet restarts a leader whose controllers are stuck. A replica that does not lead
+//!   has nothing to reconcile and stays live.
 //! - `/ready` answers 200 when this replica does its job in the election: it leads and its
 //!   controller runs, or it stands by as a candidate whose elector is running. It answers 503
 //!   while starting, while a new leader's controller has not started yet, and while stopping.
@@ -21,6 +24,7 @@ use axum::routing::get;
 use tokio::net::TcpListener;
 
 use crate::metrics::Metrics;
+use crate::watchdog::{Stall, Watchdog};
 
 /// Where this replica stands in the election.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,15 +78,20 @@ impl Readiness {
 struct AdminState {
     metrics: Arc<Metrics>,
     readiness: Readiness,
+    watchdog: Watchdog,
 }
 
 /// The admin routes.
-pub fn router(metrics: Arc<Metrics>, readiness: Readiness) -> Router {
+pub fn router(metrics: Arc<Metrics>, readiness: Readiness, watchdog: Watchdog) -> Router {
     Router::new()
-        .route("/live", get(|| async { "live\n" }))
+        .route("/live", get(live))
         .route("/ready", get(ready))
         .route("/metrics", get(metrics_text))
-        .with_state(AdminState { metrics, readiness })
+        .with_state(AdminState {
+            metrics,
+            readiness,
+            watchdog,
+        })
 }
 
 /// Serves the admin routes on `listener` until the process ends.
@@ -90,8 +99,21 @@ pub async fn serve(
     listener: TcpListener,
     metrics: Arc<Metrics>,
     readiness: Readiness,
+    watchdog: Watchdog,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(metrics, readiness)).await
+    axum::serve(listener, router(metrics, readiness, watchdog)).await
+}
+
+/// `/live`'s answer for this replica's role and the watchdog's finding.
+fn liveness(role: Role, stall: Option<Stall>) -> (StatusCode, String) {
+    match (role, stall) {
+        (Role::Leading, Some(stall)) => (StatusCode::SERVICE_UNAVAILABLE, format!("{stall}\n")),
+        _ => (StatusCode::OK, "live\n".to_owned()),
+    }
+}
+
+async fn live(State(state): State<AdminState>) -> (StatusCode, String) {
+    liveness(state.readiness.role(), state.watchdog.stall())
 }
 
 async fn ready(State(state): State<AdminState>) -> Response {
@@ -122,9 +144,22 @@ async fn metrics_text(State(state): State<AdminState>) -> Response {
 mod tests {
     #![allow(clippy::unwrap_used)]
 
+    use std::time::Duration;
+
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::time::advance;
 
     use super::*;
+    use crate::watchdog::Reconciler;
+
+    fn policy() -> ObjectMeta {
+        ObjectMeta {
+            namespace: Some("serving".into()),
+            name: Some("llama".into()),
+            ..ObjectMeta::default()
+        }
+    }
 
     /// One plain HTTP/1.1 request over a real socket, as a kubelet probe sends it.
     async fn get(addr: std::net::SocketAddr, path: &str) -> String {
@@ -137,12 +172,19 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn live_always_ready_only_when_leading_or_standing_by_and_metrics_as_text() {
+    async fn live_unless_a_leader_stalls_ready_only_when_leading_or_standing_by_and_metrics_as_text() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let metrics = Arc::new(Metrics::new());
         let readiness = Readiness::default();
-        let server = tokio::spawn(serve(listener, metrics.clone(), readiness.clone()));
+        // Real time here: with no threshold, a reconcile in flight is a stall at once.
+        let watchdog = Watchdog::new(Duration::ZERO);
+        let server = tokio::spawn(serve(
+            listener,
+            metrics.clone(),
+            readiness.clone(),
+            watchdog.clone(),
+        ));
 
         assert!(get(addr, "/live").await.starts_with("HTTP/1.1 200"));
         assert!(get(addr, "/ready").await.starts_with("HTTP/1.1 503"));
@@ -161,6 +203,17 @@ mod tests {
         }
         assert!(get(addr, "/live").await.starts_with("HTTP/1.1 200"));
 
+        let stuck = watchdog.reconciling(Reconciler::FailoverPolicy, &policy());
+        readiness.set(Role::Leading);
+        let answer = get(addr, "/live").await;
+        assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+        assert!(
+            answer.contains("the FailoverPolicy controller is stalled: its reconcile of serving/llama"),
+            "{answer}"
+        );
+        drop(stuck);
+        assert!(get(addr, "/live").await.starts_with("HTTP/1.1 200"));
+
         metrics.reconcile_failed("status");
         let answer = get(addr, "/metrics").await;
         assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
@@ -170,5 +223,43 @@ mod tests {
             "{answer}"
         );
         server.abort();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_leader_is_not_live_once_a_reconcile_has_run_for_stall_after_and_live_again_when_it_ends() {
+        let watchdog = Watchdog::new(Duration::from_secs(600));
+        let live = |role| liveness(role, watchdog.stall());
+
+        // Leading and idle for hours: nothing to reconcile is not a stall.
+        advance(Duration::from_secs(3 * 3600)).await;
+        assert_eq!(live(Role::Leading), (StatusCode::OK, "live\n".to_owned()));
+
+        let stuck = watchdog.reconciling(Reconciler::FailoverPolicy, &policy());
+        advance(Duration::from_secs(599)).await;
+        assert_eq!(live(Role::Leading).0, StatusCode::OK);
+        advance(Duration::from_secs(1)).await;
+        let (code, reason) = live(Role::Leading);
+        assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(
+            reason,
+            "the FailoverPolicy controller is stalled: its reconcile of serving/llama has run for \
+             10m0s without finishing\n"
+        );
+        // A replica that does not lead has nothing to reconcile: it stays live whatever it holds.
+        for role in [Role::Starting, Role::StandingBy, Role::Elected, Role::Stopping] {
+            assert_eq!(live(role).0, StatusCode::OK, "{role:?}");
+        }
+
+        // The reconcile finishes: progress, and the leader is live again.
+        drop(stuck);
+        assert_eq!(live(Role::Leading).0, StatusCode::OK);
+        let next = watchdog.reconciling(Reconciler::FailoverPolicy, &policy());
+        advance(Duration::from_secs(599)).await;
+        assert_eq!(
+            live(Role::Leading).0,
+            StatusCode::OK,
+            "a fresh reconcile starts a fresh count"
+        );
+        drop(next);
     }
 }

@@ -13,6 +13,11 @@
 //! on the `resourceVersion` it read, so that the next candidate takes over at its next retry
 //! instead of after `lease_duration`. A Lease somebody else holds is left alone.
 //!
+//! Given the controllers' [`Watchdog`] ([`LeaderElector::with_watchdog`]), a candidate claims the
+//! Lease only while no controller is stalled: a leader whose controllers are stuck stops renewing,
+//! stops leading at the renew deadline, and another replica takes over after the lease duration.
+//! It contends again once they progress.
+//!
 //! What this module must never do: report leadership it did not just confirm with a successful
 //! write, keep reporting it past the renew deadline (or after its task is dropped), or trust a
 //! clock other than the local monotonic one. Leader election alone is not fencing: two replicas
@@ -30,6 +35,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::lease::{KubeLease, LeaseError, MemoryLease, resource_version};
+use crate::watchdog::{Stall, Watchdog};
 
 /// Timing of leader election. The defaults are those of the Kubernetes core components.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -343,6 +349,8 @@ pub struct LeaderElector<L> {
     leadership: Leadership,
     /// The record last seen and the local instant it was first seen at that version.
     observed: Option<(LeaderRecord, Instant)>,
+    /// While it finds a controller stalled, the Lease is neither renewed nor taken.
+    watchdog: Option<Watchdog>,
 }
 
 impl<L: LeaderLock> LeaderElector<L> {
@@ -363,7 +371,15 @@ impl<L: LeaderLock> LeaderElector<L> {
             config,
             leadership: Leadership(watch::channel(false).0),
             observed: None,
+            watchdog: None,
         })
+    }
+
+    /// Claim the Lease only while `watchdog` finds no controller stalled.
+    #[must_use]
+    pub fn with_watchdog(mut self, watchdog: Watchdog) -> Self {
+        self.watchdog = Some(watchdog);
+        self
     }
 
     /// Whether this candidate leads now. `true` only between a successful acquire or renewal and
@@ -439,6 +455,11 @@ impl<L: LeaderLock> LeaderElector<L> {
                     tracing::warn!(identity = %self.identity, "could not renew within the renew deadline");
                     break;
                 }
+                if let Some(stall) = self.stall() {
+                    // Not renewing lets the deadline pass: this leader stops, another takes over.
+                    tracing::warn!(identity = %self.identity, %stall, "not renewing the lease");
+                    continue;
+                }
                 let sent = Instant::now();
                 match tokio::time::timeout_at(deadline, self.try_acquire_or_renew()).await {
                     Ok(Ok(Attempt::Leading)) => renewed_at = sent,
@@ -468,6 +489,12 @@ impl<L: LeaderLock> LeaderElector<L> {
     /// write was sent.
     async fn acquire(&mut self) -> Instant {
         loop {
+            if let Some(stall) = self.stall() {
+                // Nor take it: a leader that stepped down for a stall must not take it straight back.
+                tracing::debug!(identity = %self.identity, %stall, "not contending for the lease");
+                tokio::time::sleep(self.config.retry_period).await;
+                continue;
+            }
             let sent = Instant::now();
             // Bounded so that one hung request cannot stall the candidate indefinitely.
             match tokio::time::timeout(self.config.renew_deadline, self.try_acquire_or_renew()).await {
@@ -480,6 +507,11 @@ impl<L: LeaderLock> LeaderElector<L> {
             }
             tokio::time::sleep(self.config.retry_period).await;
         }
+    }
+
+    /// What the watchdog finds stalled, if it is given one.
+    fn stall(&self) -> Option<Stall> {
+        self.watchdog.as_ref().and_then(Watchdog::stall)
     }
 
     /// Read the Lease, then create, renew or take it over if this candidate may.
@@ -522,10 +554,12 @@ mod tests {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, Ordering};
 
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
     use tokio::task::JoinHandle;
     use tokio::time::sleep;
 
     use super::*;
+    use crate::watchdog::{Reconciler, Reconciling};
 
     const LEASE: Duration = Duration::from_secs(15);
 
@@ -712,6 +746,107 @@ mod tests {
         at(origin, secs(4.1)).await;
         assert!(!*a.borrow());
         assert_eq!(holder(&lock).await, "intruder");
+    }
+
+    /// An elector for `identity` that claims the Lease only while `watchdog` finds no stall.
+    fn start_watched(
+        lock: &MemoryLease,
+        identity: &str,
+        watchdog: &Watchdog,
+    ) -> (watch::Receiver<bool>, JoinHandle<()>) {
+        let elector = LeaderElector::new(lock.clone(), identity, LeaderConfig::default())
+            .unwrap()
+            .with_watchdog(watchdog.clone());
+        let leading = elector.is_leader();
+        (leading, tokio::spawn(elector.run()))
+    }
+
+    /// A reconcile that has started and, until the guard is dropped, not finished.
+    fn stuck_reconcile(watchdog: &Watchdog) -> Reconciling {
+        let policy = ObjectMeta {
+            namespace: Some("serving".into()),
+            name: Some("llama".into()),
+            ..ObjectMeta::default()
+        };
+        watchdog.reconciling(Reconciler::FailoverPolicy, &policy)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_leader_whose_controllers_stall_stops_renewing_and_a_candidate_takes_over() {
+        let lock = MemoryLease::new();
+        let watchdog = Watchdog::new(secs(60.0));
+        let origin = Instant::now();
+        let (a, _a_task) = start_watched(&lock, "pod-a", &watchdog);
+        at(origin, secs(0.5)).await;
+        let (b, _b_task) = start(&lock, "pod-b");
+        // A's controllers get stuck at 1 s: stalled from 61 s. A renews every 2 s until then.
+        at(origin, secs(1.0)).await;
+        let stuck = stuck_reconcile(&watchdog);
+        at(origin, secs(60.9)).await;
+        assert!(*a.borrow() && !*b.borrow());
+        let last_renewal = lock.observe().await.unwrap().unwrap();
+        at(origin, secs(69.9)).await;
+        assert_eq!(
+            lock.observe().await.unwrap().unwrap(),
+            last_renewal,
+            "a stalled leader renewed the lease"
+        );
+        assert!(
+            *a.borrow(),
+            "it leads until the renew deadline of its last renewal"
+        );
+        // Renewed at 60 s: A stops at 70 s. B saw that renewal at its try at 60.5 s, so it takes
+        // over at its first try after 75.5 s. A, still stalled, must not take the Lease back.
+        let mut b_started = None;
+        while b_started.is_none() {
+            sleep(secs(0.1)).await;
+            let (a_leads, b_leads) = (*a.borrow(), *b.borrow());
+            let since = origin.elapsed();
+            assert!(!(a_leads && since > secs(70.0)), "A leads at {since:?}");
+            if b_leads {
+                b_started = Some(since);
+            }
+        }
+        let b_started = b_started.unwrap();
+        assert!(
+            b_started > secs(75.5) && b_started <= secs(76.6),
+            "B took over at {b_started:?}"
+        );
+        // Once A's controllers progress it is a candidate again, and B, renewing, keeps the Lease.
+        drop(stuck);
+        at(origin, secs(180.0)).await;
+        assert!(!*a.borrow() && *b.borrow());
+        assert_eq!(holder(&lock).await, "pod-b");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_leader_whose_controllers_progress_again_before_the_renew_deadline_renews_and_keeps_leading() {
+        let lock = MemoryLease::new();
+        let watchdog = Watchdog::new(secs(60.0));
+        let origin = Instant::now();
+        let (a, _a_task) = start_watched(&lock, "pod-a", &watchdog);
+        at(origin, secs(0.5)).await;
+        let (b, _b_task) = start(&lock, "pod-b");
+        at(origin, secs(1.0)).await;
+        let stuck = stuck_reconcile(&watchdog);
+        // Stalled from 61 s: the renewals at 62 s and 64 s are not sent.
+        at(origin, secs(61.5)).await;
+        let last_renewal = lock.observe().await.unwrap().unwrap();
+        at(origin, secs(64.9)).await;
+        assert_eq!(lock.observe().await.unwrap().unwrap(), last_renewal);
+        // The reconcile finishes at 65 s; the renewal at 66 s goes out, before the deadline at 70 s.
+        drop(stuck);
+        at(origin, secs(66.5)).await;
+        assert_ne!(
+            lock.observe().await.unwrap().unwrap(),
+            last_renewal,
+            "no renewal after progress"
+        );
+        for _ in 0..600 {
+            sleep(secs(0.1)).await;
+            assert!(*a.borrow() && !*b.borrow());
+        }
+        assert_eq!(holder(&lock).await, "pod-a");
     }
 
     /// An elector for `identity` that runs until the returned sender is used or dropped.

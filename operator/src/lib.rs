@@ -15,3 +15,4 @@ pub mod observe;
 pub mod reserve;
 pub mod route_push;
 pub mod wake;
+pub mod watchdog;

@@ -7,6 +7,10 @@
 //! leader. On SIGTERM or ctrl-c the controllers stop first, then the leader Lease is released,
 //! so that in a rolling update the next replica leads at its next try rather than after the
 //! lease duration.
+//!
+//! The controllers' watchdog guards against a leader that is stuck rather than gone: once a
+//! reconcile has run for `--stall-after`, `/live` answers 503 and the elector stops renewing, so
+//! the leadership and then the process end, and another replica leads.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -28,6 +32,7 @@ use understudy_operator::observe::{KubeReplicas, ProbingObservations};
 use understudy_operator::reserve::{self, ReserveConfig};
 use understudy_operator::route_push::{RouterAdminUrl, RouterPush, RouterToken};
 use understudy_operator::wake::WakeReplicas;
+use understudy_operator::watchdog::Watchdog;
 
 /// Fails LLM serving over from an active GPU pool to a standby pool, with a fencing epoch.
 #[derive(Debug, Parser)]
@@ -82,9 +87,33 @@ struct Args {
     )]
     reserve_priority_class: String,
 
+    /// How long one reconcile may run before its controller counts as stalled: then `/live`
+    /// answers 503 while this replica leads, and it stops renewing the leader Lease so that
+    /// another replica takes over. A Go-style duration, more than zero. The default, 10m,
+    /// outlasts the longest healthy reconcile, a promotion that wakes replicas from sleep level 2
+    /// (four calls in a row of up to 2m each); a reconcile's Lease requests, status writes and
+    /// router pushes time out within 10s, and a policy requeues every 2s while it promotes and
+    /// every probe interval (10s by default) otherwise.
+    #[arg(
+        long,
+        env = "UNDERSTUDY_STALL_AFTER",
+        default_value = "10m",
+        value_parser = stall_after
+    )]
+    stall_after: Duration,
+
     /// Log filter, in `tracing_subscriber::EnvFilter` syntax.
     #[arg(long, env = "RUST_LOG", default_value = "info")]
     log_filter: String,
+}
+
+/// `--stall-after`: a Go-style duration; zero would count every reconcile as a stall.
+fn stall_after(text: &str) -> Result<Duration, String> {
+    match understudy_core::duration::parse(text) {
+        Ok(duration) if duration.is_zero() => Err("must be more than zero".to_owned()),
+        Ok(duration) => Ok(duration),
+        Err(error) => Err(error.to_string()),
+    }
 }
 
 /// Completes on SIGTERM, what the kubelet sends a pod it stops, or on ctrl-c.
@@ -134,11 +163,17 @@ async fn main() -> anyhow::Result<()> {
         .context("building the Kubernetes client")?;
     let metrics = Arc::new(Metrics::new());
     let readiness = Readiness::default();
+    let watchdog = Watchdog::new(args.stall_after);
 
     let listener = tokio::net::TcpListener::bind(args.admin_addr)
         .await
         .with_context(|| format!("binding the admin server to {}", args.admin_addr))?;
-    let admin = tokio::spawn(admin::serve(listener, metrics.clone(), readiness.clone()));
+    let admin = tokio::spawn(admin::serve(
+        listener,
+        metrics.clone(),
+        readiness.clone(),
+        watchdog.clone(),
+    ));
 
     let lease_namespace = args
         .leader_lease_namespace
@@ -150,8 +185,9 @@ async fn main() -> anyhow::Result<()> {
         &args.leader_lease_name,
     );
     let leader_config = LeaderConfig::default();
-    let elector =
-        LeaderElector::new(lock, &args.identity, leader_config).context("configuring leader election")?;
+    let elector = LeaderElector::new(lock, &args.identity, leader_config)
+        .context("configuring leader election")?
+        .with_watchdog(watchdog.clone());
     let mut leading = elector.is_leader();
     let (stop_election, election_stopped) = tokio::sync::oneshot::channel::<()>();
     let election = tokio::spawn(elector.run_until(async {
@@ -188,10 +224,10 @@ async fn main() -> anyhow::Result<()> {
     // The operator reaches the pods it probes, so it wakes the new primary's warm replicas itself.
     let steps = Arc::new(WakeReplicas::new(replicas, steps));
     // Same leader, same client: a game day only ever asks the policy controller to act.
-    let gamedays = Arc::new(gameday::controller::Context::new(
-        client.clone(),
-        Some(args.identity.clone()),
-    ));
+    let gamedays = Arc::new(
+        gameday::controller::Context::new(client.clone(), Some(args.identity.clone()))
+            .with_watchdog(watchdog.clone()),
+    );
     let ctx = Context::new(client, metrics, Some(args.identity.clone()))
         .with_observations(observations.clone())
         .with_golden_answers(observations)
@@ -199,7 +235,8 @@ async fn main() -> anyhow::Result<()> {
         .with_reserve(ReserveConfig {
             image: args.reserve_image.clone(),
             priority_class: args.reserve_priority_class.clone(),
-        });
+        })
+        .with_watchdog(watchdog);
     let ctx = Arc::new(ctx);
     readiness.set(Role::Leading);
     // The controllers stop on SIGTERM or ctrl-c themselves (`shutdown_on_signal`), which ends
@@ -229,4 +266,31 @@ async fn main() -> anyhow::Result<()> {
     }
     tracing::info!("controller stopped");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use understudy_operator::watchdog::DEFAULT_STALL_AFTER;
+
+    use super::*;
+
+    fn stall_after_of(extra: &[&str]) -> Result<Duration, clap::Error> {
+        let args = ["understudy-operator", "--identity", "pod-0"].iter().chain(extra);
+        Args::try_parse_from(args).map(|args| args.stall_after)
+    }
+
+    #[test]
+    fn stall_after_defaults_to_the_watchdogs_default_and_takes_a_go_duration_above_zero() {
+        assert_eq!(stall_after_of(&[]).unwrap(), DEFAULT_STALL_AFTER);
+        assert_eq!(
+            stall_after_of(&["--stall-after", "1m30s"]).unwrap(),
+            Duration::from_secs(90)
+        );
+        for refused in ["0s", "-1m", "ten minutes"] {
+            let flag = format!("--stall-after={refused}");
+            assert!(stall_after_of(&[&flag]).is_err(), "{refused}");
+        }
+    }
 }

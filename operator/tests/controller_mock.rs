@@ -39,6 +39,7 @@ use understudy_operator::controller::{
 };
 use understudy_operator::crd::{FailoverPolicy, GoldenAnswer};
 use understudy_operator::metrics::Metrics;
+use understudy_operator::watchdog::{Reconciler, Watchdog};
 
 mod support;
 use support::{ApiServer, Call, NS, Published, TIMEOUT, reasons, status};
@@ -2207,6 +2208,36 @@ async fn the_golden_answer_the_probes_judge_by_is_applied_to_status_with_the_tim
     let (ctx, server) = context(Vec::new());
     let applied = applied_status(object, ctx, server).await;
     assert!(applied.get("goldenAnswer").is_none(), "{applied}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_reconcile_the_api_server_leaves_unanswered_stalls_the_watchdog_until_it_finishes() {
+    let mut fresh = policy();
+    fresh["metadata"].as_object_mut().unwrap().remove("finalizers");
+    let watchdog = Watchdog::new(Duration::from_secs(60));
+    let (client, mut server) = support::client();
+    let ctx = Context::new(client, Arc::new(Metrics::new()), None)
+        .with_clock(Arc::new(FixedClock))
+        .with_watchdog(watchdog.clone());
+    let reconciling = tokio::spawn(reconcile(guard(&fresh), Arc::new(ctx)));
+    // The finalizer patch goes unanswered for a minute.
+    let call = server.expect("PATCH", POLICY_PATH).await;
+    tokio::time::advance(Duration::from_secs(59)).await;
+    assert_eq!(watchdog.stall(), None);
+    tokio::time::advance(Duration::from_secs(1)).await;
+    let stall = watchdog
+        .stall()
+        .expect("a reconcile stuck for stall_after is a stall");
+    assert_eq!(
+        (stall.reconciler, stall.object.as_str()),
+        (Reconciler::FailoverPolicy, "serving/llama")
+    );
+    let mut stored = fresh.clone();
+    stored["metadata"]["finalizers"] = json!(["understudy.dev/cleanup"]);
+    call.answer(200, &stored);
+    assert_eq!(reconciling.await.unwrap().unwrap(), Action::await_change());
+    assert_eq!(watchdog.stall(), None, "a finished reconcile is progress");
+    server.expect_no_more().await;
 }
 
 /// Cluster tests: a real API server, the CRD installed, nothing else.

@@ -22,6 +22,7 @@ use serde_json::{Value, json};
 use understudy_operator::controller::Clock;
 use understudy_operator::crd::GameDay;
 use understudy_operator::gameday::controller::{ACTIVE_REQUEUE, Context, Error, reconcile};
+use understudy_operator::watchdog::{Reconciler, Watchdog};
 
 mod support;
 use support::{ApiServer, Call, NS, Published, reasons, status};
@@ -201,6 +202,34 @@ where
     let (client, server) = support::client();
     let ctx = Context::new(client, Some("test-0".into())).with_clock(Arc::new(FixedClock));
     support::play(scenario(server), reconcile(guard(object), Arc::new(ctx))).await
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_reconcile_whose_policy_read_goes_unanswered_stalls_the_watchdog_until_it_ends() {
+    let watchdog = Watchdog::new(Duration::from_secs(60));
+    let (client, mut server) = support::client();
+    let ctx = Context::new(client, None)
+        .with_clock(Arc::new(FixedClock))
+        .with_watchdog(watchdog.clone());
+    let reconciling = tokio::spawn(reconcile(guard(&gameday()), Arc::new(ctx)));
+    // The run is due: the policy is read, and the API server does not answer for a minute.
+    let call = server.expect("GET", POLICY_PATH).await;
+    tokio::time::advance(Duration::from_secs(59)).await;
+    assert_eq!(watchdog.stall(), None);
+    tokio::time::advance(Duration::from_secs(1)).await;
+    let stall = watchdog
+        .stall()
+        .expect("a reconcile stuck for stall_after is a stall");
+    assert_eq!(
+        (stall.reconciler, stall.object.as_str()),
+        (Reconciler::GameDay, "serving/weekly")
+    );
+    // A failed reconcile has finished too: its controller moves on.
+    call.answer(500, &status(500, "InternalError", "etcd is down"));
+    let result = reconciling.await.unwrap();
+    assert!(matches!(result, Err(Error::Read { .. })), "{result:?}");
+    assert_eq!(watchdog.stall(), None);
+    server.expect_no_more().await;
 }
 
 #[tokio::test]

@@ -19,6 +19,7 @@ use understudy_operator::leader::{LeaderConfig, LeaderElector, LeaderLock, Relea
 use understudy_operator::lease::{
     EPOCH_ANNOTATION, EpochLease, KubeLease, LeaseError, LeaseRecord, Unreachable, epoch_lease_name,
 };
+use understudy_operator::watchdog::{Reconciler, Watchdog};
 
 mod support;
 use support::{respond, status};
@@ -619,4 +620,53 @@ async fn a_stopped_leader_leaves_a_lease_written_since_it_read_it_or_held_by_ano
     respond(send, StatusCode::OK, &leader_lease_json("pod-1", "60", 6));
     assert_eq!(elector.await.unwrap(), Release::NotHeld);
     verifier.no_more_requests().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_leader_whose_controllers_stall_sends_no_renewal_until_they_progress_again() {
+    let (api, mut verifier) = api_and_verifier();
+    let watchdog = Watchdog::new(Duration::from_secs(5));
+    let elector = LeaderElector::new(
+        KubeLease::new(api, "understudy-operator"),
+        "pod-0",
+        LeaderConfig::default(),
+    )
+    .unwrap()
+    .with_watchdog(watchdog.clone());
+    let mut leading = elector.is_leader();
+    let _elector = tokio::spawn(elector.run());
+    take_over(&mut verifier, &mut leading).await;
+    // A reconcile starts now and never finishes: stalled from 5 s.
+    let policy = k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+        namespace: Some(NAMESPACE.into()),
+        name: Some("chat".into()),
+        ..Default::default()
+    };
+    let stuck = watchdog.reconciling(Reconciler::FailoverPolicy, &policy);
+
+    // The renewals at 2 s and 4 s go out as usual.
+    for (read, written) in [("56", "57"), ("57", "58")] {
+        let (seen, send) = verifier.next().await;
+        assert_eq!(seen.method, Method::GET);
+        respond(send, StatusCode::OK, &leader_lease_json("pod-0", read, 5));
+        let (seen, send) = verifier.next().await;
+        assert_eq!(seen.method, Method::PUT);
+        respond(send, StatusCode::OK, &stored(seen.body, written));
+    }
+    // From 5 s nothing is sent, not even a read; leadership ends at the renew deadline (14 s).
+    let quiet = tokio::time::timeout(Duration::from_secs(30), verifier.0.next_request()).await;
+    assert!(quiet.is_err(), "a stalled leader sent a request");
+    assert!(!*leading.borrow());
+
+    // The reconcile ends: the candidate contends again and takes back the Lease in its name.
+    drop(stuck);
+    let (seen, send) = verifier.next().await;
+    assert_eq!(seen.method, Method::GET);
+    respond(send, StatusCode::OK, &leader_lease_json("pod-0", "58", 5));
+    let (seen, send) = verifier.next().await;
+    assert_eq!(seen.method, Method::PUT);
+    assert_eq!(seen.body["metadata"]["resourceVersion"], "58");
+    assert_eq!(seen.body["spec"]["holderIdentity"], "pod-0");
+    respond(send, StatusCode::OK, &stored(seen.body, "59"));
+    leading.wait_for(|leads| *leads).await.unwrap();
 }

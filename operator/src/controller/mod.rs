@@ -70,6 +70,7 @@ use crate::lease::LeaseError;
 use crate::metrics::Metrics;
 use crate::policy;
 use crate::reserve::{ReserveConfig, ReserveError};
+use crate::watchdog::{Reconciler, Watchdog};
 
 /// The finalizer the controller puts on every FailoverPolicy it runs.
 pub const FINALIZER: &str = "understudy.dev/cleanup";
@@ -194,6 +195,8 @@ pub struct Context {
     pub write_timeout: Duration,
     /// How GPU reserves' placeholder pods run.
     pub reserve: ReserveConfig,
+    /// Where each reconcile records that it runs, so that a stuck one is noticed.
+    pub watchdog: Watchdog,
     /// Consecutive failures per policy, for the error policy's backoff.
     failures: Mutex<HashMap<(String, String), u32>>,
 }
@@ -207,6 +210,7 @@ impl fmt::Debug for Context {
             .field("clock", &self.clock)
             .field("write_timeout", &self.write_timeout)
             .field("reserve", &self.reserve)
+            .field("watchdog", &self.watchdog)
             .finish_non_exhaustive()
     }
 }
@@ -229,6 +233,7 @@ impl Context {
             clock: Arc::new(SystemClock),
             write_timeout: Duration::from_secs(10),
             reserve: ReserveConfig::default(),
+            watchdog: Watchdog::default(),
             failures: Mutex::new(HashMap::new()),
         }
     }
@@ -263,6 +268,12 @@ impl Context {
         self
     }
 
+    #[must_use]
+    pub fn with_watchdog(mut self, watchdog: Watchdog) -> Self {
+        self.watchdog = watchdog;
+        self
+    }
+
     fn failures(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), u32>> {
         // A poisoned map only loses backoff counts; carry on with it.
         self.failures.lock().unwrap_or_else(PoisonError::into_inner)
@@ -282,6 +293,9 @@ pub async fn reconcile(
     ctx: Arc<Context>,
 ) -> Result<Action, Error> {
     let _timer = ctx.metrics.reconcile_started();
+    let _reconciling = ctx
+        .watchdog
+        .reconciling(Reconciler::FailoverPolicy, object.meta());
     let result = reconcile_guarded(&object, &ctx).await;
     if result.is_ok() {
         ctx.failures().remove(&policy_key(object.meta()));

@@ -33,6 +33,7 @@ use super::{PolicyCommand, PolicyView, RunConfig, RunMachine, instant};
 use crate::controller::{COMMAND_ANNOTATION, CONTROLLER_NAME, Clock, SystemClock, rfc3339};
 use crate::crd::{FailoverPolicy, GameDay, GameDayRun, GameDayStatus, RunPhase, RunTrigger, Verdict};
 use crate::cron::CronSchedule;
+use crate::watchdog::{Reconciler, Watchdog};
 
 /// The annotation on a FailoverPolicy naming the game day whose run gave it a command.
 pub const GAME_DAY_ANNOTATION: &str = "understudy.dev/game-day";
@@ -100,6 +101,8 @@ pub struct Context {
     pub clock: Arc<dyn Clock>,
     /// The longest a write may take.
     pub write_timeout: Duration,
+    /// Where each reconcile records that it runs, so that a stuck one is noticed.
+    pub watchdog: Watchdog,
 }
 
 impl std::fmt::Debug for Context {
@@ -107,6 +110,7 @@ impl std::fmt::Debug for Context {
         f.debug_struct("Context")
             .field("clock", &self.clock)
             .field("write_timeout", &self.write_timeout)
+            .field("watchdog", &self.watchdog)
             .finish_non_exhaustive()
     }
 }
@@ -123,12 +127,19 @@ impl Context {
             client,
             clock: Arc::new(SystemClock),
             write_timeout: Duration::from_secs(10),
+            watchdog: Watchdog::default(),
         }
     }
 
     #[must_use]
     pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
+        self
+    }
+
+    #[must_use]
+    pub fn with_watchdog(mut self, watchdog: Watchdog) -> Self {
+        self.watchdog = watchdog;
         self
     }
 }
@@ -190,6 +201,7 @@ pub fn error_policy(object: Arc<DeserializeGuard<GameDay>>, error: &Error, _: Ar
 
 /// Reconciles one GameDay, including one that does not deserialize.
 pub async fn reconcile(object: Arc<DeserializeGuard<GameDay>>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let _reconciling = ctx.watchdog.reconciling(Reconciler::GameDay, object.meta());
     match &object.0 {
         Ok(gameday) => reconcile_game_day(gameday, &ctx).await,
         Err(invalid) => {
