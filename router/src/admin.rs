@@ -7,6 +7,7 @@
 //! but 409, or be served on the public port.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytes::Bytes;
 use http::header::{AUTHORIZATION, CONTENT_TYPE, HeaderValue, WWW_AUTHENTICATE};
@@ -20,6 +21,9 @@ use crate::body::RouterBody;
 use crate::metrics::Metrics;
 use crate::signals::{PoolSignals, pool_signal};
 use crate::table::{Applied, RouteError, RouteTable};
+
+/// How long a route's body may take to arrive.
+const ROUTE_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The admin bearer token. Compared in constant time; never printed.
 #[derive(Clone)]
@@ -75,6 +79,8 @@ pub struct Admin {
     pub metrics: Arc<Metrics>,
     /// The token it requires.
     pub token: AdminToken,
+    /// Set when the router is stopping: `/ready` fails first, so callers stop sending.
+    pub draining: Arc<AtomicBool>,
 }
 
 fn json(status: StatusCode, value: &serde_json::Value) -> Response<RouterBody> {
@@ -96,6 +102,12 @@ impl Admin {
         match (req.method(), path.as_str()) {
             (&Method::GET, "/live") => return Response::new(RouterBody::from(Bytes::from_static(b"ok\n"))),
             (&Method::GET, "/ready") => {
+                if self.draining.load(Ordering::Relaxed) {
+                    return error(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "draining: the router is stopping",
+                    );
+                }
                 return match self.routes.current() {
                     Some(_) => Response::new(RouterBody::from(Bytes::from_static(b"ok\n"))),
                     None => error(StatusCode::SERVICE_UNAVAILABLE, "no route yet"),
@@ -135,9 +147,14 @@ impl Admin {
             .uri()
             .query()
             .is_some_and(|q| q.split('&').any(|pair| pair == "force=true"));
-        let body = match Limited::new(req.into_body(), 1 << 20).collect().await {
-            Ok(b) => b.to_bytes(),
-            Err(_) => return error(StatusCode::PAYLOAD_TOO_LARGE, "a route is at most 1 MiB"),
+        let read = tokio::time::timeout(
+            ROUTE_READ_TIMEOUT,
+            Limited::new(req.into_body(), 1 << 20).collect(),
+        );
+        let body = match read.await {
+            Ok(Ok(b)) => b.to_bytes(),
+            Ok(Err(_)) => return error(StatusCode::PAYLOAD_TOO_LARGE, "a route is at most 1 MiB"),
+            Err(_) => return error(StatusCode::REQUEST_TIMEOUT, "the route did not arrive in time"),
         };
         let route: Route = match serde_json::from_slice(&body) {
             Ok(r) => r,

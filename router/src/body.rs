@@ -18,6 +18,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use tokio::time::Instant;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use crate::admission::{Admission, Permit};
 use crate::continuation::{Delivered, Events, follow_up, restamp};
@@ -57,6 +58,9 @@ pub struct InFlight {
     pub ejection: EjectionPolicy,
     /// When the request was sent upstream, for the first-token sample.
     pub sent_at: Instant,
+    /// Cancelled when the router, stopping, has waited long enough: the stream then ends as a
+    /// cut one does (the retryable error event for SSE), never as a finished one.
+    pub stopping: CancellationToken,
 }
 
 impl InFlight {
@@ -85,6 +89,8 @@ pub struct Proxied {
     ended: bool,
     /// Under the `continuation` contract: what was delivered and how to carry on.
     follow: Option<Box<Follow>>,
+    /// Wakes the stream when the router stops it; made the first time it waits for the replica.
+    stopped: Option<Pin<Box<WaitForCancellationFutureOwned>>>,
 }
 
 /// Sends the follow-up request (body, the endpoint to avoid) to another endpoint of the route;
@@ -166,6 +172,7 @@ impl Proxied {
             first_frame_seen: false,
             ended: false,
             follow: None,
+            stopped: None,
         }
     }
 
@@ -273,7 +280,23 @@ impl Proxied {
                 self.inner = inner;
                 self.in_flight = Some(in_flight);
             }
-            match ready!(self.inner.poll_data(cx)) {
+            let stopping = self.in_flight.as_ref().map(|f| &f.stopping);
+            if stopping.is_some_and(CancellationToken::is_cancelled) {
+                return self.stop();
+            }
+            let Poll::Ready(next) = self.inner.poll_data(cx) else {
+                // Waiting for the replica: be woken too if the router stops the stream.
+                if let Some(stopping) = stopping {
+                    let stopped = self
+                        .stopped
+                        .get_or_insert_with(|| Box::pin(stopping.clone().cancelled_owned()));
+                    if stopped.as_mut().poll(cx).is_ready() {
+                        return self.stop();
+                    }
+                }
+                return Poll::Pending;
+            };
+            match next {
                 Some(Ok(data)) => {
                     let data = self.take_data(data);
                     // Under `continuation`, a half event waits for the rest of it.
@@ -336,6 +359,20 @@ impl Proxied {
         } else {
             self.ended = true;
             Poll::Ready(Some(Err(StreamCut(e.into()))))
+        }
+    }
+
+    /// The router is stopping and has waited long enough: the stream ends as a cut one does,
+    /// without a follow-up (the router is going away), and the replica's connection is dropped.
+    fn stop(&mut self) -> Poll<Option<Result<Frame<Bytes>, StreamCut>>> {
+        if let Some(f) = self.in_flight.take() {
+            f.metrics.stream_cut();
+        }
+        if self.sse {
+            self.end_with_error()
+        } else {
+            self.ended = true;
+            Poll::Ready(Some(Err(StreamCut("the router stopped".into()))))
         }
     }
 

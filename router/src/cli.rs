@@ -12,11 +12,13 @@ use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::{ArgGroup, Parser, Subcommand};
 use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
 use understudy_api::lease::{FileLease, KubeLease};
 
 use crate::admin::{Admin, AdminToken};
@@ -26,7 +28,7 @@ use crate::gateway::{Gateway, GatewayConfig, housekeeping};
 use crate::highest_epoch::StateFile;
 use crate::metrics::Metrics;
 use crate::retry::RetryLimits;
-use crate::serve::serve;
+use crate::serve::{Limits, serve_until};
 use crate::table::RouteTable;
 use crate::waiting_room::WaitingRoomConfig;
 
@@ -68,6 +70,9 @@ struct GatewayArgs {
     /// Largest request body, in bytes.
     #[arg(long, env = "UNDERSTUDY_MAX_BODY_BYTES", default_value_t = 4 * 1024 * 1024)]
     max_body_bytes: usize,
+    /// How long a whole request body may take to arrive, in milliseconds (408 beyond).
+    #[arg(long, env = "UNDERSTUDY_BODY_READ_TIMEOUT_MS", default_value_t = 30_000)]
+    body_read_timeout_ms: u64,
     /// Requests that may wait for a route at once.
     #[arg(long, env = "UNDERSTUDY_QUEUE_BOUND", default_value_t = 1024)]
     queue_bound: usize,
@@ -93,6 +98,43 @@ struct GatewayArgs {
     /// Worker threads (0: one per core).
     #[arg(long, env = "UNDERSTUDY_WORKERS", default_value_t = 0)]
     workers: usize,
+    #[command(flatten)]
+    serving: ServingArgs,
+}
+
+/// How a process's ports bound their clients, and how it stops. Kubernetes waits
+/// `terminationGracePeriodSeconds` (30 s by default) after SIGTERM: the drain delay and timeout
+/// together must fit in it.
+#[derive(clap::Args, Debug, Clone, Copy)]
+struct ServingArgs {
+    /// How long a request's head (and the wait for the next one on a kept-alive connection) may
+    /// take, in milliseconds; the connection is closed beyond.
+    #[arg(long, env = "UNDERSTUDY_HEADER_READ_TIMEOUT_MS", default_value_t = 10_000)]
+    header_read_timeout_ms: u64,
+    /// The largest request head, in bytes (431 beyond).
+    #[arg(long, env = "UNDERSTUDY_MAX_HEADER_BYTES", default_value_t = 64 * 1024)]
+    max_header_bytes: usize,
+    /// Connections served at once on each port; one more gets 503 with Retry-After.
+    #[arg(long, env = "UNDERSTUDY_MAX_CONNECTIONS", default_value_t = 4096)]
+    max_connections: usize,
+    /// After SIGTERM, how long readiness fails while everything is still served, so that callers
+    /// notice before connections are refused, in milliseconds.
+    #[arg(long, env = "UNDERSTUDY_DRAIN_DELAY_MS", default_value_t = 5_000)]
+    drain_delay_ms: u64,
+    /// Then, how long the requests in flight may take to finish, in milliseconds; streams still
+    /// open after it end with the retryable error event.
+    #[arg(long, env = "UNDERSTUDY_DRAIN_TIMEOUT_MS", default_value_t = 20_000)]
+    drain_timeout_ms: u64,
+}
+
+impl ServingArgs {
+    fn limits(self) -> Limits {
+        Limits {
+            header_read_timeout: Duration::from_millis(self.header_read_timeout_ms),
+            max_header_bytes: self.max_header_bytes,
+            max_connections: self.max_connections.max(1),
+        }
+    }
 }
 
 #[derive(clap::Args, Debug)]
@@ -125,6 +167,8 @@ struct FenceArgs {
     /// every control call is refused.
     #[arg(long, env = "UNDERSTUDY_CONTROL_TOKEN_FILE")]
     control_token_file: Option<PathBuf>,
+    #[command(flatten)]
+    serving: ServingArgs,
 }
 
 /// A listener announced on stdout once it is bound.
@@ -204,6 +248,7 @@ async fn gateway(args: GatewayArgs) -> anyhow::Result<()> {
     let metrics = Arc::new(Metrics::default());
     let config = GatewayConfig {
         max_body_bytes: args.max_body_bytes,
+        body_read_timeout: Duration::from_millis(args.body_read_timeout_ms),
         waiting_room: WaitingRoomConfig {
             bound: args.queue_bound,
             deadline: Duration::from_millis(args.queue_deadline_ms),
@@ -221,10 +266,12 @@ async fn gateway(args: GatewayArgs) -> anyhow::Result<()> {
         ..GatewayConfig::default()
     };
     let gw = Gateway::new(config, Arc::clone(&routes), Arc::clone(&metrics));
+    let draining = Arc::new(AtomicBool::new(false));
     let admin = Admin {
         routes,
         metrics,
         token,
+        draining: Arc::clone(&draining),
     };
     let public = TcpListener::bind(args.listen)
         .await
@@ -236,12 +283,53 @@ async fn gateway(args: GatewayArgs) -> anyhow::Result<()> {
     announce(Listener::Gateway, &public)?;
     announce(Listener::Admin, &admin_listener)?;
     tokio::spawn(housekeeping(Arc::clone(&gw)));
-    let admin_task = tokio::spawn(serve(admin_listener, move |req| admin.clone().handle(req)));
-    let public_task = tokio::spawn(serve(public, move |req| Arc::clone(&gw).handle(req)));
+    let serving = args.serving;
+    let (stop_public, stop_admin) = (CancellationToken::new(), CancellationToken::new());
+    let mut admin_task = tokio::spawn(serve_until(
+        admin_listener,
+        move |req| admin.clone().handle(req),
+        serving.limits(),
+        stop_admin.clone(),
+    ));
+    let handler = Arc::clone(&gw);
+    let mut public_task = tokio::spawn(serve_until(
+        public,
+        move |req| Arc::clone(&handler).handle(req),
+        serving.limits(),
+        stop_public.clone(),
+    ));
     tokio::select! {
-        _ = admin_task => anyhow::bail!("admin server stopped"),
-        _ = public_task => anyhow::bail!("public server stopped"),
-        r = tokio::signal::ctrl_c() => { r?; Ok(()) }
+        _ = &mut admin_task => anyhow::bail!("admin server stopped"),
+        _ = &mut public_task => anyhow::bail!("public server stopped"),
+        asked = stop_asked() => asked?,
+    }
+    // Readiness fails first; the public port serves on while callers notice.
+    draining.store(true, Ordering::Relaxed);
+    let (delay, timeout) = (
+        Duration::from_millis(serving.drain_delay_ms),
+        Duration::from_millis(serving.drain_timeout_ms),
+    );
+    tracing::info!(?delay, "stopping: /ready fails, serving on while callers notice");
+    tokio::time::sleep(delay).await;
+    stop_public.cancel();
+    tracing::info!(?timeout, "no new connections; waiting for the requests in flight");
+    if tokio::time::timeout(timeout, &mut public_task).await.is_err() {
+        tracing::warn!("streams still open are ended with the retryable error event");
+        gw.stop_streams();
+        let _ = tokio::time::timeout(Duration::from_secs(2), public_task).await;
+    }
+    stop_admin.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(1), admin_task).await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// SIGTERM, as Kubernetes stops a container, or Ctrl-C.
+async fn stop_asked() -> std::io::Result<()> {
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = terminate.recv() => Ok(()),
+        asked = tokio::signal::ctrl_c() => asked,
     }
 }
 
@@ -281,16 +369,36 @@ async fn fence(args: FenceArgs) -> anyhow::Result<()> {
         }
         (None, None) => anyhow::bail!("a lease to watch is required: --policy or --lease-file"),
     }
-    let fence = Fence::new(state, args.upstream).with_control_token(control_token);
+    let draining = Arc::new(AtomicBool::new(false));
+    let fence = Fence::new(state, args.upstream)
+        .with_control_token(control_token)
+        .with_draining(Arc::clone(&draining));
     let listener = TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;
     tracing::info!(listen = %listener.local_addr()?, upstream = %args.upstream, pool = %args.pool, "fence listening");
     announce(Listener::Fence, &listener)?;
+    let serving = args.serving;
+    let stop = CancellationToken::new();
+    let mut task = tokio::spawn(serve_until(
+        listener,
+        move |req| fence.clone().handle(req),
+        serving.limits(),
+        stop.clone(),
+    ));
     tokio::select! {
-        () = serve(listener, move |req| fence.clone().handle(req)) => Ok(()),
-        r = tokio::signal::ctrl_c() => { r?; Ok(()) }
+        _ = &mut task => anyhow::bail!("the fence stopped serving"),
+        asked = stop_asked() => asked?,
     }
+    // `/health` fails first; everything else is served on while callers notice.
+    draining.store(true, Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_millis(serving.drain_delay_ms)).await;
+    stop.cancel();
+    // A stream still open after the timeout is cut here; the gateway in front of the fence
+    // ends it for its client with the retryable error event.
+    let _ = tokio::time::timeout(Duration::from_millis(serving.drain_timeout_ms), task).await;
+    tracing::info!("stopped");
+    Ok(())
 }
 
 #[cfg(test)]

@@ -162,6 +162,8 @@ pub struct Fence {
     client: UpstreamClient,
     /// The operator's token for control calls; without one they are all refused.
     control_token: Option<AdminToken>,
+    /// Set when the fence is stopping: it answers `/health` 503 itself, so callers stop sending.
+    draining: Arc<AtomicBool>,
 }
 
 impl Fence {
@@ -176,7 +178,15 @@ impl Fence {
                 .unwrap_or_else(|_| http::uri::Authority::from_static("127.0.0.1")),
             client: upstream_client(Duration::from_secs(1)),
             control_token: None,
+            draining: Arc::new(AtomicBool::new(false)),
         }
+    }
+
+    /// Fails `/health` while `draining` is set.
+    #[must_use]
+    pub fn with_draining(mut self, draining: Arc<AtomicBool>) -> Self {
+        self.draining = draining;
+        self
     }
 
     /// Lets control calls through when they carry `token`.
@@ -190,6 +200,12 @@ impl Fence {
     /// while the pool holds the Lease.
     pub async fn handle(self, mut req: Request<Incoming>) -> Response<RouterBody> {
         match classify_for_fence(req.uri().path()) {
+            FencePath::Probe
+                if self.draining.load(Relaxed) && req.uri().path().trim_end_matches('/') == "/health" =>
+            {
+                let message = "the fence is stopping";
+                return error_response(StatusCode::SERVICE_UNAVAILABLE, "draining", message);
+            }
             FencePath::Probe => {}
             FencePath::Control => {
                 if let Some(refusal) = self.refuse_control(&req) {

@@ -18,6 +18,7 @@ use http::{Method, Request, Response};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 use understudy_api::route::StreamContract;
 
 use crate::admission::{Ask, DEADLINE_HEADER, PRIORITY_HEADER, Priority, estimate_prompt_tokens};
@@ -40,6 +41,8 @@ use crate::waiting_room::{self, WaitingRoom, WaitingRoomConfig};
 pub struct GatewayConfig {
     /// The largest request body taken (413 beyond).
     pub max_body_bytes: usize,
+    /// How long the whole request body may take to arrive (408 beyond).
+    pub body_read_timeout: Duration,
     /// The waiting room's bound and deadline.
     pub waiting_room: WaitingRoomConfig,
     /// How long an upstream may take to send response headers (504 beyond, not retried).
@@ -56,6 +59,7 @@ impl Default for GatewayConfig {
     fn default() -> Self {
         GatewayConfig {
             max_body_bytes: 4 * 1024 * 1024,
+            body_read_timeout: Duration::from_secs(30),
             waiting_room: WaitingRoomConfig::default(),
             first_byte_timeout: Duration::from_secs(120),
             connect_timeout: Duration::from_secs(1),
@@ -73,6 +77,8 @@ pub struct Gateway {
     budget: Arc<RetryBudget>,
     room: Arc<WaitingRoom>,
     metrics: Arc<Metrics>,
+    /// Cancelled to end the streams still open when the router stops ([`Gateway::stop_streams`]).
+    stopping: CancellationToken,
 }
 
 /// Removes the connection-scoped headers before a message crosses the proxy.
@@ -94,7 +100,14 @@ impl Gateway {
             config,
             routes,
             metrics,
+            stopping: CancellationToken::new(),
         })
+    }
+
+    /// Ends every stream still open as a cut one ends (the retryable error event for SSE): the
+    /// router is stopping and has waited for them as long as it may.
+    pub fn stop_streams(&self) {
+        self.stopping.cancel();
     }
 
     /// The route table.
@@ -149,10 +162,14 @@ impl Gateway {
             _ => {}
         }
         let (parts, body) = req.into_parts();
-        let body = match Limited::new(body, limit).collect().await {
-            Ok(collected) => collected.to_bytes(),
-            Err(e) if e.is::<http_body_util::LengthLimitError>() => return Err(Refusal::TooLarge { limit }),
-            Err(_) => return Err(Refusal::Malformed("the request body could not be read")),
+        let read = tokio::time::timeout(self.config.body_read_timeout, Limited::new(body, limit).collect());
+        let body = match read.await {
+            Ok(Ok(collected)) => collected.to_bytes(),
+            Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
+                return Err(Refusal::TooLarge { limit });
+            }
+            Ok(Err(_)) => return Err(Refusal::Malformed("the request body could not be read")),
+            Err(_) => return Err(Refusal::BodyTimeout(self.config.body_read_timeout)),
         };
         if parts.method == Method::POST
             && (body.is_empty() || serde_json::from_slice::<serde::de::IgnoredAny>(&body).is_err())
@@ -311,6 +328,7 @@ impl Gateway {
                         metrics: Arc::clone(&self.metrics),
                         ejection: self.config.ejection,
                         sent_at,
+                        stopping: self.stopping.clone(),
                     };
                     std::mem::forget(held);
                     let mut proxied = Proxied::new(incoming, in_flight, sse);
@@ -393,6 +411,7 @@ impl Gateway {
                 metrics: Arc::clone(&self.metrics),
                 ejection: self.config.ejection,
                 sent_at,
+                stopping: self.stopping.clone(),
             };
             let answer =
                 tokio::time::timeout(self.config.first_byte_timeout, self.send(&endpoint, &upstream)).await;

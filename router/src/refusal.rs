@@ -35,6 +35,9 @@ pub enum Refusal {
     /// The request could not be read or is not what the API takes.
     #[error("malformed request: {0}")]
     Malformed(&'static str),
+    /// The request body did not arrive within the body-read timeout.
+    #[error("the request body did not arrive within {0:?}")]
+    BodyTimeout(std::time::Duration),
     /// Admission control shed it.
     #[error("shed by admission control ({})", reason.as_str())]
     Shed {
@@ -73,6 +76,7 @@ impl Refusal {
             Refusal::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Refusal::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Refusal::Malformed(_) => StatusCode::BAD_REQUEST,
+            Refusal::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             Refusal::Shed { .. } => StatusCode::TOO_MANY_REQUESTS,
             Refusal::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Refusal::UpstreamFailed(_) | Refusal::UpstreamMalformed(_) => StatusCode::BAD_GATEWAY,
@@ -88,7 +92,8 @@ impl Refusal {
             | Refusal::ControlEndpoint
             | Refusal::MethodNotAllowed
             | Refusal::TooLarge { .. }
-            | Refusal::Malformed(_) => RequestOutcome::Rejected,
+            | Refusal::Malformed(_)
+            | Refusal::BodyTimeout(_) => RequestOutcome::Rejected,
             Refusal::Shed { .. } => RequestOutcome::Shed,
             Refusal::Unavailable { .. } => RequestOutcome::Unavailable,
             Refusal::UpstreamFailed(_) | Refusal::UpstreamMalformed(_) | Refusal::UpstreamTimeout => {
@@ -104,6 +109,7 @@ impl Refusal {
             Refusal::MethodNotAllowed => "method_not_allowed",
             Refusal::TooLarge { .. } => "request_too_large",
             Refusal::Malformed(_) => "invalid_request",
+            Refusal::BodyTimeout(_) => "request_timeout",
             Refusal::Shed { .. } => "shed",
             Refusal::Unavailable { .. } => "unavailable",
             Refusal::UpstreamFailed(_) | Refusal::UpstreamMalformed(_) => "upstream_failed",

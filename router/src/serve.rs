@@ -1,50 +1,146 @@
 //! Serving HTTP/1.1 on a listener: accept, set `TCP_NODELAY`, and run each connection's requests
-//! through a handler that always answers.
+//! through a handler that always answers, within [`Limits`]; and stopping without dropping a
+//! request: on `stop`, no new connection is taken, every open one finishes the request it is in
+//! and closes, and [`serve_until`] returns once the last has.
 //!
-//! This module must never decide anything about a request; it only moves connections.
+//! This module must never decide anything about a request; it only moves connections. It must
+//! never let a client hold a connection open without sending (a head has a deadline, and so has
+//! the wait for the next one), nor take more connections than its cap.
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
-use tokio::net::TcpListener;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
 
 use crate::body::RouterBody;
 
-/// Serves `listener` forever with `handle`.
+/// How a listener bounds its clients.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// A request's head must arrive within this, and so must the next one on a kept-alive
+    /// connection; the connection is closed otherwise.
+    pub header_read_timeout: Duration,
+    /// The largest request head (start line and headers), in bytes: 431 beyond.
+    pub max_header_bytes: usize,
+    /// Connections served at once. One more is answered 503 with `Retry-After` and closed.
+    pub max_connections: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            header_read_timeout: Duration::from_secs(10),
+            max_header_bytes: 64 * 1024,
+            max_connections: 4096,
+        }
+    }
+}
+
+/// The answer to a connection over the cap, written before it is closed.
+const OVER_CAPACITY: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
+retry-after: 1\r\nconnection: close\r\ncontent-length: 84\r\n\r\n\
+{\"error\": {\"message\": \"too many connections\", \"type\": \"over_capacity\", \"code\": 503}}";
+
+/// Serves `listener` with `handle` within the default [`Limits`], until the process ends.
 pub async fn serve<F, Fut>(listener: TcpListener, handle: F)
 where
     F: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = Response<RouterBody>> + Send + 'static,
 {
+    serve_until(listener, handle, Limits::default(), CancellationToken::new()).await;
+}
+
+/// Serves `listener` with `handle` within `limits` until `stop`; then takes no new connection,
+/// lets each open one finish its request and close, and returns when all have.
+pub async fn serve_until<F, Fut>(listener: TcpListener, handle: F, limits: Limits, stop: CancellationToken)
+where
+    F: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Response<RouterBody>> + Send + 'static,
+{
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .max_header_size(limits.max_header_bytes);
+    let builder = Arc::new(builder);
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let mut connections = JoinSet::new();
     loop {
-        let stream = match listener.accept().await {
-            Ok((stream, _)) => stream,
-            Err(e) => {
-                // Out of file descriptors and the like: back off a little instead of spinning.
-                tracing::warn!(error = %e, "accept failed");
-                tokio::time::sleep(Duration::from_millis(10)).await;
-                continue;
-            }
+        let stream = tokio::select! {
+            () = stop.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Out of file descriptors and the like: back off a little instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                }
+            },
+        };
+        while connections.try_join_next().is_some() {}
+        let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
+            connections.spawn(refuse(stream));
+            continue;
         };
         let _ = stream.set_nodelay(true);
-        let handle = handle.clone();
-        tokio::spawn(async move {
+        let (handle, builder, stop) = (handle.clone(), Arc::clone(&builder), stop.clone());
+        connections.spawn(async move {
+            let _slot = slot;
             let service = service_fn(move |req| {
                 let answer = handle(req);
                 async move { Ok::<_, Infallible>(answer.await) }
             });
-            if let Err(e) = http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await
-            {
+            let connection = builder.serve_connection(TokioIo::new(stream), service);
+            tokio::pin!(connection);
+            let ended = tokio::select! {
+                ended = connection.as_mut() => ended,
+                () = stop.cancelled() => {
+                    // The request in progress is answered; an idle connection closes now.
+                    connection.as_mut().graceful_shutdown();
+                    connection.await
+                }
+            };
+            if let Err(e) = ended {
                 tracing::debug!(error = %e, "connection ended with an error");
             }
         });
+    }
+    drop(listener);
+    while connections.join_next().await.is_some() {}
+}
+
+/// Answers a connection over the cap and closes it.
+async fn refuse(mut stream: TcpStream) {
+    tracing::warn!("connection refused: too many connections");
+    let _ = stream.write_all(OVER_CAPACITY).await;
+    let _ = stream.shutdown().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_over_capacity_answer_is_well_formed() {
+        let text = std::str::from_utf8(OVER_CAPACITY).unwrap_or_default();
+        let (head, body) = text.split_once("\r\n\r\n").unwrap_or_default();
+        assert!(head.contains("retry-after: 1"), "{head}");
+        assert!(
+            head.contains(&format!("content-length: {}", body.len())),
+            "{head}"
+        );
+        assert!(serde_json::from_str::<serde_json::Value>(body).is_ok(), "{body}");
     }
 }

@@ -13,7 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use router_support::{Emulator, TOKEN, completion, request, route};
+use router_support::{Emulator, TOKEN, completion, read_until, request, route, send};
 use understudy_api::lease::{EpochLease, FileLease};
 use understudy_core::Epoch;
 
@@ -71,6 +71,29 @@ impl RouterProcess {
         let (_, addr) = self.listening.iter().find(|(n, _)| n == name).unwrap();
         assert!(addr.ip().is_loopback(), "{addr}");
         addr.port()
+    }
+}
+
+impl RouterProcess {
+    /// Sends SIGTERM, as the kubelet stops a container (`unsafe` is forbidden, so through kill(1)).
+    fn terminate(&self) {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+
+    /// Its exit status, once it has exited (30 s at most).
+    fn exit_status(&mut self) -> std::process::ExitStatus {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "still running 30 s after SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 }
 
@@ -248,4 +271,178 @@ fn a_gateway_with_a_garbled_state_file_refuses_to_start_and_names_the_file() {
         "{\"epoch\": 7, \"po",
         "the record is left for a person to read"
     );
+}
+
+/// A gateway process routing to `upstream`, started with `flags` besides its ports.
+fn gateway_to(upstream: SocketAddr, flags: &[&str]) -> RouterProcess {
+    let mut args = vec![
+        "gateway",
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
+        "127.0.0.1:0",
+    ];
+    args.extend_from_slice(flags);
+    let gateway = RouterProcess::start(&args, &["gateway", "admin"]);
+    let body = route("a", 1, &[upstream]).to_string();
+    let auth = format!("Bearer {TOKEN}");
+    let put = request(
+        gateway.port("admin"),
+        "PUT",
+        "/route",
+        &[("authorization", &auth)],
+        &body,
+    );
+    assert_eq!(put.status, 200, "{}", put.text());
+    gateway
+}
+
+/// Starts a 100-token stream through `port` and returns it once its first token has arrived.
+fn stream_started(port: u16) -> std::net::TcpStream {
+    let mut stream = send(port, "POST", "/v1/completions", &[], &completion(100, true));
+    read_until(&mut stream, "data: {");
+    stream
+}
+
+fn rest_of(mut stream: std::net::TcpStream) -> String {
+    use std::io::Read;
+    let mut rest = Vec::new();
+    stream.read_to_end(&mut rest).unwrap();
+    String::from_utf8_lossy(&rest).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_fails_the_gateways_readiness_first_and_lets_the_stream_in_flight_finish() {
+    // 100 tokens at 20 ms: a stream of about two seconds.
+    let e = Emulator::start(&["--emu-decode-s-per-token=0.02"], &[]);
+    let upstream = e.addr();
+    tokio::task::spawn_blocking(move || {
+        let mut gateway = gateway_to(
+            upstream,
+            &["--drain-delay-ms", "600", "--drain-timeout-ms", "20000"],
+        );
+        let (public, admin) = (gateway.port("gateway"), gateway.port("admin"));
+        assert_eq!(request(admin, "GET", "/ready", &[], "").status, 200);
+        let stream = stream_started(public);
+        gateway.terminate();
+        // Readiness fails at once, while the public port still serves new requests.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while request(admin, "GET", "/ready", &[], "").status != 503 {
+            assert!(Instant::now() < deadline, "/ready never failed");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let during = request(public, "POST", "/v1/completions", &[], &completion(4, false));
+        assert_eq!(during.status, 200, "{}", during.text());
+        // The stream that was in flight finishes as a finished stream does.
+        let rest = rest_of(stream);
+        assert!(rest.contains("data: [DONE]"), "{rest}");
+        assert!(!rest.contains("retryable"), "{rest}");
+        assert!(gateway.exit_status().success());
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_longer_than_the_drain_timeout_ends_with_the_retryable_error_never_cut() {
+    // 100 tokens at 100 ms: ten seconds, far past the drain timeout.
+    let e = Emulator::start(&["--emu-decode-s-per-token=0.1"], &[]);
+    let upstream = e.addr();
+    tokio::task::spawn_blocking(move || {
+        let mut gateway = gateway_to(upstream, &["--drain-delay-ms", "0", "--drain-timeout-ms", "300"]);
+        let stream = stream_started(gateway.port("gateway"));
+        gateway.terminate();
+        let rest = rest_of(stream);
+        assert!(rest.contains("\"retryable\": true"), "{rest}");
+        assert!(!rest.contains("[DONE]"), "{rest}");
+        // The chunked body is ended properly: the client sees an answer that says it is
+        // incomplete, not a connection torn down mid-chunk.
+        assert!(rest.ends_with("0\r\n\r\n"), "{rest:?}");
+        assert!(gateway.exit_status().success());
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_sends_half_a_head_is_closed_and_one_over_the_cap_gets_503() {
+    use std::io::{Read, Write};
+    let e = Emulator::fast();
+    let upstream = e.addr();
+    tokio::task::spawn_blocking(move || {
+        let gateway = gateway_to(
+            upstream,
+            &["--header-read-timeout-ms", "2000", "--max-connections", "2"],
+        );
+        let public = gateway.port("gateway");
+        let half = || {
+            let mut s = std::net::TcpStream::connect(("127.0.0.1", public)).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+            s.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+                .unwrap();
+            s
+        };
+        let (mut first, second) = (half(), half());
+        // A third while both are held: over the cap.
+        std::thread::sleep(Duration::from_millis(50));
+        let over = request(public, "GET", "/v1/models", &[], "");
+        assert_eq!(over.status, 503, "{}", over.text());
+        assert_eq!(over.header("retry-after").as_deref(), Some("1"));
+        // The half-sent head runs out of time: the gateway closes the connection.
+        let mut rest = Vec::new();
+        let read = first.read_to_end(&mut rest);
+        assert!(read.is_ok(), "{read:?}");
+        drop(second);
+        // Their slots are free again.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while request(public, "GET", "/v1/models", &[], "").status != 200 {
+            assert!(Instant::now() < deadline, "the slots never came back");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_fails_the_fences_health_first_then_it_exits() {
+    let e = Emulator::fast();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("epoch.json");
+    FileLease::new(&path).create("a", Epoch(1)).await.unwrap();
+    let upstream = e.addr().to_string();
+    tokio::task::spawn_blocking(move || {
+        let mut fence = RouterProcess::start(
+            &[
+                "fence",
+                "--lease-file",
+                path.to_str().unwrap(),
+                "--upstream",
+                &upstream,
+                "--pool",
+                "a",
+                "--listen",
+                "127.0.0.1:0",
+                "--drain-delay-ms",
+                "600",
+            ],
+            &["fence"],
+        );
+        let port = fence.port("fence");
+        assert_eq!(request(port, "GET", "/health", &[], "").status, 200);
+        fence.terminate();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let failed = loop {
+            let health = request(port, "GET", "/health", &[], "");
+            if health.status == 503 {
+                break health;
+            }
+            assert!(Instant::now() < deadline, "/health never failed");
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        assert_eq!(failed.json()["error"]["type"], "draining");
+        assert!(fence.exit_status().success());
+    })
+    .await
+    .unwrap();
 }

@@ -159,6 +159,7 @@ impl Router {
             routes: Arc::clone(&routes),
             metrics,
             token: AdminToken::new(TOKEN).unwrap(),
+            draining: Default::default(),
         };
         let bg = Background::run(2, move || async move {
             let public = tokio::net::TcpListener::from_std(public).unwrap();
