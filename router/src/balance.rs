@@ -1,8 +1,11 @@
 //! Picking an endpoint: power of two choices by least outstanding requests, among endpoints that
-//! are neither ejected nor already tried by this request.
+//! are neither ejected nor already tried by this request; in panic (too few endpoints left that
+//! are not ejected, see [`crate::endpoint::EjectionPolicy::panic_below_percent`]), among all
+//! that this request has not tried.
 //!
 //! This module must never allocate or lock: it runs once per attempt on the hot path.
 
+use std::cell::Cell;
 use std::sync::Arc;
 
 use tokio::time::Instant;
@@ -28,10 +31,25 @@ impl Tried {
     }
 }
 
-/// Picks an endpoint index, or `None` when every endpoint is ejected or tried.
+/// Picks an endpoint index, or `None` when every endpoint is ejected or tried. Ejections are
+/// ignored while fewer than `panic_below_percent` of the endpoints are not ejected, unless all are.
 #[must_use]
-pub fn pick(endpoints: &[Arc<Endpoint>], tried: Tried, now: Instant) -> Option<usize> {
-    let eligible = |i: usize| !tried.contains(i) && !endpoints[i].is_ejected(now);
+pub fn pick(
+    endpoints: &[Arc<Endpoint>],
+    tried: Tried,
+    now: Instant,
+    panic_below_percent: u32,
+) -> Option<usize> {
+    // Counted only when an ejected endpoint is met: the common case never scans.
+    let panic: Cell<Option<bool>> = Cell::new(None);
+    let panicking = || {
+        let known = panic
+            .get()
+            .unwrap_or_else(|| in_panic(endpoints, now, panic_below_percent));
+        panic.set(Some(known));
+        known
+    };
+    let eligible = |i: usize| !tried.contains(i) && (!endpoints[i].is_ejected(now) || panicking());
     let n = endpoints.len();
     if n == 0 {
         return None;
@@ -54,6 +72,12 @@ pub fn pick(endpoints: &[Arc<Endpoint>], tried: Tried, now: Instant) -> Option<u
             .filter(|&i| eligible(i))
             .min_by_key(|&i| endpoints[i].outstanding())
     })
+}
+
+/// Whether too few endpoints are left that are not ejected, but some are. No allocation.
+fn in_panic(endpoints: &[Arc<Endpoint>], now: Instant, panic_below_percent: u32) -> bool {
+    let serving = endpoints.iter().filter(|e| !e.is_ejected(now)).count();
+    serving > 0 && serving * 100 < panic_below_percent as usize * endpoints.len()
 }
 
 /// The earliest moment an ejected, untried endpoint comes back, if any.
@@ -87,11 +111,34 @@ mod tests {
         let mut tried = Tried::default();
         tried.insert(1);
         for _ in 0..100 {
-            assert_eq!(pick(&eps, tried, now), Some(2));
+            assert_eq!(pick(&eps, tried, now, 50), Some(2));
         }
         tried.insert(2);
-        assert_eq!(pick(&eps, tried, now), None);
+        assert_eq!(pick(&eps, tried, now, 50), None);
         assert!(next_return(&eps, tried, now).is_some(), "endpoint 0 comes back");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn with_too_few_endpoints_left_ejections_are_ignored_but_not_when_all_are_ejected() {
+        let eps = endpoints(4);
+        let now = Instant::now();
+        let eject = |i: usize| eps[i].record(Outcome::Refused, &EjectionPolicy::default(), now);
+        let picked = |threshold| {
+            (0..400)
+                .filter_map(|_| pick(&eps, Tried::default(), now, threshold))
+                .collect::<std::collections::BTreeSet<_>>()
+        };
+        // Two of four left (50 %): not below the threshold, only those two take requests.
+        eject(0);
+        eject(1);
+        assert_eq!(picked(50), [2, 3].into());
+        // One of four (25 %): panic, all four take requests; with the threshold off, one does.
+        eject(2);
+        assert_eq!(picked(50), [0, 1, 2, 3].into());
+        assert_eq!(picked(0), [3].into());
+        // None left: the pool is down, the request waits for a route.
+        eject(3);
+        assert_eq!(pick(&eps, Tried::default(), now, 50), None);
     }
 
     #[tokio::test(start_paused = true)]
@@ -99,7 +146,7 @@ mod tests {
         let eps = endpoints(2);
         let _busy: Vec<_> = (0..10).map(|_| Outstanding::begin(&eps[0])).collect();
         let picks_of_1 = (0..1000)
-            .filter(|_| pick(&eps, Tried::default(), Instant::now()) == Some(1))
+            .filter(|_| pick(&eps, Tried::default(), Instant::now(), 50) == Some(1))
             .count();
         // Endpoint 0 wins only when both probes land on it: about a quarter of the time.
         assert!(picks_of_1 > 650, "{picks_of_1}");

@@ -88,6 +88,11 @@ struct GatewayArgs {
     /// The longest ejection, in milliseconds.
     #[arg(long, env = "UNDERSTUDY_EJECTION_MAX_MS", default_value_t = 30_000)]
     ejection_max_ms: u64,
+    /// Below this percentage of endpoints not ejected (but above none), ejections are ignored
+    /// and all endpoints take requests (Envoy's panic threshold); 0 turns it off.
+    #[arg(long, env = "UNDERSTUDY_PANIC_BELOW_PERCENT", default_value_t = 50,
+          value_parser = clap::value_parser!(u32).range(0..=100))]
+    panic_below_percent: u32,
     /// Retries in flight allowed, as a percentage of the requests in flight (0 with a floor
     /// of 0: no retries at all).
     #[arg(long, env = "UNDERSTUDY_RETRY_BUDGET_PERCENT", default_value_t = 20)]
@@ -257,6 +262,7 @@ async fn gateway(args: GatewayArgs) -> anyhow::Result<()> {
         ejection: EjectionPolicy {
             base: Duration::from_millis(args.ejection_base_ms),
             max: Duration::from_millis(args.ejection_max_ms.max(args.ejection_base_ms)),
+            panic_below_percent: args.panic_below_percent,
             ..EjectionPolicy::default()
         },
         retries: RetryLimits {

@@ -63,6 +63,11 @@ pub struct EjectionPolicy {
     pub max: Duration,
     /// Consecutive 5xx or timeouts before an ejection (refused and reset eject at once).
     pub consecutive_soft: u32,
+    /// Envoy's panic threshold: when fewer than this percentage of a route's endpoints are not
+    /// ejected (but some are), ejections are ignored and every endpoint takes requests, so that
+    /// ejections cannot pile the whole load onto the few left. 0 turns it off. When every
+    /// endpoint is ejected the pool is down: requests wait for a route instead.
+    pub panic_below_percent: u32,
 }
 
 impl Default for EjectionPolicy {
@@ -71,6 +76,7 @@ impl Default for EjectionPolicy {
             base: Duration::from_secs(1),
             max: Duration::from_secs(30),
             consecutive_soft: 5,
+            panic_below_percent: 50,
         }
     }
 }

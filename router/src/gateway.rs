@@ -253,7 +253,12 @@ impl Gateway {
                     })?;
                 permit = Some(p);
             }
-            let Some(i) = balance::pick(&state.endpoints, tried, now) else {
+            let Some(i) = balance::pick(
+                &state.endpoints,
+                tried,
+                now,
+                self.config.ejection.panic_below_percent,
+            ) else {
                 self.wait_for_an_endpoint(&mut seat, state, leave_by).await?;
                 // Endpoints back from ejection may be tried again. Waiting is not retrying: the
                 // request sent nothing while it waited, so its tries start afresh, as under a new
@@ -396,7 +401,12 @@ impl Gateway {
             }
         }
         loop {
-            let i = balance::pick(&state.endpoints, tried, Instant::now())?;
+            let i = balance::pick(
+                &state.endpoints,
+                tried,
+                Instant::now(),
+                self.config.ejection.panic_below_percent,
+            )?;
             tried.insert(i);
             let endpoint = Arc::clone(&state.endpoints[i]);
             let upstream = Self::upstream_request(&parts, &body, endpoint.host());
