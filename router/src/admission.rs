@@ -5,12 +5,19 @@
 //! and prompt tokens; priority classes get shares of it, so batch is shed first and interactive
 //! last. A request that is certain to miss its deadline is never admitted.
 //!
+//! Tenants (told apart by their API key, or a header the operator names) share the budget
+//! fairly: while more than one has asked lately, none may hold more than its even part of its
+//! class's share, so one tenant's burst after a promotion cannot take the whole budget and starve
+//! the others. A tenant shed for that is remembered for a while, so that the tenant holding the
+//! budget gives way as its requests finish.
+//!
 //! The budget and the decision are pure functions of settings, elapsed time and observations;
 //! [`Admission`] only keeps the counters. This module must never queue or sleep: a request it
 //! refuses is shed (429) at once.
 
-use std::sync::Arc;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use serde::Serialize;
@@ -127,6 +134,18 @@ pub enum Shed {
     PrefillTokens,
     /// Its deadline is shorter than the fastest first token seen: it would certainly miss it.
     Deadline,
+    /// Its tenant already holds its even part of the budget while other tenants are asking.
+    TenantShare,
+}
+
+impl Shed {
+    /// Every reason, in metrics order (each one's discriminant is its index).
+    pub const ALL: [Shed; 4] = [
+        Shed::Concurrency,
+        Shed::PrefillTokens,
+        Shed::Deadline,
+        Shed::TenantShare,
+    ];
 }
 
 impl Shed {
@@ -137,9 +156,17 @@ impl Shed {
             Shed::Concurrency => "concurrency",
             Shed::PrefillTokens => "prefill_tokens",
             Shed::Deadline => "deadline",
+            Shed::TenantShare => "tenant_share",
         }
     }
 }
+
+/// A tenant, as a hash of what names it (never the API key itself); 0 for requests that name none.
+pub type Tenant = u64;
+
+/// How long a tenant that asked counts as asking, in- or outside the budget: longer than the
+/// longest `Retry-After` a shed request is given, so a tenant that comes back still counts.
+pub const TENANT_MEMORY: Duration = Duration::from_secs(6);
 
 /// What a request asks of the budget.
 #[derive(Clone, Copy, Debug)]
@@ -150,6 +177,34 @@ pub struct Ask {
     pub prompt_tokens: u64,
     /// How long the client will wait for a first token, if it said.
     pub deadline: Option<Duration>,
+    /// Its tenant.
+    pub tenant: Tenant,
+}
+
+/// One tenant's place in the budget when it asks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TenantLoad {
+    /// Its requests in flight.
+    pub in_flight: u32,
+    /// Their prompt tokens.
+    pub tokens: u64,
+    /// Tenants asking lately, itself included.
+    pub asking: u32,
+}
+
+/// Whether a tenant may have one more request in flight, within its even part of the class's
+/// share of `budget`. Pure. A tenant with nothing in flight may always have one.
+pub fn fair(budget: Budget, ask: &Ask, load: TenantLoad) -> Result<(), Shed> {
+    if load.asking <= 1 || load.in_flight == 0 {
+        return Ok(());
+    }
+    let part = ask.priority.share() / f64::from(load.asking);
+    if f64::from(load.in_flight + 1) > (budget.concurrency * part).max(1.0)
+        || (load.tokens + ask.prompt_tokens) as f64 > budget.prefill_tokens * part
+    {
+        return Err(Shed::TenantShare);
+    }
+    Ok(())
 }
 
 /// Admit or shed one request, given what is in flight. Pure.
@@ -192,6 +247,16 @@ pub struct Admission {
     tokens: AtomicU64,
     min_ttft_us: AtomicU64,
     avg_ttft_us: AtomicU64,
+    /// Each tenant's requests in flight, their tokens, and when it last asked; touched only
+    /// while the window is open.
+    tenants: Mutex<HashMap<Tenant, TenantEntry>>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct TenantEntry {
+    in_flight: u32,
+    tokens: u64,
+    asked: Instant,
 }
 
 impl Admission {
@@ -205,7 +270,13 @@ impl Admission {
             tokens: AtomicU64::new(0),
             min_ttft_us: AtomicU64::new(0),
             avg_ttft_us: AtomicU64::new(0),
+            tenants: Mutex::new(HashMap::new()),
         }
+    }
+
+    fn tenants(&self) -> std::sync::MutexGuard<'_, HashMap<Tenant, TenantEntry>> {
+        // Counters only: a poisoned map is still the best count there is.
+        self.tenants.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The first-token latencies seen.
@@ -236,6 +307,25 @@ impl Admission {
     /// Admits the request (the permit holds its place until dropped) or sheds it.
     pub fn try_admit(self: &Arc<Self>, ask: Ask, now: Instant) -> Result<Permit, Shed> {
         let budget = self.budget(now);
+        // While the window is open, the tenant's part first; its entry is held to the end so
+        // that two of its requests cannot both take the last place.
+        let mut tenants = budget.map(|_| self.tenants());
+        if let (Some(b), Some(tenants)) = (budget, tenants.as_mut()) {
+            let entry = tenants.entry(ask.tenant).or_insert(TenantEntry {
+                in_flight: 0,
+                tokens: 0,
+                asked: now,
+            });
+            entry.asked = now;
+            let load = TenantLoad {
+                in_flight: entry.in_flight,
+                tokens: entry.tokens,
+                asking: 0,
+            };
+            tenants.retain(|_, e| e.in_flight > 0 || now.saturating_duration_since(e.asked) < TENANT_MEMORY);
+            let asking = u32::try_from(tenants.len()).unwrap_or(u32::MAX);
+            fair(b, &ask, TenantLoad { asking, ..load })?;
+        }
         let fastest = Duration::from_micros(self.min_ttft_us.load(Relaxed));
         let tokens = self.tokens.load(Relaxed);
         let mut shed = None;
@@ -251,9 +341,18 @@ impl Admission {
         match admitted {
             Ok(_) => {
                 self.tokens.fetch_add(ask.prompt_tokens, Relaxed);
+                let tenant = tenants
+                    .as_mut()
+                    .and_then(|t| t.get_mut(&ask.tenant))
+                    .map(|entry| {
+                        entry.in_flight += 1;
+                        entry.tokens += ask.prompt_tokens;
+                        ask.tenant
+                    });
                 Ok(Permit {
                     admission: Arc::clone(self),
                     tokens: ask.prompt_tokens,
+                    tenant,
                 })
             }
             Err(_) => Err(shed.unwrap_or(Shed::Concurrency)),
@@ -287,12 +386,20 @@ impl Admission {
 pub struct Permit {
     admission: Arc<Admission>,
     tokens: u64,
+    /// The tenant it counts for, when admitted inside the window.
+    tenant: Option<Tenant>,
 }
 
 impl Drop for Permit {
     fn drop(&mut self) {
         self.admission.in_flight.fetch_sub(1, Relaxed);
         self.admission.tokens.fetch_sub(self.tokens, Relaxed);
+        if let Some(tenant) = self.tenant
+            && let Some(entry) = self.admission.tenants().get_mut(&tenant)
+        {
+            entry.in_flight = entry.in_flight.saturating_sub(1);
+            entry.tokens = entry.tokens.saturating_sub(self.tokens);
+        }
     }
 }
 
@@ -317,6 +424,14 @@ mod tests {
             priority,
             prompt_tokens: 10,
             deadline: None,
+            tenant: 0,
+        }
+    }
+
+    fn of(tenant: Tenant) -> Ask {
+        Ask {
+            tenant,
+            ..ask(Priority::Interactive)
         }
     }
 
@@ -412,6 +527,45 @@ mod tests {
             .collect();
         assert!(!a.in_window(Instant::now()));
         assert_eq!(again.len() + more.len(), 504);
+    }
+
+    #[test]
+    fn a_tenant_may_hold_its_even_part_of_its_class_share_while_others_ask() {
+        let b = budget(&settings(), Duration::ZERO, TtftSeen::default()).unwrap();
+        let load = |in_flight, asking| TenantLoad {
+            in_flight,
+            tokens: 0,
+            asking,
+        };
+        // Alone, the whole share (the global check decides); with one other asking, half of
+        // the 10 places; with four, 2.5 of them; nothing in flight, always one.
+        assert_eq!(fair(b, &of(1), load(9, 1)), Ok(()));
+        assert_eq!(fair(b, &of(1), load(4, 2)), Ok(()));
+        assert_eq!(fair(b, &of(1), load(5, 2)), Err(Shed::TenantShare));
+        assert_eq!(fair(b, &of(1), load(2, 4)), Err(Shed::TenantShare));
+        assert_eq!(fair(b, &of(1), load(0, 1000)), Ok(()));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_tenant_holding_the_budget_gives_way_to_one_that_asks_as_its_requests_finish() {
+        let a = Arc::new(Admission::new(settings(), Instant::now()));
+        let now = Instant::now;
+        // The noisy tenant takes all ten places before the quiet one shows up.
+        let mut noisy: Vec<_> = (0..10).map(|_| a.try_admit(of(1), now()).unwrap()).collect();
+        assert_eq!(a.try_admit(of(2), now()).unwrap_err(), Shed::Concurrency);
+        // The quiet one asked, so now the noisy one is held to half: as its requests finish,
+        // the places go to the quiet one, not back to it.
+        noisy.truncate(5);
+        assert_eq!(a.try_admit(of(1), now()).unwrap_err(), Shed::TenantShare);
+        let quiet: Vec<_> = (0..5).map(|_| a.try_admit(of(2), now()).unwrap()).collect();
+        assert_eq!(a.try_admit(of(2), now()).unwrap_err(), Shed::TenantShare);
+        assert_eq!(a.try_admit(of(1), now()).unwrap_err(), Shed::TenantShare);
+        drop(quiet);
+        // A tenant that stopped asking stops counting once its memory runs out.
+        assert_eq!(a.try_admit(of(1), now()).unwrap_err(), Shed::TenantShare);
+        tokio::time::advance(TENANT_MEMORY).await;
+        let more: Vec<_> = (0..5).map(|_| a.try_admit(of(1), now()).unwrap()).collect();
+        assert_eq!(noisy.len() + more.len(), 10);
     }
 
     #[test]

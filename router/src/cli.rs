@@ -73,6 +73,10 @@ struct GatewayArgs {
     /// How long a whole request body may take to arrive, in milliseconds (408 beyond).
     #[arg(long, env = "UNDERSTUDY_BODY_READ_TIMEOUT_MS", default_value_t = 30_000)]
     body_read_timeout_ms: u64,
+    /// The header that tells tenants apart, so that admission control shares its budget fairly
+    /// between them: the API key by default.
+    #[arg(long, env = "UNDERSTUDY_TENANT_HEADER", default_value = "authorization")]
+    tenant_header: http::HeaderName,
     /// Requests that may wait for a route at once.
     #[arg(long, env = "UNDERSTUDY_QUEUE_BOUND", default_value_t = 1024)]
     queue_bound: usize,
@@ -254,6 +258,7 @@ async fn gateway(args: GatewayArgs) -> anyhow::Result<()> {
     let config = GatewayConfig {
         max_body_bytes: args.max_body_bytes,
         body_read_timeout: Duration::from_millis(args.body_read_timeout_ms),
+        tenant_header: args.tenant_header.clone(),
         waiting_room: WaitingRoomConfig {
             bound: args.queue_bound,
             deadline: Duration::from_millis(args.queue_deadline_ms),

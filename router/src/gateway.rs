@@ -43,6 +43,8 @@ pub struct GatewayConfig {
     pub max_body_bytes: usize,
     /// How long the whole request body may take to arrive (408 beyond).
     pub body_read_timeout: Duration,
+    /// The header that tells tenants apart for admission control: the API key by default.
+    pub tenant_header: http::HeaderName,
     /// The waiting room's bound and deadline.
     pub waiting_room: WaitingRoomConfig,
     /// How long an upstream may take to send response headers (504 beyond, not retried).
@@ -60,6 +62,7 @@ impl Default for GatewayConfig {
         GatewayConfig {
             max_body_bytes: 4 * 1024 * 1024,
             body_read_timeout: Duration::from_secs(30),
+            tenant_header: http::header::AUTHORIZATION,
             waiting_room: WaitingRoomConfig::default(),
             first_byte_timeout: Duration::from_secs(120),
             connect_timeout: Duration::from_secs(1),
@@ -79,6 +82,8 @@ pub struct Gateway {
     metrics: Arc<Metrics>,
     /// Cancelled to end the streams still open when the router stops ([`Gateway::stop_streams`]).
     stopping: CancellationToken,
+    /// Hashes what names a tenant, with a key of this process's own.
+    tenant_hasher: std::hash::RandomState,
 }
 
 /// Removes the connection-scoped headers before a message crosses the proxy.
@@ -101,6 +106,7 @@ impl Gateway {
             routes,
             metrics,
             stopping: CancellationToken::new(),
+            tenant_hasher: std::hash::RandomState::new(),
         })
     }
 
@@ -191,6 +197,10 @@ impl Gateway {
         priority: Priority,
         arrived: Instant,
     ) -> Result<Response<RouterBody>, Refusal> {
+        // Hashed at once: the key itself is never kept.
+        let tenant = req.headers().get(&self.config.tenant_header).map_or(0, |name| {
+            std::hash::BuildHasher::hash_one(&self.tenant_hasher, name.as_bytes())
+        });
         let deadline_header = req.headers().get(DEADLINE_HEADER).map(|v| {
             v.to_str()
                 .ok()
@@ -208,6 +218,7 @@ impl Gateway {
         };
         let (parts, body) = self.read_request(req).await?;
         let ask = Ask {
+            tenant,
             priority,
             prompt_tokens: estimate_prompt_tokens(body.len()),
             deadline: deadline.map(|d| d.saturating_sub(arrived.elapsed())),

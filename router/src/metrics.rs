@@ -102,7 +102,7 @@ pub struct Metrics {
     added: Histogram<10>,
     queue_depth: AtomicI64,
     queue_wait: Histogram<8>,
-    shed: [[AtomicU64; 3]; 3],
+    shed: [[AtomicU64; 3]; Shed::ALL.len()],
     retries: AtomicU64,
     retry_overflow: AtomicU64,
     ejections: AtomicU64,
@@ -206,7 +206,7 @@ impl Metrics {
         self.queue_wait
             .render(&mut out, "understudy_router_queue_wait_seconds", 1e3);
         out.push_str("# TYPE understudy_router_shed_total counter\n");
-        for r in [Shed::Concurrency, Shed::PrefillTokens, Shed::Deadline] {
+        for r in Shed::ALL {
             for p in Priority::ALL {
                 let n = self.shed[r as usize][p as usize].load(Relaxed);
                 let _ = writeln!(

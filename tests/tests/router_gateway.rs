@@ -461,3 +461,50 @@ fn admission_sheds_batch_first_and_returns_to_full_admission_after_the_window() 
         read_until(&mut s, "\"text\"");
     }
 }
+
+#[test]
+fn after_a_promotion_one_tenants_burst_cannot_keep_another_tenant_out() {
+    let e = Emulator::start(&[], &[]);
+    let r = Router::start(GatewayConfig::default(), None);
+    let mut with_admission = route("b", 3, &[e.addr()]);
+    with_admission["admission"] = serde_json::json!({
+        "window_s": 60.0, "initial_concurrency": 4, "max_concurrency": 4,
+        "initial_prefill_tokens": 100000, "max_prefill_tokens": 100000
+    });
+    assert_eq!(r.put_route(&with_admission).status, 200);
+    // Tenants are told apart by their API key; interactive, so the whole budget of 4 is theirs.
+    let tenant = |key: &'static str| [("authorization", key), ("x-understudy-priority", "interactive")];
+    let (noisy, quiet) = (tenant("Bearer key-noisy"), tenant("Bearer key-quiet"));
+    let stream = |headers: &[(&str, &str)]| {
+        let mut s = send(
+            r.public,
+            "POST",
+            "/v1/completions",
+            headers,
+            &completion(2000, true),
+        );
+        read_until(&mut s, "\"text\"");
+        s
+    };
+    // The noisy tenant takes all four places before the quiet one asks.
+    let mut held: Vec<_> = (0..4).map(|_| stream(&noisy)).collect();
+    let shut_out = r.complete(&completion(4, false), &quiet);
+    assert_eq!(shut_out.status, 429, "{}", shut_out.text());
+    // Two of its streams end: the places go to the quiet tenant, not back to the noisy one.
+    held.truncate(2);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while r.complete(&completion(4, false), &quiet).status != 200 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the quiet tenant never got in"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    held.extend((0..2).map(|_| stream(&quiet)));
+    let again = r.complete(&completion(4, false), &noisy);
+    assert_eq!(again.status, 429, "{}", again.text());
+    assert!(again.text().contains("tenant_share"), "{}", again.text());
+    r.wait_for_metrics("a tenant share shed", |m| {
+        m.contains("understudy_router_shed_total{reason=\"tenant_share\",priority=\"interactive\"} 1")
+    });
+}
