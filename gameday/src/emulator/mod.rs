@@ -188,6 +188,8 @@ pub enum Exit {
     Crashed { code: i32 },
     /// The engine died and the watchdog shut the server down.
     EngineDied,
+    /// SIGTERM or SIGINT: the requests in flight were answered, then the server stopped.
+    Stopped,
 }
 
 impl Exit {
@@ -195,8 +197,28 @@ impl Exit {
         match self {
             Exit::Crashed { code } => code,
             Exit::EngineDied => 1,
+            Exit::Stopped => 0,
         }
     }
+}
+
+/// SIGTERM, as the kubelet stops a container, or SIGINT, as vLLM's launcher wires them both to
+/// uvicorn's shutdown; logged as vLLM logs it.
+async fn stop_asked(log: &Log) {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => futures::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        () = terminate => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    log.info(Proc::ApiServer, "launcher.py:60", "Shutting down FastAPI HTTP server.");
+    log.uvicorn("Shutting down");
 }
 
 /// The addresses the emulator has bound, each set once bound. With `--port 0` or
@@ -295,8 +317,13 @@ pub async fn run_reporting(
             let listener = listener.tap_io(|tcp| {
                 let _ = tcp.set_nodelay(true);
             });
-            axum::serve(listener, app).await.map_err(Error::Serve)?;
-            futures::future::pending::<Result<Exit, Error>>().await
+            // Like uvicorn under vLLM's launcher: on SIGTERM no new connection is taken and the
+            // requests in flight (streams included) are answered before the process exits.
+            axum::serve(listener, app)
+                .with_graceful_shutdown(async move { stop_asked(&log).await })
+                .await
+                .map_err(Error::Serve)?;
+            Ok(Exit::Stopped)
         }
     };
     tokio::select! {

@@ -144,6 +144,15 @@ impl Emulator {
         self.log.clone()
     }
 
+    /// Sends SIGTERM, as the kubelet stops a container (`unsafe` is forbidden: through kill(1)).
+    pub fn terminate(&self) {
+        let status = std::process::Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+
     /// Waits (at most `limit`) for the process to exit.
     pub fn wait_exit(&mut self, limit: Duration) -> Option<ExitStatus> {
         let deadline = Instant::now() + limit;
