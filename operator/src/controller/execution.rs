@@ -29,14 +29,44 @@ pub trait Clock: Send + Sync + fmt::Debug {
     fn now(&self) -> Duration;
 }
 
-/// The system's wall clock.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct SystemClock;
+/// The wall clock as it read when this clock was made, advanced by the monotonic clock since:
+/// times in status are wall times, but a step of the node's wall clock (NTP, a person) can
+/// neither shorten nor stretch a dwell or a hold while the operator runs. (Across a restart the
+/// wall clock is read again; the state machine's record then carries the times.)
+#[derive(Clone, Copy, Debug)]
+pub struct SystemClock {
+    wall_at_start: Duration,
+    start: tokio::time::Instant,
+}
+
+impl SystemClock {
+    /// Reads the wall clock once, now.
+    #[must_use]
+    pub fn new() -> Self {
+        // A clock before 1970 is a broken node; zero keeps the machine's arithmetic sound.
+        let wall = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+        Self::anchored(wall, tokio::time::Instant::now())
+    }
+
+    /// A clock that read `wall` at `start`.
+    #[must_use]
+    pub fn anchored(wall: Duration, start: tokio::time::Instant) -> Self {
+        SystemClock {
+            wall_at_start: wall,
+            start,
+        }
+    }
+}
+
+impl Default for SystemClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
 
 impl Clock for SystemClock {
     fn now(&self) -> Duration {
-        // A clock before 1970 is a broken node; zero keeps the machine's arithmetic sound.
-        SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default()
+        self.wall_at_start + self.start.elapsed()
     }
 }
 
@@ -248,5 +278,22 @@ impl Workload {
             .and_then(serde_json::Value::as_u64)
             .and_then(|n| u32::try_from(n).ok())
             .unwrap_or(0))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn the_clock_reads_the_wall_once_and_then_runs_on_the_monotonic_clock() {
+        let wall = Duration::from_secs(1_717_243_200);
+        let clock = SystemClock::anchored(wall, tokio::time::Instant::now());
+        assert_eq!(clock.now(), wall);
+        tokio::time::advance(Duration::from_secs(90)).await;
+        // Whatever the wall clock did meanwhile, ninety seconds passed.
+        assert_eq!(clock.now(), wall + Duration::from_secs(90));
+        let fresh = SystemClock::new().now();
+        assert!(fresh > Duration::from_secs(1_600_000_000), "{fresh:?} is not a wall time");
     }
 }

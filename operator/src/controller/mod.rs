@@ -230,7 +230,7 @@ impl Context {
             observations: Arc::new(NoObservations),
             golden_answers: None,
             steps: Arc::new(HandOffToComponents),
-            clock: Arc::new(SystemClock),
+            clock: Arc::new(SystemClock::new()),
             write_timeout: Duration::from_secs(10),
             reserve: ReserveConfig::default(),
             watchdog: Watchdog::default(),

@@ -125,7 +125,7 @@ impl Context {
         Context {
             recorder: Recorder::new(client.clone(), reporter),
             client,
-            clock: Arc::new(SystemClock),
+            clock: Arc::new(SystemClock::new()),
             write_timeout: Duration::from_secs(10),
             watchdog: Watchdog::default(),
         }
