@@ -104,6 +104,21 @@ impl Drop for RouterProcess {
     }
 }
 
+/// A fence process for pool `a` in front of `upstream`, watching the lease file at `lease`, with
+/// `flags` besides.
+fn fence_process(lease: &std::path::Path, upstream: &str, flags: &[&str]) -> RouterProcess {
+    let mut args = vec![
+        "fence",
+        "--lease-file",
+        lease.to_str().unwrap(),
+        "--upstream",
+        upstream,
+    ];
+    args.extend_from_slice(&["--pool", "a", "--listen", "127.0.0.1:0"]);
+    args.extend_from_slice(flags);
+    RouterProcess::start(&args, &["fence"])
+}
+
 /// Polls until a completion on `port` answers `status` (20 s at most).
 fn wait_for_status(port: u16, status: u16) -> router_support::Reply {
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -130,22 +145,7 @@ async fn a_fence_process_refuses_generation_once_the_lease_file_names_another_po
     let lease = FileLease::new(&path);
     let first = lease.create("a", Epoch(1)).await.unwrap();
     let upstream = e.addr().to_string();
-    let fence = RouterProcess::start(
-        &[
-            "fence",
-            "--lease-file",
-            path.to_str().unwrap(),
-            "--upstream",
-            &upstream,
-            "--pool",
-            "a",
-            "--listen",
-            "127.0.0.1:0",
-            "--lease-poll-ms",
-            "50",
-        ],
-        &["fence"],
-    );
+    let fence = fence_process(&path, &upstream, &["--lease-poll-ms", "50"]);
     let port = fence.port("fence");
     tokio::task::spawn_blocking(move || wait_for_status(port, 200))
         .await
@@ -412,22 +412,7 @@ async fn sigterm_fails_the_fences_health_first_then_it_exits() {
     FileLease::new(&path).create("a", Epoch(1)).await.unwrap();
     let upstream = e.addr().to_string();
     tokio::task::spawn_blocking(move || {
-        let mut fence = RouterProcess::start(
-            &[
-                "fence",
-                "--lease-file",
-                path.to_str().unwrap(),
-                "--upstream",
-                &upstream,
-                "--pool",
-                "a",
-                "--listen",
-                "127.0.0.1:0",
-                "--drain-delay-ms",
-                "600",
-            ],
-            &["fence"],
-        );
+        let mut fence = fence_process(&path, &upstream, &["--drain-delay-ms", "600"]);
         let port = fence.port("fence");
         assert_eq!(request(port, "GET", "/health", &[], "").status, 200);
         fence.terminate();
