@@ -69,6 +69,20 @@ async fn a_well_formed_right_answer_is_ok_and_carries_probe_markers() {
 }
 
 #[tokio::test]
+async fn a_connection_reset_before_or_during_the_answer_is_a_reset_and_a_hard_failure() {
+    let before = outcome_of(|_: &str| vec![Step::Reset], &spec()).await;
+    let during = outcome_of(
+        |_: &str| vec![send(SSE_HEAD), send(&token(" Paris")), Step::Reset],
+        &spec(),
+    )
+    .await;
+    for outcome in [before, during] {
+        assert_eq!(outcome, ProbeOutcome::Reset);
+        assert!(outcome.is_hard_failure());
+    }
+}
+
+#[tokio::test]
 async fn statuses_out_of_range_are_http_errors_with_the_code_as_sent() {
     for (line, code) in [
         ("HTTP/1.1 99 Odd", 99),

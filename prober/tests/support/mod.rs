@@ -17,6 +17,8 @@ pub enum Step {
     Wait(Duration),
     /// Keep the connection open and say nothing more.
     Hang,
+    /// Abort the connection: a TCP RST instead of a FIN (`SO_LINGER` of zero, then close).
+    Reset,
 }
 
 pub fn send(s: &str) -> Step {
@@ -70,6 +72,10 @@ impl GarblingServer {
                             }
                             Step::Wait(d) => tokio::time::sleep(d).await,
                             Step::Hang => tokio::time::sleep(Duration::from_secs(3600)).await,
+                            Step::Reset => {
+                                let _ = socket.set_zero_linger();
+                                return;
+                            }
                         }
                     }
                 });
