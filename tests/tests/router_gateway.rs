@@ -98,6 +98,44 @@ fn silent_endpoint() -> SocketAddr {
     addr
 }
 
+/// An endpoint that reads each request's head, counts it, and never answers.
+fn counting_silent_endpoint() -> (SocketAddr, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let requests = Arc::new(AtomicUsize::new(0));
+    let count = Arc::clone(&requests);
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for mut s in listener.incoming().map_while(Result::ok) {
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") && s.read(&mut byte).is_ok_and(|n| n == 1) {
+                head.push(byte[0]);
+            }
+            count.fetch_add(1, SeqCst);
+            held.push(s);
+        }
+    });
+    (addr, requests)
+}
+
+#[test]
+fn a_request_past_its_first_byte_timeout_is_a_504_and_never_sent_to_another_endpoint() {
+    // The replica may be working on it: sending it again would generate twice.
+    let (a, seen_a) = counting_silent_endpoint();
+    let (b, seen_b) = counting_silent_endpoint();
+    let config = GatewayConfig {
+        first_byte_timeout: Duration::from_millis(300),
+        ..GatewayConfig::default()
+    };
+    let r = Router::start(config, None);
+    assert_eq!(r.put_route(&route("a", 1, &[a, b])).status, 200);
+    let reply = r.complete(&completion(4, false), &[]);
+    assert_eq!(reply.status, 504, "{}", reply.text());
+    assert_eq!(seen_a.load(SeqCst) + seen_b.load(SeqCst), 1, "sent once, to one endpoint");
+    r.wait_for_metrics("no retry", |m| m.contains("understudy_router_retries_total 0"));
+}
+
 #[test]
 fn a_client_that_goes_away_before_the_answer_is_not_counted_as_outstanding() {
     let endpoint = silent_endpoint();
