@@ -347,3 +347,30 @@ async fn a_flapping_primary_keeps_its_standby_under_manual_failback_and_gets_the
     assert_eq!(kinds[0], ["failover"]);
     assert_eq!(kinds[1][..2], ["failover", "failback"], "{kinds:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_both_pools_down_nothing_fails_over_and_clients_are_told_to_come_back_later() {
+    // Both pools crash together; without a waiting room the routers answer at once.
+    let both = SHORT_CRASH
+        .replace(
+            "  - {at: 3s, fault: crash, pool: a}\n",
+            "  - {at: 3s, fault: crash, pool: a}\n  - {at: 3s, fault: crash, pool: b}\n",
+        )
+        .replace("failovers: 1", "failovers: 0")
+        .replace("  maxFailedSentAfterFault: 0\n", "")
+        .replace("duration: 8s", "duration: 6s")
+        + "router: {waitingRoom: false}\n";
+    let report = run_scenario(&both).await;
+    assert_eq!(report.verdict, Verdict::Passed, "{report:#?}");
+    // No promotion to a pool that is down too, and no ping-pong: the epoch never moved.
+    assert!(report.transitions.is_empty(), "{:?}", report.transitions);
+    assert_eq!(report.faults.len(), 2);
+    // What clients saw once both were down: the router's own 503 `unavailable` at once (it
+    // carries Retry-After: tests/tests/router_gateway.rs), not a hang.
+    assert!(
+        report.failures.get("http 503 unavailable").copied().unwrap_or(0) > 0,
+        "{:?}",
+        report.failures
+    );
+    assert!(report.failed_before_reaching_a_replica > 0, "{report:#?}");
+}

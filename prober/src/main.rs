@@ -175,10 +175,14 @@ async fn main() -> anyhow::Result<()> {
                 max_jitter: args.jitter,
                 min_serving: args.min_serving,
             };
+            // SIGTERM (a pod stopped) or Ctrl-C ends the watch cleanly: the prober serves no
+            // traffic, so there is nothing to drain.
+            let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
             tokio::select! {
                 served = admin::serve(listener, published.clone()) => served.context("admin server")?,
                 () = watch.run(interval, published) => {}
                 _ = tokio::signal::ctrl_c() => {}
+                _ = terminate.recv() => {}
             }
         }
         Command::Coldstart {
