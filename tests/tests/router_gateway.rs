@@ -132,7 +132,11 @@ fn a_request_past_its_first_byte_timeout_is_a_504_and_never_sent_to_another_endp
     assert_eq!(r.put_route(&route("a", 1, &[a, b])).status, 200);
     let reply = r.complete(&completion(4, false), &[]);
     assert_eq!(reply.status, 504, "{}", reply.text());
-    assert_eq!(seen_a.load(SeqCst) + seen_b.load(SeqCst), 1, "sent once, to one endpoint");
+    assert_eq!(
+        seen_a.load(SeqCst) + seen_b.load(SeqCst),
+        1,
+        "sent once, to one endpoint"
+    );
     r.wait_for_metrics("no retry", |m| m.contains("understudy_router_retries_total 0"));
 }
 
@@ -192,6 +196,42 @@ fn requests_refused_by_a_killed_endpoint_succeed_on_another() {
     r.wait_for_metrics("a retry", |m| {
         m.contains("understudy_router_retries_total") && !m.contains("understudy_router_retries_total 0")
     });
+}
+
+#[test]
+fn a_refused_try_past_the_retry_budget_is_counted_and_waits_for_an_endpoint_instead_of_failing() {
+    let alive = Emulator::fast();
+    let refusing = ClosedPort::bind();
+    let config = GatewayConfig {
+        retries: RetryLimits::NONE,
+        ..GatewayConfig::default()
+    };
+    let r = Router::start(config, None);
+    assert_eq!(
+        r.put_route(&route("a", 1, &[alive.addr(), refusing.addr()]))
+            .status,
+        200
+    );
+    // Until one request has tried the refusing endpoint first (each one does about every other
+    // time): no retry may be taken, so it waits for an endpoint and is served, not failed.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let reply = r.complete(&completion(4, false), &[]);
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        let m = r.admin_get("/metrics").text();
+        let overflowed = m
+            .lines()
+            .find_map(|l| l.strip_prefix("understudy_router_retry_overflow_total "))
+            .and_then(|n| n.parse::<u64>().ok());
+        if overflowed.is_some_and(|n| n > 0) {
+            assert!(m.contains("understudy_router_retries_total 0"), "{m}");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never tried the refusing endpoint first: {m}"
+        );
+    }
 }
 
 #[test]
