@@ -218,6 +218,16 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
 
+    /// Found by `fuzz/fuzz_targets/route_json.rs`: without exact float parsing, a long
+    /// `window_s` read back from its own JSON was another number.
+    #[test]
+    fn a_route_read_back_from_its_own_json_is_the_same_route() {
+        let text = r#"{"pool":"@b","epoch":5,"endpoints":["127.0.0.1:80"],"admission":{"window_s":3.77777777755555555555555554}}"#;
+        let route: Route = serde_json::from_str(text).unwrap();
+        let again: Route = serde_json::from_str(&serde_json::to_string(&route).unwrap()).unwrap();
+        assert_eq!(again, route);
+    }
+
     #[test]
     fn a_minimal_route_reads_with_default_admission_and_the_retryable_error_contract() {
         let r: Route =
