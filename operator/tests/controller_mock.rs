@@ -1153,6 +1153,181 @@ async fn force_failover_promotes_a_standby_nothing_vouches_for() {
     );
 }
 
+/// The default policy under maintenance: `spec.paused`.
+fn paused_policy() -> Value {
+    let mut object = policy();
+    object["spec"]["paused"] = json!(true);
+    object
+}
+
+/// The controller's clock stopped `elapsed` after [`NOW`], for a scenario of several probe rounds.
+#[derive(Debug)]
+struct After(Duration);
+
+impl Clock for After {
+    fn now(&self) -> Duration {
+        NOW + self.0
+    }
+}
+
+#[tokio::test]
+async fn a_paused_policy_never_promotes_however_long_its_primary_fails_and_warns_once_why() {
+    // Eight probe rounds, one reconcile each, ten seconds (the probe interval) apart: the standby
+    // passes every round and is proven by the second, the primary fails every round, twice the
+    // default promoteAfter (4). Unpaused, the fourth round would promote.
+    let mut object = with_record(
+        paused_policy(),
+        &record(FailoverState::starting_at(Pool::A, Epoch(3)), None),
+    );
+    let mut told = Vec::new();
+    for round in 1..=8_u32 {
+        let (ctx, server) = context(vec![
+            Observation::Check {
+                pool: Pool::B,
+                result: CheckResult::Pass,
+            },
+            Observation::Check {
+                pool: Pool::A,
+                result: CheckResult::SoftFail,
+            },
+        ]);
+        let elapsed = Duration::from_secs(10 * u64::from(round));
+        let ctx = Arc::new(Arc::into_inner(ctx).unwrap().with_clock(Arc::new(After(elapsed))));
+        let stored = object.clone();
+        let (applied, done) = tokio::sync::oneshot::channel();
+        let (result, events) = run_scenario(
+            &object,
+            ctx,
+            |mut server| async move {
+                server
+                    .expect("GET", LEASE_PATH)
+                    .await
+                    .answer(200, &lease("us-east", 3, "41"));
+                // The status and nothing after it: no write-ahead of a promotion, no
+                // compare-and-set on the Lease.
+                let patch = server.expect("PATCH", STATUS_PATH).await;
+                applied.send(answer_status(patch, &stored)).unwrap();
+                server.expect_no_more().await
+            },
+            server,
+        )
+        .await;
+        assert_eq!(
+            result.unwrap(),
+            Action::requeue(Duration::from_secs(10)),
+            "round {round}"
+        );
+        let applied = done.await.unwrap();
+        let state = match round {
+            1 => "Serving",
+            2 | 3 => "Suspect",
+            _ => "Stranded",
+        };
+        assert_eq!(applied["state"], state, "round {round}");
+        assert_eq!(applied["epoch"], 3, "round {round}");
+        assert_eq!(applied["primaryPool"], "us-east", "round {round}");
+        // Every failed check is counted: the pause, not a lost observation, holds the standby back.
+        assert_eq!(
+            applied["failover"]["machine"]["health"][0]["failures"], round,
+            "round {round}"
+        );
+        told.extend(events.into_iter().map(|e| (round, e)));
+        object["status"] = applied;
+    }
+
+    let status = &object["status"];
+    assert_eq!(
+        status["conditions"]["StandbyProven"]["status"], "True",
+        "{status}"
+    );
+    // Status names the pause as what holds the standby back, and the way past it.
+    let ready = &status["conditions"]["Ready"];
+    assert_eq!(ready["status"], "False");
+    assert_eq!(ready["reason"], "Paused");
+    assert_eq!(
+        ready["message"],
+        "us-east is failing and spec.paused holds us-west back: nothing fails over on its own while \
+         paused (the understudy.dev/command annotation still does)"
+    );
+    // Stranded since the fourth round, and not stamped again by the four after it.
+    assert_eq!(ready["lastTransitionTime"], "2024-06-01T12:00:40Z");
+    assert!(status.get("lastFailover").is_none(), "{status}");
+    // The block is told once, when it begins, not every round.
+    let reasons: Vec<(u32, &str)> = told.iter().map(|(r, e)| (*r, e.reason.as_str())).collect();
+    assert_eq!(reasons, [(2, "PrimarySuspect"), (4, "PromotionBlocked")]);
+    let (_, blocked) = &told[1];
+    assert_eq!(blocked.type_, "Warning");
+    assert_eq!(
+        blocked.note,
+        "the primary is failing and nothing can be promoted: Paused"
+    );
+}
+
+#[tokio::test]
+async fn a_failover_command_still_switches_a_paused_policy_over_to_its_proven_standby() {
+    // Paused, and stranded by it: the primary failed eight checks, the standby passed eight.
+    // A person decides to fail over anyway; the pause stops only automatic promotion.
+    let mut machine = FailoverState::starting_at(Pool::A, Epoch(3));
+    machine.phase = Phase::Stranded;
+    machine.health[Pool::A.index()] = PoolHealth {
+        failures: 8,
+        ..PoolHealth::default()
+    };
+    machine.health[Pool::B.index()].passes = 8;
+    let mut object = with_record(paused_policy(), &record(machine, None));
+    object["metadata"]["annotations"] = json!({"understudy.dev/command": "failover"});
+    let (ctx, server) = context(Vec::new());
+    let metrics = ctx.metrics.clone();
+    let stored = object.clone();
+    let (result, events) = run_scenario(
+        &object,
+        ctx,
+        |mut server| async move {
+            server
+                .expect("GET", LEASE_PATH)
+                .await
+                .answer(200, &lease("us-east", 3, "41"));
+            let intent = answer_status(server.expect("PATCH", STATUS_PATH).await, &stored);
+            let promotion = &intent["failover"]["machine"]["phase"]["Promoting"];
+            assert_eq!(promotion["kind"], "Manual", "{intent}");
+            assert_eq!(promotion["epoch"], 4, "{intent}");
+            let put = server.expect("PUT", LEASE_PATH).await;
+            assert_eq!(put.body["metadata"]["resourceVersion"], "41");
+            assert_eq!(put.body["spec"]["holderIdentity"], "us-west");
+            assert_eq!(put.body["metadata"]["annotations"]["understudy.dev/epoch"], "4");
+            put.answer(200, &lease("us-west", 4, "42"));
+            server
+                .expect("GET", &format!("{WEST_PATH}/scale"))
+                .await
+                .answer(200, &west_scale(4));
+            server
+                .expect("GET", WEST_PATH)
+                .await
+                .answer(200, &west_deployment(4));
+            let applied = answer_status(server.expect("PATCH", STATUS_PATH).await, &stored);
+            assert_eq!(applied["epoch"], 4);
+            assert_eq!(applied["primaryPool"], "us-west");
+            assert_eq!(applied["state"], "Serving");
+            assert_eq!(applied["lastFailover"]["kind"], "failover");
+            assert_eq!(applied["failover"]["handledCommand"]["value"], "failover");
+            server.expect_no_more().await
+        },
+        server,
+    )
+    .await;
+    assert_eq!(result.unwrap(), Action::requeue(Duration::from_secs(10)));
+    let reasons = reasons(&events);
+    assert!(!reasons.contains(&"CommandRefused"), "{reasons:?}");
+    let started = events.iter().find(|e| e.reason == "PromotionStarted").unwrap();
+    assert_eq!(started.note, "Manual: promoting us-west over us-east at epoch 4");
+    assert!(reasons.contains(&"PromotionFinished"), "{reasons:?}");
+    let text = metrics.encode().unwrap();
+    assert!(
+        text.contains(r#"understudy_failovers_total{namespace="serving",policy="llama",kind="manual"} 1"#),
+        "{text}"
+    );
+}
+
 #[tokio::test]
 async fn a_spec_edit_does_not_replay_a_command_left_on_the_object() {
     // The command ran at generation 1 (recorded by an operator that still wrote the generation);

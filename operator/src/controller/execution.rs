@@ -294,6 +294,9 @@ mod tests {
         // Whatever the wall clock did meanwhile, ninety seconds passed.
         assert_eq!(clock.now(), wall + Duration::from_secs(90));
         let fresh = SystemClock::new().now();
-        assert!(fresh > Duration::from_secs(1_600_000_000), "{fresh:?} is not a wall time");
+        assert!(
+            fresh > Duration::from_secs(1_600_000_000),
+            "{fresh:?} is not a wall time"
+        );
     }
 }

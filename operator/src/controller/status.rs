@@ -288,8 +288,13 @@ fn conditions(
                 "LeaseHeld",
                 format!(
                     "{primary} holds the epoch Lease at epoch {}; whether the routers route to it is not checked \
-                     here (routes are pushed only during a promotion, to the routers given with --router-admin)",
-                    machine.epoch
+                     here (routes are pushed only during a promotion, to the routers given with --router-admin){}",
+                    machine.epoch,
+                    if config.paused {
+                        "; spec.paused: nothing fails over on its own"
+                    } else {
+                        ""
+                    }
                 ),
             ),
             Phase::Suspect => condition(
@@ -298,6 +303,14 @@ fn conditions(
                 format!(
                     "{primary} holds the epoch Lease at epoch {} but failed recent checks",
                     machine.epoch
+                ),
+            ),
+            Phase::Stranded if config.paused => condition(
+                False,
+                "Paused",
+                format!(
+                    "{primary} is failing and spec.paused holds {standby} back: nothing fails over \
+                     on its own while paused (the understudy.dev/command annotation still does)"
                 ),
             ),
             Phase::Stranded => condition(
