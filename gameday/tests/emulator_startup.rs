@@ -176,13 +176,19 @@ fn a_context_longer_than_the_kv_cache_fails_startup_like_vllm() {
 fn sigterm_answers_the_stream_in_flight_then_exits_cleanly_as_vllm_does() {
     // 200 tokens at the default 8 ms: a stream of well over a second.
     let mut e = Emulator::ready_with_costs(&[], &[]);
-    let mut stream = OpenStream::post(e.port, "/v1/completions", &completion_body("The capital of France is", 200, true));
+    let mut stream = OpenStream::post(
+        e.port,
+        "/v1/completions",
+        &completion_body("The capital of France is", 200, true),
+    );
     assert!(stream.read_until("data: {", Duration::from_secs(20)));
     e.terminate();
     e.wait_for_line("Shutting down FastAPI HTTP server.");
     // The request in flight is answered to its end, not cut.
     let done = stream.finish();
     assert!(done.body.contains("data: [DONE]"), "{}", done.body);
-    let status = e.wait_exit(Duration::from_secs(20)).expect("exits once the stream is done");
+    let status = e
+        .wait_exit(Duration::from_secs(20))
+        .expect("exits once the stream is done");
     assert!(status.success(), "{status:?}");
 }

@@ -217,7 +217,11 @@ async fn stop_asked(log: &Log) {
         () = terminate => {}
         _ = tokio::signal::ctrl_c() => {}
     }
-    log.info(Proc::ApiServer, "launcher.py:60", "Shutting down FastAPI HTTP server.");
+    log.info(
+        Proc::ApiServer,
+        "launcher.py:60",
+        "Shutting down FastAPI HTTP server.",
+    );
     log.uvicorn("Shutting down");
 }
 
