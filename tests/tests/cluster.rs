@@ -800,3 +800,61 @@ async fn a_scheduled_game_day_fails_over_for_real_holds_fails_back_and_records_p
     assert!(refusals(&operator).is_empty(), "{:#?}", refusals(&operator));
     pools.stop(operator).await;
 }
+
+#[tokio::test]
+async fn an_operator_whose_leader_lease_another_replica_took_stops_leading_and_exits() {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+
+    let Some(client) = cluster().await else { return };
+    const NS: &str = "e2e-leadership";
+    namespace(&client, NS).await;
+    let binary = std::env::var("UNDERSTUDY_CLUSTER_OPERATOR").expect("the operator binary");
+    let kubeconfig = std::env::var("UNDERSTUDY_CLUSTER_OPERATOR_KUBECONFIG").expect("its kubeconfig");
+    let mut operator = Process::start(
+        Command::new(binary)
+            .env("KUBECONFIG", &kubeconfig)
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .args([
+                "--identity",
+                "e2e-leader",
+                "--namespace",
+                NS,
+                "--admin-addr",
+                "127.0.0.1:0",
+            ]),
+    );
+    let leases: Api<Lease> = Api::namespaced(client.clone(), NS);
+    let holder = |lease: &Lease| lease.spec.as_ref().and_then(|s| s.holder_identity.clone());
+    let mut lease = eventually(Duration::from_secs(60), "the operator leading", || async {
+        let lease = leases.get_opt("understudy-operator").await.unwrap()?;
+        (holder(&lease).as_deref() == Some("e2e-leader")).then_some(lease)
+    })
+    .await;
+    // Another replica holds it now, as after a partition the old leader did not see.
+    let spec = lease.spec.as_mut().unwrap();
+    spec.holder_identity = Some("e2e-other".to_owned());
+    spec.renew_time = Some(MicroTime(jiff::Timestamp::now()));
+    spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
+    leases
+        .replace("understudy-operator", &PostParams::default(), &lease)
+        .await
+        .unwrap();
+    // Its next renewal loses the compare-and-set; it stops leading and the process ends, so that
+    // a fresh one contends again, rather than acting on a leadership it no longer has.
+    let until = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = operator.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < until, "still running: {:#?}", operator.lines());
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    assert!(!status.success(), "{status:?}");
+    let lines = operator.lines();
+    assert!(lines.iter().any(|l| l.contains("lost leadership")), "{lines:#?}");
+    // And it did not take the Lease back on its way out.
+    let now = leases.get("understudy-operator").await.unwrap();
+    assert_eq!(holder(&now).as_deref(), Some("e2e-other"));
+    delete_namespace(&client, NS).await;
+}
