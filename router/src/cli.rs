@@ -117,7 +117,7 @@ struct GatewayArgs {
 #[derive(clap::Args, Debug, Clone, Copy)]
 struct ServingArgs {
     /// How long a request's head (and the wait for the next one on a kept-alive connection) may
-    /// take, in milliseconds; the connection is closed beyond.
+    /// take, in milliseconds; the connection is closed beyond. 0 turns it off.
     #[arg(long, env = "UNDERSTUDY_HEADER_READ_TIMEOUT_MS", default_value_t = 10_000)]
     header_read_timeout_ms: u64,
     /// The largest request head, in bytes (431 beyond).

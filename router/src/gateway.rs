@@ -8,7 +8,9 @@
 //! request body past the moment its response headers arrive; hold a lock across an await, or wait
 //! on anything but the upstream and the waiting room.
 
+use std::future::Future;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -168,8 +170,13 @@ impl Gateway {
             _ => {}
         }
         let (parts, body) = req.into_parts();
-        let read = tokio::time::timeout(self.config.body_read_timeout, Limited::new(body, limit).collect());
-        let body = match read.await {
+        // Most bodies arrived with the head: read them without arming a timer.
+        let mut collect = std::pin::pin!(Limited::new(body, limit).collect());
+        let read = match std::future::poll_fn(|cx| Poll::Ready(collect.as_mut().poll(cx))).await {
+            Poll::Ready(read) => Ok(read),
+            Poll::Pending => tokio::time::timeout(self.config.body_read_timeout, collect).await,
+        };
+        let body = match read {
             Ok(Ok(collected)) => collected.to_bytes(),
             Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
                 return Err(Refusal::TooLarge { limit });

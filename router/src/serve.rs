@@ -29,7 +29,7 @@ use crate::body::RouterBody;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limits {
     /// A request's head must arrive within this, and so must the next one on a kept-alive
-    /// connection; the connection is closed otherwise.
+    /// connection; the connection is closed otherwise. Zero turns it off.
     pub header_read_timeout: Duration,
     /// The largest request head (start line and headers), in bytes: 431 beyond.
     pub max_header_bytes: usize,
@@ -71,7 +71,7 @@ where
     let mut builder = http1::Builder::new();
     builder
         .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_read_timeout)
+        .header_read_timeout((!limits.header_read_timeout.is_zero()).then_some(limits.header_read_timeout))
         .max_header_size(limits.max_header_bytes);
     let builder = Arc::new(builder);
     let slots = Arc::new(Semaphore::new(limits.max_connections));

@@ -141,6 +141,27 @@ fn a_request_past_its_first_byte_timeout_is_a_504_and_never_sent_to_another_endp
 }
 
 #[test]
+fn a_body_that_stops_half_way_gets_408_once_the_body_read_timeout_passes() {
+    let e = Emulator::fast();
+    let config = GatewayConfig {
+        body_read_timeout: Duration::from_millis(300),
+        ..GatewayConfig::default()
+    };
+    let r = Router::start(config, None);
+    assert_eq!(r.put_route(&route("a", 1, &[e.addr()])).status, 200);
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", r.public)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    // 100 bytes promised, ten sent, then nothing.
+    s.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"model\":").unwrap();
+    let mut answer = String::new();
+    let _ = s.read_to_string(&mut answer);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("request_timeout"), "{answer}");
+    // A whole body is served as ever.
+    assert_eq!(r.complete(&completion(4, false), &[]).status, 200);
+}
+
+#[test]
 fn a_client_that_goes_away_before_the_answer_is_not_counted_as_outstanding() {
     let endpoint = silent_endpoint();
     let r = Router::start(GatewayConfig::default(), None);
