@@ -152,7 +152,8 @@ fn a_body_that_stops_half_way_gets_408_once_the_body_read_timeout_passes() {
     let mut s = std::net::TcpStream::connect(("127.0.0.1", r.public)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     // 100 bytes promised, ten sent, then nothing.
-    s.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"model\":").unwrap();
+    s.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"model\":")
+        .unwrap();
     let mut answer = String::new();
     let _ = s.read_to_string(&mut answer);
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
