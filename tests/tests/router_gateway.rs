@@ -163,6 +163,25 @@ fn a_body_that_stops_half_way_gets_408_once_the_body_read_timeout_passes() {
 }
 
 #[test]
+fn a_replicas_4xx_is_passed_on_and_never_counts_against_the_endpoint() {
+    // A request for a model the pool does not serve is the client's mistake, not the replica's.
+    let e = Emulator::fast();
+    let r = Router::start(GatewayConfig::default(), None);
+    assert_eq!(r.put_route(&route("a", 1, &[e.addr()])).status, 200);
+    let wrong = serde_json::json!({"model": "not/served", "prompt": "x", "max_tokens": 4}).to_string();
+    for _ in 0..10 {
+        let reply = r.complete(&wrong, &[]);
+        assert_eq!(reply.status, 404, "{}", reply.text());
+    }
+    let signals = r.admin_get("/signals").json();
+    let endpoint = &signals["pools"][0]["endpoints"][0];
+    assert_eq!(endpoint["ejected"], false, "{signals}");
+    assert_eq!(endpoint["server_errors"], 0, "{signals}");
+    assert!(signals["pools"][0]["signal"].is_null(), "{signals}");
+    assert_eq!(r.complete(&completion(4, false), &[]).status, 200);
+}
+
+#[test]
 fn a_client_that_goes_away_before_the_answer_is_not_counted_as_outstanding() {
     let endpoint = silent_endpoint();
     let r = Router::start(GatewayConfig::default(), None);
