@@ -491,24 +491,12 @@ impl TwoPools {
     fn operator(&self, identity: &str, token: &str) -> Process {
         let token_file = self.dir.path().join(format!("{identity}-token"));
         std::fs::write(&token_file, token).unwrap();
-        let binary = std::env::var("UNDERSTUDY_CLUSTER_OPERATOR").expect("the operator binary");
-        let kubeconfig = std::env::var("UNDERSTUDY_CLUSTER_OPERATOR_KUBECONFIG").expect("its kubeconfig");
-        Process::start(
-            Command::new(binary)
-                .env("KUBECONFIG", &kubeconfig)
-                .env("RUST_LOG", "info")
-                .env("NO_COLOR", "1")
-                .args([
-                    "--identity",
-                    identity,
-                    "--namespace",
-                    self.ns,
-                    "--admin-addr",
-                    "127.0.0.1:0",
-                ])
-                .args(["--router-admin", &format!("http://{}", self.admin)])
-                .arg("--router-token-file")
-                .arg(&token_file),
+        let router = format!("http://{}", self.admin);
+        let token_file = token_file.to_str().unwrap();
+        operator_process(
+            identity,
+            self.ns,
+            &["--router-admin", &router, "--router-token-file", token_file],
         )
     }
 
@@ -554,6 +542,28 @@ impl TwoPools {
             sigkill(container_pid(pod));
         }
     }
+}
+
+/// The operator binary as the chart's ServiceAccount, running the policies of namespace `ns`,
+/// with `flags` besides.
+fn operator_process(identity: &str, ns: &str, flags: &[&str]) -> Process {
+    let binary = std::env::var("UNDERSTUDY_CLUSTER_OPERATOR").expect("the operator binary");
+    let kubeconfig = std::env::var("UNDERSTUDY_CLUSTER_OPERATOR_KUBECONFIG").expect("its kubeconfig");
+    Process::start(
+        Command::new(binary)
+            .env("KUBECONFIG", &kubeconfig)
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .args([
+                "--identity",
+                identity,
+                "--namespace",
+                ns,
+                "--admin-addr",
+                "127.0.0.1:0",
+            ])
+            .args(flags),
+    )
 }
 
 /// The `ip:8000` of each pod.
@@ -808,22 +818,7 @@ async fn an_operator_whose_leader_lease_another_replica_took_stops_leading_and_e
     let Some(client) = cluster().await else { return };
     const NS: &str = "e2e-leadership";
     namespace(&client, NS).await;
-    let binary = std::env::var("UNDERSTUDY_CLUSTER_OPERATOR").expect("the operator binary");
-    let kubeconfig = std::env::var("UNDERSTUDY_CLUSTER_OPERATOR_KUBECONFIG").expect("its kubeconfig");
-    let mut operator = Process::start(
-        Command::new(binary)
-            .env("KUBECONFIG", &kubeconfig)
-            .env("RUST_LOG", "info")
-            .env("NO_COLOR", "1")
-            .args([
-                "--identity",
-                "e2e-leader",
-                "--namespace",
-                NS,
-                "--admin-addr",
-                "127.0.0.1:0",
-            ]),
-    );
+    let mut operator = operator_process("e2e-leader", NS, &[]);
     let leases: Api<Lease> = Api::namespaced(client.clone(), NS);
     let holder = |lease: &Lease| lease.spec.as_ref().and_then(|s| s.holder_identity.clone());
     let mut lease = eventually(Duration::from_secs(60), "the operator leading", || async {
