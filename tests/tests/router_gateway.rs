@@ -47,6 +47,15 @@ fn a_stream_passes_through_intact_and_ends_with_done() {
     );
 }
 
+/// Reads a request's head off `s`, a byte at a time, up to its blank line (or the end).
+fn read_head(s: &mut std::net::TcpStream) {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") && s.read(&mut byte).is_ok_and(|n| n == 1) {
+        head.push(byte[0]);
+    }
+}
+
 /// An endpoint that reads each request's head and answers with something that is not HTTP;
 /// returns its address and the number of requests it read.
 fn garbled_endpoint() -> (SocketAddr, Arc<AtomicUsize>) {
@@ -56,11 +65,7 @@ fn garbled_endpoint() -> (SocketAddr, Arc<AtomicUsize>) {
     let count = Arc::clone(&requests);
     std::thread::spawn(move || {
         for mut s in listener.incoming().map_while(Result::ok) {
-            let mut head = Vec::new();
-            let mut byte = [0u8; 1];
-            while !head.ends_with(b"\r\n\r\n") && s.read(&mut byte).is_ok_and(|n| n == 1) {
-                head.push(byte[0]);
-            }
+            read_head(&mut s);
             count.fetch_add(1, SeqCst);
             let _ = s.write_all(b"SSH-2.0-OpenSSH_9.6\r\n\r\n");
         }
@@ -107,11 +112,7 @@ fn counting_silent_endpoint() -> (SocketAddr, Arc<AtomicUsize>) {
     std::thread::spawn(move || {
         let mut held = Vec::new();
         for mut s in listener.incoming().map_while(Result::ok) {
-            let mut head = Vec::new();
-            let mut byte = [0u8; 1];
-            while !head.ends_with(b"\r\n\r\n") && s.read(&mut byte).is_ok_and(|n| n == 1) {
-                head.push(byte[0]);
-            }
+            read_head(&mut s);
             count.fetch_add(1, SeqCst);
             held.push(s);
         }

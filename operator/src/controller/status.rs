@@ -510,6 +510,16 @@ mod tests {
     }
 
     fn status_of(record: &OperatorRecord, previous: Option<&FailoverPolicyStatus>) -> FailoverPolicyStatus {
+        status_with(record, previous, None, None)
+    }
+
+    /// The status for `record`, with what the Lease and the probes add to it.
+    fn status_with(
+        record: &OperatorRecord,
+        previous: Option<&FailoverPolicyStatus>,
+        lease_behind: Option<Epoch>,
+        probe_accepted: Option<Result<(), &str>>,
+    ) -> FailoverPolicyStatus {
         let spec = spec();
         let config = failover_config(&spec).unwrap();
         desired_status(&StatusFacts {
@@ -519,10 +529,10 @@ mod tests {
             previous,
             record,
             finished: None,
-            lease_behind: None,
+            lease_behind,
             gpu_reserve: None,
             golden_answer: None,
-            probe_accepted: None,
+            probe_accepted,
             now: NOW,
         })
         .unwrap()
@@ -619,23 +629,8 @@ mod tests {
 
     #[test]
     fn a_lease_behind_the_record_makes_ready_false_with_both_epochs() {
-        let spec = spec();
-        let config = failover_config(&spec).unwrap();
         let rec = record(FailoverState::starting_at(Pool::B, Epoch(7)));
-        let status = desired_status(&StatusFacts {
-            spec: &spec,
-            config: &config,
-            generation: Some(3),
-            previous: None,
-            record: &rec,
-            finished: None,
-            lease_behind: Some(Epoch(2)),
-            gpu_reserve: None,
-            golden_answer: None,
-            probe_accepted: None,
-            now: NOW,
-        })
-        .unwrap();
+        let status = status_with(&rec, None, Some(Epoch(2)), None);
         let ready = &status.conditions[condition_type::READY];
         assert_eq!(
             (ready.status, ready.reason.as_str()),
@@ -652,26 +647,9 @@ mod tests {
 
     #[test]
     fn a_rejected_probe_shows_as_probe_accepted_false_with_the_replicas_answer() {
-        let spec = spec();
-        let config = failover_config(&spec).unwrap();
         let rec = record(FailoverState::new());
         let with = |probe_accepted| {
-            desired_status(&StatusFacts {
-                spec: &spec,
-                config: &config,
-                generation: Some(3),
-                previous: None,
-                record: &rec,
-                finished: None,
-                lease_behind: None,
-                gpu_reserve: None,
-                golden_answer: None,
-                probe_accepted,
-                now: NOW,
-            })
-            .unwrap()
-            .conditions[condition_type::PROBE_ACCEPTED]
-                .clone()
+            status_with(&rec, None, None, probe_accepted).conditions[condition_type::PROBE_ACCEPTED].clone()
         };
         let rejected = with(Some(Err("10.0.0.5:8000 answered 404 to the probe")));
         assert_eq!(
