@@ -275,3 +275,23 @@ fn a_shared_prompt_prefix_is_served_from_the_prefix_cache() {
         "the shared system prompt hits in whole blocks: {after}"
     );
 }
+
+#[test]
+fn a_client_that_sends_half_a_head_is_disconnected_like_uvicorn_does() {
+    use std::io::{Read, Write};
+
+    let e = Emulator::ready(&[], &[]);
+    let mut slow = std::net::TcpStream::connect(("127.0.0.1", e.port)).unwrap();
+    slow.set_read_timeout(Some(std::time::Duration::from_secs(60)))
+        .unwrap();
+    slow.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: emu")
+        .unwrap();
+    // uvicorn's keep-alive timeout (5 s) bounds the wait for a head; then the connection closes
+    // with nothing sent, instead of being held for as long as the client likes.
+    let mut answer = Vec::new();
+    let read = slow.read_to_end(&mut answer);
+    assert!(read.is_ok(), "still open after a minute: {read:?}");
+    assert!(answer.is_empty(), "{}", String::from_utf8_lossy(&answer));
+    // The server itself is fine.
+    assert_eq!(e.get("/health").status, 200);
+}

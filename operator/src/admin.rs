@@ -22,6 +22,9 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+pub use understudy_router::serve::Limits;
+use understudy_router::serve::serve_service_until;
 
 use crate::metrics::Metrics;
 use crate::watchdog::{Stall, Watchdog};
@@ -94,14 +97,16 @@ pub fn router(metrics: Arc<Metrics>, readiness: Readiness, watchdog: Watchdog) -
         })
 }
 
-/// Serves the admin routes on `listener` until the process ends.
+/// Serves the admin routes on `listener` within `limits` until the process ends.
 pub async fn serve(
     listener: TcpListener,
+    limits: Limits,
     metrics: Arc<Metrics>,
     readiness: Readiness,
     watchdog: Watchdog,
-) -> std::io::Result<()> {
-    axum::serve(listener, router(metrics, readiness, watchdog)).await
+) {
+    let app = router(metrics, readiness, watchdog);
+    serve_service_until(listener, app, limits, CancellationToken::new()).await;
 }
 
 /// `/live`'s answer for this replica's role and the watchdog's finding.
@@ -181,6 +186,7 @@ mod tests {
         let watchdog = Watchdog::new(Duration::ZERO);
         let server = tokio::spawn(serve(
             listener,
+            Limits::default(),
             metrics.clone(),
             readiness.clone(),
             watchdog.clone(),

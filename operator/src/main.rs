@@ -170,6 +170,7 @@ async fn main() -> anyhow::Result<()> {
         .with_context(|| format!("binding the admin server to {}", args.admin_addr))?;
     let admin = tokio::spawn(admin::serve(
         listener,
+        admin::Limits::default(),
         metrics.clone(),
         readiness.clone(),
         watchdog.clone(),
@@ -253,8 +254,7 @@ async fn main() -> anyhow::Result<()> {
             Err(anyhow::anyhow!("lost leadership; exiting so that a fresh process contends again"))
         }
         served = admin => match served {
-            Ok(Ok(())) => Err(anyhow::anyhow!("the admin server stopped")),
-            Ok(Err(error)) => Err(anyhow::Error::new(error).context("the admin server failed")),
+            Ok(()) => Err(anyhow::anyhow!("the admin server stopped")),
             Err(error) => Err(anyhow::Error::new(error).context("the admin server panicked")),
         },
     };

@@ -19,7 +19,10 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use tokio::net::TcpListener;
 use tokio::time::MissedTickBehavior;
+use tokio_util::sync::CancellationToken;
 use understudy_core::Pool;
+pub use understudy_router::serve::Limits;
+use understudy_router::serve::serve_service_until;
 
 use crate::probe::{self, Endpoint, ProbeSpec};
 use crate::report::{PoolRound, ProberMetrics, RoundDocument};
@@ -101,9 +104,9 @@ pub fn router(published: Published) -> Router {
         .with_state(published)
 }
 
-/// Serves the admin routes on `listener` until the process ends.
-pub async fn serve(listener: TcpListener, published: Published) -> std::io::Result<()> {
-    axum::serve(listener, router(published)).await
+/// Serves the admin routes on `listener` within `limits` until the process ends.
+pub async fn serve(listener: TcpListener, limits: Limits, published: Published) {
+    serve_service_until(listener, router(published), limits, CancellationToken::new()).await;
 }
 
 async fn ready(State(published): State<Published>) -> Response {

@@ -179,7 +179,7 @@ async fn main() -> anyhow::Result<()> {
             // traffic, so there is nothing to drain.
             let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
             tokio::select! {
-                served = admin::serve(listener, published.clone()) => served.context("admin server")?,
+                () = admin::serve(listener, admin::Limits::default(), published.clone()) => anyhow::bail!("the admin server stopped"),
                 () = watch.run(interval, published) => {}
                 _ = tokio::signal::ctrl_c() => {}
                 _ = terminate.recv() => {}

@@ -54,10 +54,11 @@ fn watch(endpoints: &[&GarblingServer], max_jitter: Duration) -> Watch {
     }
 }
 
-async fn start_admin(published: &Published) -> (SocketAddr, tokio::task::JoinHandle<std::io::Result<()>>) {
+async fn start_admin(published: &Published) -> (SocketAddr, tokio::task::JoinHandle<()>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    (addr, tokio::spawn(admin::serve(listener, published.clone())))
+    let serving = admin::serve(listener, admin::Limits::default(), published.clone());
+    (addr, tokio::spawn(serving))
 }
 
 /// One plain HTTP/1.1 GET; the status code and the body.

@@ -63,10 +63,16 @@ where
 
 /// Serves `listener` with `handle` within `limits` until `stop`; then takes no new connection,
 /// lets each open one finish its request and close, and returns when all have.
-pub async fn serve_until<F, Fut>(listener: TcpListener, handle: F, limits: Limits, stop: CancellationToken)
+///
+/// Any response body will do, so the admin ports of the other binaries (axum routers) are
+/// served within the same limits as the gateway.
+pub async fn serve_until<F, Fut, B>(listener: TcpListener, handle: F, limits: Limits, stop: CancellationToken)
 where
     F: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
-    Fut: Future<Output = Response<RouterBody>> + Send + 'static,
+    Fut: Future<Output = Response<B>> + Send + 'static,
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let mut builder = http1::Builder::new();
     builder
@@ -119,6 +125,36 @@ where
     }
     drop(listener);
     while connections.join_next().await.is_some() {}
+}
+
+/// Serves `listener` with a tower service (an axum `Router`) within `limits` until `stop`, as
+/// [`serve_until`] does.
+pub async fn serve_service_until<S, B>(
+    listener: TcpListener,
+    service: S,
+    limits: Limits,
+    stop: CancellationToken,
+) where
+    S: tower_service::Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send,
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let handle = move |req| {
+        let mut service = service.clone();
+        async move {
+            let ready = std::future::poll_fn(|cx| service.poll_ready(cx)).await;
+            let Ok(()) = ready;
+            let Ok(answer) = service.call(req).await;
+            answer
+        }
+    };
+    serve_until(listener, handle, limits, stop).await;
 }
 
 /// Answers a connection over the cap and closes it.

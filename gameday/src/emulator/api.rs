@@ -126,7 +126,45 @@ async fn gatekeeper(State(state): State<Arc<AppState>>, request: Request, next: 
             return (StatusCode::UNAUTHORIZED, Json(json!({"error": "Unauthorized"}))).into_response();
         }
     }
-    next.run(request).await
+    // The body is read whole, within a deadline, before any handler: a client that sends half a
+    // body is answered 408 and does not hold a handler (every route takes a small JSON body).
+    let (parts, body) = request.into_parts();
+    match read_body(body, BODY_READ_TIMEOUT).await {
+        Ok(body) => next.run(Request::from_parts(parts, Body::from(body))).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+/// The whole body within `timeout`: 408 past it, 413 over [`MAX_BODY_BYTES`], 400 when it broke
+/// off.
+async fn read_body(body: Body, timeout: std::time::Duration) -> Result<Bytes, ApiError> {
+    match tokio::time::timeout(timeout, axum::body::to_bytes(body, MAX_BODY_BYTES)).await {
+        Ok(Ok(bytes)) => Ok(bytes),
+        Ok(Err(e)) => Err(body_error(&e)),
+        Err(_) => {
+            let message = format!("the request body did not arrive within {timeout:?}");
+            Err(ApiError::new(StatusCode::REQUEST_TIMEOUT, message))
+        }
+    }
+}
+
+/// How long a request body may take to arrive, as the gateway allows.
+const BODY_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The largest request body: axum's default limit, which the handlers' extractors keep too.
+const MAX_BODY_BYTES: usize = 2 * 1024 * 1024;
+
+/// 413 for a body over the limit, 400 for one that broke off.
+fn body_error(e: &axum::Error) -> ApiError {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(error) = source {
+        if error.is::<http_body_util::LengthLimitError>() {
+            let message = format!("the request body is over {MAX_BODY_BYTES} bytes");
+            return ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, message);
+        }
+        source = error.source();
+    }
+    ApiError::bad_request(format!("could not read the request body: {e}"))
 }
 
 async fn not_found() -> Response {
@@ -141,11 +179,15 @@ struct ApiError {
 }
 
 impl ApiError {
-    fn bad_request(message: impl Into<String>) -> ApiError {
+    fn new(status: StatusCode, message: impl Into<String>) -> ApiError {
         ApiError {
-            status: StatusCode::BAD_REQUEST,
+            status,
             message: message.into(),
         }
+    }
+
+    fn bad_request(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, message)
     }
 }
 
@@ -761,4 +803,34 @@ pub fn vllm_config(state: &AppState) -> Vec<(&'static str, Value)> {
         ("block_size", json!(s.block_size)),
         ("gpu_memory_utilization", json!(s.gpu_memory_utilization)),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_body_that_stops_arriving_is_408_and_one_over_the_limit_413() {
+        let never = Body::from_stream(futures::stream::pending::<Result<Bytes, Infallible>>());
+        let stalled = read_body(never, BODY_READ_TIMEOUT).await.err().map(|e| e.status);
+        assert_eq!(stalled, Some(StatusCode::REQUEST_TIMEOUT));
+
+        let huge = Body::from(vec![b'x'; MAX_BODY_BYTES + 1]);
+        let over = read_body(huge, BODY_READ_TIMEOUT).await.err().map(|e| e.status);
+        assert_eq!(over, Some(StatusCode::PAYLOAD_TOO_LARGE));
+
+        let chunks = [
+            Ok(Bytes::from_static(b"{\"prompt\": ")),
+            Err(std::io::Error::other("reset")),
+        ];
+        let broken = Body::from_stream(futures::stream::iter(chunks));
+        let broke_off = read_body(broken, BODY_READ_TIMEOUT).await.err().map(|e| e.status);
+        assert_eq!(broke_off, Some(StatusCode::BAD_REQUEST));
+
+        let whole = Body::from(&b"{}"[..]);
+        assert_eq!(
+            read_body(whole, BODY_READ_TIMEOUT).await.ok(),
+            Some(Bytes::from_static(b"{}"))
+        );
+    }
 }

@@ -34,8 +34,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use axum::serve::ListenerExt;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use understudy_router::serve::{Limits, serve_service_until};
 
 use self::api::{AppState, ServerInfo};
 use self::args::ServeArgs;
@@ -72,8 +73,6 @@ pub enum Error {
         max_model_len: u32,
         kv_cache_tokens: u32,
     },
-    #[error("serving HTTP: {0}")]
-    Serve(std::io::Error),
     #[error("starting the runtime: {0}")]
     Runtime(std::io::Error),
 }
@@ -204,6 +203,14 @@ impl Exit {
 
 /// SIGTERM, as the kubelet stops a container, or SIGINT, as vLLM's launcher wires them both to
 /// uvicorn's shutdown; logged as vLLM logs it.
+/// The API port's limits: uvicorn's keep-alive timeout under vLLM (`VLLM_HTTP_TIMEOUT_KEEP_ALIVE`,
+/// 5 s) bounds an idle connection and the wait for a head; the rest are the router's defaults.
+const API_LIMITS: Limits = Limits {
+    header_read_timeout: Duration::from_secs(5),
+    max_header_bytes: 64 * 1024,
+    max_connections: 4096,
+};
+
 async fn stop_asked(log: &Log) {
     let terminate = async {
         match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
@@ -283,10 +290,12 @@ pub async fn run_reporting(
             "vllm_emulator.py:1",
             &format!("emulator control endpoint on http://{addr}"),
         );
-        tokio::spawn(async move {
-            // The control port failing must not take the replica down; it only loses its remote.
-            let _ = axum::serve(listener, app).await;
-        });
+        tokio::spawn(serve_service_until(
+            listener,
+            app,
+            Limits::default(),
+            CancellationToken::new(),
+        ));
     }
 
     let serving = {
@@ -316,17 +325,17 @@ pub async fn run_reporting(
                 serve: config.serve.clone(),
             };
             let app = api::router(Arc::new(AppState::new(engine, info)));
-            // Streamed tokens are small writes; without TCP_NODELAY, Nagle holds each one back
-            // until the client's delayed ACK (about 40 ms), which would swamp the emulated latency.
-            let listener = listener.tap_io(|tcp| {
-                let _ = tcp.set_nodelay(true);
-            });
             // Like uvicorn under vLLM's launcher: on SIGTERM no new connection is taken and the
-            // requests in flight (streams included) are answered before the process exits.
-            axum::serve(listener, app)
-                .with_graceful_shutdown(async move { stop_asked(&log).await })
-                .await
-                .map_err(Error::Serve)?;
+            // requests in flight (streams included) are answered before the process exits. The
+            // listener sets TCP_NODELAY (streamed tokens are small writes), and closes a
+            // connection idle for uvicorn's keep-alive timeout.
+            let stop = CancellationToken::new();
+            let stopping = stop.clone();
+            tokio::spawn(async move {
+                stop_asked(&log).await;
+                stopping.cancel();
+            });
+            serve_service_until(listener, app, API_LIMITS, stop).await;
             Ok(Exit::Stopped)
         }
     };
