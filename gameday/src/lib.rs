@@ -10,3 +10,4 @@
 pub mod emulator;
 pub mod local;
 pub mod simulate;
+pub mod soak;

@@ -11,6 +11,7 @@ use understudy_gameday::local::scenario::{self, Scenario};
 use understudy_gameday::local::{self, Progress, RunOptions};
 use understudy_gameday::simulate::report::Report;
 use understudy_gameday::simulate::{self, Rules, Schedule};
+use understudy_gameday::soak::{self, SoakConfig};
 
 #[derive(Debug, Parser)]
 #[command(name = "understudy-gameday", version, about = "Game days for understudy")]
@@ -37,6 +38,32 @@ enum Command {
         /// run beside the medians and ranges.
         #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=20))]
         seeds: u64,
+    },
+    /// Soak the data path: mixed load through two gateway processes in front of emulated
+    /// replicas, with a fault every so often (a replica killed, a replica stopped, a gateway
+    /// restarted by SIGTERM); fails unless no request failed before reaching a replica and no cut
+    /// answer looked finished.
+    Soak {
+        /// How long load runs (Go duration).
+        #[arg(long, default_value = "10m", value_parser = parse_duration)]
+        duration: std::time::Duration,
+        /// A fault this often (Go duration).
+        #[arg(long, default_value = "30s", value_parser = parse_duration)]
+        fault_every: std::time::Duration,
+        /// Requests a second; half of them stream.
+        #[arg(long, default_value_t = 20.0)]
+        rate: f64,
+        /// Emulated replicas behind the gateways.
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(2..=16))]
+        replicas: u32,
+        /// The gateways' drain delay: how long a stopping gateway fails /ready and serves on.
+        #[arg(long, default_value = "5s", value_parser = parse_duration)]
+        drain_delay: std::time::Duration,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Also write the report as JSON here.
+        #[arg(long)]
+        json: Option<PathBuf>,
     },
     /// The vLLM emulator, as `vllm-emulator` runs it: how a local game day starts its replicas.
     #[command(hide = true)]
@@ -83,6 +110,10 @@ fn parse_range(text: &str) -> Result<(u32, u32), String> {
     Ok((first, last))
 }
 
+fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+    understudy_core::duration::parse(text).map_err(|e| format!("{text:?}: {e}"))
+}
+
 fn read(path: &Path) -> anyhow::Result<String> {
     std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
 }
@@ -105,6 +136,26 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             seed,
             seeds,
         } => run_game_day(scenario.as_deref(), out, seed, seeds),
+        Command::Soak {
+            duration,
+            fault_every,
+            rate,
+            replicas,
+            drain_delay,
+            seed,
+            json,
+        } => {
+            let config = SoakConfig {
+                duration,
+                fault_every,
+                rate,
+                replicas: replicas as usize,
+                drain_delay,
+                seed,
+                ..SoakConfig::default()
+            };
+            run_soak(&config, json.as_deref())
+        }
         Command::Router { args } => {
             let argv = std::iter::once("understudy-router".into()).chain(args.into_iter().map(Into::into));
             understudy_router::cli::run(argv)
@@ -155,6 +206,44 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
+fn run_soak(config: &SoakConfig, json: Option<&Path>) -> anyhow::Result<()> {
+    let (emulator, router) = launchers()?;
+    eprintln!(
+        "soaking for {:?}: {} replicas, two gateways, {} requests/s, a fault every {:?}",
+        config.duration, config.replicas, config.rate, config.fault_every
+    );
+    let report = runtime()?.block_on(soak::run(&emulator, &router, config))?;
+    if let Some(path) = json {
+        let text = serde_json::to_string_pretty(&report)? + "\n";
+        std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
+    }
+    print!("{}", report.summary());
+    anyhow::ensure!(report.passed(), "the soak failed");
+    Ok(())
+}
+
+/// This binary, re-run as the emulator and as the router.
+fn launchers() -> anyhow::Result<(Launcher, Launcher)> {
+    let this = std::env::current_exe().context("finding this binary to start replicas with")?;
+    let emulator = Launcher {
+        program: this.clone(),
+        prefix: vec!["emulator".to_owned()],
+    };
+    let router = Launcher {
+        program: this,
+        prefix: vec!["router".to_owned()],
+    };
+    Ok((emulator, router))
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("tokio runtime")
+}
+
 fn run_game_day(path: Option<&Path>, out: Option<PathBuf>, seed: u64, seeds: u64) -> anyhow::Result<()> {
     let text = match path {
         Some(path) => read(path)?,
@@ -163,20 +252,8 @@ fn run_game_day(path: Option<&Path>, out: Option<PathBuf>, seed: u64, seeds: u64
     let shown = path.map_or("the default scenario".to_owned(), |p| p.display().to_string());
     let plan = Scenario::plan(&text).with_context(|| format!("in {shown}"))?;
     let out = out.unwrap_or_else(|| default_out(&plan.name));
-    let this = std::env::current_exe().context("finding this binary to start replicas with")?;
-    let launcher = Launcher {
-        program: this.clone(),
-        prefix: vec!["emulator".to_owned()],
-    };
-    let router = Launcher {
-        program: this,
-        prefix: vec!["router".to_owned()],
-    };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .context("tokio runtime")?;
+    let (launcher, router) = launchers()?;
+    let runtime = runtime()?;
     let mut runs = Vec::new();
     for checked in &plan.runs {
         let scenario = &checked.scenario;

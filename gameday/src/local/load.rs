@@ -93,14 +93,14 @@ pub async fn run(
 
 /// One request, drawn from the scenario's distributions.
 #[derive(Clone, Debug, PartialEq)]
-struct Request {
-    body: Bytes,
-    stream: bool,
-    priority: Priority,
+pub(crate) struct Request {
+    pub(crate) body: Bytes,
+    pub(crate) stream: bool,
+    pub(crate) priority: Priority,
 }
 
 impl Request {
-    fn draw(load: &Load, model: &str, rng: &mut fastrand::Rng) -> Request {
+    pub(crate) fn draw(load: &Load, model: &str, rng: &mut fastrand::Rng) -> Request {
         let stream = rng.f64() < load.stream_share;
         let class = rng.f64();
         let priority = if class < load.priorities.interactive {
@@ -186,14 +186,14 @@ impl Request {
 }
 
 /// The `error.type` of an OpenAI-style error body.
-fn error_type(body: &[u8]) -> Option<String> {
+pub(crate) fn error_type(body: &[u8]) -> Option<String> {
     let value: serde_json::Value = serde_json::from_slice(body).ok()?;
     Some(value.get("error")?.get("type")?.as_str()?.to_owned())
 }
 
 /// What an answer means to its client, and whether it failed before any replica took it (the
 /// router had no endpoint in time, or every try was refused before a byte).
-fn judge(status: u16, body: &[u8], complete: bool, stream: bool) -> (RequestOutcome, bool) {
+pub(crate) fn judge(status: u16, body: &[u8], complete: bool, stream: bool) -> (RequestOutcome, bool) {
     let text = String::from_utf8_lossy(body);
     match status {
         200 if !complete => (RequestOutcome::Failed, false),

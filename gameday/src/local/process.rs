@@ -118,6 +118,21 @@ impl Process {
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
+
+    /// SIGTERM, then waits up to `limit` for the process to exit; whether it did.
+    pub fn terminate(&mut self, limit: Duration) -> bool {
+        if super::replicas::signal(self.child.id(), "-TERM").is_err() {
+            return false;
+        }
+        let deadline = std::time::Instant::now() + limit;
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
 }
 
 impl Drop for Process {

@@ -179,23 +179,25 @@ impl Replica {
         self.signal("-CONT")
     }
 
-    /// Sends `signal` through kill(1): the workspace forbids the unsafe a direct kill(2) needs.
-    fn signal(&self, signal: &str) -> Result<(), ReplicaError> {
-        let status = Command::new("kill")
-            .args([signal, &self.child.id().to_string()])
-            .status()
-            .map_err(|e| ReplicaError::Signal {
-                name: self.name.clone(),
-                message: e.to_string(),
-            })?;
-        if status.success() {
-            Ok(())
-        } else {
-            Err(ReplicaError::Signal {
-                name: self.name.clone(),
-                message: format!("kill {signal} exited with {status}"),
-            })
-        }
+    fn signal(&self, signal_name: &str) -> Result<(), ReplicaError> {
+        signal(self.child.id(), signal_name).map_err(|message| ReplicaError::Signal {
+            name: self.name.clone(),
+            message,
+        })
+    }
+}
+
+/// Sends `signal` (`-STOP`, `-TERM`, …) to `pid` through kill(1): the workspace forbids the
+/// unsafe a direct kill(2) needs.
+pub(crate) fn signal(pid: u32, signal: &str) -> Result<(), String> {
+    let status = Command::new("kill")
+        .args([signal, &pid.to_string()])
+        .status()
+        .map_err(|e| e.to_string())?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("kill {signal} exited with {status}"))
     }
 }
 
