@@ -13,6 +13,7 @@ use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Serialize};
 
 use understudy_core::drive::StandbyShape;
+use understudy_core::recovery::Stage;
 
 use crate::route::StreamContract;
 
@@ -132,6 +133,20 @@ pub struct FailoverPolicySpec {
     #[x_kube(validation = positive_duration())]
     pub recovery_objective: GoDuration,
 
+    /// The share of the promoted pool's replicas that must pass generating probes before the
+    /// pool is routed, and the share `recoveryObjective` is judged at, e.g. `0.5`: with four
+    /// warm and four pilot-light replicas, the route moves when the four warm are awake and
+    /// admission control shields them until the rest arrive. Defaults to a majority.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.01, max = 1.0))]
+    pub min_serving_fraction: Option<f64>,
+
+    /// How long each cold-start stage takes on this stack, as far as you know before the
+    /// operator has measured one: `ObjectiveMet` is computed from these until measurements
+    /// replace them, stage by stage.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cold_start_estimates: Option<ColdStartEstimates>,
+
     /// The generating probe sent to every awake replica of both pools.
     #[serde(default)]
     pub probe: ProbeSpec,
@@ -171,6 +186,57 @@ impl FailoverPolicySpec {
                 .get(i)
                 .map_or(StandbyShape::hot(0), PoolSpec::standby_shape)
         })
+    }
+}
+
+/// Estimated cold-start stage times, each a duration such as `70s`; a stage left out is unknown.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ColdStartEstimates {
+    /// A node with free GPUs: provisioning by the autoscaler, then scheduling.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<GoDuration>,
+    /// Pulling the serving image.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull: Option<GoDuration>,
+    /// Creating and starting the container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container_start: Option<GoDuration>,
+    /// Loading the weights (size ÷ effective read rate).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight_load: Option<GoDuration>,
+    /// Profiling, KV-cache allocation, compilation and CUDA graph capture.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warmup: Option<GoDuration>,
+    /// Engine initialised → the API answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_ready: Option<GoDuration>,
+    /// API ready → the first generated token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_token: Option<GoDuration>,
+    /// Waking a level-1 sleeper: weights back from host memory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wake_level1: Option<GoDuration>,
+    /// Waking a level-2 sleeper: weights reloaded from storage.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wake_level2: Option<GoDuration>,
+}
+
+impl ColdStartEstimates {
+    /// Each estimate with its stage, in stage order.
+    #[must_use]
+    pub fn entries(&self) -> [(Stage, Option<&GoDuration>); 9] {
+        [
+            (Stage::Node, self.node.as_ref()),
+            (Stage::ImagePull, self.image_pull.as_ref()),
+            (Stage::ContainerStart, self.container_start.as_ref()),
+            (Stage::WeightLoad, self.weight_load.as_ref()),
+            (Stage::Warmup, self.warmup.as_ref()),
+            (Stage::ApiReady, self.api_ready.as_ref()),
+            (Stage::FirstToken, self.first_token.as_ref()),
+            (Stage::WakeLevel1, self.wake_level1.as_ref()),
+            (Stage::WakeLevel2, self.wake_level2.as_ref()),
+        ]
     }
 }
 

@@ -11,6 +11,7 @@ use understudy_core::{
     Pool,
     duration::ParseDurationError,
     failover::{ConfigError, FailbackPolicy, FailoverConfig},
+    recovery::StageTimes,
 };
 
 use crate::crd::{ExpectMode, FailbackMode, FailoverPolicySpec, GoDuration, Tier, WorkloadKind};
@@ -105,6 +106,14 @@ pub enum PolicyError {
     MaxConcurrencyBelowInitial { initial: u32, max: u32 },
     #[error("spec.admission.priorityHeader {0:?} must be an HTTP header name: letters, digits and '-'")]
     NotAHeaderName(String),
+    #[error("spec.minServingFraction {0} must be above 0 and at most 1")]
+    ServingFraction(String),
+    #[error("spec.coldStartEstimates.{stage}: {source}")]
+    Estimate {
+        stage: &'static str,
+        #[source]
+        source: ParseDurationError,
+    },
     /// A rule of the state machine's own that the checks above did not catch.
     #[error("the state machine refuses this policy: {0}")]
     Config(#[from] ConfigError),
@@ -120,7 +129,7 @@ pub struct ProbeTiming {
 }
 
 /// A spec that passed every check, with its durations parsed.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct ValidatedPolicy {
     /// What the failover state machine runs on.
     pub failover: FailoverConfig,
@@ -128,6 +137,20 @@ pub struct ValidatedPolicy {
     pub recovery_objective: Duration,
     /// Zero when admission control after promotion is off.
     pub admission_window: Duration,
+    /// `spec.minServingFraction`, when given.
+    pub min_serving_fraction: Option<f64>,
+    /// `spec.coldStartEstimates`, parsed; empty when none are given.
+    pub estimates: StageTimes,
+}
+
+impl ValidatedPolicy {
+    /// The longest a crashed primary (refused connections, a dead engine) goes unnoticed: the
+    /// hard-failure rounds that promote, each a probe interval, and one probe timeout for the
+    /// round in flight when it failed.
+    #[must_use]
+    pub fn detection(&self) -> Duration {
+        self.probe.interval * self.failover.hard_promote_after + self.probe.timeout
+    }
 }
 
 /// Checks every rule of the schema and of the state machine, and converts the spec.
@@ -163,6 +186,12 @@ pub fn validate(spec: &FailoverPolicySpec) -> Result<ValidatedPolicy, PolicyErro
     let failback = check_failback(spec, probe.interval)?;
     check_parity(spec)?;
     let admission_window = check_admission(spec)?;
+    if let Some(fraction) = spec.min_serving_fraction
+        && !(fraction > 0.0 && fraction <= 1.0)
+    {
+        return Err(PolicyError::ServingFraction(fraction.to_string()));
+    }
+    let estimates = estimates(spec)?;
 
     let failover = FailoverConfig {
         suspect_after: trigger.suspect_after,
@@ -179,7 +208,27 @@ pub fn validate(spec: &FailoverPolicySpec) -> Result<ValidatedPolicy, PolicyErro
         probe,
         recovery_objective,
         admission_window,
+        min_serving_fraction: spec.min_serving_fraction,
+        estimates,
     })
+}
+
+/// `spec.coldStartEstimates`, parsed.
+fn estimates(spec: &FailoverPolicySpec) -> Result<StageTimes, PolicyError> {
+    let mut times = StageTimes::new();
+    let Some(estimates) = &spec.cold_start_estimates else {
+        return Ok(times);
+    };
+    for (stage, text) in estimates.entries() {
+        if let Some(text) = text {
+            let duration = text.parse().map_err(|source| PolicyError::Estimate {
+                stage: stage.as_str(),
+                source,
+            })?;
+            times.set(stage, duration);
+        }
+    }
+    Ok(times)
 }
 
 /// The state machine's configuration for this spec: [`validate`], keeping only that part.
@@ -462,6 +511,7 @@ fn is_object_name(text: &str) -> bool {
 mod tests {
     use super::*;
     use crate::crd::FailoverPolicySpec;
+    use understudy_core::recovery::Stage;
 
     /// Two hot pools and nothing else: every other field takes its default.
     const MINIMAL: &str = "
@@ -763,6 +813,54 @@ recoveryObjective: 5m
                 "got {message:?}, expected {expected:?}"
             );
         }
+    }
+
+    #[test]
+    fn serving_fraction_and_estimates_are_checked_and_parsed() {
+        let policy = validate(&minimal_with(
+            "minServingFraction: 0.5\ncoldStartEstimates: {node: 6m, weightLoad: 70s, wakeLevel1: 25s}\n",
+        ))
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(policy.min_serving_fraction, Some(0.5));
+        assert_eq!(policy.estimates.get(Stage::Node), Some(Duration::from_secs(360)));
+        assert_eq!(
+            policy.estimates.get(Stage::WakeLevel1),
+            Some(Duration::from_secs(25))
+        );
+        assert_eq!(
+            policy.estimates.get(Stage::Warmup),
+            None,
+            "left out is unknown, not zero"
+        );
+        for (extra, expected) in [
+            (
+                "minServingFraction: 0\n",
+                "spec.minServingFraction 0 must be above 0 and at most 1",
+            ),
+            (
+                "minServingFraction: 1.5\n",
+                "spec.minServingFraction 1.5 must be above 0",
+            ),
+            (
+                "coldStartEstimates: {warmup: soon}\n",
+                "spec.coldStartEstimates.warmup: invalid duration \"soon\"",
+            ),
+        ] {
+            let message = refusal(&minimal_with(extra));
+            assert!(
+                message.starts_with(expected),
+                "got {message:?}, expected {expected:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn detection_is_the_hard_failure_rounds_and_one_timeout() {
+        let policy = validate(&minimal_with(
+            "probe: {interval: 10s, timeout: 5s}\ntrigger: {hardFailure: {promoteAfter: 2}}\n",
+        ))
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(policy.detection(), Duration::from_secs(25));
     }
 
     #[test]

@@ -11,6 +11,7 @@ pub mod duration;
 pub mod epoch;
 pub mod failover;
 pub mod pool;
+pub mod recovery;
 pub mod vllm;
 
 pub use epoch::Epoch;
