@@ -13,7 +13,7 @@ use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Serialize};
 
 use understudy_core::drive::StandbyShape;
-use understudy_core::recovery::Stage;
+use understudy_core::recovery::{self, Mix, Stage, Standby};
 
 use crate::route::StreamContract;
 
@@ -182,9 +182,16 @@ impl FailoverPolicySpec {
     #[must_use]
     pub fn standby_shapes(&self) -> [StandbyShape; 2] {
         [0, 1].map(|i| {
-            self.pools
+            let shape = self
+                .pools
                 .get(i)
-                .map_or(StandbyShape::hot(0), PoolSpec::standby_shape)
+                .map_or(StandbyShape::hot(0), PoolSpec::standby_shape);
+            StandbyShape {
+                min_serving: self
+                    .min_serving_fraction
+                    .map(|fraction| recovery::needed(shape.replicas, fraction)),
+                ..shape
+            }
         })
     }
 }
@@ -302,7 +309,25 @@ impl PoolSpec {
             warm: of(Tier::Warm).map(|group| group.replicas).sum(),
             sleep_level: of(Tier::Warm).map(TierGroup::sleep_level).max().unwrap_or(1),
             pilot_light: of(Tier::PilotLight).map(|group| group.replicas).sum(),
+            min_serving: None,
         }
+    }
+
+    /// The standby tiers as the recovery planner counts them.
+    #[must_use]
+    pub fn standby_mix(&self) -> Mix {
+        let standby = |group: &TierGroup| match group.tier {
+            Tier::Hot => Standby::Hot,
+            Tier::Warm => Standby::Warm(group.sleep_level()),
+            Tier::PilotLight => Standby::PilotLight {
+                reserved: group.reserve_gpus(),
+            },
+        };
+        Mix(self
+            .standby_groups()
+            .iter()
+            .map(|group| (standby(group), group.replicas))
+            .collect())
     }
 }
 

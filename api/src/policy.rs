@@ -511,7 +511,7 @@ fn is_object_name(text: &str) -> bool {
 mod tests {
     use super::*;
     use crate::crd::FailoverPolicySpec;
-    use understudy_core::recovery::Stage;
+    use understudy_core::recovery::{Mix, Stage, Standby};
 
     /// Two hot pools and nothing else: every other field takes its default.
     const MINIMAL: &str = "
@@ -852,6 +852,28 @@ recoveryObjective: 5m
                 "got {message:?}, expected {expected:?}"
             );
         }
+    }
+
+    #[test]
+    fn the_serving_share_sets_the_quorum_and_the_tiers_the_planners_mix() {
+        let pools = format!(
+            "{POOL_B}  - name: east\n    workload: {{kind: StatefulSet, name: llm}}\n    replicas: 8\n    \
+             standby:\n      - {{tier: warm, replicas: 4}}\n      - {{tier: pilotLight, replicas: 4, reserveGpus: true}}\n"
+        );
+        let majority = with_pools(&pools);
+        assert_eq!(majority.standby_shapes()[1].serving_quorum(), 5);
+        let mut half = majority.clone();
+        half.min_serving_fraction = Some(0.5);
+        assert_eq!(half.standby_shapes()[1].serving_quorum(), 4);
+        assert_eq!(half.standby_shapes()[0].serving_quorum(), 1, "half of two");
+        assert_eq!(
+            half.pools[1].standby_mix(),
+            Mix(vec![
+                (Standby::Warm(1), 4),
+                (Standby::PilotLight { reserved: true }, 4)
+            ])
+        );
+        assert_eq!(half.pools[0].standby_mix(), Mix(vec![(Standby::Hot, 2)]));
     }
 
     #[test]

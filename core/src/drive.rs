@@ -43,6 +43,9 @@ pub struct StandbyShape {
     pub sleep_level: SleepLevel,
     /// Replicas not running, grown on promotion.
     pub pilot_light: u32,
+    /// Replicas that must serve before the pool is routed, when the policy says
+    /// (`minServingFraction`); a majority otherwise.
+    pub min_serving: Option<u32>,
 }
 
 impl StandbyShape {
@@ -54,13 +57,18 @@ impl StandbyShape {
             warm: 0,
             sleep_level: 1,
             pilot_light: 0,
+            min_serving: None,
         }
     }
 
-    /// Replicas that must serve before the promoted pool is routed: [`serving_quorum`] of all.
+    /// Replicas that must serve before the promoted pool is routed: the policy's share, else
+    /// [`serving_quorum`] of all.
     #[must_use]
     pub fn serving_quorum(&self) -> u32 {
-        serving_quorum(self.replicas)
+        self.min_serving.map_or_else(
+            || serving_quorum(self.replicas),
+            |n| n.clamp(1, self.replicas.max(1)),
+        )
     }
 }
 

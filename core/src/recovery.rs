@@ -34,6 +34,25 @@ pub enum Stage {
 }
 
 impl Stage {
+    /// Every stage, in order.
+    pub const ALL: [Stage; 9] = [
+        Stage::Node,
+        Stage::ImagePull,
+        Stage::ContainerStart,
+        Stage::WeightLoad,
+        Stage::Warmup,
+        Stage::ApiReady,
+        Stage::FirstToken,
+        Stage::WakeLevel1,
+        Stage::WakeLevel2,
+    ];
+
+    /// The stage [`Stage::as_str`] names.
+    #[must_use]
+    pub fn from_name(name: &str) -> Option<Stage> {
+        Stage::ALL.into_iter().find(|stage| stage.as_str() == name)
+    }
+
     /// The name status, metrics and stage files use.
     #[must_use]
     pub fn as_str(self) -> &'static str {
@@ -218,18 +237,10 @@ impl Mix {
         parts.join(" + ")
     }
 
-    /// How many replicas make `fraction` of the pool: `⌈fraction·n⌉`, at least one.
+    /// How many replicas make `fraction` of the pool: [`needed`].
     #[must_use]
     pub fn needed(&self, fraction: f64) -> u32 {
-        let n = self.replicas();
-        let exact = f64::from(n) * fraction.clamp(0.0, 1.0);
-        // Within a rounding error of a whole number, that number: 0.8 × 10 is 8, not 9.
-        let needed = if (exact - exact.round()).abs() < 1e-9 {
-            exact.round()
-        } else {
-            exact.ceil()
-        };
-        (needed as u32).clamp(1, n.max(1))
+        needed(self.replicas(), fraction)
     }
 
     /// When `fraction` of the replicas serve, counted from the decision, and the replica and stage
@@ -253,6 +264,22 @@ impl Mix {
             slowest,
         })
     }
+}
+
+/// How many of `replicas` make `fraction` of them: `⌈fraction·replicas⌉`, at least one.
+#[must_use]
+pub fn needed(replicas: u32, fraction: f64) -> u32 {
+    let exact = f64::from(replicas) * fraction.clamp(0.0, 1.0);
+    // Within a rounding error of a whole number, that number: 0.7 × 10 is 7, not 8.
+    let needed = if (exact - exact.round()).abs() < 1e-9 {
+        exact.round()
+    } else {
+        exact.ceil()
+    };
+    // In 0..=replicas after the clamp above, so the cast neither truncates nor wraps.
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let needed = needed as u32;
+    needed.clamp(1, replicas.max(1))
 }
 
 /// When a share of the pool serves, and what decides it.
@@ -531,6 +558,14 @@ mod tests {
             ..objective(0.5)
         };
         assert_eq!(cheapest_meeting(8, 2, &slow, &too_slow_to_notice), None);
+    }
+
+    #[test]
+    fn stage_names_read_back() {
+        for stage in Stage::ALL {
+            assert_eq!(Stage::from_name(stage.as_str()), Some(stage));
+        }
+        assert_eq!(Stage::from_name("weight-load"), None);
     }
 
     #[test]

@@ -200,6 +200,7 @@ fn warm(replicas: u32, level: SleepLevel) -> StandbyShape {
         warm: replicas,
         sleep_level: level,
         pilot_light: 0,
+        min_serving: None,
     }
 }
 
@@ -209,6 +210,7 @@ fn pilot_light(replicas: u32) -> StandbyShape {
         warm: 0,
         sleep_level: 1,
         pilot_light: replicas,
+        min_serving: None,
     }
 }
 
@@ -218,6 +220,7 @@ fn four_warm_four_pilot_light() -> StandbyShape {
         warm: 4,
         sleep_level: 1,
         pilot_light: 4,
+        min_serving: None,
     }
 }
 
@@ -347,6 +350,29 @@ fn four_warm_and_four_pilot_light_route_on_the_woken_four_and_a_fifth_cold_start
             scale(8, 4),
             serving(5, 8),
             serving(5, 8),
+            Call::Route(B),
+            Call::OpenAdmission(B),
+        ]
+    );
+}
+
+#[test]
+fn with_half_as_the_serving_share_four_warm_and_four_pilot_light_route_on_the_woken_four() {
+    // `minServingFraction: 0.5`: four of eight serve once the warm four are awake, so the route
+    // moves without waiting for any cold start.
+    let shape = StandbyShape {
+        min_serving: Some(4),
+        ..four_warm_four_pilot_light()
+    };
+    let (calls, ..) = calls_of_one_promotion(shape);
+    assert_eq!(
+        calls,
+        vec![
+            Call::AcquireLease(CLAIM),
+            Call::FenceOld(A),
+            wake(4, 1),
+            scale(8, 4),
+            serving(4, 8),
             Call::Route(B),
             Call::OpenAdmission(B),
         ]

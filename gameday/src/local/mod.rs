@@ -218,6 +218,7 @@ pub async fn run(checked: &Checked, options: &RunOptions) -> Result<RunReport, R
             warm: shape.warm,
             sleep_level: shape.sleep_level,
             pilot_light: shape.pilot_light,
+            min_serving: None,
         }),
         config,
         lease: LogicLease::new(lease),

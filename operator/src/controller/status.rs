@@ -12,14 +12,15 @@ use serde::{Deserialize, Serialize};
 use understudy_core::failover::{
     ControlPlane, FailoverConfig, FailoverState, Phase, Promotion, Step, TransitionKind as MachineKind,
 };
+use understudy_core::recovery::{Objective, Stage, StageTimes, judge};
 use understudy_core::{Epoch, Pool};
 
 use super::command::HandledCommand;
 use crate::crd::{
-    Condition, ConditionStatus, FailoverPolicySpec, FailoverPolicyStatus, FailoverTimeline, GoldenAnswer,
-    GpuReserve, TimelineStep, TransitionKind, condition_type,
+    ColdStartBreakdown, Condition, ConditionStatus, FailoverPolicySpec, FailoverPolicyStatus,
+    FailoverTimeline, GoldenAnswer, GpuReserve, TimelineStep, TransitionKind, condition_type,
 };
-use crate::policy::pool_name;
+use crate::policy::{pool_name, validate};
 
 /// The operator's own record, kept in `status.failover`: the state machine, the last command
 /// handled, and the steps it handed off. A restarted operator resumes from it.
@@ -199,6 +200,7 @@ pub fn desired_status(facts: &StatusFacts<'_>) -> Result<FailoverPolicyStatus, s
                 machine,
                 facts.lease_behind,
                 facts.probe_accepted,
+                &previous.cold_start,
             ),
             facts.now,
         ),
@@ -251,6 +253,7 @@ fn conditions(
     machine: &FailoverState,
     lease_behind: Option<Epoch>,
     probe_accepted: Option<Result<(), &str>>,
+    cold_start: &[ColdStartBreakdown],
 ) -> BTreeMap<String, Condition> {
     use ConditionStatus::{False, True, Unknown};
     let primary = pool_name(spec, machine.primary);
@@ -364,11 +367,7 @@ fn conditions(
     } else {
         condition(False, "Drift", format!("{standby} drifted from {primary}"))
     };
-    let objective = condition(
-        Unknown,
-        "ColdStartNotMeasured",
-        "cold-start stages are not measured yet, so the recovery time per tier is unknown".to_owned(),
-    );
+    let objective = objective_met(spec, machine.standby(), cold_start);
     let probe = match probe_accepted {
         Some(Ok(())) => condition(True, "Answered", "the replicas answer the probe".to_owned()),
         Some(Err(why)) => condition(
@@ -388,6 +387,76 @@ fn conditions(
         (condition_type::OBJECTIVE_MET.to_owned(), objective),
         (condition_type::PROBE_ACCEPTED.to_owned(), probe),
     ])
+}
+
+/// Whether promoting `standby` reaches the policy's serving share within `recoveryObjective`:
+/// detection plus the time its tier mix takes, from the slowest measured time of each stage in
+/// `cold_start`, else the policy's estimate. `Unknown`, naming the stage, while a stage the mix
+/// goes through has neither.
+fn objective_met(spec: &FailoverPolicySpec, standby: Pool, cold_start: &[ColdStartBreakdown]) -> Condition {
+    use ConditionStatus::{False, True, Unknown};
+    let Ok(policy) = validate(spec) else {
+        return condition(Unknown, "InvalidSpec", "the spec does not validate".to_owned());
+    };
+    let Some(pool) = spec.pools.get(standby.index()) else {
+        return condition(Unknown, "InvalidSpec", "the spec has no standby pool".to_owned());
+    };
+    let mix = pool.standby_mix();
+    let quorum = spec.standby_shapes()[standby.index()].serving_quorum();
+    let objective = Objective {
+        objective: policy.recovery_objective,
+        detection: policy.detection(),
+        fraction: f64::from(quorum) / f64::from(pool.replicas.max(1)),
+    };
+    let measured = slowest_measured(cold_start);
+    let times = measured.or(&policy.estimates);
+    let source = match (
+        measured == StageTimes::new(),
+        policy.estimates == StageTimes::new(),
+    ) {
+        (true, _) => "from spec.coldStartEstimates",
+        (false, true) => "from measured cold starts",
+        (false, false) => "from measured cold starts, and spec.coldStartEstimates where none was measured",
+    };
+    match judge(&mix, &times, &objective) {
+        Ok(judged) if judged.met => condition(
+            True,
+            "WithinObjective",
+            format!("{} ({source})", judged.message(&objective)),
+        ),
+        Ok(judged) => condition(
+            False,
+            "ObjectiveMissed",
+            format!("{} ({source})", judged.message(&objective)),
+        ),
+        Err(missing) => condition(
+            Unknown,
+            "ColdStartNotMeasured",
+            format!(
+                "{missing}, so {}'s recovery time is unknown: none measured yet, and no \
+                 spec.coldStartEstimates.{}",
+                pool.name,
+                missing.stage.as_str()
+            ),
+        ),
+    }
+}
+
+/// The slowest time of each stage over every breakdown: what a promotion can count on.
+fn slowest_measured(cold_start: &[ColdStartBreakdown]) -> StageTimes {
+    let mut slowest = StageTimes::new();
+    for (name, seconds) in cold_start.iter().flat_map(|b| &b.stages) {
+        let (Some(stage), Some(seconds)) = (Stage::from_name(name), seconds) else {
+            continue;
+        };
+        let Ok(time) = Duration::try_from_secs_f64(*seconds) else {
+            continue;
+        };
+        if slowest.get(stage).is_none_or(|t| time > t) {
+            slowest.set(stage, time);
+        }
+    }
+    slowest
 }
 
 /// Stamps each condition with when its status last changed: kept from `previous` when the status
@@ -568,9 +637,99 @@ mod tests {
             ready.last_transition_time.as_deref(),
             Some("2024-06-01T12:00:00Z")
         );
+        // An all-hot standby goes through no stage: detection alone decides, well inside 5m.
+        let objective = &status.conditions[condition_type::OBJECTIVE_MET];
         assert_eq!(
-            status.conditions[condition_type::OBJECTIVE_MET].status,
-            ConditionStatus::Unknown
+            (objective.status, objective.reason.as_str()),
+            (ConditionStatus::True, "WithinObjective"),
+            "{}",
+            objective.message
+        );
+    }
+
+    /// Seed 004's pools: eight replicas each, the standby `tiers`, the stage `estimates`.
+    fn tiered(tiers: &str, estimates: &str) -> FailoverPolicySpec {
+        serde_yaml::from_str(&format!(
+            "recoveryObjective: 5m\nminServingFraction: 0.5\nprobe: {{interval: 10s, timeout: 5s}}\n\
+             trigger: {{hardFailure: {{promoteAfter: 2}}}}\n{estimates}pools:\n\
+             - {{name: east, workload: {{kind: Deployment, name: vllm-east}}, replicas: 8}}\n\
+             - {{name: west, workload: {{kind: Deployment, name: vllm-west}}, replicas: 8, standby: {tiers}}}\n"
+        ))
+        .unwrap()
+    }
+
+    const SEED_004: &str = "coldStartEstimates: {node: 6m, imagePull: 2m, containerStart: 10s, weightLoad: 70s, \
+                            warmup: 60s, apiReady: 5s, firstToken: 2s, wakeLevel1: 25s}\n";
+    const FOUR_AND_FOUR: &str = "[{tier: warm, replicas: 4}, {tier: pilotLight, replicas: 4}]";
+    const PILOT_LIGHT: &str = "[{tier: pilotLight, replicas: 8}]";
+
+    #[test]
+    fn objective_met_comes_from_the_estimates_for_the_standbys_tier_mix() {
+        let met = objective_met(&tiered(FOUR_AND_FOUR, SEED_004), Pool::B, &[]);
+        assert_eq!(
+            (met.status, met.reason.as_str()),
+            (ConditionStatus::True, "WithinObjective")
+        );
+        assert_eq!(
+            met.message,
+            "4 × warm (level 1) + 4 × pilot light reaches 50% of capacity 52s after a fault (detection \
+             25s), within the 5m objective (from spec.coldStartEstimates)"
+        );
+        let missed = objective_met(&tiered(PILOT_LIGHT, SEED_004), Pool::B, &[]);
+        assert_eq!(
+            (missed.status, missed.reason.as_str()),
+            (ConditionStatus::False, "ObjectiveMissed")
+        );
+        assert!(
+            missed.message.contains("10m52s"),
+            "25s + 6m + 267s: {}",
+            missed.message
+        );
+        assert!(
+            missed
+                .message
+                .contains("the pilot light replicas' node stage breaks it"),
+            "{}",
+            missed.message
+        );
+    }
+
+    #[test]
+    fn objective_met_is_unknown_naming_the_stage_nobody_measured_or_estimated() {
+        let unknown = objective_met(&tiered(FOUR_AND_FOUR, ""), Pool::B, &[]);
+        assert_eq!(
+            (unknown.status, unknown.reason.as_str()),
+            (ConditionStatus::Unknown, "ColdStartNotMeasured")
+        );
+        assert_eq!(
+            unknown.message,
+            "no time for the wakeLevel1 stage, which a warm (level 1) replica goes through, so west's \
+             recovery time is unknown: none measured yet, and no spec.coldStartEstimates.wakeLevel1"
+        );
+    }
+
+    #[test]
+    fn measured_stages_replace_estimates_and_the_slowest_measurement_counts() {
+        let breakdown = |replica: &str, node: f64| ColdStartBreakdown {
+            pool: "west".into(),
+            replica: replica.into(),
+            stages: BTreeMap::from([("node".to_owned(), Some(node)), ("warmup".to_owned(), None)]),
+        };
+        // Nodes came up in 3 and 6 s, not the 6 minutes estimated: pilot light now meets it.
+        let measured = [breakdown("west-0", 3.0), breakdown("west-1", 6.0)];
+        let met = objective_met(&tiered(PILOT_LIGHT, SEED_004), Pool::B, &measured);
+        assert_eq!(met.status, ConditionStatus::True, "{}", met.message);
+        assert!(
+            met.message.contains("4m58s"),
+            "25s + 6s node + 267s: {}",
+            met.message
+        );
+        assert!(
+            met.message.ends_with(
+                "(from measured cold starts, and spec.coldStartEstimates where none was measured)"
+            ),
+            "{}",
+            met.message
         );
     }
 
