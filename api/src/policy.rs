@@ -58,11 +58,12 @@ pub enum PolicyError {
     SleepLevelNotWarm { pool: usize, group: usize },
     #[error("spec.pools[{pool}].standby[{group}].reserveGpus applies only to the pilotLight tier")]
     ReserveGpusNotPilotLight { pool: usize, group: usize },
-    #[error("{field}: {source}")]
+    // The parse error is in the message, which status shows whole; it is not also a `source`,
+    // or an error chain would print it twice.
+    #[error("{field}: {error}")]
     Duration {
         field: &'static str,
-        #[source]
-        source: ParseDurationError,
+        error: ParseDurationError,
     },
     #[error("{field} must be greater than zero")]
     ZeroDuration { field: &'static str },
@@ -108,11 +109,10 @@ pub enum PolicyError {
     NotAHeaderName(String),
     #[error("spec.minServingFraction {0} must be above 0 and at most 1")]
     ServingFraction(String),
-    #[error("spec.coldStartEstimates.{stage}: {source}")]
+    #[error("spec.coldStartEstimates.{stage}: {error}")]
     Estimate {
         stage: &'static str,
-        #[source]
-        source: ParseDurationError,
+        error: ParseDurationError,
     },
     /// A rule of the state machine's own that the checks above did not catch.
     #[error("the state machine refuses this policy: {0}")]
@@ -221,9 +221,9 @@ fn estimates(spec: &FailoverPolicySpec) -> Result<StageTimes, PolicyError> {
     };
     for (stage, text) in estimates.entries() {
         if let Some(text) = text {
-            let duration = text.parse().map_err(|source| PolicyError::Estimate {
+            let duration = text.parse().map_err(|error| PolicyError::Estimate {
                 stage: stage.as_str(),
-                source,
+                error,
             })?;
             times.set(stage, duration);
         }
@@ -443,7 +443,7 @@ fn check_admission(spec: &FailoverPolicySpec) -> Result<Duration, PolicyError> {
 
 fn parse(field: &'static str, text: &GoDuration) -> Result<Duration, PolicyError> {
     text.parse()
-        .map_err(|source| PolicyError::Duration { field, source })
+        .map_err(|error| PolicyError::Duration { field, error })
 }
 
 fn positive(field: &'static str, text: &GoDuration) -> Result<Duration, PolicyError> {

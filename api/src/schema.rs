@@ -15,8 +15,9 @@ use serde_json::Value;
 /// Why a manifest was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum ManifestError {
+    // In the message only: as a `source` too, an error chain would print it twice.
     #[error("not YAML: {0}")]
-    NotYaml(#[from] serde_yaml::Error),
+    NotYaml(serde_yaml::Error),
     #[error("this is a {found}, not a {expected}")]
     WrongKind { expected: String, found: String },
     #[error("refused by the {kind} schema:\n  {}", .errors.join("\n  "))]
@@ -28,7 +29,7 @@ pub enum ManifestError {
 /// Reads a `K` manifest from YAML after checking it against `K`'s CRD schema, as the API server
 /// would with strict field validation (`kubectl apply`'s default).
 pub fn from_yaml<K: CustomResourceExt + DeserializeOwned>(text: &str) -> Result<K, ManifestError> {
-    let object: Value = serde_yaml::from_str(text)?;
+    let object: Value = serde_yaml::from_str(text).map_err(ManifestError::NotYaml)?;
     let resource = K::api_resource();
     let expected = format!("{} {}", resource.api_version, resource.kind);
     let found = format!(

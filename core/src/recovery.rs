@@ -313,27 +313,32 @@ pub struct Judged {
 }
 
 impl Judged {
-    /// One plain sentence: met or not, by how much, and the stage that breaks it.
+    /// One plain sentence: met or not, when, and the stage that breaks it.
     #[must_use]
     pub fn message(&self, objective: &Objective) -> String {
-        let percent = objective.fraction * 100.0;
+        let serving = format!(
+            "{} of {} replicas serving",
+            self.mix.needed(objective.fraction),
+            self.mix.replicas()
+        );
         let recovery = secs(self.recovery);
         let limit = secs(objective.objective);
         let detection = secs(objective.detection);
-        if self.met {
-            format!(
-                "{} reaches {percent:.0}% of capacity {recovery} after a fault (detection {detection}), \
-                 within the {limit} objective",
-                self.mix.label()
-            )
-        } else {
-            let stage = self.reached.slowest.map_or("detection", Stage::as_str);
-            format!(
-                "{} reaches {percent:.0}% of capacity only {recovery} after a fault (detection \
-                 {detection}), past the {limit} objective: the {} replicas' {stage} stage breaks it",
-                self.mix.label(),
-                self.reached.standby.label()
-            )
+        let mix = self.mix.label();
+        match (self.met, self.reached.slowest) {
+            (true, _) => format!(
+                "{mix} has {serving} {recovery} after a fault (detection {detection}), within the \
+                 {limit} objective"
+            ),
+            (false, Some(stage)) => format!(
+                "{mix} has {serving} only {recovery} after a fault (detection {detection}), past the \
+                 {limit} objective: the {} replicas' {} stage breaks it",
+                self.reached.standby.label(),
+                stage.as_str()
+            ),
+            (false, None) => {
+                format!("{mix} cannot meet the {limit} objective: detection alone takes {detection}")
+            }
         }
     }
 }
@@ -392,25 +397,21 @@ pub fn cheapest_meeting(
         })
 }
 
-/// `93s` as `1m33s`, `45.5s` as `45.5s`: how the planner prints times.
+/// `93s` as `1m33s`, `45.5s` as `45.5s`: how the planner prints times, to a tenth of a second.
 #[must_use]
 pub fn secs(d: Duration) -> String {
-    let total = d.as_secs_f64();
-    let minutes = (total / 60.0).floor();
-    let rest = total - minutes * 60.0;
-    let rest = if (rest - rest.round()).abs() < 0.05 {
-        format!("{:.0}s", rest.round())
+    // Rounded once, before the split, so 119.97 s is `2m` and never `1m60s`.
+    let tenths = (d.as_secs_f64() * 10.0).round() as u64;
+    let (minutes, tenths) = (tenths / 600, tenths % 600);
+    let rest = if tenths % 10 == 0 {
+        format!("{}s", tenths / 10)
     } else {
-        format!("{rest:.1}s")
+        format!("{}.{}s", tenths / 10, tenths % 10)
     };
-    if minutes >= 1.0 {
-        if rest == "0s" {
-            format!("{minutes:.0}m")
-        } else {
-            format!("{minutes:.0}m{rest}")
-        }
-    } else {
-        rest
+    match (minutes, tenths) {
+        (0, _) => rest,
+        (m, 0) => format!("{m}m"),
+        (m, _) => format!("{m}m{rest}"),
     }
 }
 
@@ -541,6 +542,31 @@ mod tests {
     }
 
     #[test]
+    fn the_message_names_the_replicas_serving_and_what_breaks_the_objective() {
+        let times = seed_004();
+        let chosen = Mix(vec![
+            (Standby::Warm(1), 4),
+            (Standby::PilotLight { reserved: false }, 4),
+        ]);
+        let majority = objective(5.0 / 8.0);
+        let judged = judge(&chosen, &times, &majority).unwrap();
+        assert_eq!(
+            judged.message(&majority),
+            "4 × warm (level 1) + 4 × pilot light has 5 of 8 replicas serving only 10m57s after a \
+             fault (detection 30s), past the 5m objective: the pilot light replicas' node stage breaks it"
+        );
+        let blind = Objective {
+            detection: s(400),
+            ..majority
+        };
+        let hot = judge(&Mix(vec![(Standby::Hot, 8)]), &times, &blind).unwrap();
+        assert_eq!(
+            hot.message(&blind),
+            "8 × hot cannot meet the 5m objective: detection alone takes 6m40s"
+        );
+    }
+
+    #[test]
     fn hot_replicas_meet_any_objective_longer_than_detection_and_none_meets_a_shorter_one() {
         let slow = seed_004().with(Stage::FirstToken, s(400));
         let hot = judge(&Mix(vec![(Standby::Hot, 8)]), &slow, &objective(1.0)).unwrap();
@@ -574,5 +600,8 @@ mod tests {
         assert_eq!(secs(s(657)), "10m57s");
         assert_eq!(secs(s(300)), "5m");
         assert_eq!(secs(Duration::from_millis(45_500)), "45.5s");
+        assert_eq!(secs(Duration::from_millis(119_970)), "2m");
+        assert_eq!(secs(Duration::from_millis(59_970)), "1m");
+        assert_eq!(secs(Duration::ZERO), "0s");
     }
 }

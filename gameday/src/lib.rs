@@ -3,11 +3,13 @@
 //! This crate holds the local game day ([`local`]): the whole failover system on one machine,
 //! emulated replicas as real processes behind fences and routers, the operator's failover logic
 //! driving a local executor, load, faults and a report; the policy simulator ([`simulate`]), which
-//! runs a failure schedule through the real failover state machine for what-if questions; and the
+//! runs a failure schedule through the real failover state machine for what-if questions; the
+//! recovery [`plan`], which times a standby pool's tiers against the recovery objective; and the
 //! vLLM-compatible [`emulator`] (with its faults and a small load generator) that every other part
 //! is tested against. Scheduled GameDay resources on a cluster are the operator's.
 
 pub mod emulator;
 pub mod local;
+pub mod plan;
 pub mod simulate;
 pub mod soak;

@@ -1,14 +1,17 @@
 //! `understudy-gameday`: game days and the policy simulator.
 
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use understudy_api::crd::FailoverPolicy;
+use understudy_core::recovery::StageTimes;
 use understudy_gameday::local::replicas::Launcher;
 use understudy_gameday::local::scenario::{self, Scenario};
 use understudy_gameday::local::{self, Progress, RunOptions};
+use understudy_gameday::plan;
 use understudy_gameday::simulate::report::Report;
 use understudy_gameday::simulate::{self, Rules, Schedule};
 use understudy_gameday::soak::{self, SoakConfig};
@@ -96,6 +99,24 @@ enum Command {
         #[arg(long, default_value_t = 1, requires = "policy")]
         promotion_rounds: u32,
     },
+    /// Time a policy's standby pool against its recovery objective: when each mix of tiers
+    /// serves a quarter, half, three quarters and all of its capacity after a fault, and the mix
+    /// that meets the objective holding the fewest GPUs.
+    Plan {
+        /// The FailoverPolicy manifest; its second pool is the one planned for.
+        #[arg(long, value_name = "FAILOVERPOLICY.yaml")]
+        policy: PathBuf,
+        /// Measured stage times, which win over the policy's coldStartEstimates stage by stage: a
+        /// JSON object like {"node": 420, "weightLoad": "65s"} (see examples/stages/).
+        #[arg(long, value_name = "STAGES.json")]
+        stages: Option<PathBuf>,
+        /// GPUs each replica holds.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
+        gpus_per_replica: u32,
+        /// Print the plan as JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn parse_range(text: &str) -> Result<(u32, u32), String> {
@@ -175,12 +196,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 Schedule::from_yaml(&read(&path)?).with_context(|| format!("in {}", path.display()))?;
             let rules = match policy {
                 Some(policy_path) => {
-                    // Checked against the CRD's schema as kube-apiserver checks it, so that a
-                    // misspelt or misplaced field is refused rather than left out.
-                    let manifest: FailoverPolicy = understudy_api::schema::from_yaml(&read(&policy_path)?)
-                        .with_context(|| {
-                            format!("reading a FailoverPolicy from {}", policy_path.display())
-                        })?;
+                    let manifest = read_policy(&policy_path)?;
                     Rules::from_failover_policy(&manifest.spec, promotion_rounds)
                         .with_context(|| format!("in {}", policy_path.display()))?
                 }
@@ -203,7 +219,38 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Command::Plan {
+            policy,
+            stages,
+            gpus_per_replica,
+            json,
+        } => {
+            let manifest = read_policy(&policy)?;
+            let measured = match &stages {
+                Some(path) => plan::stage_times_from_json(&read(path)?)
+                    .with_context(|| format!("in {}", path.display()))?,
+                None => StageTimes::new(),
+            };
+            let plan = plan::plan(&manifest.spec, &measured, gpus_per_replica)
+                .with_context(|| format!("in {}", policy.display()))?;
+            let text = if json {
+                serde_json::to_string_pretty(&plan)? + "\n"
+            } else {
+                plan.render()
+            };
+            // Written rather than printed, so that a closed pipe (`| head`) is an error, not a panic.
+            std::io::stdout()
+                .write_all(text.as_bytes())
+                .context("writing the plan to stdout")
+        }
     }
+}
+
+/// A FailoverPolicy manifest, checked against the CRD's schema as kube-apiserver checks it, so
+/// that a misspelt or misplaced field is refused rather than left out.
+fn read_policy(path: &Path) -> anyhow::Result<FailoverPolicy> {
+    understudy_api::schema::from_yaml(&read(path)?)
+        .with_context(|| format!("reading a FailoverPolicy from {}", path.display()))
 }
 
 fn run_soak(config: &SoakConfig, json: Option<&Path>) -> anyhow::Result<()> {
