@@ -823,9 +823,13 @@ pub struct FailoverPolicyStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_failover: Option<FailoverTimeline>,
 
-    /// Where each replica's start went, stage by stage.
+    /// Where each replica a promotion started went, stage by stage, newest last.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub cold_start: Vec<ColdStartBreakdown>,
+
+    /// `coldStart` summarized per tier.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cold_start_summary: Vec<ColdStartSummary>,
 
     /// The placeholder pods that hold GPUs for the standby's pilot-light replicas; absent when
     /// none are held.
@@ -985,10 +989,32 @@ pub struct ColdStartBreakdown {
     pub pool: String,
     /// The replica (pod name).
     pub replica: String,
+    /// The tier it waited in before it started (`pilotLight`, `warm`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tier: Option<String>,
     /// Seconds per stage (node, imagePull, containerStart, weightLoad, warmup, apiReady,
     /// firstToken); a stage not measured has no value.
     #[serde(default)]
     pub stages: BTreeMap<String, Option<f64>>,
+}
+
+/// One tier's measured starts: per stage, the median and the worst over its replicas.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ColdStartSummary {
+    pub tier: String,
+    /// Replicas measured.
+    pub replicas: u32,
+    /// Per stage measured at least once.
+    #[serde(default)]
+    pub stages: BTreeMap<String, StageSummary>,
+}
+
+/// A stage's median and worst, in seconds.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq)]
+pub struct StageSummary {
+    pub median: f64,
+    pub worst: f64,
 }
 
 /// Fails a FailoverPolicy over for real, on a schedule or on demand, and records the timeline and

@@ -6,6 +6,7 @@
 pub use understudy_api::{crd, lease, policy};
 
 pub mod admin;
+pub mod coldstart;
 pub mod controller;
 pub mod cron;
 pub mod gameday;

@@ -21,7 +21,7 @@ use kube::api::{Api, DeleteParams, ListParams, LogParams, Patch, PatchParams, Po
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, ResourceExt};
 use serde_json::json;
-use understudy_api::crd::FailoverPolicy;
+use understudy_api::crd::{ColdStartBreakdown, FailoverPolicy};
 use understudy_api::lease::EPOCH_ANNOTATION;
 use understudy_prober::coldstart::source::Recorded;
 use understudy_prober::coldstart::{self, ColdStartStage};
@@ -724,6 +724,36 @@ async fn a_promoted_standby_wakes_its_warm_replica_and_its_pilot_light_replicas_
         );
     }
     assert_eq!(pools.lease().await, ("1".to_owned(), "west".to_owned()));
+    // The two pilot-light replicas the promotion started are timed stage by stage in status,
+    // from their pods, events and logs, and summarized for their tier.
+    let started: BTreeSet<String> = west
+        .iter()
+        .filter(|p| !pools.west.iter().any(|before| before.name_any() == p.name_any()))
+        .map(ResourceExt::name_any)
+        .collect();
+    assert_eq!(started.len(), 2, "{started:?}");
+    let (measured, summary) = eventually(Duration::from_secs(60), "two cold starts in status", || async {
+        let status = pools.policies.get("chat").await.unwrap().status?;
+        let answered = |b: &&ColdStartBreakdown| b.stages.get("apiReady").copied().flatten().is_some();
+        (status.cold_start.iter().filter(answered).count() == 2)
+            .then_some((status.cold_start, status.cold_start_summary))
+    })
+    .await;
+    let measured_replicas: BTreeSet<String> = measured.iter().map(|b| b.replica.clone()).collect();
+    assert_eq!(measured_replicas, started);
+    for breakdown in &measured {
+        assert_eq!(
+            (breakdown.pool.as_str(), breakdown.tier.as_deref()),
+            ("west", Some("pilotLight"))
+        );
+        assert!(
+            breakdown.stages["weightLoad"].is_some_and(|s| s > 0.0),
+            "{breakdown:?}"
+        );
+    }
+    assert_eq!(summary.len(), 1, "{summary:?}");
+    assert_eq!((summary[0].tier.as_str(), summary[0].replicas), ("pilotLight", 2));
+    assert!(summary[0].stages.contains_key("weightLoad"), "{summary:?}");
     assert!(refusals(&operator).is_empty(), "{:#?}", refusals(&operator));
     pools.stop(operator).await;
 }

@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
@@ -27,7 +28,10 @@ use super::{
     OperatorRecord, PROMOTING_REQUEUE, RouteSyncRequest, StatusFacts, desired_status, load_record,
     pending_command,
 };
-use crate::crd::{FailoverPolicy, FailoverPolicySpec, FailoverPolicyStatus, GpuReserve, condition_type};
+use crate::coldstart;
+use crate::crd::{
+    ColdStartBreakdown, FailoverPolicy, FailoverPolicySpec, FailoverPolicyStatus, GpuReserve, condition_type,
+};
 use crate::lease::{EpochLease, KubeLease, LeaseError, LeaseRecord};
 use crate::policy::{self, pool_by_name, pool_name};
 
@@ -47,6 +51,8 @@ pub(super) struct Run<'a> {
     pub(super) gpu_reserve: Option<GpuReserve>,
     /// The command annotation's value handled last, as this reconcile leaves it.
     pub(super) handled_command: Option<HandledCommand>,
+    /// `status.coldStart` with this reconcile's measurements in; `None` when none were taken.
+    pub(super) cold_start: Option<Vec<ColdStartBreakdown>>,
 }
 
 impl Run<'_> {
@@ -214,7 +220,15 @@ pub(super) async fn apply(policy: &FailoverPolicy, ctx: &Context, namespace: &st
         warn(ctx, &reference, "GpuReserveFailed", error.to_string()).await;
     }
 
+    let started = measure_cold_starts(ctx, policy, namespace, &mut run).await;
+
     let written = write_status(ctx, policy, namespace, &run, None).await;
+    if written.is_ok() {
+        // Counted once: a start recorded complete is not read again.
+        for breakdown in &started {
+            ctx.metrics.cold_start(breakdown);
+        }
+    }
     publish_recorded(
         ctx,
         policy,
@@ -277,6 +291,7 @@ pub(super) fn dereference<'a>(
         handed_off: stored.handed_off,
         gpu_reserve: policy.status.as_ref().and_then(|s| s.gpu_reserve.clone()),
         handled_command,
+        cold_start: None,
     };
     let recorded = Recorded {
         machine,
@@ -482,6 +497,55 @@ pub(super) async fn execute(
     Ok(executed)
 }
 
+/// For a while after a promotion to a pool with a pilot light, reads the cold starts of the pods
+/// it created until each one's API answers ([`coldstart`]), into the run's `cold_start`. Returns
+/// the starts that completed in this reconcile.
+async fn measure_cold_starts(
+    ctx: &Context,
+    policy: &FailoverPolicy,
+    namespace: &str,
+    run: &mut Run<'_>,
+) -> Vec<ColdStartBreakdown> {
+    let previous = policy.status.as_ref();
+    let known = previous.map_or(&[][..], |s| s.cold_start.as_slice());
+    let Some(last) = previous.and_then(|s| s.last_failover.as_ref()) else {
+        return Vec::new();
+    };
+    let Some(pool) = pool_by_name(run.spec, &last.to_pool).filter(|p| *p == run.machine.primary) else {
+        return Vec::new();
+    };
+    let spec = run.pool_spec(pool);
+    let pilot_light = spec.standby_shape().pilot_light as usize;
+    let complete = known
+        .iter()
+        .filter(|b| b.pool == spec.name && coldstart::complete(b))
+        .count();
+    let Ok(started) = last.started_at.parse::<Timestamp>() else {
+        return Vec::new();
+    };
+    let since_start = Duration::try_from(Timestamp::UNIX_EPOCH.duration_until(started))
+        .map_or(Duration::MAX, |at| run.now.saturating_sub(at));
+    if pilot_light == 0 || complete >= pilot_light || since_start > coldstart::MEASURE_FOR {
+        return Vec::new();
+    }
+    match coldstart::measure(&ctx.client, namespace, spec, started, known).await {
+        Ok(measured) if measured.is_empty() => Vec::new(),
+        Ok(measured) => {
+            let newly_complete = measured
+                .iter()
+                .filter(|b| coldstart::complete(b))
+                .cloned()
+                .collect();
+            run.cold_start = Some(coldstart::merge(known, measured));
+            newly_complete
+        }
+        Err(error) => {
+            tracing::warn!(%namespace, policy = %policy.name_any(), %error, "could not read the promotion's cold starts");
+            Vec::new()
+        }
+    }
+}
+
 /// Publishes the notices a status write has recorded, and counts the epoch and a finished
 /// promotion once status records them: after a failed write the next reconcile runs the same
 /// steps again, and would tell and count them twice.
@@ -616,6 +680,7 @@ pub(super) fn status_of(
         probe_accepted: probe_accepted
             .as_ref()
             .map(|r| r.as_ref().map_err(String::as_str).copied()),
+        cold_start: run.cold_start.as_deref(),
         now: run.now,
     })
     .map_err(Error::Record)

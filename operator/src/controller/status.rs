@@ -16,6 +16,7 @@ use understudy_core::recovery::{Objective, Stage, StageTimes, judge};
 use understudy_core::{Epoch, Pool};
 
 use super::command::HandledCommand;
+use crate::coldstart;
 use crate::crd::{
     ColdStartBreakdown, Condition, ConditionStatus, FailoverPolicySpec, FailoverPolicyStatus,
     FailoverTimeline, GoldenAnswer, GpuReserve, TimelineStep, TransitionKind, condition_type,
@@ -169,6 +170,8 @@ pub struct StatusFacts<'a> {
     pub golden_answer: Option<&'a GoldenAnswer>,
     /// Whether the replicas took the last round's probe, or why not; `None` before any round.
     pub probe_accepted: Option<Result<(), &'a str>>,
+    /// The cold starts measured after this reconcile; `None` keeps the previous status's.
+    pub cold_start: Option<&'a [ColdStartBreakdown]>,
     pub now: Duration,
 }
 
@@ -187,6 +190,9 @@ pub fn desired_status(facts: &StatusFacts<'_>) -> Result<FailoverPolicyStatus, s
         )),
         _ => previous.last_failover.clone(),
     };
+    let cold_start = facts
+        .cold_start
+        .map_or_else(|| previous.cold_start.clone(), <[_]>::to_vec);
     Ok(FailoverPolicyStatus {
         primary_pool: Some(pool_name(facts.spec, machine.primary).to_owned()),
         epoch: Some(machine.epoch.0),
@@ -200,13 +206,13 @@ pub fn desired_status(facts: &StatusFacts<'_>) -> Result<FailoverPolicyStatus, s
                 machine,
                 facts.lease_behind,
                 facts.probe_accepted,
-                &previous.cold_start,
+                &cold_start,
             ),
             facts.now,
         ),
         last_failover,
-        // Cold-start breakdowns come from the prober; kept as they are until it lands.
-        cold_start: previous.cold_start,
+        cold_start_summary: coldstart::summarize(&cold_start),
+        cold_start,
         gpu_reserve: facts.gpu_reserve.cloned(),
         golden_answer: facts
             .golden_answer
@@ -602,6 +608,7 @@ mod tests {
             gpu_reserve: None,
             golden_answer: None,
             probe_accepted,
+            cold_start: None,
             now: NOW,
         })
         .unwrap()
@@ -672,8 +679,8 @@ mod tests {
         );
         assert_eq!(
             met.message,
-            "4 × warm (level 1) + 4 × pilot light reaches 50% of capacity 52s after a fault (detection \
-             25s), within the 5m objective (from spec.coldStartEstimates)"
+            "4 × warm (level 1) + 4 × pilot light has 4 of 8 replicas serving 52s after a fault \
+             (detection 25s), within the 5m objective (from spec.coldStartEstimates)"
         );
         let missed = objective_met(&tiered(PILOT_LIGHT, SEED_004), Pool::B, &[]);
         assert_eq!(
@@ -713,6 +720,7 @@ mod tests {
         let breakdown = |replica: &str, node: f64| ColdStartBreakdown {
             pool: "west".into(),
             replica: replica.into(),
+            tier: Some("pilotLight".into()),
             stages: BTreeMap::from([("node".to_owned(), Some(node)), ("warmup".to_owned(), None)]),
         };
         // Nodes came up in 3 and 6 s, not the 6 minutes estimated: pilot light now meets it.

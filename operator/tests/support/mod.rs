@@ -43,6 +43,16 @@ pub fn respond(reply: SendResponse<Response<Body>>, code: impl Into<u16>, body: 
     reply.send_response(response);
 }
 
+/// Sends `text` as plain text, as the API server sends a pod's log.
+pub fn respond_text(reply: SendResponse<Response<Body>>, text: &str) {
+    let response = Response::builder()
+        .status(200)
+        .header("content-type", "text/plain")
+        .body(Body::from(text.as_bytes().to_vec()))
+        .unwrap();
+    reply.send_response(response);
+}
+
 /// A `metav1.Status` failure, as the API server writes it.
 pub fn status(code: u16, reason: &str, message: &str) -> Value {
     json!({
