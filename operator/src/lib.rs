@@ -15,5 +15,6 @@ pub mod metrics;
 pub mod observe;
 pub mod reserve;
 pub mod route_push;
+pub mod standby;
 pub mod wake;
 pub mod watchdog;

@@ -223,7 +223,7 @@ async fn main() -> anyhow::Result<()> {
         ));
     }
     // The operator reaches the pods it probes, so it wakes the new primary's warm replicas itself.
-    let steps = Arc::new(WakeReplicas::new(replicas, steps));
+    let steps = Arc::new(WakeReplicas::new(replicas.clone(), steps));
     // Same leader, same client: a game day only ever asks the policy controller to act.
     let gamedays = Arc::new(
         gameday::controller::Context::new(client.clone(), Some(args.identity.clone()))
@@ -233,6 +233,8 @@ async fn main() -> anyhow::Result<()> {
         .with_observations(observations.clone())
         .with_golden_answers(observations)
         .with_steps(steps)
+        // It reaches the standby's replicas too, so it keeps the standby in its shape.
+        .with_standby_keeping(replicas)
         .with_reserve(ReserveConfig {
             image: args.reserve_image.clone(),
             priority_class: args.reserve_priority_class.clone(),

@@ -402,6 +402,16 @@ enum Judge {
     RecordFromPrimary,
 }
 
+/// What a standby replica's answer must be before it is put to sleep: the policy's own
+/// expectation, or the golden answer recorded from the primary; `None` while neither is known.
+#[must_use]
+pub fn fixed_expectation(expect: &ProbeExpect, golden: Option<&GoldenAnswer>) -> Option<Expectation> {
+    match judge(expect, golden) {
+        Ok(Judge::Fixed(expectation)) => Some(expectation),
+        Ok(Judge::RecordFromPrimary) | Err(_) => None,
+    }
+}
+
 /// What the policy's `expect` means with the golden answer recorded so far.
 fn judge(expect: &ProbeExpect, golden: Option<&GoldenAnswer>) -> Result<Judge, regex::Error> {
     Ok(match (expect.mode, &expect.value) {

@@ -112,7 +112,7 @@ async fn post(
 }
 
 /// Whether the replica is asleep: `None` when it has no sleep API (404).
-async fn is_sleeping(endpoint: &Endpoint, timeout: Duration) -> Result<Option<bool>, String> {
+pub async fn is_sleeping(endpoint: &Endpoint, timeout: Duration) -> Result<Option<bool>, String> {
     let (status, body) = call(endpoint, http::Method::GET, "/is_sleeping", None, timeout).await?;
     if status == http::StatusCode::NOT_FOUND {
         return Ok(None);

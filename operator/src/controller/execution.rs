@@ -263,6 +263,29 @@ impl Workload {
         Ok(true)
     }
 
+    /// Lower the desired replicas to `replicas`; never raises them. Returns the replicas it
+    /// lowered from, or `None` when there was nothing to lower. A merge patch on the scale
+    /// subresource, as [`Workload::scale_up_to`] sends.
+    pub async fn scale_down_to(&self, replicas: u32) -> Result<Option<u32>, kube::Error> {
+        let scale = self.api.get_scale(&self.name).await?;
+        let desired = scale.spec.and_then(|s| s.replicas).unwrap_or(0);
+        let Ok(from) = u32::try_from(desired) else {
+            return Ok(None);
+        };
+        if from <= replicas {
+            return Ok(None);
+        }
+        let patch = serde_json::json!({ "spec": { "replicas": replicas } });
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.to_owned()),
+            ..PatchParams::default()
+        };
+        self.api
+            .patch_scale(&self.name, &params, &Patch::Merge(&patch))
+            .await?;
+        Ok(Some(from))
+    }
+
     /// The workload as it is stored, pod template included.
     pub async fn get(&self) -> Result<DynamicObject, kube::Error> {
         self.api.get(&self.name).await

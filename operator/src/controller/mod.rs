@@ -68,6 +68,7 @@ pub use self::status::{
 use crate::crd::{FailoverPolicy, GoldenAnswer};
 use crate::lease::LeaseError;
 use crate::metrics::Metrics;
+use crate::observe::ReplicaEndpoints;
 use crate::policy;
 use crate::reserve::{ReserveConfig, ReserveError};
 use crate::watchdog::{Reconciler, Watchdog};
@@ -197,6 +198,9 @@ pub struct Context {
     pub reserve: ReserveConfig,
     /// Where each reconcile records that it runs, so that a stuck one is noticed.
     pub watchdog: Watchdog,
+    /// How the standby's replicas are reached to keep it in its shape between promotions
+    /// ([`crate::standby`]); without it the standby is left as it runs.
+    pub standby_replicas: Option<Arc<dyn ReplicaEndpoints>>,
     /// Consecutive failures per policy, for the error policy's backoff.
     failures: Mutex<HashMap<(String, String), u32>>,
 }
@@ -211,6 +215,7 @@ impl fmt::Debug for Context {
             .field("write_timeout", &self.write_timeout)
             .field("reserve", &self.reserve)
             .field("watchdog", &self.watchdog)
+            .field("standby_replicas", &self.standby_replicas)
             .finish_non_exhaustive()
     }
 }
@@ -234,8 +239,17 @@ impl Context {
             write_timeout: Duration::from_secs(10),
             reserve: ReserveConfig::default(),
             watchdog: Watchdog::default(),
+            standby_replicas: None,
             failures: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Keeps the standby in its shape between promotions, reaching its replicas through
+    /// `replicas`: its pilot light scaled away, its warm replicas asleep after a passing probe.
+    #[must_use]
+    pub fn with_standby_keeping(mut self, replicas: Arc<dyn ReplicaEndpoints>) -> Self {
+        self.standby_replicas = Some(replicas);
+        self
     }
 
     #[must_use]

@@ -9,6 +9,7 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
+use kube::runtime::events::{Event as KubeEvent, EventType};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use understudy_api::FIELD_MANAGER;
@@ -18,8 +19,11 @@ use understudy_core::failover::{
     TransitionKind,
 };
 use understudy_core::{Epoch, Pool};
+use understudy_prober::probe::Expectation;
+use understudy_prober::sleep::WakeTimeouts;
 
-use super::events::{Notice, publish, warn};
+use super::events::{Notice, publish, send, warn};
+use super::execution::Workload;
 use super::executor::{KubeExecutor, Waiting};
 use super::gpu_reserve::keep_reserve;
 use super::invalid::report_invalid;
@@ -33,7 +37,10 @@ use crate::crd::{
     ColdStartBreakdown, FailoverPolicy, FailoverPolicySpec, FailoverPolicyStatus, GpuReserve, condition_type,
 };
 use crate::lease::{EpochLease, KubeLease, LeaseError, LeaseRecord};
+use crate::observe::{fixed_expectation, probe_spec};
+use crate::policy::ValidatedPolicy;
 use crate::policy::{self, pool_by_name, pool_name};
+use crate::standby;
 
 /// The working state of one reconcile of a valid policy.
 pub(super) struct Run<'a> {
@@ -220,6 +227,14 @@ pub(super) async fn apply(policy: &FailoverPolicy, ctx: &Context, namespace: &st
         warn(ctx, &reference, "GpuReserveFailed", error.to_string()).await;
     }
 
+    if let Some(primary) = pool_by_name(&policy.spec, &lease_now.holder)
+        && run.machine.phase == Phase::Serving
+        && run.machine.control_plane == ControlPlane::Reachable
+        && run.machine.lease_known
+        && !run.config.paused
+    {
+        keep_standby(ctx, policy, namespace, &validated, primary.other()).await;
+    }
     let started = measure_cold_starts(ctx, policy, namespace, &mut run).await;
 
     let written = write_status(ctx, policy, namespace, &run, None).await;
@@ -495,6 +510,59 @@ pub(super) async fn execute(
     }
     executed.lease_now = executor.lease_now;
     Ok(executed)
+}
+
+/// Keeps `standby` in its shape ([`standby`]) when the operator can reach replicas: a Normal
+/// Event says what changed; what could not be done is logged and tried again next time.
+async fn keep_standby(
+    ctx: &Context,
+    policy: &FailoverPolicy,
+    namespace: &str,
+    validated: &ValidatedPolicy,
+    standby_pool: Pool,
+) {
+    let Some(replicas) = &ctx.standby_replicas else {
+        return;
+    };
+    let Some(pool) = policy.spec.pools.get(standby_pool.index()) else {
+        return;
+    };
+    let golden = match &ctx.golden_answers {
+        Some(source) => source.golden_answer(&ObjectRef::from_obj(policy)),
+        None => policy.status.as_ref().and_then(|s| s.golden_answer.clone()),
+    };
+    let expect = fixed_expectation(&policy.spec.probe.expect, golden.as_ref());
+    let probe = probe_spec(&policy.spec.probe, &validated.probe, Expectation::NonEmpty);
+    let workload = Workload::new(ctx.client.clone(), namespace, &pool.workload);
+    let kept = standby::keep(
+        &workload,
+        pool,
+        replicas.as_ref(),
+        namespace,
+        &probe,
+        expect,
+        WakeTimeouts::default(),
+    )
+    .await;
+    match kept {
+        Ok(kept) if kept.changed() => {
+            let event = KubeEvent {
+                type_: EventType::Normal,
+                reason: "StandbyShaped".to_owned(),
+                note: Some(format!("standby {}: {kept}", pool.name)),
+                action: "Standby".to_owned(),
+                secondary: None,
+            };
+            send(ctx, &policy.object_ref(&()), &event).await;
+        }
+        Ok(kept) if !kept.left_awake.is_empty() => {
+            tracing::info!(%namespace, policy = %policy.name_any(), standby = %pool.name, %kept, "standby not in shape yet");
+        }
+        Ok(_) => {}
+        Err(error) => {
+            tracing::warn!(%namespace, policy = %policy.name_any(), standby = %pool.name, %error, "could not keep the standby in shape");
+        }
+    }
 }
 
 /// For a while after a promotion to a pool with a pilot light, reads the cold starts of the pods

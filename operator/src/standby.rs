@@ -1,0 +1,152 @@
+//! The standby in its shape. Between promotions the pool that does not hold the Lease waits as
+//! its tiers say: its pilot-light replicas do not run (its workload is scaled down to its hot and
+//! warm replicas), and its warm replicas sleep at their level. After a failover this is what turns
+//! the pool that lost into the new standby, so it stops holding every GPU it served with.
+//!
+//! A replica is put to sleep only after it answered a generating probe right (the policy's
+//! expectation, or the golden answer recorded from the primary): a broken replica is never put
+//! to sleep to be woken into a promotion. Nothing happens to the pool that holds the Lease, and
+//! the caller runs this only between promotions, so the pool is fenced before it shrinks.
+
+use std::fmt;
+
+use understudy_prober::outcome::ProbeOutcome;
+use understudy_prober::probe::{self, Expectation, ProbeSpec};
+use understudy_prober::sleep::{WakeTimeouts, is_sleeping, put_to_sleep};
+
+use crate::controller::Workload;
+use crate::crd::PoolSpec;
+use crate::observe::{ReplicaEndpoints, ResolveError};
+
+/// What one pass did to the standby.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Kept {
+    /// The workload's replicas lowered from, to the replicas its hot and warm tiers run.
+    pub scaled_down: Option<(u32, u32)>,
+    /// Replicas put to sleep, each after a passing probe.
+    pub put_to_sleep: Vec<String>,
+    /// Replicas left awake that should sleep, and why.
+    pub left_awake: Vec<(String, String)>,
+}
+
+impl Kept {
+    /// Whether anything changed.
+    #[must_use]
+    pub fn changed(&self) -> bool {
+        self.scaled_down.is_some() || !self.put_to_sleep.is_empty()
+    }
+}
+
+impl fmt::Display for Kept {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut parts = Vec::new();
+        if let Some((from, to)) = self.scaled_down {
+            parts.push(format!(
+                "scaled from {from} to {to} replicas: its pilot light does not run"
+            ));
+        }
+        if !self.put_to_sleep.is_empty() {
+            parts.push(format!(
+                "put {} to sleep after each answered its probe right",
+                self.put_to_sleep.join(", ")
+            ));
+        }
+        for (replica, why) in &self.left_awake {
+            parts.push(format!("left {replica} awake: {why}"));
+        }
+        write!(f, "{}", parts.join("; "))
+    }
+}
+
+/// Why the standby could not be kept in shape this time.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("scaling {workload}: {source}")]
+    Scale {
+        workload: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error(transparent)]
+    Resolve(#[from] ResolveError),
+}
+
+/// Scales `pool`'s workload down to its hot and warm replicas, then puts its warm replicas to
+/// sleep until as many sleep as its warm tier says; `expect` judges the probe each must pass
+/// first, and with `None` (no golden answer yet) nothing is put to sleep.
+pub async fn keep(
+    workload: &Workload,
+    pool: &PoolSpec,
+    replicas: &dyn ReplicaEndpoints,
+    namespace: &str,
+    probe_spec: &ProbeSpec,
+    expect: Option<Expectation>,
+    timeouts: WakeTimeouts,
+) -> Result<Kept, Error> {
+    let shape = pool.standby_shape();
+    let mut kept = Kept::default();
+    let running = shape.replicas.saturating_sub(shape.pilot_light);
+    if shape.pilot_light > 0 {
+        let lowered = workload
+            .scale_down_to(running)
+            .await
+            .map_err(|source| Error::Scale {
+                workload: pool.workload.name.clone(),
+                source,
+            })?;
+        kept.scaled_down = lowered.map(|from| (from, running));
+    }
+    if shape.warm == 0 {
+        return Ok(kept);
+    }
+    let mut endpoints = replicas.resolve(namespace, pool).await?;
+    endpoints.sort_by_key(ToString::to_string);
+    let mut awake = Vec::new();
+    let mut asleep = 0;
+    for endpoint in endpoints {
+        match is_sleeping(&endpoint, timeouts.query).await {
+            Ok(Some(true)) => asleep += 1,
+            Ok(Some(false)) => awake.push(endpoint),
+            Ok(None) => kept.left_awake.push((
+                endpoint.to_string(),
+                "it has no sleep API (VLLM_SERVER_DEV_MODE is off)".to_owned(),
+            )),
+            Err(why) => kept.left_awake.push((endpoint.to_string(), why)),
+        }
+    }
+    let wanted = usize::try_from(shape.warm).unwrap_or(usize::MAX);
+    if asleep >= wanted {
+        return Ok(kept);
+    }
+    let Some(expect) = expect else {
+        for endpoint in awake.iter().rev().take(wanted - asleep) {
+            let why = "no golden answer is recorded yet to probe it against".to_owned();
+            kept.left_awake.push((endpoint.to_string(), why));
+        }
+        return Ok(kept);
+    };
+    let spec = ProbeSpec {
+        expect,
+        ..probe_spec.clone()
+    };
+    // The last replicas in address order sleep; the first stay awake as the hot tier.
+    for endpoint in awake.iter().rev() {
+        if asleep >= wanted {
+            break;
+        }
+        let report = probe::probe(endpoint, &spec).await;
+        if !matches!(report.outcome, ProbeOutcome::Ok { .. }) {
+            let why = format!("its probe was {}", report.outcome.as_str());
+            kept.left_awake.push((endpoint.to_string(), why));
+            continue;
+        }
+        match put_to_sleep(endpoint, shape.sleep_level, timeouts).await {
+            Ok(()) => {
+                kept.put_to_sleep.push(endpoint.to_string());
+                asleep += 1;
+            }
+            Err(why) => kept.left_awake.push((endpoint.to_string(), why)),
+        }
+    }
+    Ok(kept)
+}

@@ -1,0 +1,192 @@
+//! The standby kept in its shape, against emulated vLLM replicas on loopback: its warm replicas
+//! are put to sleep at their level, each only after it answered the probe with the golden answer;
+//! a replica that answers wrong is left awake; nothing sleeps before a golden answer exists; and
+//! a standby already in shape is left alone.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod prober_support;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use prober_support::{Emulator, MODEL};
+use understudy_operator::controller::Workload;
+use understudy_operator::crd::{FailoverPolicy, GoldenAnswer};
+use understudy_operator::observe::{FixedReplicas, fixed_expectation, probe_spec};
+use understudy_operator::policy::validate;
+use understudy_operator::standby::{self, Kept};
+use understudy_prober::probe::{Endpoint, Expectation};
+use understudy_prober::sleep::WakeTimeouts;
+
+const DEV_MODE: &[(&str, &str)] = &[("VLLM_SERVER_DEV_MODE", "1")];
+
+/// `west` waits with one hot replica and two warm ones at `level`; no pilot light, so keeping it
+/// in shape never calls the API server.
+fn policy(level: u8) -> FailoverPolicy {
+    serde_yaml::from_str(&format!(
+        r"
+apiVersion: understudy.dev/v1alpha1
+kind: FailoverPolicy
+metadata: {{name: chat, namespace: serving}}
+spec:
+  pools:
+    - {{name: east, workload: {{kind: Deployment, name: chat-east}}, replicas: 3}}
+    - name: west
+      workload: {{kind: Deployment, name: chat-west}}
+      replicas: 3
+      standby: [{{tier: hot, replicas: 1}}, {{tier: warm, replicas: 2, sleepLevel: {level}}}]
+  recoveryObjective: 1m
+"
+    ))
+    .unwrap()
+}
+
+fn is_sleeping(endpoint: &Endpoint) -> bool {
+    let mut s = TcpStream::connect(("127.0.0.1", endpoint.port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    write!(
+        s,
+        "GET /is_sleeping HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut raw = String::new();
+    let _ = s.read_to_string(&mut raw);
+    raw.contains("\"is_sleeping\":true") || raw.contains("\"is_sleeping\": true")
+}
+
+/// The golden answer, as the operator records it from a healthy primary.
+fn golden(policy: &FailoverPolicy, text: &str) -> GoldenAnswer {
+    GoldenAnswer {
+        prefix: text.to_owned(),
+        prompt: policy.spec.probe.prompt.clone(),
+        max_tokens: policy.spec.probe.max_tokens,
+        pool: "east".to_owned(),
+        model: Some(MODEL.to_owned()),
+        recorded_at: None,
+    }
+}
+
+/// What the probe's prompt makes the model say, from a replica that is not part of the pool.
+fn answer_of(policy: &FailoverPolicy) -> String {
+    let reference = Emulator::ready(&[], &[]);
+    let body = serde_json::json!({
+        "model": MODEL, "prompt": policy.spec.probe.prompt, "max_tokens": policy.spec.probe.max_tokens,
+        "temperature": 0,
+    })
+    .to_string();
+    let mut s = TcpStream::connect(("127.0.0.1", reference.endpoint.port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    write!(
+        s,
+        "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut raw = String::new();
+    let _ = s.read_to_string(&mut raw);
+    let json: serde_json::Value = serde_json::from_str(raw.split_once("\r\n\r\n").unwrap().1).unwrap();
+    json["choices"][0]["text"]
+        .as_str()
+        .unwrap()
+        .chars()
+        .take(16)
+        .collect()
+}
+
+/// Keeps `west` in shape once, its replicas at `endpoints`, judged by `expect`.
+async fn keep(policy: &FailoverPolicy, endpoints: &[Endpoint], expect: Option<Expectation>) -> Kept {
+    let validated = validate(&policy.spec).unwrap();
+    let probe = probe_spec(&policy.spec.probe, &validated.probe, Expectation::NonEmpty);
+    let replicas = FixedReplicas::default().with_pool("west", endpoints.to_vec());
+    // Nothing listens here: with no pilot light the workload is never asked.
+    let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+    let client = kube::Client::try_from(config).unwrap();
+    let pool = &policy.spec.pools[1];
+    let workload = Workload::new(client, "serving", &pool.workload);
+    standby::keep(
+        &workload,
+        pool,
+        &replicas,
+        "serving",
+        &probe,
+        expect,
+        WakeTimeouts::default(),
+    )
+    .await
+    .unwrap()
+}
+
+fn three_replicas() -> (Vec<Emulator>, Vec<Endpoint>) {
+    let replicas: Vec<Emulator> = (0..3)
+        .map(|_| Emulator::ready(&["--enable-sleep-mode"], DEV_MODE))
+        .collect();
+    let mut endpoints: Vec<Endpoint> = replicas.iter().map(|e| e.endpoint.clone()).collect();
+    endpoints.sort_by_key(ToString::to_string);
+    (replicas, endpoints)
+}
+
+#[tokio::test]
+async fn the_warm_replicas_sleep_after_a_passing_probe_and_a_standby_in_shape_is_left_alone() {
+    let policy = policy(1);
+    let expect = fixed_expectation(
+        &policy.spec.probe.expect,
+        Some(&golden(&policy, &answer_of(&policy))),
+    );
+    let (_replicas, endpoints) = three_replicas();
+
+    let kept = keep(&policy, &endpoints, expect.clone()).await;
+    assert_eq!(kept.scaled_down, None);
+    assert!(kept.left_awake.is_empty(), "{kept}");
+    // The last two by address sleep; the first stays awake as the hot replica.
+    let slept: Vec<String> = endpoints[1..].iter().rev().map(ToString::to_string).collect();
+    assert_eq!(kept.put_to_sleep, slept);
+    let asleep: Vec<bool> = endpoints.iter().map(is_sleeping).collect();
+    assert_eq!(asleep, [false, true, true]);
+    assert!(
+        kept.to_string().contains("after each answered its probe right"),
+        "{kept}"
+    );
+
+    let again = keep(&policy, &endpoints, expect).await;
+    assert_eq!(again, Kept::default(), "already in shape");
+}
+
+#[tokio::test]
+async fn a_replica_that_answers_wrong_is_left_awake_and_another_sleeps_in_its_place() {
+    let policy = policy(2);
+    let expect = fixed_expectation(
+        &policy.spec.probe.expect,
+        Some(&golden(&policy, &answer_of(&policy))),
+    );
+    let (replicas, endpoints) = three_replicas();
+    let broken = replicas.iter().find(|e| e.endpoint == endpoints[2]).unwrap();
+    broken.inject("wrong-output");
+
+    let kept = keep(&policy, &endpoints, expect).await;
+    assert_eq!(kept.left_awake.len(), 1, "{kept}");
+    assert_eq!(kept.left_awake[0].0, endpoints[2].to_string());
+    assert_eq!(kept.left_awake[0].1, "its probe was wrong-output");
+    let asleep: Vec<bool> = endpoints.iter().map(is_sleeping).collect();
+    assert_eq!(asleep, [true, true, false]);
+}
+
+#[tokio::test]
+async fn nothing_sleeps_before_a_golden_answer_exists() {
+    let policy = policy(1);
+    assert!(fixed_expectation(&policy.spec.probe.expect, None).is_none());
+    let (_replicas, endpoints) = three_replicas();
+
+    let kept = keep(&policy, &endpoints, None).await;
+    assert!(kept.put_to_sleep.is_empty());
+    assert_eq!(kept.left_awake.len(), 2, "{kept}");
+    assert!(
+        kept.left_awake
+            .iter()
+            .all(|(_, why)| why.contains("no golden answer")),
+        "{kept}"
+    );
+    assert!(endpoints.iter().all(|e| !is_sleeping(e)));
+}
