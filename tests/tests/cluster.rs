@@ -808,6 +808,14 @@ async fn a_scheduled_game_day_fails_over_for_real_holds_fails_back_and_records_p
     .await;
     let operator = pools.operator("e2e-operator-1", ADMIN_TOKEN);
     pools.routed("east", 0).await;
+    // A game day starts only from a steady state; the next minute's run must not find a standby
+    // the probes have not proven yet.
+    eventually(Duration::from_secs(60), "the standby proven", || async {
+        let status = pools.policies.get("chat").await.unwrap().status?;
+        let proven = status.conditions.get("StandbyProven")?;
+        (proven.status == understudy_api::crd::ConditionStatus::True).then_some(())
+    })
+    .await;
 
     // Every minute; the first run comes at the next minute's start.
     let gamedays: Api<GameDay> = Api::namespaced(client, pools.ns);
