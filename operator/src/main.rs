@@ -233,8 +233,9 @@ async fn main() -> anyhow::Result<()> {
         .with_observations(observations.clone())
         .with_golden_answers(observations)
         .with_steps(steps)
-        // It reaches the standby's replicas too, so it keeps the standby in its shape.
-        .with_standby_keeping(replicas)
+        // It reaches the replicas itself: it keeps the standby in its shape, and counts a promoted
+        // pool's replicas that pass the probe.
+        .with_replicas(replicas)
         .with_reserve(ReserveConfig {
             image: args.reserve_image.clone(),
             priority_class: args.reserve_priority_class.clone(),

@@ -18,7 +18,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use futures::future::{BoxFuture, join};
+use futures::future::{BoxFuture, join, join_all};
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
@@ -400,6 +400,20 @@ enum Judge {
     /// No golden answer is known yet: the primary is probed first and its first passing answer
     /// becomes the golden prefix the standby is judged by.
     RecordFromPrimary,
+}
+
+/// How many of `endpoints` answer `spec`'s probe right within budget, probed at once.
+pub async fn count_passing(endpoints: &[Endpoint], spec: &ProbeSpec) -> usize {
+    let reports = join_all(endpoints.iter().map(|e| probe::probe(e, spec))).await;
+    reports
+        .iter()
+        .filter(|report| {
+            matches!(
+                report.outcome,
+                understudy_prober::outcome::ProbeOutcome::Ok { .. }
+            )
+        })
+        .count()
 }
 
 /// What a standby replica's answer must be before it is put to sleep: the policy's own

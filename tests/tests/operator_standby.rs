@@ -1,7 +1,8 @@
 //! The standby kept in its shape, against emulated vLLM replicas on loopback: its warm replicas
 //! are put to sleep at their level, each only after it answered the probe with the golden answer;
 //! a replica that answers wrong is left awake; nothing sleeps before a golden answer exists; and
-//! a standby already in shape is left alone.
+//! a standby already in shape is left alone. And a promoted pool is counted serving by the
+//! replicas that answer the probe right, not by the ones that are up.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -14,7 +15,7 @@ use std::time::Duration;
 use prober_support::{Emulator, MODEL};
 use understudy_operator::controller::Workload;
 use understudy_operator::crd::{FailoverPolicy, GoldenAnswer};
-use understudy_operator::observe::{FixedReplicas, fixed_expectation, probe_spec};
+use understudy_operator::observe::{FixedReplicas, count_passing, fixed_expectation, probe_spec};
 use understudy_operator::policy::validate;
 use understudy_operator::standby::{self, Kept};
 use understudy_prober::probe::{Endpoint, Expectation};
@@ -189,4 +190,22 @@ async fn nothing_sleeps_before_a_golden_answer_exists() {
         "{kept}"
     );
     assert!(endpoints.iter().all(|e| !is_sleeping(e)));
+}
+
+#[tokio::test]
+async fn a_promoted_pool_serves_with_the_replicas_that_answer_right_not_the_ones_that_are_up() {
+    let policy = policy(1);
+    let golden = golden(&policy, &answer_of(&policy));
+    let expect = fixed_expectation(&policy.spec.probe.expect, Some(&golden)).unwrap();
+    let (replicas, endpoints) = three_replicas();
+    replicas[0].inject("wrong-output");
+    assert_eq!(replicas[1].post("/sleep?level=1", ""), 200);
+    let validated = validate(&policy.spec).unwrap();
+
+    // All three are up and answer /health; one answers wrong and one sleeps.
+    let judged = probe_spec(&policy.spec.probe, &validated.probe, expect);
+    assert_eq!(count_passing(&endpoints, &judged).await, 1);
+    // Before a golden answer exists any text counts, but a sleeping replica never does.
+    let any_text = probe_spec(&policy.spec.probe, &validated.probe, Expectation::NonEmpty);
+    assert_eq!(count_passing(&endpoints, &any_text).await, 2);
 }

@@ -5,8 +5,8 @@
 //! The lease step compare-and-sets the Lease on its `resourceVersion`, after writing the promotion
 //! to status first (the write-ahead), so that an operator restarted after the Lease moved resumes
 //! the promotion instead of adopting the new epoch and skipping its remaining steps. Scale raises
-//! the new primary's workload through its scale subresource; AwaitServing reads its ready
-//! replicas. Every other step goes to [`StepExecutor`](super::StepExecutor).
+//! the new primary's workload through its scale subresource; AwaitServing counts its replicas
+//! that pass the generating probe (its ready replicas, where the operator cannot reach them). Every other step goes to [`StepExecutor`](super::StepExecutor).
 //!
 //! It must never write after losing the compare-and-set, and never claim a call it did not make.
 
@@ -15,13 +15,15 @@ use understudy_core::drive::{
 };
 use understudy_core::failover::Step;
 use understudy_core::{Epoch, Pool};
+use understudy_prober::probe::Expectation;
 
 use super::execution::{StepReport, StepRequest, Workload};
 use super::pipeline::apply_status;
 use super::{Context, Error};
 use crate::crd::{FailoverPolicy, FailoverPolicyStatus, PoolSpec};
 use crate::lease::{EpochLease, KubeLease, LeaseError, LeaseRecord};
-use crate::policy::pool_name;
+use crate::observe::{ReplicaEndpoints, count_passing, probe_spec};
+use crate::policy::{pool_name, validate};
 
 /// Why a step of the Kubernetes executor waits.
 #[derive(Debug)]
@@ -73,6 +75,45 @@ impl KubeExecutor<'_> {
             workload: self.pool(pool).workload.name.clone(),
             source,
         }))
+    }
+
+    /// AwaitServing by the generating probe: done when the quorum of the pool's running replicas
+    /// answer it right (the golden answer, or any text before one is recorded), not when that
+    /// many pods are Ready, since vLLM reports healthy before it can generate.
+    async fn await_passing(&self, replicas: &dyn ReplicaEndpoints, order: ServingOrder) -> Outcome {
+        let pool = self.pool(order.pool);
+        let timing = match validate(&self.policy.spec) {
+            Ok(validated) => validated.probe,
+            Err(error) => return StepOutcome::NotYet(Waiting::NotYet(error.to_string())),
+        };
+        let expect = self.ctx.expectation(self.policy).unwrap_or(Expectation::NonEmpty);
+        let spec = probe_spec(&self.policy.spec.probe, &timing, expect);
+        let endpoints = match replicas.resolve(self.namespace, pool).await {
+            Ok(endpoints) => endpoints,
+            Err(error) => {
+                let reason = format!("the replicas of {} cannot be found: {error}", pool.name);
+                return StepOutcome::NotYet(Waiting::NotYet(reason));
+            }
+        };
+        let passing = count_passing(&endpoints, &spec).await;
+        if passing >= order.quorum as usize {
+            let note = format!(
+                "{passing} of {} replicas of {} answered the generating probe right",
+                order.replicas, pool.name
+            );
+            return StepOutcome::Done(Completion {
+                carried_by: OPERATOR,
+                note: Some(note),
+                handed_off: false,
+            });
+        }
+        StepOutcome::NotYet(Waiting::NotYet(format!(
+            "{passing} of {} replicas of {} answer the generating probe right ({} running), {} needed",
+            order.replicas,
+            pool.name,
+            endpoints.len(),
+            order.quorum
+        )))
     }
 
     /// Hands a step to the components behind [`StepExecutor`](super::StepExecutor).
@@ -161,6 +202,9 @@ impl Executor for KubeExecutor<'_> {
     }
 
     async fn await_serving(&mut self, order: ServingOrder) -> Outcome {
+        if let Some(replicas) = &self.ctx.replicas {
+            return self.await_passing(replicas.as_ref(), order).await;
+        }
         match self.workload(order.pool).ready_replicas().await {
             Ok(ready) if ready >= order.quorum => StepOutcome::Done(Completion::by(OPERATOR)),
             Ok(ready) => StepOutcome::NotYet(Waiting::NotYet(format!(

@@ -53,6 +53,7 @@ use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 pub use understudy_core::failover::Observation;
 use understudy_core::failover::{FailoverState, Phase, Step};
+use understudy_prober::probe::Expectation;
 
 pub use self::command::{COMMAND_ANNOTATION, COMMAND_WORDS, CommandRequest, HandledCommand, pending_command};
 pub use self::execution::{
@@ -68,7 +69,7 @@ pub use self::status::{
 use crate::crd::{FailoverPolicy, GoldenAnswer};
 use crate::lease::LeaseError;
 use crate::metrics::Metrics;
-use crate::observe::ReplicaEndpoints;
+use crate::observe::{ReplicaEndpoints, fixed_expectation};
 use crate::policy;
 use crate::reserve::{ReserveConfig, ReserveError};
 use crate::watchdog::{Reconciler, Watchdog};
@@ -198,9 +199,11 @@ pub struct Context {
     pub reserve: ReserveConfig,
     /// Where each reconcile records that it runs, so that a stuck one is noticed.
     pub watchdog: Watchdog,
-    /// How the standby's replicas are reached to keep it in its shape between promotions
-    /// ([`crate::standby`]); without it the standby is left as it runs.
-    pub standby_replicas: Option<Arc<dyn ReplicaEndpoints>>,
+    /// How the pools' replicas are reached by the reconciles themselves: to keep the standby in
+    /// its shape between promotions ([`crate::standby`]) and to count the promoted pool's
+    /// replicas that pass the generating probe. Without it the standby is left as it runs and
+    /// serving is counted by ready pods.
+    pub replicas: Option<Arc<dyn ReplicaEndpoints>>,
     /// Consecutive failures per policy, for the error policy's backoff.
     failures: Mutex<HashMap<(String, String), u32>>,
 }
@@ -215,7 +218,7 @@ impl fmt::Debug for Context {
             .field("write_timeout", &self.write_timeout)
             .field("reserve", &self.reserve)
             .field("watchdog", &self.watchdog)
-            .field("standby_replicas", &self.standby_replicas)
+            .field("replicas", &self.replicas)
             .finish_non_exhaustive()
     }
 }
@@ -239,17 +242,27 @@ impl Context {
             write_timeout: Duration::from_secs(10),
             reserve: ReserveConfig::default(),
             watchdog: Watchdog::default(),
-            standby_replicas: None,
+            replicas: None,
             failures: Mutex::new(HashMap::new()),
         }
     }
 
-    /// Keeps the standby in its shape between promotions, reaching its replicas through
-    /// `replicas`: its pilot light scaled away, its warm replicas asleep after a passing probe.
+    /// Reaches the pools' replicas through `replicas`: the standby is kept in its shape between
+    /// promotions, and a promoted pool serves when enough replicas pass the generating probe.
     #[must_use]
-    pub fn with_standby_keeping(mut self, replicas: Arc<dyn ReplicaEndpoints>) -> Self {
-        self.standby_replicas = Some(replicas);
+    pub fn with_replicas(mut self, replicas: Arc<dyn ReplicaEndpoints>) -> Self {
+        self.replicas = Some(replicas);
         self
+    }
+
+    /// What a replica's answer must be: the policy's expectation, or the golden answer recorded
+    /// from the primary; `None` while neither is known.
+    pub(crate) fn expectation(&self, policy: &FailoverPolicy) -> Option<Expectation> {
+        let golden = match &self.golden_answers {
+            Some(source) => source.golden_answer(&ObjectRef::from_obj(policy)),
+            None => policy.status.as_ref().and_then(|s| s.golden_answer.clone()),
+        };
+        fixed_expectation(&policy.spec.probe.expect, golden.as_ref())
     }
 
     #[must_use]

@@ -37,7 +37,7 @@ use crate::crd::{
     ColdStartBreakdown, FailoverPolicy, FailoverPolicySpec, FailoverPolicyStatus, GpuReserve, condition_type,
 };
 use crate::lease::{EpochLease, KubeLease, LeaseError, LeaseRecord};
-use crate::observe::{fixed_expectation, probe_spec};
+use crate::observe::probe_spec;
 use crate::policy::ValidatedPolicy;
 use crate::policy::{self, pool_by_name, pool_name};
 use crate::standby;
@@ -521,17 +521,13 @@ async fn keep_standby(
     validated: &ValidatedPolicy,
     standby_pool: Pool,
 ) {
-    let Some(replicas) = &ctx.standby_replicas else {
+    let Some(replicas) = &ctx.replicas else {
         return;
     };
     let Some(pool) = policy.spec.pools.get(standby_pool.index()) else {
         return;
     };
-    let golden = match &ctx.golden_answers {
-        Some(source) => source.golden_answer(&ObjectRef::from_obj(policy)),
-        None => policy.status.as_ref().and_then(|s| s.golden_answer.clone()),
-    };
-    let expect = fixed_expectation(&policy.spec.probe.expect, golden.as_ref());
+    let expect = ctx.expectation(policy);
     let probe = probe_spec(&policy.spec.probe, &validated.probe, Expectation::NonEmpty);
     let workload = Workload::new(ctx.client.clone(), namespace, &pool.workload);
     let kept = standby::keep(
