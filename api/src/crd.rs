@@ -945,7 +945,11 @@ pub struct FailoverTimeline {
     pub to_pool: String,
     /// The epoch the transition claimed.
     pub epoch: u64,
-    /// RFC 3339.
+    /// When the primary's run of failed checks that led to the decision began, RFC 3339; absent
+    /// when no failure started it (a command).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fault_seen_at: Option<String>,
+    /// When the decision was taken, RFC 3339.
     pub started_at: String,
     /// The steps completed so far, in order.
     #[serde(default)]
@@ -963,14 +967,21 @@ pub enum TransitionKind {
     Failback,
 }
 
-/// One step of a transition and when it completed.
+/// One step of a transition: when it began and when it completed.
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct TimelineStep {
     /// The step, e.g. LeaseClaimed, Woken, ScaledUp, Serving, Routed, AdmissionOpened.
     pub step: String,
-    /// RFC 3339.
+    /// When it began, RFC 3339: steps run one after another, so when the one before it completed
+    /// (the first, when the decision was taken).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<String>,
+    /// When it completed, RFC 3339.
     pub at: String,
+    /// How long it took, in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub milliseconds: Option<u64>,
     /// True when the operator made no call for this step and left it to another component (the
     /// fence sidecar, the prober, the router): the promotion moved on, but the step is not
     /// known to be done. `note` says who carries it and what happened.

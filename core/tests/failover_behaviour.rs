@@ -383,6 +383,22 @@ fn steps_run_in_order_and_the_timeline_is_recorded() {
 }
 
 #[test]
+fn a_promotion_remembers_when_the_run_of_failures_behind_it_began() {
+    let mut h = Harness::new(config());
+    h.rounds(2, Pass, Pass);
+    // A failure at 30 s that a pass at 40 s forgives does not start the run; the one at 50 s does.
+    h.round(SoftFail, Pass);
+    h.round(Pass, Pass);
+    h.hold = Some(Step::AcquireLease);
+    h.rounds(4, SoftFail, Pass);
+    let Phase::Promoting(p) = &h.state.phase else {
+        panic!("expected a promotion, got {:?}", h.state.phase)
+    };
+    assert_eq!(p.fault_seen_at, Some(Duration::from_secs(50)));
+    assert_eq!(p.started_at, Duration::from_secs(80));
+}
+
+#[test]
 fn a_lost_compare_and_set_acts_on_nothing_until_the_lease_is_read_again() {
     let mut h = Harness::new(config());
     h.rounds(2, Pass, Pass);

@@ -368,6 +368,7 @@ fn record_stopped_at_scale() -> OperatorRecord {
                 (Step::FenceOld, at(1)),
                 (Step::Wake, at(2)),
             ],
+            fault_seen_at: None,
         }),
         health: [PoolHealth::default(); 2],
         ..FailoverState::starting_at(Pool::A, Epoch(1))
@@ -451,6 +452,19 @@ async fn operator_restarted_mid_promotion_finishes_with_the_same_epoch() {
     assert!(
         !reasons.contains(&"PromotionStarted"),
         "promoted twice: {reasons:?}"
+    );
+    // The whole timeline, step by step, in one Event.
+    let told = events.iter().find(|e| e.reason == "FailoverTimeline").unwrap();
+    assert!(
+        told.note
+            .starts_with("Failover us-east → us-west at epoch 2: decided at "),
+        "{}",
+        told.note
+    );
+    assert!(
+        told.note.contains("LeaseClaimed ") && told.note.contains("AdmissionOpened "),
+        "{}",
+        told.note
     );
     // The steps this version hands to later components say so.
     let routed = events
@@ -610,6 +624,7 @@ async fn operator_restarted_after_its_lease_write_resumes_without_a_second_compa
             step: Step::AcquireLease,
             started_at: NOW - Duration::from_secs(5),
             done: Vec::new(),
+            fault_seen_at: None,
         }),
         ..FailoverState::starting_at(Pool::A, Epoch(2))
     };

@@ -190,6 +190,10 @@ pub struct Promotion {
     pub started_at: Duration,
     /// Steps finished so far, with the time each finished: the failover's timeline.
     pub done: Vec<(Step, Duration)>,
+    /// When the primary's run of failed checks that led here began; `None` for a promotion no
+    /// failure started (a command, an adopted epoch).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fault_seen_at: Option<Duration>,
 }
 
 /// Where the policy stands.
@@ -217,10 +221,13 @@ pub struct PoolHealth {
     /// primary suspect but never promotes on its own.
     #[serde(default)]
     pub suspect: bool,
+    /// When the current run of failures began.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failing_since: Option<Duration>,
 }
 
 impl PoolHealth {
-    fn record(&mut self, result: CheckResult, role: Role) {
+    fn record(&mut self, result: CheckResult, role: Role, now: Duration) {
         let failed = match (result, role) {
             (CheckResult::Pass, _) | (CheckResult::Asleep, Role::Standby) => None,
             (CheckResult::SoftFail, _) => Some(false),
@@ -233,9 +240,13 @@ impl PoolHealth {
                     hard_failures: 0,
                     passes: self.passes.saturating_add(1),
                     suspect: false,
+                    failing_since: None,
                 }
             }
             Some(hard) => {
+                if self.failures == 0 {
+                    self.failing_since = Some(now);
+                }
                 self.passes = 0;
                 self.failures = self.failures.saturating_add(1);
                 self.hard_failures = if hard {
@@ -463,7 +474,7 @@ impl FailoverState {
                 } else {
                     Role::Standby
                 };
-                self.health[pool.index()].record(result, role);
+                self.health[pool.index()].record(result, role, now);
             }
             Input::Passive { pool, signal } => {
                 if pool != self.primary || matches!(self.phase, Phase::Promoting(_)) {
@@ -471,7 +482,7 @@ impl FailoverState {
                 }
                 let health = &mut self.health[pool.index()];
                 match signal {
-                    PassiveSignal::AllRefused => health.record(CheckResult::HardFail, Role::Primary),
+                    PassiveSignal::AllRefused => health.record(CheckResult::HardFail, Role::Primary, now),
                     PassiveSignal::Timeouts => health.suspect = true,
                 }
             }
@@ -639,6 +650,7 @@ impl FailoverState {
             step: Step::AcquireLease,
             started_at: now,
             done: Vec::new(),
+            fault_seen_at: self.health[self.primary.index()].failing_since,
         };
         out.push(Action::Emit(Event::PromotionStarted {
             kind,
@@ -710,6 +722,7 @@ impl FailoverState {
                 step: Step::FenceOld,
                 started_at: now,
                 done: vec![(Step::AcquireLease, now)],
+                fault_seen_at: None,
             });
         }
     }

@@ -500,6 +500,7 @@ mod tests {
                     step: Step::Scale,
                     started_at: Duration::ZERO,
                     done: Vec::new(),
+                    fault_seen_at: None,
                 }),
                 ..FailoverState::new()
             },

@@ -27,10 +27,11 @@ use super::execution::Workload;
 use super::executor::{KubeExecutor, Waiting};
 use super::gpu_reserve::keep_reserve;
 use super::invalid::report_invalid;
+use super::status::timeline_note;
 use super::{
     COMMAND_ANNOTATION, CommandRequest, Context, Error, HandedOffStep, HandledCommand, LEASE_REGRESSED,
     OperatorRecord, PROMOTING_REQUEUE, RouteSyncRequest, StatusFacts, desired_status, load_record,
-    pending_command,
+    pending_command, timeline,
 };
 use crate::coldstart;
 use crate::crd::{
@@ -633,6 +634,15 @@ pub(super) async fn publish_recorded(
         if let Some(done) = &run.finished {
             ctx.metrics
                 .failover_finished(namespace, &name, TransitionKind::as_str(done.kind));
+            let finished = timeline(run.spec, done, run.machine.last_transition_end, &run.handed_off);
+            let event = KubeEvent {
+                type_: EventType::Normal,
+                reason: "FailoverTimeline".to_owned(),
+                note: Some(timeline_note(&finished)),
+                action: "Promote".to_owned(),
+                secondary: None,
+            };
+            send(ctx, &policy.object_ref(&()), &event).await;
         }
     }
 }

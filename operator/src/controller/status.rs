@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use understudy_core::failover::{
     ControlPlane, FailoverConfig, FailoverState, Phase, Promotion, Step, TransitionKind as MachineKind,
 };
-use understudy_core::recovery::{Objective, Stage, StageTimes, judge};
+use understudy_core::recovery::{Objective, Stage, StageTimes, judge, secs};
 use understudy_core::{Epoch, Pool};
 
 use super::command::HandledCommand;
@@ -395,6 +395,52 @@ fn conditions(
     ])
 }
 
+/// A finished transition's timeline in one line, for its Event: when the fault was first seen,
+/// how long detection took, each step's time, and the total from the decision and the fault.
+#[must_use]
+pub fn timeline_note(timeline: &FailoverTimeline) -> String {
+    let instant = |text: &str| text.parse::<Timestamp>().ok();
+    let span = |from: Option<Timestamp>, to: Option<Timestamp>| {
+        let (from, to) = (from?, to?);
+        let span = Duration::try_from(to.duration_since(from)).ok()?;
+        Some(secs(span))
+    };
+    let decided = instant(&timeline.started_at);
+    let mut note = format!(
+        "{:?} {} → {} at epoch {}: ",
+        timeline.kind, timeline.from_pool, timeline.to_pool, timeline.epoch
+    );
+    let fault = timeline.fault_seen_at.as_deref().and_then(instant);
+    match (&timeline.fault_seen_at, span(fault, decided)) {
+        (Some(seen), Some(detection)) => {
+            note.push_str(&format!("fault first seen {seen}, decided {detection} later; "));
+        }
+        _ => note.push_str(&format!(
+            "decided at {} (no failure started it); ",
+            timeline.started_at
+        )),
+    }
+    let steps: Vec<String> = timeline
+        .steps
+        .iter()
+        .map(|step| {
+            let took = step
+                .milliseconds
+                .map_or_else(|| "?".to_owned(), |ms| secs(Duration::from_millis(ms)));
+            format!("{} {took}", step.step)
+        })
+        .collect();
+    note.push_str(&steps.join(", "));
+    let finished = timeline.finished_at.as_deref().and_then(instant);
+    if let Some(total) = span(decided, finished) {
+        note.push_str(&format!("; done {total} after the decision"));
+        if let Some(from_fault) = span(fault, finished) {
+            note.push_str(&format!(", {from_fault} after the fault"));
+        }
+    }
+    note
+}
+
 /// Whether promoting `standby` reaches the policy's serving share within `recoveryObjective`:
 /// detection plus the time its tier mix takes, from the slowest measured time of each stage in
 /// `cold_start`, else the policy's estimate. `Unknown`, naming the stage, while a stage the mix
@@ -500,14 +546,19 @@ pub fn timeline(
     } else {
         TransitionKind::Failover
     };
-    let step = |(step, at): &(Step, Duration)| {
+    let step = |(i, (step, at)): (usize, &(Step, Duration))| {
         let handoff = handed_off
             .iter()
             .find(|h| h.epoch == promotion.epoch && h.step == *step);
         let adopted = promotion.kind == MachineKind::Adopted && *step == Step::AcquireLease;
+        let began = i
+            .checked_sub(1)
+            .map_or(promotion.started_at, |before| promotion.done[before].1);
         TimelineStep {
             step: step_name(*step).to_owned(),
+            started_at: Some(rfc3339(began)),
             at: rfc3339(*at),
+            milliseconds: u64::try_from(at.saturating_sub(began).as_millis()).ok(),
             handed_off: handoff.is_some_and(|h| h.handed_off),
             note: match handoff {
                 Some(h) => Some(h.note.clone()),
@@ -523,8 +574,9 @@ pub fn timeline(
         from_pool: pool_name(spec, promotion.from).to_owned(),
         to_pool: pool_name(spec, promotion.to).to_owned(),
         epoch: promotion.epoch.0,
+        fault_seen_at: promotion.fault_seen_at.map(rfc3339),
         started_at: rfc3339(promotion.started_at),
-        steps: promotion.done.iter().map(step).collect(),
+        steps: promotion.done.iter().enumerate().map(step).collect(),
         finished_at: finished_at.map(rfc3339),
     }
 }
@@ -914,6 +966,45 @@ mod tests {
     }
 
     #[test]
+    fn each_step_begins_when_the_one_before_it_ends_and_the_event_tells_the_whole_timeline() {
+        let at = |s: u64| NOW + Duration::from_millis(s);
+        let promotion = Promotion {
+            kind: MachineKind::Failover,
+            from: Pool::A,
+            to: Pool::B,
+            epoch: Epoch(1),
+            step: Step::OpenAdmission,
+            started_at: at(20_000),
+            done: vec![
+                (Step::AcquireLease, at(20_100)),
+                (Step::Wake, at(45_100)),
+                (Step::AwaitServing, at(52_600)),
+            ],
+            fault_seen_at: Some(at(0)),
+        };
+        let timeline = timeline(&spec(), &promotion, Some(at(53_000)), &[]);
+        assert_eq!(timeline.fault_seen_at.as_deref(), Some("2024-06-01T12:00:00Z"));
+        let began: Vec<Option<&str>> = timeline.steps.iter().map(|s| s.started_at.as_deref()).collect();
+        // Times in status are whole seconds; the steps' own milliseconds keep the detail.
+        assert_eq!(
+            began,
+            [
+                Some("2024-06-01T12:00:20Z"),
+                Some("2024-06-01T12:00:20Z"),
+                Some("2024-06-01T12:00:45Z")
+            ]
+        );
+        let took: Vec<Option<u64>> = timeline.steps.iter().map(|s| s.milliseconds).collect();
+        assert_eq!(took, [Some(100), Some(25_000), Some(7_500)]);
+        assert_eq!(
+            timeline_note(&timeline),
+            "Failover us-east → us-west at epoch 1: fault first seen 2024-06-01T12:00:00Z, decided \
+             20s later; LeaseClaimed 0.1s, Woken 25s, Serving 7.5s; done 33s after the decision, 53s \
+             after the fault"
+        );
+    }
+
+    #[test]
     fn a_finished_promotion_home_is_a_failback_with_a_finish_time() {
         let promotion = Promotion {
             kind: MachineKind::Manual,
@@ -923,6 +1014,7 @@ mod tests {
             step: Step::OpenAdmission,
             started_at: NOW,
             done: vec![(Step::AcquireLease, NOW)],
+            fault_seen_at: None,
         };
         let timeline = timeline(&spec(), &promotion, Some(NOW + Duration::from_secs(30)), &[]);
         assert_eq!(timeline.kind, TransitionKind::Failback);
@@ -943,6 +1035,7 @@ mod tests {
                 (Step::FenceOld, NOW),
                 (Step::Wake, NOW),
             ],
+            fault_seen_at: None,
         };
         let handed_off = [
             HandedOffStep {

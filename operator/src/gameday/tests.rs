@@ -67,10 +67,13 @@ fn transition(
         from_pool: if to == "us-west" { "us-east" } else { "us-west" }.to_owned(),
         to_pool: to.to_owned(),
         epoch,
+        fault_seen_at: None,
         started_at: rfc3339(at(started)),
         steps: vec![TimelineStep {
             step: "LeaseClaimed".to_owned(),
+            started_at: Some(rfc3339(at(started))),
             at: rfc3339(at(started)),
+            milliseconds: Some(0),
             handed_off: false,
             note: None,
         }],
