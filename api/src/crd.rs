@@ -163,6 +163,11 @@ pub struct FailoverPolicySpec {
     #[serde(default)]
     pub parity: ParitySpec,
 
+    /// Proving a sleeping standby between incidents: every so often one of its warm replicas is
+    /// woken, probed against the golden answer and put back to sleep. Absent: never.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub standby_proof: Option<StandbyProofSpec>,
+
     /// Admission control on the new primary while every conversation rebuilds its KV cache.
     #[serde(default)]
     pub admission: AdmissionSpec,
@@ -194,6 +199,34 @@ impl FailoverPolicySpec {
             }
         })
     }
+}
+
+/// When a sleeping standby is proven.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct StandbyProofSpec {
+    /// How often, e.g. `6h`; at least a minute.
+    pub every: GoDuration,
+    /// UTC windows in which no proof starts, as `HH:MM-HH:MM` (one may wrap past midnight), e.g.
+    /// the busy hours when a woken replica's memory is better left to the primary's node.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 8))]
+    pub not_between: Vec<String>,
+}
+
+/// The last proof of a sleeping standby.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct StandbyProofRecord {
+    /// When it ran, RFC 3339.
+    pub at: String,
+    /// The pool and the replica woken.
+    pub pool: String,
+    pub replica: String,
+    /// Woken, answered right, and asleep again.
+    pub passed: bool,
+    /// What happened, step by step.
+    pub detail: String,
 }
 
 /// Estimated cold-start stage times, each a duration such as `70s`; a stage left out is unknown.
@@ -842,6 +875,10 @@ pub struct FailoverPolicyStatus {
     /// the probe's prompt or `maxTokens` change or the primary serves another model.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub golden_answer: Option<GoldenAnswer>,
+
+    /// The last time a sleeping standby replica was woken and proven (`spec.standbyProof`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub standby_proof: Option<StandbyProofRecord>,
 
     /// The operator's own record of the state machine, so that a restarted operator resumes
     /// where the last one stopped. Its shape belongs to the state machine, not to this schema.

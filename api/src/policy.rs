@@ -14,7 +14,9 @@ use understudy_core::{
     recovery::StageTimes,
 };
 
-use crate::crd::{ExpectMode, FailbackMode, FailoverPolicySpec, GoDuration, Tier, WorkloadKind};
+use crate::crd::{
+    ExpectMode, FailbackMode, FailoverPolicySpec, GoDuration, StandbyProofSpec, Tier, WorkloadKind,
+};
 
 /// Why a spec cannot be run. Each message starts with the field's path in the object.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -107,6 +109,10 @@ pub enum PolicyError {
     MaxConcurrencyBelowInitial { initial: u32, max: u32 },
     #[error("spec.admission.priorityHeader {0:?} must be an HTTP header name: letters, digits and '-'")]
     NotAHeaderName(String),
+    #[error("spec.standbyProof.every ({0}) must be at least a minute: a proof wakes a replica")]
+    ProofTooOften(GoDuration),
+    #[error("spec.standbyProof.notBetween[{index}] {text:?} must be a UTC window such as 08:00-20:00")]
+    NotAWindow { index: usize, text: String },
     #[error("spec.minServingFraction {0} must be above 0 and at most 1")]
     ServingFraction(String),
     #[error("spec.coldStartEstimates.{stage}: {error}")]
@@ -141,6 +147,8 @@ pub struct ValidatedPolicy {
     pub min_serving_fraction: Option<f64>,
     /// `spec.coldStartEstimates`, parsed; empty when none are given.
     pub estimates: StageTimes,
+    /// `spec.standbyProof`, parsed.
+    pub standby_proof: Option<StandbyProof>,
 }
 
 impl ValidatedPolicy {
@@ -192,6 +200,10 @@ pub fn validate(spec: &FailoverPolicySpec) -> Result<ValidatedPolicy, PolicyErro
         return Err(PolicyError::ServingFraction(fraction.to_string()));
     }
     let estimates = estimates(spec)?;
+    let standby_proof = match &spec.standby_proof {
+        Some(proof) => Some(check_standby_proof(proof)?),
+        None => None,
+    };
 
     let failover = FailoverConfig {
         suspect_after: trigger.suspect_after,
@@ -210,7 +222,79 @@ pub fn validate(spec: &FailoverPolicySpec) -> Result<ValidatedPolicy, PolicyErro
         admission_window,
         min_serving_fraction: spec.min_serving_fraction,
         estimates,
+        standby_proof,
     })
+}
+
+/// `spec.standbyProof`, parsed.
+fn check_standby_proof(proof: &StandbyProofSpec) -> Result<StandbyProof, PolicyError> {
+    let every = parse("spec.standbyProof.every", &proof.every)?;
+    if every < Duration::from_secs(60) {
+        return Err(PolicyError::ProofTooOften(proof.every.clone()));
+    }
+    let not_between = proof
+        .not_between
+        .iter()
+        .enumerate()
+        .map(|(index, text)| {
+            UtcWindow::parse(text).ok_or_else(|| PolicyError::NotAWindow {
+                index,
+                text: text.clone(),
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(StandbyProof { every, not_between })
+}
+
+/// `spec.standbyProof`: how often, and when not.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StandbyProof {
+    pub every: Duration,
+    pub not_between: Vec<UtcWindow>,
+}
+
+impl StandbyProof {
+    /// Whether a proof may start at `since_epoch` (time since the Unix epoch, UTC).
+    #[must_use]
+    pub fn allowed_at(&self, since_epoch: Duration) -> bool {
+        let minute = u32::try_from(since_epoch.as_secs() / 60 % (24 * 60)).unwrap_or(0);
+        !self.not_between.iter().any(|window| window.contains(minute))
+    }
+}
+
+/// A window of the UTC day, in minutes since midnight; it wraps past midnight when it ends
+/// before it starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UtcWindow {
+    pub from: u32,
+    pub to: u32,
+}
+
+impl UtcWindow {
+    /// `HH:MM-HH:MM`.
+    #[must_use]
+    pub fn parse(text: &str) -> Option<UtcWindow> {
+        let minute = |hm: &str| {
+            let (h, m) = hm.trim().split_once(':')?;
+            let (h, m): (u32, u32) = (h.parse().ok()?, m.parse().ok()?);
+            (h < 24 && m < 60).then_some(h * 60 + m)
+        };
+        let (from, to) = text.split_once('-')?;
+        Some(UtcWindow {
+            from: minute(from)?,
+            to: minute(to)?,
+        })
+    }
+
+    /// Whether `minute` of the day falls inside.
+    #[must_use]
+    pub fn contains(&self, minute: u32) -> bool {
+        if self.from <= self.to {
+            (self.from..self.to).contains(&minute)
+        } else {
+            minute >= self.from || minute < self.to
+        }
+    }
 }
 
 /// `spec.coldStartEstimates`, parsed.
@@ -874,6 +958,44 @@ recoveryObjective: 5m
             ])
         );
         assert_eq!(half.pools[0].standby_mix(), Mix(vec![(Standby::Hot, 2)]));
+    }
+
+    #[test]
+    fn a_standby_proof_runs_every_so_often_outside_its_windows() {
+        let policy = validate(&minimal_with(
+            "standbyProof: {every: 6h, notBetween: ['08:00-20:00', '23:30-00:30']}\n",
+        ))
+        .unwrap_or_else(|e| panic!("{e}"));
+        let proof = policy.standby_proof.unwrap_or_else(|| panic!("parsed"));
+        assert_eq!(proof.every, Duration::from_secs(6 * 3600));
+        let at = |h: u64, m: u64| Duration::from_secs(19_000 * 86_400 + h * 3600 + m * 60);
+        assert!(proof.allowed_at(at(7, 59)));
+        assert!(!proof.allowed_at(at(8, 0)));
+        assert!(!proof.allowed_at(at(19, 59)));
+        assert!(proof.allowed_at(at(20, 0)));
+        assert!(!proof.allowed_at(at(23, 45)), "a window wraps past midnight");
+        assert!(!proof.allowed_at(at(0, 15)));
+        assert!(proof.allowed_at(at(0, 30)));
+        for (extra, expected) in [
+            (
+                "standbyProof: {every: 30s}\n",
+                "spec.standbyProof.every (30s) must be at least a minute",
+            ),
+            (
+                "standbyProof: {every: 1h, notBetween: ['8-20']}\n",
+                "spec.standbyProof.notBetween[0] \"8-20\" must be a UTC window",
+            ),
+            (
+                "standbyProof: {every: 1h, notBetween: ['24:00-01:00']}\n",
+                "spec.standbyProof.notBetween[0]",
+            ),
+        ] {
+            let message = refusal(&minimal_with(extra));
+            assert!(
+                message.starts_with(expected),
+                "got {message:?}, expected {expected:?}"
+            );
+        }
     }
 
     #[test]

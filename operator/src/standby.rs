@@ -12,7 +12,7 @@ use std::fmt;
 
 use understudy_prober::outcome::ProbeOutcome;
 use understudy_prober::probe::{self, Expectation, ProbeSpec};
-use understudy_prober::sleep::{WakeTimeouts, is_sleeping, put_to_sleep};
+use understudy_prober::sleep::{ReplicaWake, WakeTimeouts, is_sleeping, put_to_sleep, wake_replica};
 
 use crate::controller::Workload;
 use crate::crd::PoolSpec;
@@ -149,4 +149,86 @@ pub async fn keep(
         }
     }
     Ok(kept)
+}
+
+/// One proof of a sleeping standby replica.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Proof {
+    pub replica: String,
+    /// Woken, answered right, and asleep again.
+    pub passed: bool,
+    pub detail: String,
+}
+
+/// Proves `pool`'s warm tier: wakes one sleeping replica (the first after `after` in address
+/// order, so that proofs take the replicas in turn), probes it against `expect`, and puts it back
+/// to sleep at its level. `None` when no replica sleeps.
+pub async fn prove(
+    pool: &PoolSpec,
+    replicas: &dyn ReplicaEndpoints,
+    namespace: &str,
+    probe_spec: &ProbeSpec,
+    expect: Expectation,
+    timeouts: WakeTimeouts,
+    after: Option<&str>,
+) -> Result<Option<Proof>, Error> {
+    let level = pool.standby_shape().sleep_level;
+    let mut endpoints = replicas.resolve(namespace, pool).await?;
+    endpoints.sort_by_key(ToString::to_string);
+    let mut asleep = Vec::new();
+    for endpoint in endpoints {
+        if matches!(is_sleeping(&endpoint, timeouts.query).await, Ok(Some(true))) {
+            asleep.push(endpoint);
+        }
+    }
+    let next = asleep
+        .iter()
+        .find(|e| after.is_some_and(|last| e.to_string().as_str() > last))
+        .or_else(|| asleep.first());
+    let Some(endpoint) = next else {
+        return Ok(None);
+    };
+    let replica = endpoint.to_string();
+    let failed = |detail: String| {
+        Ok(Some(Proof {
+            replica: replica.clone(),
+            passed: false,
+            detail,
+        }))
+    };
+    match wake_replica(endpoint, level, timeouts).await {
+        ReplicaWake::Woken => {}
+        other => return failed(format!("woken from sleep level {level}: {other:?}")),
+    }
+    let spec = ProbeSpec {
+        expect,
+        ..probe_spec.clone()
+    };
+    let report = probe::probe(endpoint, &spec).await;
+    let answered = match report.outcome {
+        ProbeOutcome::Ok { first_token, total } => format!(
+            "answered right (first token {} ms, {} ms in all)",
+            first_token.as_millis(),
+            total.as_millis()
+        ),
+        other => {
+            // Asleep again all the same: a standby replica must not stay awake unannounced.
+            let slept = put_to_sleep(endpoint, level, timeouts).await;
+            let again = slept.map_or_else(|why| format!("; not asleep again: {why}"), |()| String::new());
+            return failed(format!(
+                "woken from sleep level {level}, its probe was {}{again}",
+                other.as_str()
+            ));
+        }
+    };
+    match put_to_sleep(endpoint, level, timeouts).await {
+        Ok(()) => Ok(Some(Proof {
+            replica,
+            passed: true,
+            detail: format!("woken from sleep level {level}, {answered}, asleep again"),
+        })),
+        Err(why) => failed(format!(
+            "woken from sleep level {level}, {answered}, not asleep again: {why}"
+        )),
+    }
 }

@@ -1,8 +1,9 @@
 //! The standby kept in its shape, against emulated vLLM replicas on loopback: its warm replicas
 //! are put to sleep at their level, each only after it answered the probe with the golden answer;
 //! a replica that answers wrong is left awake; nothing sleeps before a golden answer exists; and
-//! a standby already in shape is left alone. And a promoted pool is counted serving by the
-//! replicas that answer the probe right, not by the ones that are up.
+//! a standby already in shape is left alone. A sleeping standby is proven a replica at a time
+//! (woken, probed, asleep again). And a promoted pool is counted serving by the replicas that
+//! answer the probe right, not by the ones that are up.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -208,4 +209,67 @@ async fn a_promoted_pool_serves_with_the_replicas_that_answer_right_not_the_ones
     // Before a golden answer exists any text counts, but a sleeping replica never does.
     let any_text = probe_spec(&policy.spec.probe, &validated.probe, Expectation::NonEmpty);
     assert_eq!(count_passing(&endpoints, &any_text).await, 2);
+}
+
+/// Proves `west` once, after `after`.
+async fn prove(policy: &FailoverPolicy, endpoints: &[Endpoint], after: Option<&str>) -> standby::Proof {
+    let validated = validate(&policy.spec).unwrap();
+    let probe = probe_spec(&policy.spec.probe, &validated.probe, Expectation::NonEmpty);
+    let expect = fixed_expectation(
+        &policy.spec.probe.expect,
+        Some(&golden(policy, &answer_of(policy))),
+    )
+    .unwrap();
+    let replicas = FixedReplicas::default().with_pool("west", endpoints.to_vec());
+    let pool = &policy.spec.pools[1];
+    standby::prove(
+        pool,
+        &replicas,
+        "serving",
+        &probe,
+        expect,
+        WakeTimeouts::default(),
+        after,
+    )
+    .await
+    .unwrap()
+    .expect("a sleeping replica to prove")
+}
+
+#[tokio::test]
+async fn a_sleeping_standby_is_proven_a_replica_at_a_time_and_left_asleep() {
+    let policy = policy(1);
+    let (replicas, endpoints) = three_replicas();
+    for asleep in &endpoints[1..] {
+        let e = replicas.iter().find(|e| e.endpoint == *asleep).unwrap();
+        assert_eq!(e.post("/sleep?level=1", ""), 200);
+    }
+
+    let first = prove(&policy, &endpoints, None).await;
+    assert_eq!(first.replica, endpoints[1].to_string());
+    assert!(first.passed, "{first:?}");
+    assert!(
+        first
+            .detail
+            .starts_with("woken from sleep level 1, answered right"),
+        "{first:?}"
+    );
+    assert!(first.detail.ends_with("asleep again"), "{first:?}");
+    let second = prove(&policy, &endpoints, Some(&first.replica)).await;
+    assert_eq!(second.replica, endpoints[2].to_string());
+    let third = prove(&policy, &endpoints, Some(&second.replica)).await;
+    assert_eq!(third.replica, endpoints[1].to_string(), "the turn wraps around");
+    let asleep: Vec<bool> = endpoints.iter().map(is_sleeping).collect();
+    assert_eq!(asleep, [false, true, true]);
+
+    // A sleeper that would answer wrong fails its proof, and still goes back to sleep.
+    let broken = replicas.iter().find(|e| e.endpoint == endpoints[1]).unwrap();
+    broken.inject("wrong-output");
+    let failed = prove(&policy, &endpoints, None).await;
+    assert!(!failed.passed, "{failed:?}");
+    assert_eq!(
+        failed.detail,
+        "woken from sleep level 1, its probe was wrong-output"
+    );
+    assert!(is_sleeping(&endpoints[1]));
 }

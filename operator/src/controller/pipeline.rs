@@ -15,8 +15,8 @@ use kube::{Resource, ResourceExt};
 use understudy_api::FIELD_MANAGER;
 use understudy_core::drive::{Driven, StepOutcome, drive};
 use understudy_core::failover::{
-    Action as MachineAction, ControlPlane, FailoverConfig, FailoverState, Input, Phase, Promotion, Step,
-    TransitionKind,
+    Action as MachineAction, CheckResult, ControlPlane, FailoverConfig, FailoverState, Input, Phase,
+    Promotion, Step, TransitionKind,
 };
 use understudy_core::{Epoch, Pool};
 use understudy_prober::probe::Expectation;
@@ -31,11 +31,12 @@ use super::status::timeline_note;
 use super::{
     COMMAND_ANNOTATION, CommandRequest, Context, Error, HandedOffStep, HandledCommand, LEASE_REGRESSED,
     OperatorRecord, PROMOTING_REQUEUE, RouteSyncRequest, StatusFacts, desired_status, load_record,
-    pending_command, timeline,
+    pending_command, rfc3339, timeline,
 };
 use crate::coldstart;
 use crate::crd::{
-    ColdStartBreakdown, FailoverPolicy, FailoverPolicySpec, FailoverPolicyStatus, GpuReserve, condition_type,
+    ColdStartBreakdown, FailoverPolicy, FailoverPolicySpec, FailoverPolicyStatus, GpuReserve,
+    StandbyProofRecord, condition_type,
 };
 use crate::lease::{EpochLease, KubeLease, LeaseError, LeaseRecord};
 use crate::observe::probe_spec;
@@ -61,6 +62,8 @@ pub(super) struct Run<'a> {
     pub(super) handled_command: Option<HandledCommand>,
     /// `status.coldStart` with this reconcile's measurements in; `None` when none were taken.
     pub(super) cold_start: Option<Vec<ColdStartBreakdown>>,
+    /// The standby proof this reconcile ran.
+    pub(super) standby_proof: Option<StandbyProofRecord>,
 }
 
 impl Run<'_> {
@@ -235,6 +238,7 @@ pub(super) async fn apply(policy: &FailoverPolicy, ctx: &Context, namespace: &st
         && !run.config.paused
     {
         keep_standby(ctx, policy, namespace, &validated, primary.other()).await;
+        prove_standby(ctx, policy, namespace, &validated, &mut run, primary.other()).await;
     }
     let started = measure_cold_starts(ctx, policy, namespace, &mut run).await;
 
@@ -308,6 +312,7 @@ pub(super) fn dereference<'a>(
         gpu_reserve: policy.status.as_ref().and_then(|s| s.gpu_reserve.clone()),
         handled_command,
         cold_start: None,
+        standby_proof: None,
     };
     let recorded = Recorded {
         machine,
@@ -562,6 +567,83 @@ async fn keep_standby(
     }
 }
 
+/// When `spec.standbyProof` says one is due, and the time is outside its windows, wakes one of the
+/// standby's sleeping replicas, probes it and puts it back to sleep ([`standby::prove`]). A
+/// failed proof is fed to the machine as a failed check of the standby, so it is not promoted
+/// until it passes its checks again; either way an Event says what happened.
+async fn prove_standby(
+    ctx: &Context,
+    policy: &FailoverPolicy,
+    namespace: &str,
+    validated: &ValidatedPolicy,
+    run: &mut Run<'_>,
+    standby_pool: Pool,
+) {
+    let (Some(replicas), Some(proof)) = (&ctx.replicas, &validated.standby_proof) else {
+        return;
+    };
+    let Some(pool) = policy.spec.pools.get(standby_pool.index()) else {
+        return;
+    };
+    let last = policy.status.as_ref().and_then(|s| s.standby_proof.as_ref());
+    let last_at = last
+        .and_then(|p| p.at.parse::<Timestamp>().ok())
+        .and_then(|at| Duration::try_from(Timestamp::UNIX_EPOCH.duration_until(at)).ok());
+    let due = last_at.is_none_or(|at| run.now.saturating_sub(at) >= proof.every);
+    let Some(expect) = ctx.expectation(policy) else {
+        return;
+    };
+    if !due || !proof.allowed_at(run.now) || pool.standby_shape().warm == 0 {
+        return;
+    }
+    let spec = probe_spec(&policy.spec.probe, &validated.probe, Expectation::NonEmpty);
+    let after = last.filter(|p| p.pool == pool.name).map(|p| p.replica.as_str());
+    let proved = standby::prove(
+        pool,
+        replicas.as_ref(),
+        namespace,
+        &spec,
+        expect,
+        WakeTimeouts::default(),
+        after,
+    )
+    .await;
+    let proof = match proved {
+        Ok(Some(proof)) => proof,
+        Ok(None) => return,
+        Err(error) => {
+            tracing::warn!(%namespace, policy = %policy.name_any(), standby = %pool.name, %error, "could not prove the standby");
+            return;
+        }
+    };
+    if !proof.passed {
+        run.feed(Input::Check {
+            pool: standby_pool,
+            result: CheckResult::SoftFail,
+        });
+    }
+    let (type_, reason) = if proof.passed {
+        (EventType::Normal, "StandbyProven")
+    } else {
+        (EventType::Warning, "StandbyProofFailed")
+    };
+    let event = KubeEvent {
+        type_,
+        reason: reason.to_owned(),
+        note: Some(format!("{} {}: {}", pool.name, proof.replica, proof.detail)),
+        action: "Prove".to_owned(),
+        secondary: None,
+    };
+    send(ctx, &policy.object_ref(&()), &event).await;
+    run.standby_proof = Some(StandbyProofRecord {
+        at: rfc3339(run.now),
+        pool: pool.name.clone(),
+        replica: proof.replica,
+        passed: proof.passed,
+        detail: proof.detail,
+    });
+}
+
 /// For a while after a promotion to a pool with a pilot light, reads the cold starts of the pods
 /// it created until each one's API answers ([`coldstart`]), into the run's `cold_start`. Returns
 /// the starts that completed in this reconcile.
@@ -755,6 +837,7 @@ pub(super) fn status_of(
             .as_ref()
             .map(|r| r.as_ref().map_err(String::as_str).copied()),
         cold_start: run.cold_start.as_deref(),
+        standby_proof: run.standby_proof.as_ref(),
         now: run.now,
     })
     .map_err(Error::Record)

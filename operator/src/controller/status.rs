@@ -19,7 +19,8 @@ use super::command::HandledCommand;
 use crate::coldstart;
 use crate::crd::{
     ColdStartBreakdown, Condition, ConditionStatus, FailoverPolicySpec, FailoverPolicyStatus,
-    FailoverTimeline, GoldenAnswer, GpuReserve, TimelineStep, TransitionKind, condition_type,
+    FailoverTimeline, GoldenAnswer, GpuReserve, StandbyProofRecord, TimelineStep, TransitionKind,
+    condition_type,
 };
 use crate::policy::{pool_name, validate};
 
@@ -172,6 +173,8 @@ pub struct StatusFacts<'a> {
     pub probe_accepted: Option<Result<(), &'a str>>,
     /// The cold starts measured after this reconcile; `None` keeps the previous status's.
     pub cold_start: Option<&'a [ColdStartBreakdown]>,
+    /// A standby proof this reconcile ran; `None` keeps the previous status's.
+    pub standby_proof: Option<&'a StandbyProofRecord>,
     pub now: Duration,
 }
 
@@ -193,6 +196,7 @@ pub fn desired_status(facts: &StatusFacts<'_>) -> Result<FailoverPolicyStatus, s
     let cold_start = facts
         .cold_start
         .map_or_else(|| previous.cold_start.clone(), <[_]>::to_vec);
+    let standby_proof = facts.standby_proof.cloned().or(previous.standby_proof);
     Ok(FailoverPolicyStatus {
         primary_pool: Some(pool_name(facts.spec, machine.primary).to_owned()),
         epoch: Some(machine.epoch.0),
@@ -207,12 +211,14 @@ pub fn desired_status(facts: &StatusFacts<'_>) -> Result<FailoverPolicyStatus, s
                 facts.lease_behind,
                 facts.probe_accepted,
                 &cold_start,
+                standby_proof.as_ref(),
             ),
             facts.now,
         ),
         last_failover,
         cold_start_summary: coldstart::summarize(&cold_start),
         cold_start,
+        standby_proof,
         gpu_reserve: facts.gpu_reserve.cloned(),
         golden_answer: facts
             .golden_answer
@@ -260,6 +266,7 @@ fn conditions(
     lease_behind: Option<Epoch>,
     probe_accepted: Option<Result<(), &str>>,
     cold_start: &[ColdStartBreakdown],
+    proof: Option<&StandbyProofRecord>,
 ) -> BTreeMap<String, Condition> {
     use ConditionStatus::{False, True, Unknown};
     let primary = pool_name(spec, machine.primary);
@@ -361,6 +368,21 @@ fn conditions(
                 health.passes, config.standby_ready_after
             ),
         )
+    };
+    // The last proof of a sleeping standby, when it was of this standby.
+    let standby_proven = match proof.filter(|p| p.pool == standby) {
+        Some(p) => Condition {
+            message: format!(
+                "{}; last proof {}{}: {} {}",
+                standby_proven.message,
+                p.at,
+                if p.passed { "" } else { " failed" },
+                p.replica,
+                p.detail
+            ),
+            ..standby_proven
+        },
+        None => standby_proven,
     };
     let parity = if machine.parity_holds {
         // The machine assumes parity until told otherwise; nothing in this operator measures it
@@ -661,6 +683,7 @@ mod tests {
             golden_answer: None,
             probe_accepted,
             cold_start: None,
+            standby_proof: None,
             now: NOW,
         })
         .unwrap()
@@ -1001,6 +1024,46 @@ mod tests {
             "Failover us-east → us-west at epoch 1: fault first seen 2024-06-01T12:00:00Z, decided \
              20s later; LeaseClaimed 0.1s, Woken 25s, Serving 7.5s; done 33s after the decision, 53s \
              after the fault"
+        );
+    }
+
+    #[test]
+    fn the_standby_condition_tells_the_last_proof_of_this_standby() {
+        let proof = StandbyProofRecord {
+            at: "2024-06-01T11:00:00Z".into(),
+            pool: "us-west".into(),
+            replica: "10.0.0.7:8000".into(),
+            passed: false,
+            detail: "woken from sleep level 1, its probe was wrong-output, asleep again".into(),
+        };
+        let previous = FailoverPolicyStatus {
+            standby_proof: Some(proof.clone()),
+            ..FailoverPolicyStatus::default()
+        };
+        let status = status_of(&record(FailoverState::new()), Some(&previous));
+        let proven = &status.conditions[condition_type::STANDBY_PROVEN];
+        assert!(
+            proven.message.ends_with(
+                "; last proof 2024-06-01T11:00:00Z failed: 10.0.0.7:8000 woken from sleep level 1, its \
+                 probe was wrong-output, asleep again"
+            ),
+            "{}",
+            proven.message
+        );
+        assert_eq!(status.standby_proof, Some(proof.clone()));
+        // A proof of the other pool (before a failover) says nothing about this standby.
+        let other = FailoverPolicyStatus {
+            standby_proof: Some(StandbyProofRecord {
+                pool: "us-east".into(),
+                ..proof
+            }),
+            ..FailoverPolicyStatus::default()
+        };
+        let status = status_of(&record(FailoverState::new()), Some(&other));
+        assert!(
+            !status.conditions[condition_type::STANDBY_PROVEN]
+                .message
+                .contains("last proof")
         );
     }
 
