@@ -19,7 +19,7 @@ use understudy_operator::crd::{FailoverPolicy, GoldenAnswer};
 use understudy_operator::observe::{FixedReplicas, count_passing, fixed_expectation, probe_spec};
 use understudy_operator::policy::validate;
 use understudy_operator::standby::{self, Kept};
-use understudy_prober::probe::{Endpoint, Expectation};
+use understudy_prober::probe::{Endpoint, Expectation, ProbeSpec};
 use understudy_prober::sleep::WakeTimeouts;
 
 const DEV_MODE: &[(&str, &str)] = &[("VLLM_SERVER_DEV_MODE", "1")];
@@ -98,10 +98,24 @@ fn answer_of(policy: &FailoverPolicy) -> String {
         .collect()
 }
 
+/// The policy's probe, judged by `expect`.
+fn probe_of(policy: &FailoverPolicy, expect: Expectation) -> ProbeSpec {
+    let validated = validate(&policy.spec).unwrap();
+    probe_spec(&policy.spec.probe, &validated.probe, expect)
+}
+
+/// The golden answer's expectation, as the operator judges by it.
+fn judged_by_golden(policy: &FailoverPolicy) -> Expectation {
+    fixed_expectation(
+        &policy.spec.probe.expect,
+        Some(&golden(policy, &answer_of(policy))),
+    )
+    .unwrap()
+}
+
 /// Keeps `west` in shape once, its replicas at `endpoints`, judged by `expect`.
 async fn keep(policy: &FailoverPolicy, endpoints: &[Endpoint], expect: Option<Expectation>) -> Kept {
-    let validated = validate(&policy.spec).unwrap();
-    let probe = probe_spec(&policy.spec.probe, &validated.probe, Expectation::NonEmpty);
+    let probe = probe_of(policy, Expectation::NonEmpty);
     let replicas = FixedReplicas::default().with_pool("west", endpoints.to_vec());
     // Nothing listens here: with no pilot light the workload is never asked.
     let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
@@ -133,10 +147,7 @@ fn three_replicas() -> (Vec<Emulator>, Vec<Endpoint>) {
 #[tokio::test]
 async fn the_warm_replicas_sleep_after_a_passing_probe_and_a_standby_in_shape_is_left_alone() {
     let policy = policy(1);
-    let expect = fixed_expectation(
-        &policy.spec.probe.expect,
-        Some(&golden(&policy, &answer_of(&policy))),
-    );
+    let expect = Some(judged_by_golden(&policy));
     let (_replicas, endpoints) = three_replicas();
 
     let kept = keep(&policy, &endpoints, expect.clone()).await;
@@ -159,10 +170,7 @@ async fn the_warm_replicas_sleep_after_a_passing_probe_and_a_standby_in_shape_is
 #[tokio::test]
 async fn a_replica_that_answers_wrong_is_left_awake_and_another_sleeps_in_its_place() {
     let policy = policy(2);
-    let expect = fixed_expectation(
-        &policy.spec.probe.expect,
-        Some(&golden(&policy, &answer_of(&policy))),
-    );
+    let expect = Some(judged_by_golden(&policy));
     let (replicas, endpoints) = three_replicas();
     let broken = replicas.iter().find(|e| e.endpoint == endpoints[2]).unwrap();
     broken.inject("wrong-output");
@@ -196,30 +204,21 @@ async fn nothing_sleeps_before_a_golden_answer_exists() {
 #[tokio::test]
 async fn a_promoted_pool_serves_with_the_replicas_that_answer_right_not_the_ones_that_are_up() {
     let policy = policy(1);
-    let golden = golden(&policy, &answer_of(&policy));
-    let expect = fixed_expectation(&policy.spec.probe.expect, Some(&golden)).unwrap();
+    let judged = probe_of(&policy, judged_by_golden(&policy));
     let (replicas, endpoints) = three_replicas();
     replicas[0].inject("wrong-output");
     assert_eq!(replicas[1].post("/sleep?level=1", ""), 200);
-    let validated = validate(&policy.spec).unwrap();
 
     // All three are up and answer /health; one answers wrong and one sleeps.
-    let judged = probe_spec(&policy.spec.probe, &validated.probe, expect);
     assert_eq!(count_passing(&endpoints, &judged).await, 1);
     // Before a golden answer exists any text counts, but a sleeping replica never does.
-    let any_text = probe_spec(&policy.spec.probe, &validated.probe, Expectation::NonEmpty);
+    let any_text = probe_of(&policy, Expectation::NonEmpty);
     assert_eq!(count_passing(&endpoints, &any_text).await, 2);
 }
 
 /// Proves `west` once, after `after`.
 async fn prove(policy: &FailoverPolicy, endpoints: &[Endpoint], after: Option<&str>) -> standby::Proof {
-    let validated = validate(&policy.spec).unwrap();
-    let probe = probe_spec(&policy.spec.probe, &validated.probe, Expectation::NonEmpty);
-    let expect = fixed_expectation(
-        &policy.spec.probe.expect,
-        Some(&golden(policy, &answer_of(policy))),
-    )
-    .unwrap();
+    let probe = probe_of(policy, Expectation::NonEmpty);
     let replicas = FixedReplicas::default().with_pool("west", endpoints.to_vec());
     let pool = &policy.spec.pools[1];
     standby::prove(
@@ -227,7 +226,7 @@ async fn prove(policy: &FailoverPolicy, endpoints: &[Endpoint], after: Option<&s
         &replicas,
         "serving",
         &probe,
-        expect,
+        judged_by_golden(policy),
         WakeTimeouts::default(),
         after,
     )

@@ -247,34 +247,34 @@ impl Workload {
     /// deploys the workload, and their next apply would either conflict or scale the new primary
     /// back down.
     pub async fn scale_up_to(&self, replicas: u32) -> Result<bool, kube::Error> {
-        let scale = self.api.get_scale(&self.name).await?;
-        let desired = scale.spec.and_then(|s| s.replicas).unwrap_or(0);
-        if i64::from(desired) >= i64::from(replicas) {
+        if self.desired_replicas().await? >= i64::from(replicas) {
             return Ok(false);
         }
-        let patch = serde_json::json!({ "spec": { "replicas": replicas } });
-        let params = PatchParams {
-            field_manager: Some(FIELD_MANAGER.to_owned()),
-            ..PatchParams::default()
-        };
-        self.api
-            .patch_scale(&self.name, &params, &Patch::Merge(&patch))
-            .await?;
+        self.set_replicas(replicas).await?;
         Ok(true)
     }
 
     /// Lower the desired replicas to `replicas`; never raises them. Returns the replicas it
-    /// lowered from, or `None` when there was nothing to lower. A merge patch on the scale
-    /// subresource, as [`Workload::scale_up_to`] sends.
+    /// lowered from, or `None` when there was nothing to lower. The same patch as
+    /// [`Workload::scale_up_to`].
     pub async fn scale_down_to(&self, replicas: u32) -> Result<Option<u32>, kube::Error> {
-        let scale = self.api.get_scale(&self.name).await?;
-        let desired = scale.spec.and_then(|s| s.replicas).unwrap_or(0);
-        let Ok(from) = u32::try_from(desired) else {
-            return Ok(None);
-        };
-        if from <= replicas {
-            return Ok(None);
+        let desired = self.desired_replicas().await?;
+        match u32::try_from(desired) {
+            Ok(from) if from > replicas => {
+                self.set_replicas(replicas).await?;
+                Ok(Some(from))
+            }
+            _ => Ok(None),
         }
+    }
+
+    /// `spec.replicas` of the scale subresource.
+    async fn desired_replicas(&self) -> Result<i64, kube::Error> {
+        let scale = self.api.get_scale(&self.name).await?;
+        Ok(i64::from(scale.spec.and_then(|s| s.replicas).unwrap_or(0)))
+    }
+
+    async fn set_replicas(&self, replicas: u32) -> Result<(), kube::Error> {
         let patch = serde_json::json!({ "spec": { "replicas": replicas } });
         let params = PatchParams {
             field_manager: Some(FIELD_MANAGER.to_owned()),
@@ -283,7 +283,7 @@ impl Workload {
         self.api
             .patch_scale(&self.name, &params, &Patch::Merge(&patch))
             .await?;
-        Ok(Some(from))
+        Ok(())
     }
 
     /// The workload as it is stored, pod template included.
