@@ -670,3 +670,53 @@ async fn a_leader_whose_controllers_stall_sends_no_renewal_until_they_progress_a
     respond(send, StatusCode::OK, &stored(seen.body, "59"));
     leading.wait_for(|leads| *leads).await.unwrap();
 }
+
+/// A leader Lease held by `holder` at `version` whose holder's clock stamped `renew_time`.
+fn skewed_lease(holder: &str, version: &str, renew_time: &str) -> Value {
+    let mut lease = leader_lease_json(holder, version, 3);
+    lease["spec"]["renewTime"] = json!(renew_time);
+    lease
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_holder_whose_clock_runs_ahead_is_taken_over_after_the_lease_duration_all_the_same() {
+    // The holder stamped its last renewal a century ahead and stopped: the record never changes.
+    let (api, mut verifier) = api_and_verifier();
+    let (mut leading, _stop, _elector) = stoppable_elector(api);
+    let origin = tokio::time::Instant::now();
+    let frozen = skewed_lease("pod-1", "70", "2126-01-01T00:00:00.000000Z");
+    let took_over_after = loop {
+        let (seen, send) = verifier.next().await;
+        if seen.method == Method::PUT {
+            assert_eq!(seen.body["spec"]["holderIdentity"], "pod-0");
+            assert_eq!(seen.body["metadata"]["resourceVersion"], "70");
+            respond(send, StatusCode::OK, &stored(seen.body, "71"));
+            break origin.elapsed();
+        }
+        respond(send, StatusCode::OK, &frozen);
+    };
+    // Judged by this replica's own clock from when it first saw the record: the lease duration
+    // (15 s) and at most one retry period (2 s), never the holder's stamp.
+    assert!(
+        took_over_after >= Duration::from_secs(15) && took_over_after <= Duration::from_secs(17),
+        "{took_over_after:?}"
+    );
+    leading.wait_for(|leads| *leads).await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_holder_whose_clock_runs_behind_keeps_the_lease_while_it_renews() {
+    // The holder's stamps are decades old, but every read finds a new version: it renews.
+    let (api, mut verifier) = api_and_verifier();
+    let (leading, _stop, _elector) = stoppable_elector(api);
+    let origin = tokio::time::Instant::now();
+    let mut version = 80;
+    while origin.elapsed() < Duration::from_secs(120) {
+        let (seen, send) = verifier.next().await;
+        assert_eq!(seen.method, Method::GET, "a renewing holder was overwritten");
+        version += 1;
+        let renewed = skewed_lease("pod-1", &version.to_string(), "2001-01-01T00:00:00.000000Z");
+        respond(send, StatusCode::OK, &renewed);
+    }
+    assert!(!*leading.borrow());
+}
