@@ -2,8 +2,9 @@
 //!
 //! A promotion scales the new primary up, and its pilot-light replicas start cold. For a while
 //! after, every reconcile reads each pod the promotion created through the prober's cold-start
-//! reader (the pod, its events, its log: the same record `understudy-prober coldstart` reads)
-//! until the replica's API answers, and keeps the breakdown in `status.coldStart`, with a summary
+//! reader (the pod, its events, its log: the same record `understudy-prober coldstart` reads,
+//! with the first token from the operator's own first passing probe of it) until it has served
+//! a first token, and keeps the breakdown in `status.coldStart`, with a summary
 //! per tier (median and worst of each stage) and `understudy_coldstart_stage_seconds{tier,stage}`.
 //!
 //! Reading is all this module does: it never decides anything, and a pod whose record cannot be
@@ -21,7 +22,7 @@ use understudy_prober::coldstart::source::Recorded;
 use understudy_prober::coldstart::{ColdStartStage, Timeline};
 
 use crate::crd::{ColdStartBreakdown, ColdStartSummary, PoolSpec, StageSummary};
-use crate::observe::{KubeReplicas, ResolveError};
+use crate::observe::{KubeReplicas, ResolveError, replica_endpoint};
 
 /// How many breakdowns `status.coldStart` keeps, newest last.
 pub const STATUS_LIMIT: usize = 32;
@@ -77,10 +78,12 @@ pub fn breakdown(pool: &str, tier: &str, timeline: &Timeline) -> ColdStartBreakd
     }
 }
 
-/// Whether the replica's start is over as far as its record can tell: its API answered.
+/// Whether the replica's start is over: its API answered, and a probe had its first token.
 #[must_use]
 pub fn complete(breakdown: &ColdStartBreakdown) -> bool {
-    matches!(breakdown.stages.get(Stage::ApiReady.as_str()), Some(Some(_)))
+    [Stage::ApiReady, Stage::FirstToken]
+        .iter()
+        .all(|stage| matches!(breakdown.stages.get(stage.as_str()), Some(Some(_))))
 }
 
 /// `previous` with `measured` in: a replica measured again replaces its old breakdown, a new one
@@ -144,13 +147,15 @@ pub fn summarize(breakdowns: &[ColdStartBreakdown]) -> Vec<ColdStartSummary> {
 }
 
 /// Reads the cold start of every pod of `pool` created at or after `since` whose start `known`
-/// does not hold complete yet. A pod whose record cannot be read is logged and left out.
+/// does not hold complete yet; `first_answered` says when a replica (`host:port`) first answered
+/// a probe right, its first token. A pod whose record cannot be read is logged and left out.
 pub async fn measure(
     client: &Client,
     namespace: &str,
     pool: &PoolSpec,
     since: Timestamp,
     known: &[ColdStartBreakdown],
+    first_answered: impl Fn(&str) -> Option<Timestamp>,
 ) -> Result<Vec<ColdStartBreakdown>, Error> {
     let replicas = KubeReplicas::new(client.clone());
     let Some(selector) = replicas.selector(namespace, &pool.workload).await? else {
@@ -176,8 +181,12 @@ pub async fn measure(
         if created.is_none_or(|created| created < since) || done(&name) {
             continue;
         }
+        // An answer from before the pod existed was another pod's at the same address.
+        let first_token = replica_endpoint(pod, pool.port)
+            .and_then(|endpoint| first_answered(&endpoint.authority()))
+            .filter(|at| created.is_some_and(|created| *at > created));
         let timeline = match Recorded::from_api(client.clone(), namespace, &name, None).await {
-            Ok(recorded) => recorded.timeline(None),
+            Ok(recorded) => recorded.timeline(first_token),
             Err(error) => Err(error),
         };
         match timeline {
@@ -207,6 +216,7 @@ mod tests {
             stages: BTreeMap::from([
                 ("weightLoad".to_owned(), weight_load),
                 ("apiReady".to_owned(), api_ready),
+                ("firstToken".to_owned(), api_ready.map(|_| 1.0)),
             ]),
         }
     }

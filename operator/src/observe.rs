@@ -22,6 +22,7 @@ use futures::future::{BoxFuture, join, join_all};
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams};
 use kube::core::{Expression, Selector};
 use kube::runtime::reflector::ObjectRef;
@@ -526,6 +527,9 @@ struct RoundPlan {
 pub struct ProbingObservations {
     replicas: Arc<dyn ReplicaEndpoints>,
     policies: Mutex<HashMap<ObjectRef<FailoverPolicy>, Tracked>>,
+    /// When each replica (`host:port`) first answered a probe right, for the cold starts of new
+    /// replicas; forgotten after [`FIRST_ANSWER_KEPT`].
+    first_answers: Mutex<HashMap<String, Timestamp>>,
     /// Wakes [`Self::run`] when a policy is tracked for the first time or a round finishes.
     changed: Notify,
     max_jitter: Duration,
@@ -537,6 +541,7 @@ impl ProbingObservations {
         ProbingObservations {
             replicas,
             policies: Mutex::new(HashMap::new()),
+            first_answers: Mutex::new(HashMap::new()),
             changed: Notify::new(),
             max_jitter: DEFAULT_MAX_JITTER,
         }
@@ -804,6 +809,7 @@ impl ProbingObservations {
             .min(plan.timing.interval / 4)
             .min(plan.timing.interval.saturating_sub(plan.timing.timeout));
         let reports = probe::probe_round(&endpoints, probe, plan.seed, plan.round, max_jitter).await;
+        self.note_first_answers(&reports);
         Some(PoolRound {
             pool,
             min_serving: min_serving(spec, is_primary),
@@ -811,6 +817,27 @@ impl ProbingObservations {
         })
     }
 }
+
+impl ProbingObservations {
+    /// Keeps when each replica that passed first had its first token: the probe ended now, so
+    /// its first token came the rest of its answer's time ago.
+    fn note_first_answers(&self, reports: &[ProbeReport]) {
+        let now = Timestamp::now();
+        let mut first = self.first_answers.lock().unwrap_or_else(PoisonError::into_inner);
+        first.retain(|_, at| now.duration_since(*at).unsigned_abs() < FIRST_ANSWER_KEPT);
+        for report in reports {
+            let understudy_prober::outcome::ProbeOutcome::Ok { first_token, total } = report.outcome else {
+                continue;
+            };
+            let rest = total.saturating_sub(first_token);
+            let at = now.checked_sub(rest).unwrap_or(now);
+            first.entry(report.endpoint.authority()).or_insert(at);
+        }
+    }
+}
+
+/// How long a replica's first answer is remembered: longer than a cold start is read for.
+const FIRST_ANSWER_KEPT: Duration = Duration::from_secs(2 * 60 * 60);
 
 /// The text of the first replica that passed, if any did.
 fn first_passing_answer(reports: &[ProbeReport]) -> Option<String> {
@@ -850,6 +877,14 @@ impl GoldenAnswers for ProbingObservations {
 }
 
 impl ObservationSource for ProbingObservations {
+    fn first_answered(&self, endpoint: &str) -> Option<Timestamp> {
+        self.first_answers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(endpoint)
+            .copied()
+    }
+
     fn drain(&self, policy: &ObjectRef<FailoverPolicy>) -> Vec<Observation> {
         self.policies()
             .get_mut(policy)

@@ -1,7 +1,8 @@
 //! The cold starts a promotion caused, read through a scripted API server from pod, event and log
 //! fixtures in both of vLLM's log formats: only pods created since the promotion started, and
-//! only those whose start is not recorded complete yet, each asked for its pod, its events and
-//! its timestamped log.
+//! only those whose start is not recorded complete yet (through its first token, from the
+//! operator's first passing probe of it), each asked for its pod, its events and its timestamped
+//! log.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -24,12 +25,26 @@ fn fixture(format: &str, file: &str) -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
 }
 
-/// The fixture's pod, renamed into this namespace.
+/// The fixture's pod, renamed into this namespace, at the address its name ends in.
 fn pod(format: &str, name: &str) -> Value {
     let mut pod: Value = serde_json::from_str(&fixture(format, "pod.json")).unwrap();
     pod["metadata"]["name"] = json!(name);
     pod["metadata"]["namespace"] = json!(NS);
+    pod["status"]["podIP"] = json!(address(name));
     pod
+}
+
+fn address(name: &str) -> String {
+    format!("10.0.0.{}", name.trim_start_matches("west-"))
+}
+
+/// When the operator's probes first saw each replica answer, by `host:port`.
+fn first_answers(answers: &[(&str, &str)]) -> impl Fn(&str) -> Option<Timestamp> {
+    let answers: Vec<(String, Timestamp)> = answers
+        .iter()
+        .map(|(name, at)| (format!("{}:8000", address(name)), at.parse().unwrap()))
+        .collect();
+    move |endpoint| answers.iter().find(|(e, _)| e == endpoint).map(|(_, at)| *at)
 }
 
 fn pool() -> PoolSpec {
@@ -86,12 +101,18 @@ fn seconds(breakdown: &ColdStartBreakdown, stage: &str) -> Option<f64> {
 }
 
 #[tokio::test]
-async fn the_pods_a_promotion_created_are_read_in_both_log_formats_and_a_complete_one_is_not_read_again() {
+async fn the_pods_a_promotion_created_are_read_in_both_log_formats_until_each_served_a_first_token() {
     let since: Timestamp = "2025-01-01T00:00:00Z".parse().unwrap();
     let mut before = pod("newer", "west-0");
     before["metadata"]["creationTimestamp"] = json!("2024-12-31T23:00:00Z");
     let listed = vec![before, pod("newer", "west-2"), pod("older", "west-3")];
 
+    // west-2's first answer came after its API was up; the one seen at west-3's address is from
+    // before west-3 existed (another pod's), so it is not west-3's first token.
+    let answered = first_answers(&[
+        ("west-2", "2025-10-06T12:04:39.880437801Z"),
+        ("west-3", "2025-08-01T00:00:00Z"),
+    ]);
     let (client, mut server) = support::client();
     let scenario = {
         let listed = listed.clone();
@@ -103,7 +124,7 @@ async fn the_pods_a_promotion_created_are_read_in_both_log_formats_and_a_complet
         }
     };
     let (measured, _) = play(scenario, async move {
-        coldstart::measure(&client, NS, &pool(), since, &[]).await
+        coldstart::measure(&client, NS, &pool(), since, &[], answered).await
     })
     .await;
     let measured = measured.unwrap();
@@ -117,13 +138,23 @@ async fn the_pods_a_promotion_created_are_read_in_both_log_formats_and_a_complet
         assert_eq!((b.pool.as_str(), b.tier.as_deref()), ("west", Some(PILOT_LIGHT)));
         assert!(seconds(b, "weightLoad").is_some_and(|s| s > 0.0), "{b:?}");
         assert!(seconds(b, "imagePull").is_some(), "{b:?}");
-        assert!(coldstart::complete(b), "the fixtures' APIs answered: {b:?}");
-        // No probe has timed the first token here.
-        assert_eq!(seconds(b, "firstToken"), None);
+        assert!(
+            seconds(b, "apiReady").is_some(),
+            "the fixtures' APIs answered: {b:?}"
+        );
     }
+    assert!(
+        seconds(&measured[0], "firstToken").is_some_and(|s| s > 2.0),
+        "{:?}",
+        measured[0]
+    );
+    assert!(coldstart::complete(&measured[0]));
+    assert_eq!(seconds(&measured[1], "firstToken"), None);
+    assert!(!coldstart::complete(&measured[1]), "no first token yet");
 
-    // The next reconcile: west-2 is recorded complete, so only west-3 is read again.
-    let known = vec![measured[0].clone()];
+    // The next reconcile: west-2 is complete and not read again; west-3 has answered since.
+    let known = measured.clone();
+    let answered = first_answers(&[("west-3", "2025-08-05T09:09:00Z")]);
     let (client, mut server) = support::client();
     let scenario = async move {
         expect_pods(&mut server, listed).await;
@@ -131,10 +162,17 @@ async fn the_pods_a_promotion_created_are_read_in_both_log_formats_and_a_complet
         server.expect_no_more().await
     };
     let (again, _) = play(scenario, async move {
-        coldstart::measure(&client, NS, &pool(), since, &known).await
+        coldstart::measure(&client, NS, &pool(), since, &known, answered).await
     })
     .await;
     let again = again.unwrap();
     assert_eq!(again.len(), 1);
-    assert_eq!(again[0], measured[1], "the same record reads the same");
+    assert_eq!(again[0].replica, "west-3");
+    assert_eq!(
+        seconds(&again[0], "firstToken").map(f64::round),
+        Some(5.0),
+        "{:?}",
+        again[0]
+    );
+    assert!(coldstart::complete(&again[0]));
 }

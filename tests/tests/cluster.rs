@@ -734,7 +734,12 @@ async fn a_promoted_standby_wakes_its_warm_replica_and_its_pilot_light_replicas_
     assert_eq!(started.len(), 2, "{started:?}");
     let (measured, summary) = eventually(Duration::from_secs(60), "two cold starts in status", || async {
         let status = pools.policies.get("chat").await.unwrap().status?;
-        let answered = |b: &&ColdStartBreakdown| b.stages.get("apiReady").copied().flatten().is_some();
+        // Complete: the API answered, and the operator's probe got its first token.
+        let answered = |b: &&ColdStartBreakdown| {
+            ["apiReady", "firstToken"]
+                .iter()
+                .all(|stage| b.stages.get(*stage).copied().flatten().is_some())
+        };
         (status.cold_start.iter().filter(answered).count() == 2)
             .then_some((status.cold_start, status.cold_start_summary))
     })
@@ -748,6 +753,10 @@ async fn a_promoted_standby_wakes_its_warm_replica_and_its_pilot_light_replicas_
         );
         assert!(
             breakdown.stages["weightLoad"].is_some_and(|s| s > 0.0),
+            "{breakdown:?}"
+        );
+        assert!(
+            breakdown.stages["firstToken"].is_some_and(|s| s >= 0.0),
             "{breakdown:?}"
         );
     }

@@ -124,6 +124,29 @@ async fn both_healthy_pools_pass_their_probes_round_after_round() {
 }
 
 #[tokio::test]
+async fn a_replicas_first_answer_is_kept_from_the_first_round_it_passed() {
+    let east = Emulator::ready(&[], &[]);
+    let west = Emulator::ready(&[], &[]);
+    west.inject("wrong-output");
+    let mut operator = Operator::new(&east, &west);
+    let before = k8s_openapi::jiff::Timestamp::now();
+    operator.round().await;
+    let first = operator.observations.first_answered(&east.endpoint.authority());
+    assert!(first.is_some_and(|at| at >= before), "{first:?}");
+    // A replica that answered wrong has not answered yet.
+    assert_eq!(
+        operator.observations.first_answered(&west.endpoint.authority()),
+        None
+    );
+    operator.round().await;
+    assert_eq!(
+        operator.observations.first_answered(&east.endpoint.authority()),
+        first,
+        "the first answer, not the latest"
+    );
+}
+
+#[tokio::test]
 async fn a_dead_engine_on_the_primary_fails_hard_and_promotes_the_standby_after_hard_failure_promote_after_rounds()
  {
     let east = Emulator::ready(&[], KEEP_ALIVE);

@@ -15,6 +15,7 @@ use std::fmt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::future::BoxFuture;
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
 use understudy_api::FIELD_MANAGER;
@@ -85,6 +86,12 @@ pub trait ObservationSource: Send + Sync + fmt::Debug {
 
     /// `policy` is deleted: stop observing it and drop what was kept for it.
     fn forget(&self, _policy: &ObjectRef<FailoverPolicy>) {}
+
+    /// When the replica at `endpoint` (`host:port`) first answered a probe right, as far as this
+    /// source saw: a new replica's first token, for its cold start.
+    fn first_answered(&self, _endpoint: &str) -> Option<Timestamp> {
+        None
+    }
 }
 
 /// Observes nothing, for tests that script their observations otherwise. The operator itself

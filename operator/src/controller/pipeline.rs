@@ -675,7 +675,8 @@ async fn measure_cold_starts(
     if pilot_light == 0 || complete >= pilot_light || since_start > coldstart::MEASURE_FOR {
         return Vec::new();
     }
-    match coldstart::measure(&ctx.client, namespace, spec, started, known).await {
+    let first_answered = |endpoint: &str| ctx.observations.first_answered(endpoint);
+    match coldstart::measure(&ctx.client, namespace, spec, started, known, first_answered).await {
         Ok(measured) if measured.is_empty() => Vec::new(),
         Ok(measured) => {
             let newly_complete = measured
