@@ -10,8 +10,9 @@
 
 use std::fmt;
 
+use futures::future::join_all;
 use understudy_prober::outcome::ProbeOutcome;
-use understudy_prober::probe::{self, Expectation, ProbeSpec};
+use understudy_prober::probe::{self, Endpoint, Expectation, ProbeSpec};
 use understudy_prober::sleep::{ReplicaWake, WakeTimeouts, is_sleeping, put_to_sleep, wake_replica};
 
 use crate::controller::Workload;
@@ -99,12 +100,10 @@ pub async fn keep(
     if shape.warm == 0 {
         return Ok(kept);
     }
-    let mut endpoints = replicas.resolve(namespace, pool).await?;
-    endpoints.sort_by_key(ToString::to_string);
     let mut awake = Vec::new();
     let mut asleep = 0;
-    for endpoint in endpoints {
-        match is_sleeping(&endpoint, timeouts.query).await {
+    for (endpoint, state) in sleep_states(replicas, namespace, pool, timeouts).await? {
+        match state {
             Ok(Some(true)) => asleep += 1,
             Ok(Some(false)) => awake.push(endpoint),
             Ok(None) => kept.left_awake.push((
@@ -151,6 +150,20 @@ pub async fn keep(
     Ok(kept)
 }
 
+/// Each of `pool`'s replicas in address order, with what `/is_sleeping` says of it, asked of all
+/// at once so that one that hangs costs one timeout, not one each.
+async fn sleep_states(
+    replicas: &dyn ReplicaEndpoints,
+    namespace: &str,
+    pool: &PoolSpec,
+    timeouts: WakeTimeouts,
+) -> Result<Vec<(Endpoint, Result<Option<bool>, String>)>, Error> {
+    let mut endpoints = replicas.resolve(namespace, pool).await?;
+    endpoints.sort_by_key(ToString::to_string);
+    let states = join_all(endpoints.iter().map(|e| is_sleeping(e, timeouts.query))).await;
+    Ok(endpoints.into_iter().zip(states).collect())
+}
+
 /// One proof of a sleeping standby replica.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Proof {
@@ -173,14 +186,12 @@ pub async fn prove(
     after: Option<&str>,
 ) -> Result<Option<Proof>, Error> {
     let level = pool.standby_shape().sleep_level;
-    let mut endpoints = replicas.resolve(namespace, pool).await?;
-    endpoints.sort_by_key(ToString::to_string);
-    let mut asleep = Vec::new();
-    for endpoint in endpoints {
-        if matches!(is_sleeping(&endpoint, timeouts.query).await, Ok(Some(true))) {
-            asleep.push(endpoint);
-        }
-    }
+    let asleep: Vec<Endpoint> = sleep_states(replicas, namespace, pool, timeouts)
+        .await?
+        .into_iter()
+        .filter(|(_, state)| matches!(state, Ok(Some(true))))
+        .map(|(endpoint, _)| endpoint)
+        .collect();
     let next = asleep
         .iter()
         .find(|e| after.is_some_and(|last| e.to_string().as_str() > last))
