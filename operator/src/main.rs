@@ -211,7 +211,12 @@ async fn main() -> anyhow::Result<()> {
 
     // Only the leader probes: its reconciles are the only ones that drain what the probes saw.
     let replicas = Arc::new(KubeReplicas::new(client.clone()));
-    let observations = Arc::new(ProbingObservations::new(replicas.clone()));
+    let mut observations = ProbingObservations::new(replicas.clone());
+    if let Some(token) = &router_token {
+        // What the routers' data path sees of the primary counts beside the probes.
+        observations = observations.with_router_signals(args.router_admin.clone(), token.clone());
+    }
+    let observations = Arc::new(observations);
     let probing = tokio::spawn(observations.clone().run());
     let mut steps: Arc<dyn StepExecutor> = Arc::new(HandOffToComponents);
     if let Some(token) = router_token {

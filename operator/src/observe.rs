@@ -32,7 +32,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use understudy_core::Pool;
 use understudy_core::drive::serving_quorum;
-use understudy_core::failover::Observation;
+use understudy_core::failover::{Observation, PassiveSignal};
 use understudy_prober::parity::flags::{FlagPolicy, canonical_flags};
 use understudy_prober::probe::{self, Budget, Endpoint, Expectation, ProbeReport, ProbeSpec};
 use understudy_prober::report::PoolRound;
@@ -42,6 +42,7 @@ use crate::crd::{
     ExpectMode, FailoverPolicy, GoldenAnswer, PoolSpec, ProbeExpect, Tier, WorkloadKind, WorkloadRef,
 };
 use crate::policy::{self, ProbeTiming, pool_by_name};
+use crate::route_push::{RouterAdminUrl, RouterToken, get_signals};
 
 pub use understudy_prober::probe::GOLDEN_PREFIX_CHARS;
 
@@ -530,6 +531,8 @@ pub struct ProbingObservations {
     /// When each replica (`host:port`) first answered a probe right, for the cold starts of new
     /// replicas; forgotten after [`FIRST_ANSWER_KEPT`].
     first_answers: Mutex<HashMap<String, Timestamp>>,
+    /// The routers whose `/signals` are read every round, and their admin token.
+    router_signals: Option<(Vec<RouterAdminUrl>, RouterToken)>,
     /// Wakes [`Self::run`] when a policy is tracked for the first time or a round finishes.
     changed: Notify,
     max_jitter: Duration,
@@ -542,9 +545,18 @@ impl ProbingObservations {
             replicas,
             policies: Mutex::new(HashMap::new()),
             first_answers: Mutex::new(HashMap::new()),
+            router_signals: None,
             changed: Notify::new(),
             max_jitter: DEFAULT_MAX_JITTER,
         }
+    }
+
+    /// Reads every router's `/signals` each round, beside the probes: what the data path saw of
+    /// the primary becomes a passive observation ([`passive_signal`]).
+    #[must_use]
+    pub fn with_router_signals(mut self, routers: Vec<RouterAdminUrl>, token: RouterToken) -> Self {
+        self.router_signals = Some((routers, token));
+        self
     }
 
     /// Spread each round over at most `max` (zero probes every replica at once). The spread is
@@ -613,10 +625,11 @@ impl ProbingObservations {
             return false;
         };
         let RoundResult {
-            checks,
+            mut checks,
             golden: update,
             accepted,
         } = self.round(&plan).await;
+        checks.extend(self.passive(&plan).await);
         {
             let mut policies = self.policies();
             if let Some(tracked) = policies.get_mut(policy) {
@@ -819,6 +832,33 @@ impl ProbingObservations {
 }
 
 impl ProbingObservations {
+    /// What the routers that route the primary at the policy's epoch saw of it, as one passive
+    /// observation; `None` without routers, or when they saw nothing wrong. A router that cannot
+    /// be read, or routes another pool or epoch, says nothing.
+    async fn passive(&self, plan: &RoundPlan) -> Option<Observation> {
+        let (routers, token) = self.router_signals.as_ref()?;
+        let primary = primary_pool(&plan.policy);
+        let name = &plan.policy.spec.pools.get(primary.index())?.name;
+        let epoch = plan.policy.status.as_ref().and_then(|s| s.epoch).unwrap_or(0);
+        let reads = join_all(
+            routers
+                .iter()
+                .map(|router| tokio::time::timeout(SIGNALS_TIMEOUT, get_signals(router, token))),
+        )
+        .await;
+        let seen: Vec<Option<PassiveSignal>> = reads
+            .into_iter()
+            .filter_map(|read| read.ok()?.ok())
+            .flatten()
+            .filter(|routed| routed.pool == *name && routed.epoch == epoch)
+            .map(|routed| routed.signal)
+            .collect();
+        passive_signal(&seen).map(|signal| Observation::Passive {
+            pool: primary,
+            signal,
+        })
+    }
+
     /// Keeps when each replica that passed first had its first token: the probe ended now, so
     /// its first token came the rest of its answer's time ago.
     fn note_first_answers(&self, reports: &[ProbeReport]) {
@@ -834,6 +874,22 @@ impl ProbingObservations {
             first.entry(report.endpoint.authority()).or_insert(at);
         }
     }
+}
+
+/// The longest one router's `/signals` may take to answer.
+const SIGNALS_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The routers' signals about the primary, one per router that routes it, as one observation:
+/// refused everywhere only when every one of them saw every endpoint refuse (strong evidence,
+/// a hard failed check); any refusal or timeout short of that only makes the primary suspect.
+#[must_use]
+pub fn passive_signal(seen: &[Option<PassiveSignal>]) -> Option<PassiveSignal> {
+    if !seen.is_empty() && seen.iter().all(|s| *s == Some(PassiveSignal::AllRefused)) {
+        return Some(PassiveSignal::AllRefused);
+    }
+    seen.iter()
+        .any(Option::is_some)
+        .then_some(PassiveSignal::Timeouts)
 }
 
 /// How long a replica's first answer is remembered: longer than a cold start is read for.
@@ -966,6 +1022,19 @@ mod tests {
     /// One replica a pool.
     const ONE_EACH: &str = "  - {name: east, workload: {kind: Deployment, name: a}, replicas: 1}\n  \
                             - {name: west, workload: {kind: Deployment, name: b}, replicas: 1}\n";
+
+    #[test]
+    fn the_routers_say_refused_only_together_and_anything_less_is_suspicion() {
+        use PassiveSignal::{AllRefused, Timeouts};
+        assert_eq!(passive_signal(&[]), None);
+        assert_eq!(passive_signal(&[None, None]), None);
+        assert_eq!(
+            passive_signal(&[Some(AllRefused), Some(AllRefused)]),
+            Some(AllRefused)
+        );
+        assert_eq!(passive_signal(&[Some(AllRefused), None]), Some(Timeouts));
+        assert_eq!(passive_signal(&[Some(Timeouts), None]), Some(Timeouts));
+    }
 
     #[test]
     fn a_primary_needs_a_majority_of_all_its_replicas_and_a_standby_of_those_not_pilot_light() {

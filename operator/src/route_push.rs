@@ -28,7 +28,7 @@ use kube::ResourceExt;
 use tokio::time::Instant;
 use understudy_api::route::{Route, RouterHolds};
 use understudy_core::Epoch;
-use understudy_core::failover::Step;
+use understudy_core::failover::{PassiveSignal, Step};
 
 use crate::controller::{
     HandOffToComponents, RouteSyncReport, RouteSyncRequest, StepExecutor, StepReport, StepRequest,
@@ -731,7 +731,46 @@ async fn exchange(
     method: http::Method,
     body: Option<Bytes>,
 ) -> Result<(http::StatusCode, Bytes), String> {
-    let target = format!("{}/route", router.prefix);
+    exchange_at(router, token, "route", method, body).await
+}
+
+/// What a router's data path says of the pool it routes (`GET /signals`).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
+pub struct RoutedSignal {
+    /// The pool's name.
+    pub pool: String,
+    /// The epoch it is routed under.
+    pub epoch: u64,
+    /// The observation for the state machine, if any.
+    pub signal: Option<PassiveSignal>,
+}
+
+#[derive(serde::Deserialize)]
+struct SignalsAnswer {
+    pools: Vec<RoutedSignal>,
+}
+
+/// One `GET <prefix>/signals`: the passive signals of the pool the router routes; none while it
+/// routes nothing. No timeout here, the caller bounds it.
+pub async fn get_signals(router: &RouterAdminUrl, token: &RouterToken) -> Result<Vec<RoutedSignal>, String> {
+    let (status, body) = exchange_at(router, token, "signals", http::Method::GET, None).await?;
+    if status != http::StatusCode::OK {
+        return Err(format!("GET /signals answered {}", status.as_u16()));
+    }
+    serde_json::from_slice::<SignalsAnswer>(&body)
+        .map(|answer| answer.pools)
+        .map_err(|error| format!("GET /signals answered what is not signals: {error}"))
+}
+
+/// One request to `<prefix>/<path>` on a fresh connection, with the token.
+async fn exchange_at(
+    router: &RouterAdminUrl,
+    token: &RouterToken,
+    path: &str,
+    method: http::Method,
+    body: Option<Bytes>,
+) -> Result<(http::StatusCode, Bytes), String> {
+    let target = format!("{}/{path}", router.prefix);
     http1::exchange(http1::Call {
         host: &router.host,
         port: router.port,
