@@ -1,7 +1,9 @@
 //! The reconcile of a valid policy, as a pipeline: dereference what status recorded → validate
 //! → observe the Lease and the pools → decide → execute the promotion's steps through core's
-//! driver → keep the GPU reserve → update status → publish what happened → keep the routers on
-//! the Lease's route. Each stage is a function of its own below, in that order.
+//! driver → keep the GPU reserve → between promotions, keep the standby in its shape and prove
+//! it when due → time the cold starts the last promotion caused → update status → publish what
+//! happened → keep the routers on the Lease's route. Each stage is a function of its own below,
+//! in that order.
 
 use std::time::Duration;
 
