@@ -348,6 +348,12 @@ fn passive_refusals_count_as_hard_failures_and_timeouts_only_raise_suspicion() {
         pool: Pool::A,
         signal: PassiveSignal::AllRefused,
     });
+    h.feed(Input::Tick);
+    assert_eq!(
+        h.started(),
+        0,
+        "one signal short of hardFailure.promoteAfter leaves the primary in place"
+    );
     h.feed(Input::Passive {
         pool: Pool::A,
         signal: PassiveSignal::AllRefused,
