@@ -23,7 +23,6 @@ use bytes::Bytes;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use understudy_core::Pool;
-use understudy_router::admission::{PRIORITY_HEADER, Priority};
 
 use crate::local::http::{Answer, ExchangeError, exchange};
 use crate::local::load::{self, RequestOutcome};
@@ -487,14 +486,16 @@ fn pick(slots: &[GatewaySlot], turn: &AtomicUsize) -> Option<SocketAddr> {
 }
 
 async fn send(gateway: SocketAddr, request: &load::Request) -> Result<Answer, ExchangeError> {
-    let header = match request.priority {
-        Priority::Interactive => Some("interactive"),
-        Priority::Batch => Some("batch"),
-        Priority::Default => None,
-    };
-    let headers: Vec<(&str, &str)> = header.map(|h| (PRIORITY_HEADER, h)).into_iter().collect();
     let body = request.body.clone();
-    exchange(gateway, "POST", "/v1/completions", &headers, body, REQUEST_LIMIT).await
+    exchange(
+        gateway,
+        "POST",
+        "/v1/completions",
+        &request.headers(),
+        body,
+        REQUEST_LIMIT,
+    )
+    .await
 }
 
 /// What one request's answer means to the soak.

@@ -13,9 +13,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
 use understudy_core::recovery::Stage;
 use understudy_prober::coldstart::source::Recorded;
@@ -33,19 +31,6 @@ pub const MEASURE_FOR: Duration = Duration::from_secs(30 * 60);
 
 /// The tier a promotion's cold-started replicas waited in.
 pub const PILOT_LIGHT: &str = "pilotLight";
-
-/// Why the pods could not be listed.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error(transparent)]
-    Resolve(#[from] ResolveError),
-    #[error("listing the pods of {workload}: {source}")]
-    Pods {
-        workload: String,
-        #[source]
-        source: kube::Error,
-    },
-}
 
 /// The status name of a stage the prober times.
 fn stage_of(stage: ColdStartStage) -> Stage {
@@ -156,26 +141,15 @@ pub async fn measure(
     since: Timestamp,
     known: &[ColdStartBreakdown],
     first_answered: impl Fn(&str) -> Option<Timestamp>,
-) -> Result<Vec<ColdStartBreakdown>, Error> {
-    let replicas = KubeReplicas::new(client.clone());
-    let Some(selector) = replicas.selector(namespace, &pool.workload).await? else {
-        return Ok(Vec::new());
-    };
-    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    let listed = pods
-        .list(&ListParams::default().labels_from(&selector))
-        .await
-        .map_err(|source| Error::Pods {
-            workload: pool.workload.name.clone(),
-            source,
-        })?;
+) -> Result<Vec<ColdStartBreakdown>, ResolveError> {
+    let pods = KubeReplicas::new(client.clone()).pods(namespace, pool).await?;
     let done = |name: &str| {
         known
             .iter()
             .any(|b| b.pool == pool.name && b.replica == name && complete(b))
     };
     let mut measured = Vec::new();
-    for pod in &listed.items {
+    for pod in &pods {
         let created = pod.metadata.creation_timestamp.as_ref().map(|t| t.0);
         let name = pod.name_any();
         if created.is_none_or(|created| created < since) || done(&name) {

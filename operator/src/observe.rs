@@ -33,6 +33,7 @@ use tokio::time::Instant;
 use understudy_core::Pool;
 use understudy_core::drive::serving_quorum;
 use understudy_core::failover::{Observation, PassiveSignal};
+use understudy_prober::outcome::ProbeOutcome;
 use understudy_prober::parity::flags::{FlagPolicy, canonical_flags};
 use understudy_prober::probe::{self, Budget, Endpoint, Expectation, ProbeReport, ProbeSpec};
 use understudy_prober::report::PoolRound;
@@ -179,8 +180,9 @@ impl KubeReplicas {
         Ok(Some(selector))
     }
 
-    /// The probe endpoints of `pool`'s replicas.
-    pub async fn endpoints(&self, namespace: &str, pool: &PoolSpec) -> Result<Vec<Endpoint>, ResolveError> {
+    /// The serving pods of `pool`'s workload, whatever their phase; none when the workload does
+    /// not exist.
+    pub async fn pods(&self, namespace: &str, pool: &PoolSpec) -> Result<Vec<Pod>, ResolveError> {
         let Some(selector) = self.selector(namespace, &pool.workload).await? else {
             return Ok(Vec::new());
         };
@@ -193,8 +195,13 @@ impl KubeReplicas {
                 name: pool.workload.name.clone(),
                 source,
             })?;
-        Ok(listed
-            .items
+        Ok(listed.items)
+    }
+
+    /// The probe endpoints of `pool`'s replicas.
+    pub async fn endpoints(&self, namespace: &str, pool: &PoolSpec) -> Result<Vec<Endpoint>, ResolveError> {
+        let pods = self.pods(namespace, pool).await?;
+        Ok(pods
             .iter()
             .filter_map(|pod| replica_endpoint(pod, pool.port))
             .collect())
@@ -409,17 +416,13 @@ pub async fn count_passing(endpoints: &[Endpoint], spec: &ProbeSpec) -> usize {
     let reports = join_all(endpoints.iter().map(|e| probe::probe(e, spec))).await;
     reports
         .iter()
-        .filter(|report| {
-            matches!(
-                report.outcome,
-                understudy_prober::outcome::ProbeOutcome::Ok { .. }
-            )
-        })
+        .filter(|report| matches!(report.outcome, ProbeOutcome::Ok { .. }))
         .count()
 }
 
-/// What a standby replica's answer must be before it is put to sleep: the policy's own
-/// expectation, or the golden answer recorded from the primary; `None` while neither is known.
+/// What a replica's answer must be outside a probing round (before it is put to sleep, proven,
+/// or counted serving): the policy's own expectation, or the golden answer recorded from the
+/// primary; `None` while neither is known.
 #[must_use]
 pub fn fixed_expectation(expect: &ProbeExpect, golden: Option<&GoldenAnswer>) -> Option<Expectation> {
     match judge(expect, golden) {
@@ -866,7 +869,7 @@ impl ProbingObservations {
         let mut first = self.first_answers.lock().unwrap_or_else(PoisonError::into_inner);
         first.retain(|_, at| now.duration_since(*at).unsigned_abs() < FIRST_ANSWER_KEPT);
         for report in reports {
-            let understudy_prober::outcome::ProbeOutcome::Ok { first_token, total } = report.outcome else {
+            let ProbeOutcome::Ok { first_token, total } = report.outcome else {
                 continue;
             };
             let rest = total.saturating_sub(first_token);
@@ -899,10 +902,7 @@ const FIRST_ANSWER_KEPT: Duration = Duration::from_secs(2 * 60 * 60);
 fn first_passing_answer(reports: &[ProbeReport]) -> Option<String> {
     reports
         .iter()
-        .find(|r| {
-            matches!(r.outcome, understudy_prober::outcome::ProbeOutcome::Ok { .. })
-                && !r.text.trim().is_empty()
-        })
+        .find(|r| matches!(r.outcome, ProbeOutcome::Ok { .. }) && !r.text.trim().is_empty())
         .map(|r| r.text.clone())
 }
 

@@ -4,22 +4,30 @@
 //! round by round with a tick after each as the reconciler does, promote the standby once the
 //! primary has failed for as many rounds as the policy's trigger says.
 //!
+//! With routers to read, each round also reads a real gateway's `/signals`: when every endpoint
+//! of the primary refuses the gateway's traffic, that is a hard failed check even while the
+//! primary's probes give no evidence.
+//!
 //! Rounds are driven one at a time with `probe_now`, with no jitter; nothing here asserts a time.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod prober_support;
+mod router_support;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use prober_support::Emulator;
 use understudy_core::Pool;
-use understudy_core::failover::{CheckResult, FailoverConfig, FailoverState, Input, Phase};
+use understudy_core::failover::{CheckResult, FailoverConfig, FailoverState, Input, PassiveSignal, Phase};
 use understudy_operator::controller::{Observation, ObservationSource};
 use understudy_operator::crd::FailoverPolicy;
 use understudy_operator::observe::{FixedReplicas, ProbingObservations};
 use understudy_operator::policy;
+use understudy_operator::route_push::{RouterAdminUrl, RouterToken};
+use understudy_router::gateway::GatewayConfig;
+use understudy_router::waiting_room::WaitingRoomConfig;
 
 /// A dead engine answers 500 instead of taking the process down, so the fault is a hard failure
 /// the same way every time.
@@ -60,10 +68,28 @@ struct Operator {
 
 impl Operator {
     fn new(east: &Emulator, west: &Emulator) -> Operator {
+        Operator::observing(east, west, None)
+    }
+
+    /// The same, also reading the gateway `router`'s `/signals` every round.
+    fn reading_signals_of(east: &Emulator, west: &Emulator, router: &router_support::Router) -> Operator {
+        let admin: RouterAdminUrl = format!("http://127.0.0.1:{}", router.admin).parse().unwrap();
+        let token = RouterToken::new(router_support::TOKEN).unwrap();
+        Operator::observing(east, west, Some((vec![admin], token)))
+    }
+
+    fn observing(
+        east: &Emulator,
+        west: &Emulator,
+        routers: Option<(Vec<RouterAdminUrl>, RouterToken)>,
+    ) -> Operator {
         let replicas = FixedReplicas::default()
             .with_pool("east", vec![east.endpoint.clone()])
             .with_pool("west", vec![west.endpoint.clone()]);
-        let observations = ProbingObservations::new(Arc::new(replicas)).with_max_jitter(Duration::ZERO);
+        let mut observations = ProbingObservations::new(Arc::new(replicas)).with_max_jitter(Duration::ZERO);
+        if let Some((routers, token)) = routers {
+            observations = observations.with_router_signals(routers, token);
+        }
         let policy = failover_policy();
         let validated = policy::validate(&policy.spec).unwrap();
         observations.track(&policy);
@@ -220,4 +246,75 @@ async fn a_standby_that_answers_otherwise_than_the_primary_did_first_is_never_pr
         None,
         "an unproven standby is not promoted, however dead the primary"
     );
+}
+
+/// A gateway routing east at epoch 0 to an address where nothing listens, with one request sent
+/// through it so that its data path has seen the refusals.
+fn gateway_that_sees_east_refuse() -> (router_support::Router, understudy_tests::ClosedPort) {
+    let gone = understudy_tests::ClosedPort::bind();
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{}", gone.port).parse().unwrap();
+    // Refused, then held in the waiting room no longer than a moment.
+    let config = GatewayConfig {
+        waiting_room: WaitingRoomConfig {
+            deadline: Duration::from_millis(300),
+            ..WaitingRoomConfig::default()
+        },
+        ..GatewayConfig::default()
+    };
+    let router = router_support::Router::start(config, None);
+    assert_eq!(
+        router
+            .put_route(&router_support::route("east", 0, &[addr]))
+            .status,
+        200
+    );
+    let answer = router.complete(&router_support::completion(4, false), &[]);
+    assert_ne!(answer.status, 200, "{}", answer.text());
+    (router, gone)
+}
+
+/// East's replica answers only with a key: its probes are rejected, no evidence either way.
+fn silent_east_and_healthy_west() -> (Emulator, Emulator) {
+    (
+        Emulator::ready(&["--api-key", "k3y"], &[]),
+        Emulator::ready(&[], &[]),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_whose_traffic_is_refused_everywhere_is_replaced_when_its_probes_say_nothing() {
+    let (router, _gone) = gateway_that_sees_east_refuse();
+    let signals = router.admin_get("/signals").json();
+    assert_eq!(signals["pools"][0]["signal"], "AllRefused", "{signals}");
+    let (east, west) = silent_east_and_healthy_west();
+    let mut operator = Operator::reading_signals_of(&east, &west, &router);
+
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        seen.extend(operator.round().await);
+    }
+    // No active check of east at all, a passing one of west, and the data path's refusals.
+    assert!(
+        !seen
+            .iter()
+            .any(|o| matches!(o, Observation::Check { pool: Pool::A, .. })),
+        "{seen:?}"
+    );
+    let refused = Observation::Passive {
+        pool: Pool::A,
+        signal: PassiveSignal::AllRefused,
+    };
+    assert_eq!(seen.iter().filter(|o| **o == refused).count(), 3, "{seen:?}");
+    assert_eq!(operator.promoting(), Some(Pool::B));
+}
+
+#[tokio::test]
+async fn without_routers_a_primary_whose_probes_say_nothing_is_never_replaced() {
+    // The control: the same rounds with no router to read give no evidence about east.
+    let (east, west) = silent_east_and_healthy_west();
+    let mut operator = Operator::new(&east, &west);
+    for _ in 0..3 {
+        operator.round().await;
+    }
+    assert_eq!(operator.machine.phase, Phase::Serving);
 }

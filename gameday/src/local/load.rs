@@ -136,14 +136,19 @@ impl Request {
         }
     }
 
-    async fn send(self, router: SocketAddr, start: Instant) -> RequestRecord {
-        let sent = start.elapsed();
-        let header = match self.priority {
+    /// The headers it is sent with: its priority class, when it declares one.
+    pub(crate) fn headers(&self) -> Vec<(&'static str, &'static str)> {
+        let class = match self.priority {
             Priority::Interactive => Some("interactive"),
             Priority::Batch => Some("batch"),
             Priority::Default => None,
         };
-        let headers: Vec<(&str, &str)> = header.map(|h| (PRIORITY_HEADER, h)).into_iter().collect();
+        class.map(|c| (PRIORITY_HEADER, c)).into_iter().collect()
+    }
+
+    async fn send(self, router: SocketAddr, start: Instant) -> RequestRecord {
+        let sent = start.elapsed();
+        let headers = self.headers();
         let answer = exchange(
             router,
             "POST",

@@ -6,7 +6,8 @@
 //! to status first (the write-ahead), so that an operator restarted after the Lease moved resumes
 //! the promotion instead of adopting the new epoch and skipping its remaining steps. Scale raises
 //! the new primary's workload through its scale subresource; AwaitServing counts its replicas
-//! that pass the generating probe (its ready replicas, where the operator cannot reach them). Every other step goes to [`StepExecutor`](super::StepExecutor).
+//! that pass the generating probe (its ready replicas, where the operator cannot reach them).
+//! Every other step goes to [`StepExecutor`](super::StepExecutor).
 //!
 //! It must never write after losing the compare-and-set, and never claim a call it did not make.
 
