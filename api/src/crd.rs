@@ -1035,13 +1035,14 @@ pub struct TimelineStep {
 pub struct ColdStartBreakdown {
     /// The pool's name.
     pub pool: String,
-    /// The replica (pod name).
+    /// The replica: its pod's name, or for a replica woken from sleep, its address.
     pub replica: String,
     /// The tier it waited in before it started (`pilotLight`, `warm`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tier: Option<String>,
     /// Seconds per stage (node, imagePull, containerStart, weightLoad, warmup, apiReady,
-    /// firstToken); a stage not measured has no value.
+    /// firstToken for a replica started cold; wakeLevel1 or wakeLevel2, and firstToken, for one
+    /// woken); a stage not measured has no value.
     #[serde(default)]
     pub stages: BTreeMap<String, Option<f64>>,
 }

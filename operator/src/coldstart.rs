@@ -7,6 +7,10 @@
 //! a first token, and keeps the breakdown in `status.coldStart`, with a summary
 //! per tier (median and worst of each stage) and `understudy_coldstart_stage_seconds{tier,stage}`.
 //!
+//! A warm replica's start is its wake: the Wake step times each replica it wakes, and the
+//! promotion's serving check its first token after (`super::controller`'s executor); those
+//! breakdowns, tier `warm`, go into the same status, summary and histogram.
+//!
 //! Reading is all this module does: it never decides anything, and a pod whose record cannot be
 //! read is left out of this reconcile, not guessed at.
 

@@ -31,7 +31,6 @@ use understudy_operator::metrics::Metrics;
 use understudy_operator::observe::{KubeReplicas, ProbingObservations};
 use understudy_operator::reserve::{self, ReserveConfig};
 use understudy_operator::route_push::{RouterAdminUrl, RouterPush, RouterToken};
-use understudy_operator::wake::WakeReplicas;
 use understudy_operator::watchdog::Watchdog;
 
 /// Fails LLM serving over from an active GPU pool to a standby pool, with a fencing epoch.
@@ -227,8 +226,6 @@ async fn main() -> anyhow::Result<()> {
             replicas.clone(),
         ));
     }
-    // The operator reaches the pods it probes, so it wakes the new primary's warm replicas itself.
-    let steps = Arc::new(WakeReplicas::new(replicas.clone(), steps));
     // Same leader, same client: a game day only ever asks the policy controller to act.
     let gamedays = Arc::new(
         gameday::controller::Context::new(client.clone(), Some(args.identity.clone()))
@@ -238,8 +235,8 @@ async fn main() -> anyhow::Result<()> {
         .with_observations(observations.clone())
         .with_golden_answers(observations)
         .with_steps(steps)
-        // It reaches the replicas itself: it keeps the standby in its shape, and counts a promoted
-        // pool's replicas that pass the probe.
+        // It reaches the replicas itself: it keeps the standby in its shape, wakes the new
+        // primary's warm replicas, and counts a promoted pool's replicas that pass the probe.
         .with_replicas(replicas)
         .with_reserve(ReserveConfig {
             image: args.reserve_image.clone(),

@@ -411,13 +411,14 @@ enum Judge {
     RecordFromPrimary,
 }
 
-/// How many of `endpoints` answer `spec`'s probe right within budget, probed at once.
-pub async fn count_passing(endpoints: &[Endpoint], spec: &ProbeSpec) -> usize {
+/// The reports of those of `endpoints` that answer `spec`'s probe right within budget, probed
+/// at once.
+pub async fn passing(endpoints: &[Endpoint], spec: &ProbeSpec) -> Vec<ProbeReport> {
     let reports = join_all(endpoints.iter().map(|e| probe::probe(e, spec))).await;
     reports
-        .iter()
+        .into_iter()
         .filter(|report| matches!(report.outcome, ProbeOutcome::Ok { .. }))
-        .count()
+        .collect()
 }
 
 /// What a replica's answer must be outside a probing round (before it is put to sleep, proven,

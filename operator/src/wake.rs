@@ -4,15 +4,13 @@
 //!
 //! This module must never report the step done while a replica is not confirmed awake.
 
-use std::fmt;
-use std::sync::Arc;
+use std::time::Duration;
 
-use futures::future::BoxFuture;
-use kube::ResourceExt;
-use understudy_core::failover::Step;
+use futures::future::join_all;
+use tokio::time::Instant;
 use understudy_prober::probe::Endpoint;
 
-use crate::controller::{RouteSyncReport, RouteSyncRequest, StepExecutor, StepReport, StepRequest};
+use crate::controller::StepReport;
 use crate::crd::PoolSpec;
 use crate::observe::ReplicaEndpoints;
 
@@ -74,84 +72,78 @@ pub fn judge(pool: &str, level: u8, outcomes: &[(&Endpoint, ReplicaWake)]) -> St
     }
 }
 
-/// Carries out the Wake step by calling the new primary's replicas; every other step, and
-/// keeping the route, goes to `inner`.
-pub struct WakeReplicas {
-    replicas: Arc<dyn ReplicaEndpoints>,
-    inner: Arc<dyn StepExecutor>,
+/// One replica woken by the step, and how long its wake took: from the first call to its
+/// confirmation by `/is_sleeping`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Woken {
+    pub endpoint: Endpoint,
+    pub took: Duration,
+    /// When the wake was confirmed, so that the replica's first token can be timed from it.
+    pub at: Instant,
+}
+
+/// What the Wake step did to a pool: the step's report, and each replica it woke.
+#[derive(Clone, Debug)]
+pub struct Waking {
+    pub report: StepReport,
+    pub woken: Vec<Woken>,
+}
+
+/// Carries out the Wake step of `pool` by calling its replicas: each one asleep is woken at the
+/// pool's warm level (all at once) and timed, and the step is done only when every one is
+/// confirmed awake.
+pub async fn wake_pool(
+    replicas: &dyn ReplicaEndpoints,
+    namespace: &str,
+    pool: &PoolSpec,
     timeouts: WakeTimeouts,
-}
-
-impl fmt::Debug for WakeReplicas {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("WakeReplicas")
-            .field("inner", &self.inner)
-            .field("timeouts", &self.timeouts)
-            .finish_non_exhaustive()
-    }
-}
-
-impl WakeReplicas {
-    /// Wakes the replicas `replicas` resolves; other steps go to `inner`.
-    #[must_use]
-    pub fn new(replicas: Arc<dyn ReplicaEndpoints>, inner: Arc<dyn StepExecutor>) -> Self {
-        WakeReplicas {
-            replicas,
-            inner,
-            timeouts: WakeTimeouts::default(),
-        }
-    }
-
-    /// The per-call timeouts.
-    #[must_use]
-    pub fn with_timeouts(mut self, timeouts: WakeTimeouts) -> Self {
-        self.timeouts = timeouts;
-        self
-    }
-
-    async fn wake(&self, request: StepRequest<'_>) -> StepReport {
-        let pool = request.pool;
-        let name = &pool.name;
-        let Some(level) = warm_sleep_level(pool) else {
-            return StepReport::Done {
+) -> Waking {
+    let name = &pool.name;
+    let waiting = |reason: String| Waking {
+        report: StepReport::NotYet { reason },
+        woken: Vec::new(),
+    };
+    let Some(level) = warm_sleep_level(pool) else {
+        return Waking {
+            report: StepReport::Done {
                 carried_by: CARRIED_BY,
                 note: Some(format!(
                     "{name} has no warm tier: nothing sleeps, no replica was called"
                 )),
-            };
+            },
+            woken: Vec::new(),
         };
-        let namespace = request.policy.namespace().unwrap_or_default();
-        let endpoints = match self.replicas.resolve(&namespace, pool).await {
-            Ok(endpoints) => endpoints,
-            Err(error) => {
-                return StepReport::NotYet {
-                    reason: format!("the replicas of {name} cannot be read: {error}"),
-                };
-            }
-        };
-        if endpoints.is_empty() {
-            return StepReport::NotYet {
-                reason: format!("{name} has no running replica to wake yet"),
-            };
-        }
-        let outcomes = wake_replicas(&endpoints, level, self.timeouts).await;
-        for (endpoint, outcome) in &outcomes {
-            tracing::debug!(pool = %name, %endpoint, ?outcome, "wake");
-        }
-        judge(name, level, &outcomes)
+    };
+    let endpoints = match replicas.resolve(namespace, pool).await {
+        Ok(endpoints) => endpoints,
+        Err(error) => return waiting(format!("the replicas of {name} cannot be read: {error}")),
+    };
+    if endpoints.is_empty() {
+        return waiting(format!("{name} has no running replica to wake yet"));
     }
-}
-
-impl StepExecutor for WakeReplicas {
-    fn carry_out<'a>(&'a self, request: StepRequest<'a>) -> BoxFuture<'a, StepReport> {
-        match request.step {
-            Step::Wake => Box::pin(self.wake(request)),
-            _ => self.inner.carry_out(request),
-        }
+    let timed = join_all(endpoints.iter().map(|endpoint| async move {
+        let started = Instant::now();
+        let outcome = wake_replica(endpoint, level, timeouts).await;
+        (endpoint, outcome, started.elapsed())
+    }))
+    .await;
+    for (endpoint, outcome, took) in &timed {
+        tracing::debug!(pool = %name, %endpoint, ?outcome, ?took, "wake");
     }
-
-    fn keep_route<'a>(&'a self, request: RouteSyncRequest<'a>) -> BoxFuture<'a, RouteSyncReport> {
-        self.inner.keep_route(request)
+    let outcomes: Vec<(&Endpoint, ReplicaWake)> = timed.iter().map(|(e, o, _)| (*e, o.clone())).collect();
+    let now = Instant::now();
+    let woken = timed
+        .iter()
+        .filter(|(_, outcome, _)| *outcome == ReplicaWake::Woken)
+        .map(|(endpoint, _, took)| Woken {
+            endpoint: (*endpoint).clone(),
+            took: *took,
+            at: now,
+        })
+        .collect();
+    Waking {
+        report: judge(name, level, &outcomes),
+        woken,
     }
 }
 

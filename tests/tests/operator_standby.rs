@@ -16,7 +16,7 @@ use std::time::Duration;
 use prober_support::{Emulator, MODEL};
 use understudy_operator::controller::Workload;
 use understudy_operator::crd::{FailoverPolicy, GoldenAnswer};
-use understudy_operator::observe::{FixedReplicas, count_passing, fixed_expectation, probe_spec};
+use understudy_operator::observe::{FixedReplicas, fixed_expectation, passing, probe_spec};
 use understudy_operator::policy::validate;
 use understudy_operator::standby::{self, Kept};
 use understudy_prober::probe::{Endpoint, Expectation, ProbeSpec};
@@ -210,10 +210,10 @@ async fn a_promoted_pool_serves_with_the_replicas_that_answer_right_not_the_ones
     assert_eq!(replicas[1].post("/sleep?level=1", ""), 200);
 
     // All three are up and answer /health; one answers wrong and one sleeps.
-    assert_eq!(count_passing(&endpoints, &judged).await, 1);
+    assert_eq!(passing(&endpoints, &judged).await.len(), 1);
     // Before a golden answer exists any text counts, but a sleeping replica never does.
     let any_text = probe_of(&policy, Expectation::NonEmpty);
-    assert_eq!(count_passing(&endpoints, &any_text).await, 2);
+    assert_eq!(passing(&endpoints, &any_text).await.len(), 2);
 }
 
 /// Proves `west` once, after `after`.

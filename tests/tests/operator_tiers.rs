@@ -40,7 +40,6 @@ use understudy_operator::controller::{
 use understudy_operator::crd::{FailoverPolicy, PoolSpec};
 use understudy_operator::metrics::Metrics;
 use understudy_operator::observe::{ReplicaEndpoints, ResolveError};
-use understudy_operator::wake::WakeReplicas;
 use understudy_prober::probe::Endpoint;
 
 const NS: &str = "serving";
@@ -556,10 +555,7 @@ async fn run(path: Path) -> Ran {
         Context::new(client, Arc::new(Metrics::new()), Some("test-0".into()))
             .with_clock(clock.clone())
             .with_observations(observed.clone())
-            .with_steps(Arc::new(WakeReplicas::new(
-                replicas.clone(),
-                Arc::new(Routers(journal.clone())),
-            )))
+            .with_steps(Arc::new(Routers(journal.clone())))
             .with_replicas(replicas),
     );
     let reconcile_until_quiet = async |promoted: bool| {
@@ -651,6 +647,32 @@ fn old_primary_sleeps(ran: &Ran, before: &[&str], level: u8) {
     assert_eq!(as_seen_by(&ran.journal, "east-0"), strings(before));
 }
 
+/// `status.coldStart` holds each woken replica's wake at its level and its first token after,
+/// measured, and the warm tier's summary counts them.
+fn woken_replicas_are_timed(ran: &Ran, wake: &str) {
+    let breakdowns: Vec<&Value> = ran.status["coldStart"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|b| b["tier"] == "warm")
+        .collect();
+    assert_eq!(breakdowns.len(), 2, "{:#}", ran.status["coldStart"]);
+    for breakdown in breakdowns {
+        assert_eq!(breakdown["pool"], "us-west");
+        for stage in [wake, "firstToken"] {
+            let seconds = breakdown["stages"][stage].as_f64();
+            assert!(seconds.is_some_and(|s| s > 0.0), "{stage}: {breakdown}");
+        }
+    }
+    let summary = ran.status["coldStartSummary"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["tier"] == "warm")
+        .unwrap();
+    assert_eq!(summary["replicas"], 2, "{summary}");
+}
+
 #[tokio::test]
 async fn a_hot_standby_is_probed_and_routed_without_a_call_that_wakes_or_grows_it() {
     let ran = run(Path {
@@ -710,6 +732,17 @@ async fn a_warm_level_1_standby_sleeps_after_its_probe_and_is_woken_after_the_fe
             ])
         );
     }
+    woken_replicas_are_timed(&ran, "wakeLevel1");
+    // What the wake took now says whether the new standby, the old primary, meets the objective.
+    let objective = &ran.status["conditions"]["ObjectiveMet"];
+    assert_eq!(objective["status"], "True", "{objective}");
+    assert!(
+        objective["message"]
+            .as_str()
+            .unwrap()
+            .contains("from measured cold starts"),
+        "{objective}"
+    );
     // The last in address order is put to sleep first.
     let first_sleep = ran
         .journal
@@ -760,6 +793,7 @@ async fn a_warm_level_2_standby_is_woken_weights_first_reloaded_then_its_cache()
         );
     }
     old_primary_sleeps(&ran, &api, 2);
+    woken_replicas_are_timed(&ran, "wakeLevel2");
 }
 
 #[tokio::test]

@@ -8,16 +8,13 @@ mod prober_support;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::sync::Arc;
 use std::time::Duration;
 
 use prober_support::{Emulator, MODEL};
-use understudy_core::Epoch;
-use understudy_core::failover::Step;
-use understudy_operator::controller::{HandOffToComponents, StepExecutor, StepReport, StepRequest};
+use understudy_operator::controller::StepReport;
 use understudy_operator::crd::FailoverPolicy;
 use understudy_operator::observe::FixedReplicas;
-use understudy_operator::wake::WakeReplicas;
+use understudy_operator::wake::{WakeTimeouts, wake_pool};
 use understudy_prober::probe::Endpoint;
 
 const DEV_MODE: &[(&str, &str)] = &[("VLLM_SERVER_DEV_MODE", "1")];
@@ -91,15 +88,11 @@ fn complete(endpoint: &Endpoint) -> String {
 
 /// Runs the Wake step of promoting `west`, served at `endpoints`.
 async fn wake(policy: &FailoverPolicy, endpoints: Vec<Endpoint>) -> StepReport {
-    let replicas = Arc::new(FixedReplicas::default().with_pool("west", endpoints));
-    let steps = WakeReplicas::new(replicas, Arc::new(HandOffToComponents));
-    let request = StepRequest {
-        policy,
-        step: Step::Wake,
-        pool: &policy.spec.pools[1],
-        epoch: Epoch(1),
-    };
-    steps.carry_out(request).await
+    let replicas = FixedReplicas::default().with_pool("west", endpoints);
+    let pool = &policy.spec.pools[1];
+    wake_pool(&replicas, "serving", pool, WakeTimeouts::default())
+        .await
+        .report
 }
 
 fn done_note(report: StepReport) -> String {

@@ -2,10 +2,10 @@
 //! scales, and where the controller's observations and time come from.
 //!
 //! The lease step, scaling and waiting for replicas to serve are the executor's own, against the
-//! epoch Lease and the workload's scale subresource and status ([`Workload`]). Routing and
+//! epoch Lease and the workload's scale subresource and status ([`Workload`]), and so is waking
+//! the new primary's warm replicas where the operator reaches them ([`crate::wake`]). Routing and
 //! opening admission are pushed to the routers by
-//! [`crate::route_push::RouterPush`] when routers are configured, and the operator wakes the new
-//! primary's warm replicas through [`crate::wake::WakeReplicas`]. Fencing, and routing without
+//! [`crate::route_push::RouterPush`] when routers are configured. Fencing, and routing without
 //! routers, belong to other components (the fence sidecar, the router); [`HandOffToComponents`]
 //! reports them handed off, never done: the promotion moves on, and an Event and the status
 //! timeline say which component carries each out and that this operator made no call. It must
@@ -174,8 +174,8 @@ pub trait StepExecutor: Send + Sync + fmt::Debug {
 
 /// The executor that calls nothing: it hands every step off. The fence sidecar reads the epoch
 /// Lease itself, so fencing follows the Lease on its own; routing waits for routers given to the
-/// operator (`--router-admin`), and waking for [`crate::wake::WakeReplicas`], which the operator
-/// puts in front of this.
+/// operator (`--router-admin`), and waking for an operator that reaches the replicas
+/// ([`super::Context::with_replicas`]).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct HandOffToComponents;
 

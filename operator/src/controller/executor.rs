@@ -4,9 +4,11 @@
 //!
 //! The lease step compare-and-sets the Lease on its `resourceVersion`, after writing the promotion
 //! to status first (the write-ahead), so that an operator restarted after the Lease moved resumes
-//! the promotion instead of adopting the new epoch and skipping its remaining steps. Scale raises
-//! the new primary's workload through its scale subresource; AwaitServing counts its replicas
-//! that pass the generating probe (its ready replicas, where the operator cannot reach them).
+//! the promotion instead of adopting the new epoch and skipping its remaining steps. Wake calls
+//! the new primary's sleeping replicas ([`crate::wake`]) and times each one; Scale raises the new
+//! primary's workload through its scale subresource; AwaitServing counts its replicas that pass
+//! the generating probe, and times the first token of each replica woken before it. Where the
+//! operator cannot reach the replicas, Wake is handed off and AwaitServing counts ready pods.
 //! Every other step goes to [`StepExecutor`](super::StepExecutor).
 //!
 //! It must never write after losing the compare-and-set, and never claim a call it did not make.
@@ -15,16 +17,19 @@ use understudy_core::drive::{
     Completion, Executor, LeaseClaim, ScaleOrder, ServingOrder, StepOutcome, Target, WakeOrder,
 };
 use understudy_core::failover::Step;
+use understudy_core::recovery::Stage;
 use understudy_core::{Epoch, Pool};
 use understudy_prober::probe::Expectation;
+use understudy_prober::sleep::WakeTimeouts;
 
 use super::execution::{StepReport, StepRequest, Workload};
 use super::pipeline::apply_status;
 use super::{Context, Error};
-use crate::crd::{FailoverPolicy, FailoverPolicyStatus, PoolSpec};
+use crate::crd::{ColdStartBreakdown, FailoverPolicy, FailoverPolicyStatus, PoolSpec};
 use crate::lease::{EpochLease, KubeLease, LeaseError, LeaseRecord};
-use crate::observe::{ReplicaEndpoints, count_passing, probe_spec};
+use crate::observe::{ReplicaEndpoints, passing, probe_spec};
 use crate::policy::{pool_name, validate};
+use crate::wake::{self, Woken, warm_sleep_level};
 
 /// Why a step of the Kubernetes executor waits.
 #[derive(Debug)]
@@ -56,12 +61,16 @@ pub(super) struct KubeExecutor<'a> {
     pub write_ahead: Option<FailoverPolicyStatus>,
     /// Whether the write-ahead was applied: the notices it records are true from then on.
     pub wrote_ahead: bool,
+    /// The replicas the Wake step woke in this reconcile, each with its pool and its wake timed.
+    pub woken: Vec<(Pool, Woken)>,
+    /// The first token of each woken replica, once a probe of it passed.
+    pub first_tokens: Vec<(String, std::time::Duration)>,
 }
 
 type Outcome = StepOutcome<Waiting>;
 
-impl KubeExecutor<'_> {
-    fn pool(&self, pool: Pool) -> &PoolSpec {
+impl<'a> KubeExecutor<'a> {
+    fn pool(&self, pool: Pool) -> &'a PoolSpec {
         // validate() guarantees two pools.
         &self.policy.spec.pools[pool.index()]
     }
@@ -81,7 +90,7 @@ impl KubeExecutor<'_> {
     /// AwaitServing by the generating probe: done when the quorum of the pool's running replicas
     /// answer it right (the golden answer, or any text before one is recorded), not when that
     /// many pods are Ready, since vLLM reports healthy before it can generate.
-    async fn await_passing(&self, replicas: &dyn ReplicaEndpoints, order: ServingOrder) -> Outcome {
+    async fn await_passing(&mut self, replicas: &dyn ReplicaEndpoints, order: ServingOrder) -> Outcome {
         let pool = self.pool(order.pool);
         let timing = match validate(&self.policy.spec) {
             Ok(validated) => validated.probe,
@@ -96,7 +105,22 @@ impl KubeExecutor<'_> {
                 return StepOutcome::NotYet(Waiting::NotYet(reason));
             }
         };
-        let passing = count_passing(&endpoints, &spec).await;
+        let sent = tokio::time::Instant::now();
+        let passed = passing(&endpoints, &spec).await;
+        for report in &passed {
+            let (Some(woken), Some(first_token)) = (
+                self.woken.iter().find(|(_, w)| w.endpoint == report.endpoint),
+                report.first_token,
+            ) else {
+                continue;
+            };
+            let replica = report.endpoint.to_string();
+            if !self.first_tokens.iter().any(|(r, _)| *r == replica) {
+                let since_wake = sent.saturating_duration_since(woken.1.at) + first_token;
+                self.first_tokens.push((replica, since_wake));
+            }
+        }
+        let passing = passed.len();
         if passing >= order.quorum as usize {
             let note = format!(
                 "{passing} of {} replicas of {} answered the generating probe right",
@@ -125,26 +149,65 @@ impl KubeExecutor<'_> {
             pool: self.pool(pool),
             epoch,
         };
-        match self.ctx.steps.carry_out(request).await {
-            StepReport::Done { carried_by, note } => StepOutcome::Done(Completion {
-                carried_by,
-                note,
-                handed_off: false,
-            }),
-            StepReport::HandedOff { carried_by, note } => {
-                StepOutcome::Done(Completion::handed_off(carried_by, note))
-            }
-            StepReport::NotYet { reason } => StepOutcome::NotYet(Waiting::NotYet(reason)),
-            StepReport::Refused {
-                carried_by,
-                reason,
-                note,
-            } => StepOutcome::NotYet(Waiting::Refused {
-                carried_by,
-                reason,
-                note,
-            }),
+        outcome_of(self.ctx.steps.carry_out(request).await)
+    }
+
+    /// The breakdowns of the replicas this reconcile woke: each one's wake at its level, and its
+    /// first token when a probe of it passed in this reconcile too.
+    pub fn woken_breakdowns(&self) -> Vec<ColdStartBreakdown> {
+        self.woken
+            .iter()
+            .map(|(pool, woken)| {
+                let spec = self.pool(*pool);
+                let stage = match warm_sleep_level(spec) {
+                    Some(1) => Stage::WakeLevel1,
+                    _ => Stage::WakeLevel2,
+                };
+                let replica = woken.endpoint.to_string();
+                let first_token = self
+                    .first_tokens
+                    .iter()
+                    .find(|(r, _)| *r == replica)
+                    .map(|(_, took)| took.as_secs_f64());
+                ColdStartBreakdown {
+                    pool: spec.name.clone(),
+                    replica,
+                    tier: Some(WARM.to_owned()),
+                    stages: [
+                        (stage.as_str().to_owned(), Some(woken.took.as_secs_f64())),
+                        (Stage::FirstToken.as_str().to_owned(), first_token),
+                    ]
+                    .into(),
+                }
+            })
+            .collect()
+    }
+}
+
+/// The tier a woken replica waited in, as `status.coldStart` names it.
+const WARM: &str = "warm";
+
+/// A component's report as the driver takes it.
+fn outcome_of(report: StepReport) -> Outcome {
+    match report {
+        StepReport::Done { carried_by, note } => StepOutcome::Done(Completion {
+            carried_by,
+            note,
+            handed_off: false,
+        }),
+        StepReport::HandedOff { carried_by, note } => {
+            StepOutcome::Done(Completion::handed_off(carried_by, note))
         }
+        StepReport::NotYet { reason } => StepOutcome::NotYet(Waiting::NotYet(reason)),
+        StepReport::Refused {
+            carried_by,
+            reason,
+            note,
+        } => StepOutcome::NotYet(Waiting::Refused {
+            carried_by,
+            reason,
+            note,
+        }),
     }
 }
 
@@ -192,7 +255,14 @@ impl Executor for KubeExecutor<'_> {
     }
 
     async fn wake(&mut self, order: WakeOrder) -> Outcome {
-        self.carry(Step::Wake, order.pool, order.epoch).await
+        let Some(replicas) = self.ctx.replicas.clone() else {
+            return self.carry(Step::Wake, order.pool, order.epoch).await;
+        };
+        let pool = self.pool(order.pool);
+        let waking = wake::wake_pool(replicas.as_ref(), self.namespace, pool, WakeTimeouts::default()).await;
+        self.woken
+            .extend(waking.woken.into_iter().map(|w| (order.pool, w)));
+        outcome_of(waking.report)
     }
 
     async fn scale(&mut self, order: ScaleOrder) -> Outcome {
@@ -203,7 +273,7 @@ impl Executor for KubeExecutor<'_> {
     }
 
     async fn await_serving(&mut self, order: ServingOrder) -> Outcome {
-        if let Some(replicas) = &self.ctx.replicas {
+        if let Some(replicas) = self.ctx.replicas.clone() {
             return self.await_passing(replicas.as_ref(), order).await;
         }
         match self.workload(order.pool).ready_replicas().await {

@@ -217,6 +217,13 @@ pub(super) async fn apply(policy: &FailoverPolicy, ctx: &Context, namespace: &st
     decide(&mut run, policy, recorded.command_record_readable);
     let executed = execute(ctx, policy, namespace, &lease, lease_now, &mut run, &recorded).await?;
     let lease_now = executed.lease_now;
+    if !executed.woken.is_empty() {
+        let known = policy
+            .status
+            .as_ref()
+            .map_or(&[][..], |s| s.cold_start.as_slice());
+        run.cold_start = Some(coldstart::merge(known, executed.woken.clone()));
+    }
 
     // The reserve follows the Lease as read or written in this reconcile, never a Lease that
     // could not be read or was lost.
@@ -246,8 +253,9 @@ pub(super) async fn apply(policy: &FailoverPolicy, ctx: &Context, namespace: &st
 
     let written = write_status(ctx, policy, namespace, &run, None).await;
     if written.is_ok() {
-        // Counted once: a start recorded complete is not read again.
-        for breakdown in &started {
+        // Counted once: a start recorded complete is not read again, and a replica is woken once
+        // per promotion.
+        for breakdown in executed.woken.iter().chain(&started) {
             ctx.metrics.cold_start(breakdown);
         }
     }
@@ -438,6 +446,8 @@ pub(super) struct Executed {
     recorded_notices: usize,
     /// The failure of the step the promotion waits at, reported once the status is written.
     error: Option<Error>,
+    /// The replicas the Wake step woke, timed.
+    woken: Vec<ColdStartBreakdown>,
 }
 
 /// Carries out the promotion, step after step through core's driver and the Kubernetes
@@ -461,11 +471,14 @@ pub(super) async fn execute(
         lease_now,
         write_ahead: None,
         wrote_ahead: false,
+        woken: Vec::new(),
+        first_tokens: Vec::new(),
     };
     let mut executed = Executed {
         lease_now: executor.lease_now.clone(),
         recorded_notices: 0,
         error: None,
+        woken: Vec::new(),
     };
     for _ in 0..=Step::ALL.len() {
         if let Some(MachineAction::CompareAndSetLease { .. }) = run.machine.pending_action() {
@@ -516,6 +529,7 @@ pub(super) async fn execute(
         }
         break;
     }
+    executed.woken = executor.woken_breakdowns();
     executed.lease_now = executor.lease_now;
     Ok(executed)
 }
@@ -656,7 +670,10 @@ async fn measure_cold_starts(
     run: &mut Run<'_>,
 ) -> Vec<ColdStartBreakdown> {
     let previous = policy.status.as_ref();
-    let known = previous.map_or(&[][..], |s| s.cold_start.as_slice());
+    let known = match &run.cold_start {
+        Some(this_reconcile) => this_reconcile.clone(),
+        None => previous.map_or_else(Vec::new, |s| s.cold_start.clone()),
+    };
     let Some(last) = previous.and_then(|s| s.last_failover.as_ref()) else {
         return Vec::new();
     };
@@ -678,7 +695,7 @@ async fn measure_cold_starts(
         return Vec::new();
     }
     let first_answered = |endpoint: &str| ctx.observations.first_answered(endpoint);
-    match coldstart::measure(&ctx.client, namespace, spec, started, known, first_answered).await {
+    match coldstart::measure(&ctx.client, namespace, spec, started, &known, first_answered).await {
         Ok(measured) if measured.is_empty() => Vec::new(),
         Ok(measured) => {
             let newly_complete = measured
@@ -686,7 +703,7 @@ async fn measure_cold_starts(
                 .filter(|b| coldstart::complete(b))
                 .cloned()
                 .collect();
-            run.cold_start = Some(coldstart::merge(known, measured));
+            run.cold_start = Some(coldstart::merge(&known, measured));
             newly_complete
         }
         Err(error) => {
