@@ -14,10 +14,11 @@ cd "$root"
 test_args=()
 [ "${1:-}" = "--" ] && { shift; test_args=("$@"); }
 
-echo "building the operator, the emulator and the emulated nodes ..." >&2
+echo "building the operator, the emulator, the emulated nodes and kubectl-understudy ..." >&2
 cargo build -q --locked -p understudy-operator --bin understudy-operator
 cargo build -q --locked -p understudy-gameday --bin vllm-emulator
 cargo build -q --locked -p understudy-tests --bins
+cargo build -q --locked -p understudy-cli --bin kubectl-understudy
 target=$(cargo metadata -q --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/debug
 
 run=$("$root/tests/cluster/up.sh")
@@ -74,6 +75,7 @@ KUBECONFIG
 UNDERSTUDY_CLUSTER_KUBECONFIG="$run/kubeconfig" \
 UNDERSTUDY_CLUSTER_OPERATOR_KUBECONFIG="$run/operator.kubeconfig" \
 UNDERSTUDY_CLUSTER_OPERATOR="$target/understudy-operator" \
+UNDERSTUDY_CLUSTER_CLI="$target/kubectl-understudy" \
   cargo test --locked -p understudy-tests --test cluster -- --test-threads=1 "${test_args[@]}"
 
 # The tests elsewhere that are ignored for want of a cluster run here, as the admin, in the

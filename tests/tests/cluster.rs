@@ -732,7 +732,7 @@ async fn a_promoted_standby_wakes_its_warm_replica_and_its_pilot_light_replicas_
         .map(ResourceExt::name_any)
         .collect();
     assert_eq!(started.len(), 2, "{started:?}");
-    let (measured, summary) = eventually(Duration::from_secs(60), "two cold starts in status", || async {
+    let (all, summary) = eventually(Duration::from_secs(60), "two cold starts in status", || async {
         let status = pools.policies.get("chat").await.unwrap().status?;
         // Complete: the API answered, and the operator's probe got its first token.
         let answered = |b: &&ColdStartBreakdown| {
@@ -744,6 +744,16 @@ async fn a_promoted_standby_wakes_its_warm_replica_and_its_pilot_light_replicas_
             .then_some((status.cold_start, status.cold_start_summary))
     })
     .await;
+    // The warm replica's start was its wake, timed by the promotion.
+    let (woken, measured): (Vec<&ColdStartBreakdown>, Vec<&ColdStartBreakdown>) =
+        all.iter().partition(|b| b.tier.as_deref() == Some("warm"));
+    assert_eq!(woken.len(), 1, "{all:?}");
+    assert_eq!(woken[0].replica, warm.to_string());
+    assert!(
+        woken[0].stages["wakeLevel1"].is_some_and(|s| s > 0.0),
+        "{:?}",
+        woken[0]
+    );
     let measured_replicas: BTreeSet<String> = measured.iter().map(|b| b.replica.clone()).collect();
     assert_eq!(measured_replicas, started);
     for breakdown in &measured {
@@ -760,11 +770,62 @@ async fn a_promoted_standby_wakes_its_warm_replica_and_its_pilot_light_replicas_
             "{breakdown:?}"
         );
     }
-    assert_eq!(summary.len(), 1, "{summary:?}");
-    assert_eq!((summary[0].tier.as_str(), summary[0].replicas), ("pilotLight", 2));
+    let tiers: Vec<(&str, u32)> = summary.iter().map(|s| (s.tier.as_str(), s.replicas)).collect();
+    assert_eq!(tiers, [("pilotLight", 2), ("warm", 1)], "{summary:?}");
     assert!(summary[0].stages.contains_key("weightLoad"), "{summary:?}");
     assert!(refusals(&operator).is_empty(), "{:#?}", refusals(&operator));
+    kubectl_understudy_reads_and_pauses(&pools, &all).await;
     pools.stop(operator).await;
+}
+
+/// `kubectl understudy`, the binary, against the real API server with the admin's kubeconfig:
+/// its cold starts are status's, `get` shows the promotion, and a pause and a resume it is told
+/// to make without asking land in the spec. (Without `UNDERSTUDY_CLUSTER_CLI`, as outside
+/// `tests/cluster/e2e.sh`, it says so and checks nothing.)
+async fn kubectl_understudy_reads_and_pauses(pools: &TwoPools, cold_starts: &[ColdStartBreakdown]) {
+    let (Ok(cli), Ok(kubeconfig)) = (
+        std::env::var("UNDERSTUDY_CLUSTER_CLI"),
+        std::env::var("UNDERSTUDY_CLUSTER_KUBECONFIG"),
+    ) else {
+        eprintln!("kubectl understudy not checked: no UNDERSTUDY_CLUSTER_CLI");
+        return;
+    };
+    let run = |args: &[&str]| {
+        let output = Command::new(&cli)
+            .args(["--kubeconfig", &kubeconfig, "-n", pools.ns])
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8(output.stdout).unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        assert!(output.status.success(), "{args:?}: {stdout}{stderr}");
+        stdout
+    };
+    let read: serde_json::Value = serde_json::from_str(&run(&["coldstart", "chat", "-o", "json"])).unwrap();
+    assert_eq!(read["coldStart"], serde_json::to_value(cold_starts).unwrap());
+    let table = run(&["coldstart", "chat"]);
+    assert!(table.starts_with("REPLICA "), "{table}");
+    assert_eq!(
+        table.lines().filter(|l| l.contains(" pilotLight ")).count(),
+        2,
+        "{table}"
+    );
+    let listed = run(&["get"]);
+    let row: Vec<&str> = listed.lines().nth(1).unwrap().split_whitespace().collect();
+    assert_eq!(row[..4], ["chat", "west", "1", "Serving"], "{listed}");
+    // Without --yes and nothing to answer on stdin, nothing is written.
+    let refused = Command::new(&cli)
+        .args(["--kubeconfig", &kubeconfig, "-n", pools.ns, "pause", "chat"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    assert!(!pools.policies.get("chat").await.unwrap().spec.paused);
+    run(&["pause", "chat", "--yes"]);
+    assert!(pools.policies.get("chat").await.unwrap().spec.paused);
+    run(&["resume", "chat", "--yes"]);
+    assert!(!pools.policies.get("chat").await.unwrap().spec.paused);
 }
 
 #[tokio::test]

@@ -10,8 +10,7 @@
 use serde::{Deserialize, Serialize};
 use understudy_core::failover::Command;
 
-/// The annotation that carries a command.
-pub const COMMAND_ANNOTATION: &str = "understudy.dev/command";
+pub use understudy_api::COMMAND_ANNOTATION;
 
 /// The annotation value of the last command handled, kept in status so that a restarted operator
 /// does not replay it.

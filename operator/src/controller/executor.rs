@@ -114,7 +114,7 @@ impl<'a> KubeExecutor<'a> {
             ) else {
                 continue;
             };
-            let replica = report.endpoint.to_string();
+            let replica = report.endpoint.authority();
             if !self.first_tokens.iter().any(|(r, _)| *r == replica) {
                 let since_wake = sent.saturating_duration_since(woken.1.at) + first_token;
                 self.first_tokens.push((replica, since_wake));
@@ -163,7 +163,7 @@ impl<'a> KubeExecutor<'a> {
                     Some(1) => Stage::WakeLevel1,
                     _ => Stage::WakeLevel2,
                 };
-                let replica = woken.endpoint.to_string();
+                let replica = woken.endpoint.authority();
                 let first_token = self
                     .first_tokens
                     .iter()

@@ -1,0 +1,190 @@
+//! The views and the changes against recorded status fixtures (`tests/fixtures/README.md`).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use serde_json::json;
+use understudy_api::crd::{FailoverPolicy, GameDay};
+use understudy_cli::act::{self, Change};
+use understudy_cli::view;
+
+fn fixture<T: serde::de::DeserializeOwned>(name: &str) -> T {
+    let path = format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));
+    serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
+}
+
+fn llama() -> FailoverPolicy {
+    fixture("llama-after-failover.json")
+}
+
+#[test]
+fn get_prints_a_row_per_policy_with_its_primary_epoch_state_and_conditions() {
+    assert_eq!(
+        view::policies(&[llama()], true),
+        "NAMESPACE   NAME    PRIMARY   EPOCH   STATE     READY   STANDBY   PARITY    OBJECTIVE\n\
+         serving     llama   us-west   1       Serving   True    Unknown   Unknown   True\n"
+    );
+    assert_eq!(view::policies(&[], false), "No FailoverPolicies found.\n");
+}
+
+#[test]
+fn coldstart_prints_each_replicas_stages_in_the_order_it_went_through_them_and_each_tier() {
+    assert_eq!(
+        view::cold_starts(&llama()),
+        "\
+REPLICA           POOL      TIER         NODE    IMAGEPULL   CONTAINERSTART   WEIGHTLOAD   WARMUP   APIREADY   WAKELEVEL1   FIRSTTOKEN   TOTAL
+west-2            us-west   pilotLight   92.2s   86.5s       1.0s             29.5s        45.6s    1.5s       -            2.2s         259s
+west-3            us-west   pilotLight   160s    1.2s        0s               12.5s        40.0s    1.1s       -            4.9s         220s
+127.0.0.1:32797   us-west   warm         -       -           -                -            -        -          166ms        4ms          170ms
+127.0.0.1:33891   us-west   warm         -       -           -                -            -        -          165ms        4ms          170ms
+127.0.0.1:37125   us-west   warm         -       -           -                -            -        -          165ms        5ms          171ms
+127.0.0.1:38329   us-west   warm         -       -           -                -            -        -          166ms        4ms          170ms
+
+Per tier (median / worst):
+TIER         REPLICAS   NODE          IMAGEPULL       CONTAINERSTART   WEIGHTLOAD      WARMUP          APIREADY      WAKELEVEL1      FIRSTTOKEN
+pilotLight   2          126s / 160s   43.9s / 86.5s   500ms / 1.0s     21.0s / 29.5s   42.8s / 45.6s   1.3s / 1.5s   -               3.6s / 4.9s
+warm         4          -             -               -                -               -               -             166ms / 166ms   4ms / 5ms
+"
+    );
+    let mut fresh = llama();
+    fresh.status = None;
+    assert_eq!(
+        view::cold_starts(&fresh),
+        "No cold starts measured for llama yet: they are timed when a promotion wakes or starts replicas.\n"
+    );
+}
+
+#[test]
+fn describe_tells_the_pools_conditions_and_last_failover_step_by_step() {
+    let text = view::describe(&llama());
+    for line in [
+        "Primary:        us-west at epoch 1\n",
+        "  us-west   Deployment/vllm-west   8          4 warm (level 1), 4 pilot light\n",
+        "  ParityHolds     Unknown   NotChecked        no parity check has reported drift",
+        "Last failover:  failover us-east → us-west at epoch 1, started 2026-01-05T09:00:06Z, finished 2026-01-05T09:00:06Z\n",
+        "  Serving           2026-01-05T09:00:06Z   0s     4 of 8 replicas of us-west answered the generating probe right\n",
+        "Standby proof:  never\n",
+        "Cold starts:    6 measured (kubectl understudy coldstart llama)\n",
+    ] {
+        assert!(text.contains(line), "no {line:?} in:\n{text}");
+    }
+    let steps: Vec<&str> = text
+        .lines()
+        .skip_while(|l| !l.starts_with("  STEP"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .map(|l| l.split_whitespace().next().unwrap())
+        .collect();
+    assert_eq!(
+        steps,
+        [
+            "LeaseClaimed",
+            "Fenced",
+            "Woken",
+            "ScaledUp",
+            "Serving",
+            "Routed",
+            "AdmissionOpened"
+        ]
+    );
+}
+
+#[test]
+fn gamedays_prints_each_game_day_then_its_runs_and_verdicts() {
+    let gameday: GameDay = fixture("weekly-gameday.json");
+    assert_eq!(
+        view::gamedays(&[gameday], false),
+        "\
+NAME     POLICY   SCHEDULE       PHASE   LAST VERDICT   NEXT RUN
+weekly   llama    0 10 * * TUE   Idle    Passed         2024-06-11T10:00:00Z
+
+Runs:
+GAMEDAY   RUN               PHASE   PROMOTED            RECOVERED IN   VERDICT   WHY
+weekly    20240604-100000   Done    us-east → us-west   90s            Passed    us-west served at epoch 5 90s after the command (maxRecovery 2m0s); failback is manual: us-west stays primary until the policy is given a failback command
+"
+    );
+}
+
+#[test]
+fn a_switchover_to_an_unproven_standby_is_refused_unless_forced() {
+    let policy = llama();
+    let to_east = |force| Change::Switchover {
+        to: "us-east".into(),
+        force,
+    };
+    let refused = act::plan(&policy, &to_east(false), "t1").unwrap_err();
+    assert_eq!(
+        refused.to_string(),
+        "us-east is not proven (us-east has passed 0 of the 2 checks that prove it), so the operator \
+         would refuse it; --force promotes it all the same"
+    );
+    let forced = act::plan(&policy, &to_east(true), "t1").unwrap();
+    assert_eq!(
+        forced.patch,
+        json!({"metadata": {"annotations": {"understudy.dev/command": "force-failover@t1"}}})
+    );
+    assert!(
+        forced
+            .question
+            .starts_with("Switch llama over from us-west to us-east? The epoch Lease moves to epoch 2")
+    );
+}
+
+#[test]
+fn a_switchover_to_a_proven_standby_gives_the_failover_command() {
+    let mut policy = llama();
+    let status = policy.status.as_mut().unwrap();
+    let proven = status.conditions.get_mut("StandbyProven").unwrap();
+    proven.status = understudy_api::crd::ConditionStatus::True;
+    let change = Change::Switchover {
+        to: "us-east".into(),
+        force: false,
+    };
+    let planned = act::plan(&policy, &change, "cli-20261202T120000Z").unwrap();
+    assert_eq!(
+        planned.patch,
+        json!({"metadata": {"annotations": {"understudy.dev/command": "failover@cli-20261202T120000Z"}}})
+    );
+}
+
+#[test]
+fn changes_that_cannot_happen_are_refused_before_anything_is_written() {
+    let policy = llama();
+    let refusal = |change: Change| act::plan(&policy, &change, "t").unwrap_err().to_string();
+    assert_eq!(
+        refusal(Change::Switchover {
+            to: "us-west".into(),
+            force: true
+        }),
+        "us-west is the primary of llama already"
+    );
+    assert_eq!(
+        refusal(Change::Switchover {
+            to: "eu-west".into(),
+            force: true
+        }),
+        "llama has no pool eu-west; its pools are us-east and us-west"
+    );
+    assert_eq!(refusal(Change::Resume), "llama is not paused already");
+    let mut home = llama();
+    home.status.as_mut().unwrap().primary_pool = Some("us-east".into());
+    assert_eq!(
+        act::plan(&home, &Change::Failback, "t").unwrap_err().to_string(),
+        "us-east, the home pool of llama, is the primary already: nothing to fail back"
+    );
+}
+
+#[test]
+fn failback_pause_and_resume_are_the_command_and_the_spec_field() {
+    let policy = llama();
+    let failback = act::plan(&policy, &Change::Failback, "t2").unwrap();
+    assert_eq!(
+        failback.patch,
+        json!({"metadata": {"annotations": {"understudy.dev/command": "failback@t2"}}})
+    );
+    let pause = act::plan(&policy, &Change::Pause, "t").unwrap();
+    assert_eq!(pause.patch, json!({"spec": {"paused": true}}));
+    let mut paused = llama();
+    paused.spec.paused = true;
+    let resume = act::plan(&paused, &Change::Resume, "t").unwrap();
+    assert_eq!(resume.patch, json!({"spec": {"paused": false}}));
+}
