@@ -778,49 +778,62 @@ async fn a_promoted_standby_wakes_its_warm_replica_and_its_pilot_light_replicas_
     pools.stop(operator).await;
 }
 
-/// `kubectl understudy`, the binary, against the real API server with the admin's kubeconfig:
-/// its cold starts are status's, `get` shows the promotion, and a pause and a resume it is told
-/// to make without asking land in the spec. (Without `UNDERSTUDY_CLUSTER_CLI`, as outside
-/// `tests/cluster/e2e.sh`, it says so and checks nothing.)
-async fn kubectl_understudy_reads_and_pauses(pools: &TwoPools, cold_starts: &[ColdStartBreakdown]) {
+/// Runs `kubectl understudy` (the binary `tests/cluster/e2e.sh` names in `UNDERSTUDY_CLUSTER_CLI`)
+/// in `ns` with the admin's kubeconfig and no terminal; its exit status and what it printed.
+/// `None` (with a note) without one.
+fn kubectl_understudy(ns: &str, args: &[&str]) -> Option<(bool, String)> {
     let (Ok(cli), Ok(kubeconfig)) = (
         std::env::var("UNDERSTUDY_CLUSTER_CLI"),
         std::env::var("UNDERSTUDY_CLUSTER_KUBECONFIG"),
     ) else {
         eprintln!("kubectl understudy not checked: no UNDERSTUDY_CLUSTER_CLI");
+        return None;
+    };
+    let output = Command::new(&cli)
+        .args(["--kubeconfig", &kubeconfig, "-n", ns])
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let printed =
+        String::from_utf8_lossy(&output.stdout).into_owned() + &String::from_utf8_lossy(&output.stderr);
+    // Shown with `--nocapture`: the README's output comes from here.
+    eprintln!("$ kubectl understudy {}\n{printed}", args.join(" "));
+    Some((output.status.success(), printed))
+}
+
+/// `kubectl understudy` against the real API server: its cold starts are status's, `get` and
+/// `describe` show the promotion, and a pause and a resume it is told to make without asking land
+/// in the spec, while one it would have to ask about is not made.
+async fn kubectl_understudy_reads_and_pauses(pools: &TwoPools, cold_starts: &[ColdStartBreakdown]) {
+    let run = |args: &[&str]| {
+        let (ok, printed) = kubectl_understudy(pools.ns, args)?;
+        assert!(ok, "{args:?}: {printed}");
+        Some(printed)
+    };
+    let Some(json) = run(&["coldstart", "chat", "-o", "json"]) else {
         return;
     };
-    let run = |args: &[&str]| {
-        let output = Command::new(&cli)
-            .args(["--kubeconfig", &kubeconfig, "-n", pools.ns])
-            .args(args)
-            .stdin(Stdio::null())
-            .output()
-            .unwrap();
-        let stdout = String::from_utf8(output.stdout).unwrap();
-        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
-        assert!(output.status.success(), "{args:?}: {stdout}{stderr}");
-        stdout
-    };
-    let read: serde_json::Value = serde_json::from_str(&run(&["coldstart", "chat", "-o", "json"])).unwrap();
+    let read: serde_json::Value = serde_json::from_str(&json).unwrap();
     assert_eq!(read["coldStart"], serde_json::to_value(cold_starts).unwrap());
-    let table = run(&["coldstart", "chat"]);
+    let table = run(&["coldstart", "chat"]).unwrap();
     assert!(table.starts_with("REPLICA "), "{table}");
     assert_eq!(
         table.lines().filter(|l| l.contains(" pilotLight ")).count(),
         2,
         "{table}"
     );
-    let listed = run(&["get"]);
+    let listed = run(&["get"]).unwrap();
     let row: Vec<&str> = listed.lines().nth(1).unwrap().split_whitespace().collect();
     assert_eq!(row[..4], ["chat", "west", "1", "Serving"], "{listed}");
+    let described = run(&["describe", "chat"]).unwrap();
+    assert!(
+        described.contains("Last failover:  failover east → west at epoch 1"),
+        "{described}"
+    );
     // Without --yes and nothing to answer on stdin, nothing is written.
-    let refused = Command::new(&cli)
-        .args(["--kubeconfig", &kubeconfig, "-n", pools.ns, "pause", "chat"])
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert!(!refused.status.success());
+    let (ok, said) = kubectl_understudy(pools.ns, &["pause", "chat"]).unwrap();
+    assert!(!ok && said.contains("nothing was changed"), "{said}");
     assert!(!pools.policies.get("chat").await.unwrap().spec.paused);
     run(&["pause", "chat", "--yes"]);
     assert!(pools.policies.get("chat").await.unwrap().spec.paused);
@@ -916,6 +929,12 @@ async fn a_scheduled_game_day_fails_over_for_real_holds_fails_back_and_records_p
     let routed = pools.routed("east", 2).await;
     assert_eq!(endpoints_held(&routed), endpoints_of(&pools.east));
     assert!(refusals(&operator).is_empty(), "{:#?}", refusals(&operator));
+    if let Some((ok, listed)) = kubectl_understudy(pools.ns, &["gamedays"]) {
+        assert!(ok, "{listed}");
+        let row: Vec<&str> = listed.lines().nth(1).unwrap().split_whitespace().collect();
+        assert_eq!((row[0], row[1]), ("chat-drill", "chat"), "{listed}");
+        assert!(listed.contains("Passed"), "{listed}");
+    }
     pools.stop(operator).await;
 }
 
