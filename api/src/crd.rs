@@ -668,6 +668,12 @@ pub struct ParitySpec {
     /// How the model artifact is fingerprinted.
     #[serde(default)]
     pub artifact_digest: ArtifactDigest,
+
+    /// Fingerprint keys allowed to differ between the pools by design, e.g.
+    /// `env.VLLM_LOGGING_LEVEL`; a key ending in `*` allows every key it begins, e.g. `env.*`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64), inner(length(min = 1, max = 256)))]
+    pub allow_drift: Vec<String>,
 }
 
 impl Default for ParitySpec {
@@ -676,6 +682,7 @@ impl Default for ParitySpec {
             enabled: true,
             ignore_flags: default_ignore_flags(),
             artifact_digest: ArtifactDigest::default(),
+            allow_drift: Vec::new(),
         }
     }
 }
@@ -876,6 +883,10 @@ pub struct FailoverPolicyStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub golden_answer: Option<GoldenAnswer>,
 
+    /// The last comparison of the pools: every key that differs, and what could not be compared.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parity: Option<ParityStatus>,
+
     /// The last time a sleeping standby replica was woken and proven (`spec.standbyProof`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub standby_proof: Option<StandbyProofRecord>,
@@ -893,6 +904,39 @@ fn preserve_unknown_object(_: &mut SchemaGenerator) -> Schema {
         "nullable": true,
         "x-kubernetes-preserve-unknown-fields": true,
     })
+}
+
+/// One comparison of the two pools' fingerprints: the serving flags and vLLM environment of their
+/// pod templates, and what a running replica of each says of itself (vLLM's version, each served
+/// model's root and context length, the digests of how it tokenizes a fixed text and a fixed chat).
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ParityStatus {
+    /// When the pools were compared, RFC 3339.
+    pub checked_at: String,
+    /// How many keys were compared.
+    pub compared: u32,
+    /// The keys that differ, which block an automatic promotion.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub drift: Vec<ParityDrift>,
+    /// The keys that differ and `spec.parity.allowDrift` allows.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allowed: Vec<ParityDrift>,
+    /// What was not compared this time, and why (a pool with no replica running, a workload
+    /// rolling out).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub not_compared: Vec<String>,
+}
+
+/// One fingerprint key whose values differ; an absent value is a key one side does not have.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ParityDrift {
+    pub key: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub primary: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub standby: Option<String>,
 }
 
 /// The GPU reserve of a policy: a Deployment of placeholder pods at a low priority, which the

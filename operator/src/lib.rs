@@ -13,6 +13,7 @@ pub mod gameday;
 pub mod leader;
 pub mod metrics;
 pub mod observe;
+pub mod parity;
 pub mod reserve;
 pub mod route_push;
 pub mod standby;

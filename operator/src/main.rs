@@ -233,7 +233,7 @@ async fn main() -> anyhow::Result<()> {
     );
     let ctx = Context::new(client, metrics, Some(args.identity.clone()))
         .with_observations(observations.clone())
-        .with_golden_answers(observations)
+        .with_findings(observations)
         .with_steps(steps)
         // It reaches the replicas itself: it keeps the standby in its shape, wakes the new
         // primary's warm replicas, and counts a promoted pool's replicas that pass the probe.

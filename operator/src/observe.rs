@@ -38,10 +38,12 @@ use understudy_prober::parity::flags::{FlagPolicy, canonical_flags};
 use understudy_prober::probe::{self, Budget, Endpoint, Expectation, ProbeReport, ProbeSpec};
 use understudy_prober::report::PoolRound;
 
-use crate::controller::{GoldenAnswers, ObservationSource};
+use crate::controller::{ObservationSource, ProbeFindings};
 use crate::crd::{
-    ExpectMode, FailoverPolicy, GoldenAnswer, PoolSpec, ProbeExpect, Tier, WorkloadKind, WorkloadRef,
+    ExpectMode, FailoverPolicy, GoldenAnswer, ParityStatus, PoolSpec, ProbeExpect, Tier, WorkloadKind,
+    WorkloadRef,
 };
+use crate::parity::{self, ServingConfig, serving_config};
 use crate::policy::{self, ProbeTiming, pool_by_name};
 use crate::route_push::{RouterAdminUrl, RouterToken, get_signals};
 
@@ -106,6 +108,16 @@ pub trait ReplicaEndpoints: Send + Sync + fmt::Debug {
         _namespace: &'a str,
         _pool: &'a PoolSpec,
     ) -> BoxFuture<'a, Result<Option<String>, ResolveError>> {
+        Box::pin(async { Ok(None) })
+    }
+
+    /// How `pool`'s workload starts vLLM, from its pod template once every replica runs it;
+    /// `None` when that cannot be told (a rollout under way, a LeaderWorkerSet).
+    fn serving_config<'a>(
+        &'a self,
+        _namespace: &'a str,
+        _pool: &'a PoolSpec,
+    ) -> BoxFuture<'a, Result<Option<ServingConfig>, ResolveError>> {
         Box::pin(async { Ok(None) })
     }
 }
@@ -222,19 +234,33 @@ impl ReplicaEndpoints for KubeReplicas {
         namespace: &'a str,
         pool: &'a PoolSpec,
     ) -> BoxFuture<'a, Result<Option<String>, ResolveError>> {
-        Box::pin(self.template_model(namespace, &pool.workload))
+        Box::pin(async move {
+            let template = self.rolled_out_template(namespace, &pool.workload).await?;
+            Ok(template.as_ref().and_then(template_model))
+        })
+    }
+
+    fn serving_config<'a>(
+        &'a self,
+        namespace: &'a str,
+        pool: &'a PoolSpec,
+    ) -> BoxFuture<'a, Result<Option<ServingConfig>, ResolveError>> {
+        Box::pin(async move {
+            let template = self.rolled_out_template(namespace, &pool.workload).await?;
+            Ok(template.as_ref().and_then(serving_config))
+        })
     }
 }
 
 impl KubeReplicas {
-    /// The model the workload's pod template serves, once every replica runs that template.
-    /// While a rollout is under way old and new pods both answer, so the model cannot be told
-    /// yet: `None`, as for a LeaderWorkerSet, which is not read.
-    pub async fn template_model(
+    /// The workload's pod template, once every replica runs it. While a rollout is under way old
+    /// and new pods both answer, so what they serve cannot be told yet: `None`, as for a
+    /// LeaderWorkerSet, which is not read.
+    pub async fn rolled_out_template(
         &self,
         namespace: &str,
         workload: &WorkloadRef,
-    ) -> Result<Option<String>, ResolveError> {
+    ) -> Result<Option<PodTemplateSpec>, ResolveError> {
         let read_error = |source| ResolveError::Workload {
             kind: workload.kind,
             name: workload.name.clone(),
@@ -275,7 +301,7 @@ impl KubeReplicas {
             }
             WorkloadKind::LeaderWorkerSet => None,
         };
-        Ok(template.as_ref().and_then(template_model))
+        Ok(template)
     }
 }
 
@@ -291,21 +317,12 @@ fn rolled_out(
     observed_generation >= generation && current.unwrap_or(0) == replicas && updated.unwrap_or(0) == replicas
 }
 
-/// The model the first container of `template` that names one serves: `vllm serve MODEL` or
-/// `--model MODEL`, in its command and arguments together.
+/// The model `template`'s vLLM container serves: `vllm serve MODEL` or `--model MODEL`, in its
+/// command and arguments together ([`serving_config`]).
 #[must_use]
 pub fn template_model(template: &PodTemplateSpec) -> Option<String> {
-    let policy = FlagPolicy::default();
-    template.spec.as_ref()?.containers.iter().find_map(|container| {
-        let argv: Vec<String> = container
-            .command
-            .iter()
-            .flatten()
-            .chain(container.args.iter().flatten())
-            .cloned()
-            .collect();
-        canonical_flags(&argv, &policy).remove("model")
-    })
+    let config = serving_config(template)?;
+    canonical_flags(&config.argv, &FlagPolicy::default()).remove("model")
 }
 
 /// Where `pod` serves, if it can be probed: Running, not being deleted, with an IP. A pod still
@@ -328,6 +345,7 @@ pub fn replica_endpoint(pod: &Pod, port: u16) -> Option<Endpoint> {
 pub struct FixedReplicas {
     pools: HashMap<String, Vec<Endpoint>>,
     models: Arc<Mutex<HashMap<String, String>>>,
+    configs: Arc<Mutex<HashMap<String, ServingConfig>>>,
 }
 
 impl FixedReplicas {
@@ -343,6 +361,13 @@ impl FixedReplicas {
     pub fn set_model(&self, pool: &str, model: &str) {
         let mut models = self.models.lock().unwrap_or_else(PoisonError::into_inner);
         models.insert(pool.to_owned(), model.to_owned());
+    }
+
+    /// From now on the pool named `pool` starts vLLM as `config` says, in this value and its
+    /// clones; a pool never given one has a template that cannot be told.
+    pub fn set_config(&self, pool: &str, config: ServingConfig) {
+        let mut configs = self.configs.lock().unwrap_or_else(PoisonError::into_inner);
+        configs.insert(pool.to_owned(), config);
     }
 }
 
@@ -364,6 +389,16 @@ impl ReplicaEndpoints for FixedReplicas {
         let models = self.models.lock().unwrap_or_else(PoisonError::into_inner);
         let model = models.get(&pool.name).cloned();
         Box::pin(async move { Ok(model) })
+    }
+
+    fn serving_config<'a>(
+        &'a self,
+        _namespace: &'a str,
+        pool: &'a PoolSpec,
+    ) -> BoxFuture<'a, Result<Option<ServingConfig>, ResolveError>> {
+        let configs = self.configs.lock().unwrap_or_else(PoisonError::into_inner);
+        let config = configs.get(&pool.name).cloned();
+        Box::pin(async move { Ok(config) })
     }
 }
 
@@ -493,6 +528,8 @@ struct Tracked {
     golden: Option<GoldenAnswer>,
     /// Whether the replicas took the last round's probe, or why not.
     probe_accepted: Option<Result<(), String>>,
+    /// The last comparison of the pools.
+    parity: Option<ParityStatus>,
     rounds: u64,
     next_round: Instant,
     in_flight: bool,
@@ -504,6 +541,7 @@ struct RoundResult {
     checks: Vec<Observation>,
     golden: Option<GoldenUpdate>,
     accepted: Option<Result<(), String>>,
+    parity: Option<ParityStatus>,
 }
 
 /// What a round needs, copied out of the map so that no lock is held while probing.
@@ -632,6 +670,7 @@ impl ProbingObservations {
             mut checks,
             golden: update,
             accepted,
+            parity,
         } = self.round(&plan).await;
         checks.extend(self.passive(&plan).await);
         {
@@ -640,6 +679,9 @@ impl ProbingObservations {
                 tracked.in_flight = false;
                 if accepted.is_some() {
                     tracked.probe_accepted = accepted;
+                }
+                if parity.is_some() || !tracked.policy.spec.parity.enabled {
+                    tracked.parity = parity;
                 }
                 tracked.rounds = tracked.rounds.max(plan.round + 1);
                 // A spec tracked while the round ran may have changed what the round judged by.
@@ -730,45 +772,50 @@ impl ProbingObservations {
         };
         let (primary_endpoints, standby_endpoints) =
             join(self.resolve(plan, primary), self.resolve(plan, standby)).await;
-        let (primary_round, standby_round, golden) = match judge {
-            Judge::Fixed(expect) => {
-                let probe = probe_spec(&spec.probe, &plan.timing, expect);
-                let (p, s) = join(
-                    self.probe_pool(plan, primary, primary_endpoints, &probe),
-                    self.probe_pool(plan, standby, standby_endpoints, &probe),
-                )
-                .await;
-                (p, s, None)
-            }
-            Judge::RecordFromPrimary => {
-                let probe = probe_spec(&spec.probe, &plan.timing, Expectation::NonEmpty);
-                let p = self.probe_pool(plan, primary, primary_endpoints, &probe).await;
-                let golden = p.as_ref().and_then(|round| first_passing_answer(&round.reports));
-                let expect = golden.as_deref().map_or(Expectation::NonEmpty, |text| {
-                    Expectation::golden_prefix(text, GOLDEN_PREFIX_CHARS)
-                });
-                let probe = probe_spec(&spec.probe, &plan.timing, expect);
-                let s = self.probe_pool(plan, standby, standby_endpoints, &probe).await;
-                let recorded = golden.map(|text| GoldenAnswer {
-                    prefix: text.chars().take(GOLDEN_PREFIX_CHARS).collect(),
-                    prompt: spec.probe.prompt.clone(),
-                    max_tokens: spec.probe.max_tokens,
-                    pool: spec
-                        .pools
-                        .get(primary.index())
-                        .map(|p| p.name.clone())
-                        .unwrap_or_default(),
-                    model: serving_model,
-                    recorded_at: None,
-                });
-                // Recorded now, or the planned one dropped for another model even if none passed.
-                let update = (recorded.is_some() || plan.golden.is_some()).then(|| GoldenUpdate {
-                    replaces: plan.golden.clone(),
-                    new: recorded,
-                });
-                (p, s, update)
+        let compared = [primary_endpoints.clone(), standby_endpoints.clone()];
+        let parity = self.parity(plan, primary, &compared);
+        let probing = async {
+            match judge {
+                Judge::Fixed(expect) => {
+                    let probe = probe_spec(&spec.probe, &plan.timing, expect);
+                    let (p, s) = join(
+                        self.probe_pool(plan, primary, primary_endpoints, &probe),
+                        self.probe_pool(plan, standby, standby_endpoints, &probe),
+                    )
+                    .await;
+                    (p, s, None)
+                }
+                Judge::RecordFromPrimary => {
+                    let probe = probe_spec(&spec.probe, &plan.timing, Expectation::NonEmpty);
+                    let p = self.probe_pool(plan, primary, primary_endpoints, &probe).await;
+                    let golden = p.as_ref().and_then(|round| first_passing_answer(&round.reports));
+                    let expect = golden.as_deref().map_or(Expectation::NonEmpty, |text| {
+                        Expectation::golden_prefix(text, GOLDEN_PREFIX_CHARS)
+                    });
+                    let probe = probe_spec(&spec.probe, &plan.timing, expect);
+                    let s = self.probe_pool(plan, standby, standby_endpoints, &probe).await;
+                    let recorded = golden.map(|text| GoldenAnswer {
+                        prefix: text.chars().take(GOLDEN_PREFIX_CHARS).collect(),
+                        prompt: spec.probe.prompt.clone(),
+                        max_tokens: spec.probe.max_tokens,
+                        pool: spec
+                            .pools
+                            .get(primary.index())
+                            .map(|p| p.name.clone())
+                            .unwrap_or_default(),
+                        model: serving_model,
+                        recorded_at: None,
+                    });
+                    // Recorded now, or the planned one dropped for another model even if none passed.
+                    let update = (recorded.is_some() || plan.golden.is_some()).then(|| GoldenUpdate {
+                        replaces: plan.golden.clone(),
+                        new: recorded,
+                    });
+                    (p, s, update)
+                }
             }
         };
+        let ((primary_round, standby_round, golden), parity) = join(probing, parity).await;
         let mut rounds: Vec<PoolRound> = [primary_round, standby_round].into_iter().flatten().collect();
         rounds.sort_by_key(|round| round.pool.index());
         let mut rejected = None;
@@ -793,11 +840,62 @@ impl ProbingObservations {
                 })
             })
             .collect();
+        let mut checks: Vec<Observation> = checks;
+        if let Some(holds) = parity.as_ref().and_then(parity::holds) {
+            checks.push(Observation::Parity { holds });
+        }
         RoundResult {
             checks,
             golden,
             accepted: (!rounds.is_empty()).then(|| rejected.map_or(Ok(()), Err)),
+            parity,
         }
+    }
+
+    /// The pools compared ([`crate::parity`]): each one's pod template, and what its first
+    /// replica in address order reports; `None` with `spec.parity.enabled` off.
+    async fn parity(
+        &self,
+        plan: &RoundPlan,
+        primary: Pool,
+        endpoints: &[Option<Vec<Endpoint>>; 2],
+    ) -> Option<ParityStatus> {
+        let spec = &plan.policy.spec;
+        if !spec.parity.enabled {
+            return None;
+        }
+        let flags = parity::flag_policy(&spec.parity);
+        let (primary_side, standby_side) = join(
+            self.parity_side(plan, primary, endpoints[0].as_deref(), &flags),
+            self.parity_side(plan, primary.other(), endpoints[1].as_deref(), &flags),
+        )
+        .await;
+        let checked_at = Timestamp::from_second(Timestamp::now().as_second())
+            .ok()?
+            .to_string();
+        Some(parity::compare(
+            primary_side?,
+            standby_side?,
+            &spec.parity.allow_drift,
+            checked_at,
+        ))
+    }
+
+    async fn parity_side(
+        &self,
+        plan: &RoundPlan,
+        pool: Pool,
+        endpoints: Option<&[Endpoint]>,
+        flags: &FlagPolicy,
+    ) -> Option<parity::Side> {
+        let spec = plan.policy.spec.pools.get(pool.index())?;
+        let config = match self.replicas.serving_config(&plan.namespace, spec).await {
+            Ok(Some(config)) => Ok(config),
+            Ok(None) => Err("its workload is rolling out, or names no model to serve".to_owned()),
+            Err(error) => Err(error.to_string()),
+        };
+        let first = endpoints.and_then(|e| e.iter().min_by_key(|e| e.to_string()));
+        Some(parity::side(&spec.name, config, first, flags, plan.timing.timeout).await)
     }
 
     async fn resolve(&self, plan: &RoundPlan, pool: Pool) -> Option<Vec<Endpoint>> {
@@ -919,7 +1017,7 @@ fn stable_seed(policy: &ObjectRef<FailoverPolicy>) -> u64 {
     hash
 }
 
-impl GoldenAnswers for ProbingObservations {
+impl ProbeFindings for ProbingObservations {
     fn golden_answer(&self, policy: &ObjectRef<FailoverPolicy>) -> Option<GoldenAnswer> {
         self.policies()
             .get(policy)
@@ -930,6 +1028,12 @@ impl GoldenAnswers for ProbingObservations {
         self.policies()
             .get(policy)
             .and_then(|tracked| tracked.probe_accepted.clone())
+    }
+
+    fn parity(&self, policy: &ObjectRef<FailoverPolicy>) -> Option<ParityStatus> {
+        self.policies()
+            .get(policy)
+            .and_then(|tracked| tracked.parity.clone())
     }
 }
 
@@ -984,6 +1088,7 @@ impl ObservationSource for ProbingObservations {
                             .and_then(|status| status.golden_answer.clone())
                             .filter(|golden| golden.fits(&policy.spec.probe)),
                         probe_accepted: None,
+                        parity: None,
                         rounds: 0,
                         next_round: Instant::now(),
                         in_flight: false,

@@ -33,11 +33,11 @@ use understudy_core::failover::{
 };
 use understudy_core::{Epoch, Pool};
 use understudy_operator::controller::{
-    Clock, Context, GoldenAnswers, HandedOffStep, HandledCommand, Observation, ObservationSource,
-    OperatorRecord, RouteSyncReport, RouteSyncRequest, StepExecutor, StepReport, StepRequest, error_policy,
+    Clock, Context, HandedOffStep, HandledCommand, Observation, ObservationSource, OperatorRecord,
+    ProbeFindings, RouteSyncReport, RouteSyncRequest, StepExecutor, StepReport, StepRequest, error_policy,
     reconcile,
 };
-use understudy_operator::crd::{FailoverPolicy, GoldenAnswer};
+use understudy_operator::crd::{FailoverPolicy, GoldenAnswer, ParityDrift, ParityStatus};
 use understudy_operator::metrics::Metrics;
 use understudy_operator::watchdog::{Reconciler, Watchdog};
 
@@ -2307,7 +2307,7 @@ fn the_chart_lets_the_operator_read_and_scale_every_kind_of_workload() {
 #[derive(Debug)]
 struct HeldGolden(Option<GoldenAnswer>);
 
-impl GoldenAnswers for HeldGolden {
+impl ProbeFindings for HeldGolden {
     fn golden_answer(&self, _: &ObjectRef<FailoverPolicy>) -> Option<GoldenAnswer> {
         self.0.clone()
     }
@@ -2355,7 +2355,7 @@ async fn the_golden_answer_the_probes_judge_by_is_applied_to_status_with_the_tim
     let ctx = Arc::new(
         Arc::into_inner(ctx)
             .unwrap()
-            .with_golden_answers(Arc::new(HeldGolden(Some(golden_answer(PROMPT, None))))),
+            .with_findings(Arc::new(HeldGolden(Some(golden_answer(PROMPT, None))))),
     );
     let applied = applied_status(policy(), ctx, server).await;
     assert_eq!(
@@ -2373,7 +2373,7 @@ async fn the_golden_answer_the_probes_judge_by_is_applied_to_status_with_the_tim
     let ctx = Arc::new(
         Arc::into_inner(ctx)
             .unwrap()
-            .with_golden_answers(Arc::new(HeldGolden(Some(golden_answer(PROMPT, None))))),
+            .with_findings(Arc::new(HeldGolden(Some(golden_answer(PROMPT, None))))),
     );
     let applied = applied_status(object.clone(), ctx, server).await;
     assert_eq!(applied["goldenAnswer"]["recordedAt"], "2024-05-01T08:00:00Z");
@@ -2384,7 +2384,7 @@ async fn the_golden_answer_the_probes_judge_by_is_applied_to_status_with_the_tim
     let ctx = Arc::new(
         Arc::into_inner(ctx)
             .unwrap()
-            .with_golden_answers(Arc::new(HeldGolden(None))),
+            .with_findings(Arc::new(HeldGolden(None))),
     );
     let applied = applied_status(object.clone(), ctx, server).await;
     assert!(applied.get("goldenAnswer").is_none(), "{applied}");
@@ -2631,4 +2631,131 @@ async fn between_promotions_the_leases_route_is_kept_and_a_router_ahead_is_a_war
     let ahead = events.iter().find(|e| e.reason == "RouterAhead").unwrap();
     assert_eq!(ahead.type_, "Warning");
     assert!(ahead.note.contains("epoch 4"), "{}", ahead.note);
+}
+
+/// A prober whose last comparison found the standby serving a shorter context.
+#[derive(Debug)]
+struct Drifted;
+
+fn drifted() -> ParityStatus {
+    ParityStatus {
+        checked_at: "2024-06-01T11:59:55Z".to_owned(),
+        compared: 9,
+        drift: vec![ParityDrift {
+            key: "flag.max-model-len".to_owned(),
+            primary: Some("8192".to_owned()),
+            standby: Some("4096".to_owned()),
+        }],
+        allowed: Vec::new(),
+        not_compared: Vec::new(),
+    }
+}
+
+impl ProbeFindings for Drifted {
+    fn golden_answer(&self, _: &ObjectRef<FailoverPolicy>) -> Option<GoldenAnswer> {
+        None
+    }
+
+    fn parity(&self, _: &ObjectRef<FailoverPolicy>) -> Option<ParityStatus> {
+        Some(drifted())
+    }
+}
+
+/// A proven standby that drifted, as a round reports it, and `command` on the policy.
+fn drifted_standby(command: &str) -> (Value, Arc<Context>, ApiServer) {
+    let mut object = with_record(
+        policy(),
+        &record(FailoverState::starting_at(Pool::A, Epoch(0)), None),
+    );
+    object["metadata"]["annotations"] = json!({"understudy.dev/command": command});
+    let mut observations = standby_proven();
+    observations.push(Observation::Parity { holds: false });
+    let (ctx, server) = context(observations);
+    let ctx = Arc::new(Arc::into_inner(ctx).unwrap().with_findings(Arc::new(Drifted)));
+    (object, ctx, server)
+}
+
+#[tokio::test]
+async fn a_drifted_standby_is_not_switched_to_and_the_drift_is_told_key_by_key() {
+    let (object, ctx, server) = drifted_standby("failover@drill-9");
+    let stored = object.clone();
+    let (result, events) = run_scenario(
+        &object,
+        ctx,
+        |mut server| async move {
+            server
+                .expect("GET", LEASE_PATH)
+                .await
+                .answer(200, &lease("us-east", 0, "41"));
+            // No Lease write: the one status write records the drift and the refusal.
+            let applied = answer_status(server.expect("PATCH", STATUS_PATH).await, &stored);
+            assert_eq!(applied["state"], "Serving");
+            assert_eq!(applied["epoch"], 0);
+            assert_eq!(applied["parity"]["drift"][0]["key"], "flag.max-model-len");
+            let condition = &applied["conditions"]["ParityHolds"];
+            assert_eq!(condition["status"], "False");
+            assert_eq!(condition["reason"], "Drift");
+            assert_eq!(
+                condition["message"],
+                "us-west differs from us-east in 1 key(s): flag.max-model-len (8192 ≠ 4096); it is not \
+                 promoted automatically (force-failover still promotes it)"
+            );
+            server.expect_no_more().await
+        },
+        server,
+    )
+    .await;
+    result.unwrap();
+    let refused = events.iter().find(|e| e.reason == "CommandRefused").unwrap();
+    assert!(refused.note.contains("ParityBroken"), "{}", refused.note);
+    let drift = events.iter().find(|e| e.reason == "ParityDrift").unwrap();
+    assert_eq!(drift.type_, "Warning");
+    assert_eq!(
+        drift.note,
+        "us-west differs from us-east: flag.max-model-len (8192 ≠ 4096); it is not promoted \
+         automatically until they agree (force-failover still promotes it)"
+    );
+}
+
+#[tokio::test]
+async fn force_failover_promotes_a_drifted_standby_and_records_what_it_overrode() {
+    let (object, ctx, server) = drifted_standby("force-failover@drill-10");
+    let stored = object.clone();
+    let (result, events) = run_scenario(
+        &object,
+        ctx,
+        |mut server| async move {
+            server
+                .expect("GET", LEASE_PATH)
+                .await
+                .answer(200, &lease("us-east", 0, "41"));
+            answer_status(server.expect("PATCH", STATUS_PATH).await, &stored);
+            server
+                .expect("PUT", LEASE_PATH)
+                .await
+                .answer(200, &lease("us-west", 1, "42"));
+            server
+                .expect("GET", &format!("{WEST_PATH}/scale"))
+                .await
+                .answer(200, &west_scale(4));
+            server
+                .expect("GET", WEST_PATH)
+                .await
+                .answer(200, &west_deployment(4));
+            let applied = answer_status(server.expect("PATCH", STATUS_PATH).await, &stored);
+            assert_eq!(applied["primaryPool"], "us-west");
+            let claimed = &applied["lastFailover"]["steps"][0];
+            assert_eq!(claimed["step"], "LeaseClaimed");
+            assert_eq!(
+                claimed["note"],
+                "promoted by force-failover past parity drift: flag.max-model-len (8192 ≠ 4096)"
+            );
+            server.expect_no_more().await
+        },
+        server,
+    )
+    .await;
+    result.unwrap();
+    let overridden = events.iter().find(|e| e.reason == "ParityOverridden").unwrap();
+    assert_eq!(overridden.type_, "Warning");
 }

@@ -18,12 +18,14 @@ mod router_support;
 use std::sync::Arc;
 use std::time::Duration;
 
+use kube::runtime::reflector::ObjectRef;
 use prober_support::Emulator;
 use understudy_core::Pool;
 use understudy_core::failover::{CheckResult, FailoverConfig, FailoverState, Input, PassiveSignal, Phase};
-use understudy_operator::controller::{Observation, ObservationSource};
+use understudy_operator::controller::{Observation, ObservationSource, ProbeFindings};
 use understudy_operator::crd::FailoverPolicy;
 use understudy_operator::observe::{FixedReplicas, ProbingObservations};
+use understudy_operator::parity::ServingConfig;
 use understudy_operator::policy;
 use understudy_operator::route_push::{RouterAdminUrl, RouterToken};
 use understudy_router::gateway::GatewayConfig;
@@ -60,6 +62,10 @@ fn check(pool: Pool, result: CheckResult) -> Observation {
 /// reconciler would run.
 struct Operator {
     observations: ProbingObservations,
+    /// Where the replicas are, and what their workloads' templates say (none until a test sets it).
+    replicas: FixedReplicas,
+    /// Whether each round found parity holding, when it could compare the pools.
+    parity: Vec<bool>,
     machine: FailoverState,
     config: FailoverConfig,
     interval: Duration,
@@ -68,33 +74,36 @@ struct Operator {
 
 impl Operator {
     fn new(east: &Emulator, west: &Emulator) -> Operator {
-        Operator::observing(east, west, None)
+        Operator::observing(east, west, None, failover_policy())
     }
 
     /// The same, also reading the gateway `router`'s `/signals` every round.
     fn reading_signals_of(east: &Emulator, west: &Emulator, router: &router_support::Router) -> Operator {
         let admin: RouterAdminUrl = format!("http://127.0.0.1:{}", router.admin).parse().unwrap();
         let token = RouterToken::new(router_support::TOKEN).unwrap();
-        Operator::observing(east, west, Some((vec![admin], token)))
+        Operator::observing(east, west, Some((vec![admin], token)), failover_policy())
     }
 
     fn observing(
         east: &Emulator,
         west: &Emulator,
         routers: Option<(Vec<RouterAdminUrl>, RouterToken)>,
+        policy: FailoverPolicy,
     ) -> Operator {
         let replicas = FixedReplicas::default()
             .with_pool("east", vec![east.endpoint.clone()])
             .with_pool("west", vec![west.endpoint.clone()]);
-        let mut observations = ProbingObservations::new(Arc::new(replicas)).with_max_jitter(Duration::ZERO);
+        let mut observations =
+            ProbingObservations::new(Arc::new(replicas.clone())).with_max_jitter(Duration::ZERO);
         if let Some((routers, token)) = routers {
             observations = observations.with_router_signals(routers, token);
         }
-        let policy = failover_policy();
         let validated = policy::validate(&policy.spec).unwrap();
         observations.track(&policy);
         Operator {
             observations,
+            replicas,
+            parity: Vec::new(),
             machine: FailoverState::new(),
             config: validated.failover,
             interval: validated.probe.interval,
@@ -103,18 +112,30 @@ impl Operator {
     }
 
     /// One probe round, then what the next reconcile does with it: drain, feed, tick. Returns
-    /// the round's checks.
+    /// the round's checks and passive signals; its parity goes to [`Self::parity`].
     async fn round(&mut self) -> Vec<Observation> {
         // The policy is found by tracking, as the reconciler's `track` leaves it.
-        let key = self.observations.tracked().pop().expect("the policy is tracked");
+        let key = self.key();
         assert!(self.observations.probe_now(&key).await);
-        let checks = self.observations.drain(&key);
-        for observation in &checks {
+        let observed = self.observations.drain(&key);
+        for observation in &observed {
             self.feed(&Input::from(*observation));
         }
         self.feed(&Input::Tick);
         self.now += self.interval;
+        let (parity, checks): (Vec<Observation>, Vec<Observation>) = observed
+            .into_iter()
+            .partition(|o| matches!(o, Observation::Parity { .. }));
+        self.parity.extend(
+            parity
+                .into_iter()
+                .map(|o| matches!(o, Observation::Parity { holds: true })),
+        );
         checks
+    }
+
+    fn key(&self) -> ObjectRef<FailoverPolicy> {
+        self.observations.tracked().pop().expect("the policy is tracked")
     }
 
     fn feed(&mut self, input: &Input) {
@@ -317,4 +338,135 @@ async fn without_routers_a_primary_whose_probes_say_nothing_is_never_replaced() 
         operator.round().await;
     }
     assert_eq!(operator.machine.phase, Phase::Serving);
+}
+
+/// How the pool's template starts vLLM: `vllm serve MODEL` and `extra`, with `env`.
+fn serving(extra: &[&str], env: &[(&str, &str)]) -> ServingConfig {
+    let mut argv: Vec<String> = ["vllm", "serve", prober_support::MODEL].map(str::to_owned).into();
+    argv.extend(extra.iter().map(|a| (*a).to_owned()));
+    ServingConfig {
+        argv,
+        image: Some("vllm/vllm-openai:v0.11.0".to_owned()),
+        env: env
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect(),
+    }
+}
+
+#[tokio::test]
+async fn pools_that_agree_are_compared_key_by_key_and_parity_holds() {
+    let east = Emulator::ready(&[], &[]);
+    let west = Emulator::ready(&[], &[]);
+    let mut operator = Operator::new(&east, &west);
+    for pool in ["east", "west"] {
+        operator.replicas.set_config(
+            pool,
+            serving(&["--max-model-len", "8192"], &[("VLLM_USE_V1", "1")]),
+        );
+    }
+    operator.round().await;
+    assert_eq!(operator.parity, [true]);
+    let parity = operator.observations.parity(&operator.key()).unwrap();
+    assert!(
+        parity.drift.is_empty() && parity.not_compared.is_empty(),
+        "{parity:?}"
+    );
+    // The template (model, flags, environment, image) and the runtime (version, the model's
+    // context, root, tokenizer and chat template) were all read.
+    assert!(parity.compared >= 9, "{parity:?}");
+}
+
+#[tokio::test]
+async fn a_standby_serving_a_shorter_context_drifts_and_is_not_promoted_when_the_primary_fails() {
+    let east = Emulator::ready(&[], KEEP_ALIVE);
+    let west = Emulator::ready(&["--max-model-len", "4096"], &[]);
+    let mut operator = Operator::new(&east, &west);
+    for _ in 0..2 {
+        operator.round().await;
+    }
+    assert_eq!(operator.parity, [false, false]);
+    let parity = operator.observations.parity(&operator.key()).unwrap();
+    let keys: Vec<&str> = parity.drift.iter().map(|d| d.key.as_str()).collect();
+    let key = format!("served.{}.max-model-len", prober_support::MODEL);
+    assert_eq!(keys, [key.as_str()], "{parity:?}");
+    assert_eq!(parity.drift[0].standby.as_deref(), Some("4096"));
+    // Without the templates, what the replicas report is all that is compared, and that is said.
+    assert_eq!(parity.not_compared.len(), 2, "{parity:?}");
+    assert!(
+        parity.not_compared[0].starts_with("east's serving flags and environment"),
+        "{parity:?}"
+    );
+
+    east.inject("engine-dead");
+    for round in 0..4 {
+        assert_eq!(
+            operator.round().await,
+            [
+                check(Pool::A, CheckResult::HardFail),
+                check(Pool::B, CheckResult::Pass)
+            ]
+        );
+        assert_eq!(
+            operator.promoting(),
+            None,
+            "a drifted standby was promoted in round {round}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_control_a_standby_that_agrees_is_promoted_when_the_primary_fails_the_same_way() {
+    let east = Emulator::ready(&[], KEEP_ALIVE);
+    let west = Emulator::ready(&[], &[]);
+    let mut operator = Operator::new(&east, &west);
+    for _ in 0..2 {
+        operator.round().await;
+    }
+    east.inject("engine-dead");
+    for _ in 0..2 {
+        operator.round().await;
+    }
+    assert_eq!(operator.parity, [true; 4]);
+    assert_eq!(operator.promoting(), Some(Pool::B));
+}
+
+#[tokio::test]
+async fn template_drift_names_each_flag_and_keys_the_policy_allows_block_nothing() {
+    let east = Emulator::ready(&[], &[]);
+    let west = Emulator::ready(&[], &[]);
+    let mut policy = failover_policy();
+    policy.spec.parity.allow_drift = vec!["env.VLLM_ENGINE_*".to_owned()];
+    let mut operator = Operator::observing(&east, &west, None, policy);
+    operator.replicas.set_config(
+        "east",
+        serving(
+            &["--enable-prefix-caching", "--port", "8000"],
+            &[("VLLM_ENGINE_ITERATION_TIMEOUT_S", "60")],
+        ),
+    );
+    operator.replicas.set_config(
+        "west",
+        serving(
+            &["--port=9000", "--kv-cache-dtype", "fp8"],
+            &[("VLLM_ENGINE_ITERATION_TIMEOUT_S", "120")],
+        ),
+    );
+    operator.round().await;
+    let parity = operator.observations.parity(&operator.key()).unwrap();
+    let drift: Vec<(&str, Option<&str>, Option<&str>)> = parity
+        .drift
+        .iter()
+        .map(|d| (d.key.as_str(), d.primary.as_deref(), d.standby.as_deref()))
+        .collect();
+    // --port is ignored by default; the iteration timeout differs by design.
+    assert_eq!(
+        drift,
+        [
+            ("flag.enable-prefix-caching", Some("true"), None),
+            ("flag.kv-cache-dtype", None, Some("fp8")),
+        ]
+    );
+    assert_eq!(parity.allowed[0].key, "env.VLLM_ENGINE_ITERATION_TIMEOUT_S");
+    assert_eq!(operator.parity, [false]);
 }

@@ -39,6 +39,8 @@ pub(super) enum Notice {
     /// A reserve no longer wanted (its pool is primary and ready, or the spec stopped asking) was
     /// deleted.
     ReserveReleased(GpuReserve),
+    /// A forced promotion took the Lease while the standby drifted: what it overrode.
+    ParityOverridden(String),
 }
 
 pub(super) fn reference_from_meta(meta: &ObjectMeta, namespace: &str) -> ObjectReference {
@@ -123,6 +125,7 @@ pub(super) fn describe(notice: &Notice, spec: &FailoverPolicySpec) -> KubeEvent 
             ),
             "Reserve",
         ),
+        Notice::ParityOverridden(note) => (EventType::Warning, "ParityOverridden", note.clone(), "Promote"),
         Notice::UnknownCommand { value } => (
             EventType::Warning,
             "UnknownCommand",

@@ -66,7 +66,7 @@ pub use self::status::{
     HandedOffStep, OperatorRecord, StatusFacts, StoredRecord, desired_status, invalid_spec_patch,
     load_record, merge_conditions, phase_name, rfc3339, step_name, timeline,
 };
-use crate::crd::{FailoverPolicy, GoldenAnswer};
+use crate::crd::{FailoverPolicy, GoldenAnswer, ParityStatus};
 use crate::lease::LeaseError;
 use crate::metrics::Metrics;
 use crate::observe::{ReplicaEndpoints, fixed_expectation};
@@ -169,9 +169,11 @@ impl Error {
     }
 }
 
-/// Where the controller learns the golden answer a policy's probes judge by, to keep it in
-/// `status.goldenAnswer`. The operator's is its [`crate::observe::ProbingObservations`].
-pub trait GoldenAnswers: Send + Sync + fmt::Debug {
+/// What the probing rounds found that status keeps: the golden answer a policy's probes judge by
+/// (`status.goldenAnswer`), whether the replicas take the probe (`ProbeAccepted`), and the last
+/// comparison of the pools (`status.parity`, `ParityHolds`). The operator's is its
+/// [`crate::observe::ProbingObservations`].
+pub trait ProbeFindings: Send + Sync + fmt::Debug {
     /// The golden answer kept for `policy` now; `None` when there is none, yet or any more.
     fn golden_answer(&self, policy: &ObjectRef<FailoverPolicy>) -> Option<GoldenAnswer>;
 
@@ -179,6 +181,11 @@ pub trait GoldenAnswers: Send + Sync + fmt::Debug {
     /// answered it in the last round, `Some(Err(why))` when they refused it as wrong, `None`
     /// before any round.
     fn probe_accepted(&self, _policy: &ObjectRef<FailoverPolicy>) -> Option<Result<(), String>> {
+        None
+    }
+
+    /// The last comparison of `policy`'s pools; `None` before one finished, or with parity off.
+    fn parity(&self, _policy: &ObjectRef<FailoverPolicy>) -> Option<ParityStatus> {
         None
     }
 }
@@ -190,7 +197,7 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     pub observations: Arc<dyn ObservationSource>,
     /// Without one, a golden answer in status is kept while it fits the probe.
-    pub golden_answers: Option<Arc<dyn GoldenAnswers>>,
+    pub findings: Option<Arc<dyn ProbeFindings>>,
     pub steps: Arc<dyn StepExecutor>,
     pub clock: Arc<dyn Clock>,
     /// The longest a status patch or an Event may take.
@@ -212,7 +219,7 @@ impl fmt::Debug for Context {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Context")
             .field("observations", &self.observations)
-            .field("golden_answers", &self.golden_answers)
+            .field("findings", &self.findings)
             .field("steps", &self.steps)
             .field("clock", &self.clock)
             .field("write_timeout", &self.write_timeout)
@@ -236,7 +243,7 @@ impl Context {
             client,
             metrics,
             observations: Arc::new(NoObservations),
-            golden_answers: None,
+            findings: None,
             steps: Arc::new(HandOffToComponents),
             clock: Arc::new(SystemClock::new()),
             write_timeout: Duration::from_secs(10),
@@ -258,7 +265,7 @@ impl Context {
     /// What a replica's answer must be: the policy's expectation, or the golden answer recorded
     /// from the primary; `None` while neither is known.
     pub(crate) fn expectation(&self, policy: &FailoverPolicy) -> Option<Expectation> {
-        let golden = match &self.golden_answers {
+        let golden = match &self.findings {
             Some(source) => source.golden_answer(&ObjectRef::from_obj(policy)),
             None => policy.status.as_ref().and_then(|s| s.golden_answer.clone()),
         };
@@ -272,8 +279,8 @@ impl Context {
     }
 
     #[must_use]
-    pub fn with_golden_answers(mut self, golden_answers: Arc<dyn GoldenAnswers>) -> Self {
-        self.golden_answers = Some(golden_answers);
+    pub fn with_findings(mut self, findings: Arc<dyn ProbeFindings>) -> Self {
+        self.findings = Some(findings);
         self
     }
 

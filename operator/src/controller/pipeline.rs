@@ -37,11 +37,12 @@ use super::{
 };
 use crate::coldstart;
 use crate::crd::{
-    ColdStartBreakdown, FailoverPolicy, FailoverPolicySpec, FailoverPolicyStatus, GpuReserve,
-    StandbyProofRecord, condition_type,
+    ColdStartBreakdown, FailoverPolicy, FailoverPolicySpec, FailoverPolicyStatus, GpuReserve, ParityDrift,
+    ParityStatus, StandbyProofRecord, condition_type,
 };
 use crate::lease::{EpochLease, KubeLease, LeaseError, LeaseRecord};
 use crate::observe::probe_spec;
+use crate::parity;
 use crate::policy::ValidatedPolicy;
 use crate::policy::{self, pool_by_name, pool_name};
 use crate::standby;
@@ -66,6 +67,8 @@ pub(super) struct Run<'a> {
     pub(super) cold_start: Option<Vec<ColdStartBreakdown>>,
     /// The standby proof this reconcile ran.
     pub(super) standby_proof: Option<StandbyProofRecord>,
+    /// The keys the standby drifts in, as last compared: a promotion forced past them says so.
+    pub(super) parity_drift: Vec<ParityDrift>,
 }
 
 impl Run<'_> {
@@ -90,6 +93,16 @@ impl Run<'_> {
             self.finished = driven.finished;
         }
         if let StepOutcome::Done(done) = &driven.outcome {
+            let forced =
+                matches!(&self.machine.phase, Phase::Promoting(p) if p.kind == TransitionKind::Forced);
+            if driven.step == Step::AcquireLease && forced && !self.parity_drift.is_empty() {
+                let note = format!(
+                    "promoted by force-failover past parity drift: {}",
+                    parity::drift_line(&self.parity_drift)
+                );
+                self.notices.push(Notice::ParityOverridden(note.clone()));
+                self.note_step(driven.epoch, driven.step, note, false);
+            }
             if let Some(note) = &done.note {
                 self.note_step(driven.epoch, driven.step, note.clone(), done.handed_off);
             }
@@ -203,6 +216,12 @@ pub(super) async fn apply(policy: &FailoverPolicy, ctx: &Context, namespace: &st
         }
     };
     let (mut run, recorded) = dereference(policy, &validated.failover, ctx.clock.now(), namespace);
+    let parity = ctx
+        .findings
+        .as_ref()
+        .and_then(|source| source.parity(&ObjectRef::from_obj(policy)))
+        .or_else(|| policy.status.as_ref().and_then(|s| s.parity.clone()));
+    run.parity_drift = parity.as_ref().map(|p| p.drift.clone()).unwrap_or_default();
     // No owner reference: the epoch Lease outlives its policy (see the module doc).
     let lease = KubeLease::for_policy(Api::namespaced(ctx.client.clone(), namespace), &policy.name_any());
     let reference = policy.object_ref(&());
@@ -253,6 +272,7 @@ pub(super) async fn apply(policy: &FailoverPolicy, ctx: &Context, namespace: &st
 
     let written = write_status(ctx, policy, namespace, &run, None).await;
     if written.is_ok() {
+        report_drift(ctx, policy, &run, parity.as_ref()).await;
         // Counted once: a start recorded complete is not read again, and a replica is woken once
         // per promotion.
         for breakdown in executed.woken.iter().chain(&started) {
@@ -323,6 +343,7 @@ pub(super) fn dereference<'a>(
         handled_command,
         cold_start: None,
         standby_proof: None,
+        parity_drift: Vec::new(),
     };
     let recorded = Recorded {
         machine,
@@ -713,6 +734,56 @@ async fn measure_cold_starts(
     }
 }
 
+/// Tells, once status records it, when the standby starts to drift from the primary, drifts in
+/// other keys, or stops drifting: a Warning Event `ParityDrift` naming each key, or a Normal
+/// `ParityRestored`.
+async fn report_drift(ctx: &Context, policy: &FailoverPolicy, run: &Run<'_>, now: Option<&ParityStatus>) {
+    if !run.spec.parity.enabled {
+        return;
+    }
+    let keys = |parity: Option<&ParityStatus>| -> Vec<String> {
+        parity
+            .map(|p| p.drift.iter().map(|d| d.key.clone()).collect())
+            .unwrap_or_default()
+    };
+    let before = keys(policy.status.as_ref().and_then(|s| s.parity.as_ref()));
+    let (Some(now), after) = (now, keys(now)) else {
+        return;
+    };
+    if before == after {
+        return;
+    }
+    let (primary, standby) = (
+        run.pool_spec(run.machine.primary).name.as_str(),
+        run.pool_spec(run.machine.standby()).name.as_str(),
+    );
+    let (type_, reason, note) = if after.is_empty() {
+        (
+            EventType::Normal,
+            "ParityRestored",
+            format!("{standby} no longer differs from {primary}"),
+        )
+    } else {
+        (
+            EventType::Warning,
+            "ParityDrift",
+            format!(
+                "{standby} differs from {primary}: {}; it is not promoted automatically until they agree \
+                 (force-failover still promotes it)",
+                parity::drift_line(&now.drift)
+            ),
+        )
+    };
+    let event = KubeEvent {
+        type_,
+        reason: reason.to_owned(),
+        note: Some(note),
+        action: "Compare".to_owned(),
+        secondary: None,
+    };
+    send(ctx, &policy.object_ref(&()), &event).await;
+}
+
 /// Publishes the notices a status write has recorded, and counts the epoch and a finished
 /// promotion once status records them: after a failed write the next reconcile runs the same
 /// steps again, and would tell and count them twice.
@@ -832,10 +903,10 @@ pub(super) fn status_of(
     lease_behind: Option<Epoch>,
 ) -> Result<FailoverPolicyStatus, Error> {
     let probe_accepted = ctx
-        .golden_answers
+        .findings
         .as_ref()
         .and_then(|source| source.probe_accepted(&ObjectRef::from_obj(policy)));
-    let golden_answer = match &ctx.golden_answers {
+    let golden_answer = match &ctx.findings {
         Some(source) => source.golden_answer(&ObjectRef::from_obj(policy)),
         None => policy
             .status
@@ -843,6 +914,10 @@ pub(super) fn status_of(
             .and_then(|status| status.golden_answer.clone())
             .filter(|golden| golden.fits(&run.spec.probe)),
     };
+    let parity = ctx
+        .findings
+        .as_ref()
+        .and_then(|source| source.parity(&ObjectRef::from_obj(policy)));
     desired_status(&StatusFacts {
         spec: run.spec,
         config: run.config,
@@ -858,6 +933,7 @@ pub(super) fn status_of(
             .map(|r| r.as_ref().map_err(String::as_str).copied()),
         cold_start: run.cold_start.as_deref(),
         standby_proof: run.standby_proof.as_ref(),
+        parity: parity.as_ref(),
         now: run.now,
     })
     .map_err(Error::Record)

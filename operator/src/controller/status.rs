@@ -19,9 +19,10 @@ use super::command::HandledCommand;
 use crate::coldstart;
 use crate::crd::{
     ColdStartBreakdown, Condition, ConditionStatus, FailoverPolicySpec, FailoverPolicyStatus,
-    FailoverTimeline, GoldenAnswer, GpuReserve, StandbyProofRecord, TimelineStep, TransitionKind,
-    condition_type,
+    FailoverTimeline, GoldenAnswer, GpuReserve, ParityStatus, StandbyProofRecord, TimelineStep,
+    TransitionKind, condition_type,
 };
+use crate::parity;
 use crate::policy::{pool_name, validate};
 
 /// The operator's own record, kept in `status.failover`: the state machine, the last command
@@ -175,6 +176,8 @@ pub struct StatusFacts<'a> {
     pub cold_start: Option<&'a [ColdStartBreakdown]>,
     /// A standby proof this reconcile ran; `None` keeps the previous status's.
     pub standby_proof: Option<&'a StandbyProofRecord>,
+    /// The last comparison of the pools; `None` keeps the previous status's.
+    pub parity: Option<&'a ParityStatus>,
     pub now: Duration,
 }
 
@@ -197,28 +200,35 @@ pub fn desired_status(facts: &StatusFacts<'_>) -> Result<FailoverPolicyStatus, s
         .cold_start
         .map_or_else(|| previous.cold_start.clone(), <[_]>::to_vec);
     let standby_proof = facts.standby_proof.cloned().or(previous.standby_proof);
+    let parity = if facts.spec.parity.enabled {
+        facts.parity.cloned().or(previous.parity)
+    } else {
+        None
+    };
+    let mut conditions = conditions(
+        facts.spec,
+        facts.config,
+        machine,
+        facts.lease_behind,
+        facts.probe_accepted,
+        &cold_start,
+        standby_proof.as_ref(),
+    );
+    conditions.insert(
+        condition_type::PARITY_HOLDS.to_owned(),
+        parity_holds(facts.spec, machine, parity.as_ref()),
+    );
     Ok(FailoverPolicyStatus {
         primary_pool: Some(pool_name(facts.spec, machine.primary).to_owned()),
         epoch: Some(machine.epoch.0),
         state: Some(phase_name(&machine.phase).to_owned()),
         observed_generation: facts.generation,
-        conditions: merge_conditions(
-            &previous.conditions,
-            conditions(
-                facts.spec,
-                facts.config,
-                machine,
-                facts.lease_behind,
-                facts.probe_accepted,
-                &cold_start,
-                standby_proof.as_ref(),
-            ),
-            facts.now,
-        ),
+        conditions: merge_conditions(&previous.conditions, conditions, facts.now),
         last_failover,
         cold_start_summary: coldstart::summarize(&cold_start),
         cold_start,
         standby_proof,
+        parity,
         gpu_reserve: facts.gpu_reserve.cloned(),
         golden_answer: facts
             .golden_answer
@@ -384,17 +394,6 @@ fn conditions(
         },
         None => standby_proven,
     };
-    let parity = if machine.parity_holds {
-        // The machine assumes parity until told otherwise; nothing in this operator measures it
-        // yet, so saying True would be a claim nobody checked.
-        condition(
-            Unknown,
-            "NotChecked",
-            "no parity check has reported drift; parity checks land with the prober".to_owned(),
-        )
-    } else {
-        condition(False, "Drift", format!("{standby} drifted from {primary}"))
-    };
     let objective = objective_met(spec, machine.standby(), cold_start);
     let probe = match probe_accepted {
         Some(Ok(())) => condition(True, "Answered", "the replicas answer the probe".to_owned()),
@@ -411,7 +410,6 @@ fn conditions(
     BTreeMap::from([
         (condition_type::READY.to_owned(), ready),
         (condition_type::STANDBY_PROVEN.to_owned(), standby_proven),
-        (condition_type::PARITY_HOLDS.to_owned(), parity),
         (condition_type::OBJECTIVE_MET.to_owned(), objective),
         (condition_type::PROBE_ACCEPTED.to_owned(), probe),
     ])
@@ -531,6 +529,71 @@ fn slowest_measured(cold_start: &[ColdStartBreakdown]) -> StageTimes {
         }
     }
     slowest
+}
+
+/// `ParityHolds`, from the last comparison of the pools: False naming every key that differs,
+/// True only when keys were compared and none differs, Unknown otherwise (parity off, nothing
+/// compared yet, nothing that could be compared).
+fn parity_holds(
+    spec: &FailoverPolicySpec,
+    machine: &FailoverState,
+    parity: Option<&ParityStatus>,
+) -> Condition {
+    use ConditionStatus::{False, True, Unknown};
+    let (primary, standby) = (
+        pool_name(spec, machine.primary),
+        pool_name(spec, machine.standby()),
+    );
+    if !spec.parity.enabled {
+        let message = "spec.parity.enabled is false: the pools are not compared, and drift blocks nothing";
+        return condition(Unknown, "Disabled", message.to_owned());
+    }
+    let Some(parity) = parity else {
+        return if machine.parity_holds {
+            condition(
+                Unknown,
+                "NotChecked",
+                "no comparison of the pools has finished yet".to_owned(),
+            )
+        } else {
+            condition(False, "Drift", format!("{standby} drifted from {primary}"))
+        };
+    };
+    let mut notes = String::new();
+    if !parity.allowed.is_empty() {
+        notes.push_str(&format!(
+            "; allowed to differ: {}",
+            parity::drift_line(&parity.allowed)
+        ));
+    }
+    if !parity.not_compared.is_empty() {
+        notes.push_str(&format!("; not compared: {}", parity.not_compared.join("; ")));
+    }
+    match parity::holds(parity) {
+        Some(false) => condition(
+            False,
+            "Drift",
+            format!(
+                "{standby} differs from {primary} in {} key(s): {}; it is not promoted automatically \
+                 (force-failover still promotes it){notes}",
+                parity.drift.len(),
+                parity::drift_line(&parity.drift)
+            ),
+        ),
+        Some(true) => condition(
+            True,
+            "Holds",
+            format!(
+                "{} key(s) agree between {primary} and {standby}, checked {}{notes}",
+                parity.compared, parity.checked_at
+            ),
+        ),
+        None => condition(
+            Unknown,
+            "NotCompared",
+            format!("nothing could be compared{notes}"),
+        ),
+    }
 }
 
 /// Stamps each condition with when its status last changed: kept from `previous` when the status
@@ -684,6 +747,7 @@ mod tests {
             probe_accepted,
             cold_start: None,
             standby_proof: None,
+            parity: None,
             now: NOW,
         })
         .unwrap()

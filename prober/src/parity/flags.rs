@@ -97,6 +97,22 @@ fn canonical_value(raw: &str) -> String {
     }
 }
 
+/// Whether a container running `argv` from `image` is a vLLM server: it runs `vllm serve` or the
+/// OpenAI API server module, names `--model`, or runs a vLLM image (whose entrypoint is `vllm
+/// serve`, so that its arguments start with the model). A sidecar's positional argument is not a
+/// model.
+#[must_use]
+pub fn runs_vllm(argv: &[String], image: Option<&str>) -> bool {
+    serve_arguments(argv).len() < argv.len()
+        || argv.iter().any(|a| a == "--model" || a.starts_with("--model="))
+        || image.is_some_and(|image| {
+            let name = image.split(['@', ':']).next().unwrap_or(image);
+            name.rsplit('/')
+                .next()
+                .is_some_and(|repo| repo.starts_with("vllm"))
+        })
+}
+
 /// The arguments after `vllm serve` (or the API server module), or all of them.
 fn serve_arguments(argv: &[String]) -> &[String] {
     if let Some(i) = argv.iter().position(|a| a == "serve")
@@ -179,6 +195,33 @@ pub fn flags_fingerprint(argv: &[String], policy: &FlagPolicy) -> Fingerprint {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn words(words: &[&str]) -> Vec<String> {
+        words.iter().map(|w| (*w).to_owned()).collect()
+    }
+
+    #[test]
+    fn a_vllm_server_is_told_from_a_sidecar_by_its_command_flags_or_image() {
+        assert!(runs_vllm(&words(&["vllm", "serve", "Qwen/Qwen3-0.6B"]), None));
+        assert!(runs_vllm(
+            &words(&["python3", "-m", "vllm.entrypoints.openai.api_server"]),
+            None
+        ));
+        assert!(runs_vllm(&words(&["--model", "m"]), Some("registry/other:1")));
+        assert!(runs_vllm(
+            &words(&["Qwen/Qwen3-0.6B"]),
+            Some("docker.io/vllm/vllm-openai:v0.11.0")
+        ));
+        assert!(runs_vllm(
+            &words(&["Qwen/Qwen3-0.6B"]),
+            Some("vllm/vllm-openai@sha256:abc")
+        ));
+        assert!(!runs_vllm(
+            &words(&["fence", "--lease", "chat-epoch"]),
+            Some("understudy/router:0.1")
+        ));
+        assert!(!runs_vllm(&words(&["fence"]), None));
+    }
 
     fn argv(s: &str) -> Vec<String> {
         s.split_whitespace().map(str::to_owned).collect()

@@ -77,6 +77,22 @@ impl DriftReport {
         self.differences.iter().map(|d| d.key.as_str()).collect()
     }
 
+    /// This report split into the differences no pattern of `allowed` names, and those one does.
+    /// A pattern is a key, or ends in `*` and names every key it begins.
+    #[must_use]
+    pub fn split(self, allowed: &[String]) -> (DriftReport, DriftReport) {
+        let (allowed, blocking): (Vec<Difference>, Vec<Difference>) = self
+            .differences
+            .into_iter()
+            .partition(|d| allowed.iter().any(|pattern| allows(pattern, &d.key)));
+        (
+            DriftReport {
+                differences: blocking,
+            },
+            DriftReport { differences: allowed },
+        )
+    }
+
     /// One line per difference: `key: left ≠ right`.
     pub fn render(&self) -> String {
         if self.holds() {
@@ -90,9 +106,37 @@ impl DriftReport {
     }
 }
 
+/// Whether `pattern` names `key`: the same, or a prefix of it ending in `*`.
+#[must_use]
+pub fn allows(pattern: &str, key: &str) -> bool {
+    match pattern.strip_suffix('*') {
+        Some(prefix) => key.starts_with(prefix),
+        None => pattern == key,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn allowed_keys_are_split_off_by_name_or_by_prefix() {
+        let mut a = Fingerprint::default();
+        a.insert("env.VLLM_LOGGING_LEVEL", "INFO");
+        a.insert("env.VLLM_USE_V1", "1");
+        a.insert("flag.max-model-len", "8192");
+        let mut b = Fingerprint::default();
+        b.insert("env.VLLM_LOGGING_LEVEL", "DEBUG");
+        b.insert("flag.max-model-len", "4096");
+        let (blocking, allowed) = a.drift(&b).split(&["env.*".to_owned()]);
+        assert_eq!(blocking.keys(), ["flag.max-model-len"]);
+        assert_eq!(allowed.keys(), ["env.VLLM_LOGGING_LEVEL", "env.VLLM_USE_V1"]);
+        let (blocking, _) = a
+            .drift(&b)
+            .split(&["env.VLLM_USE_V1".to_owned(), "flag.max-model-len*".to_owned()]);
+        assert_eq!(blocking.keys(), ["env.VLLM_LOGGING_LEVEL"]);
+        assert!(!allows("env.VLLM", "env.VLLM_USE_V1"));
+    }
 
     #[test]
     fn the_report_names_each_differing_key_with_both_values_and_absent_sides() {
