@@ -12,6 +12,9 @@ use understudy_core::Pool;
 use understudy_prober::admin::{self, Published, Watch};
 use understudy_prober::coldstart::{self, source::Recorded};
 use understudy_prober::outcome::pool_verdict;
+use understudy_prober::parity::Fingerprint;
+use understudy_prober::parity::model::{self, Depth};
+use understudy_prober::parity::runtime::runtime_fingerprint;
 use understudy_prober::probe::{self, Budget, Endpoint, Expectation, ProbeSpec};
 
 #[derive(Debug, Parser)]
@@ -138,6 +141,60 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Compare two replicas (`--endpoint` twice: vLLM's version, each served model's root and
+    /// context, how each tokenizes a fixed text and chat) or two model directories
+    /// (`--model-dir` twice: the Hugging Face cache's commit and blob digests, file sizes,
+    /// safetensors headers, tokenizer files and chat template; `--full` hashes every file too),
+    /// and print every key that differs. Exits 1 when anything differs.
+    Parity {
+        /// A replica, `http://HOST:PORT`; give two.
+        #[arg(long, conflicts_with = "model_dir")]
+        endpoint: Vec<Endpoint>,
+        /// A model directory (a Hugging Face cache's `models--ORG--NAME`, or a plain one); give two.
+        #[arg(long)]
+        model_dir: Vec<PathBuf>,
+        /// Hash every file of the model directories (slow: reads all the weights).
+        #[arg(long, requires = "model_dir")]
+        full: bool,
+        /// How long each replica has to answer.
+        #[arg(long, default_value = "5s", value_parser = go_duration)]
+        timeout: Duration,
+        /// Print JSON instead of the lines.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Both sides' fingerprints, from two endpoints or two model directories.
+async fn fingerprints(
+    endpoints: &[Endpoint],
+    model_dirs: &[PathBuf],
+    full: bool,
+    timeout: Duration,
+) -> anyhow::Result<[Fingerprint; 2]> {
+    if let [a, b] = endpoints {
+        let (a, b) = tokio::join!(
+            runtime_fingerprint(a, None, timeout),
+            runtime_fingerprint(b, None, timeout)
+        );
+        return Ok([a?, b?]);
+    }
+    if let [a, b] = model_dirs {
+        let threads = std::thread::available_parallelism().map_or(1, usize::from);
+        let depth = if full {
+            Depth::Full { threads }
+        } else {
+            Depth::Cheap
+        };
+        let read = |dir: &PathBuf| -> anyhow::Result<Fingerprint> {
+            let files = model::locate(dir).with_context(|| format!("reading {}", dir.display()))?;
+            let (fingerprint, _) = model::fingerprint(&files, depth)
+                .with_context(|| format!("fingerprinting {}", dir.display()))?;
+            Ok(fingerprint)
+        };
+        return Ok([read(a)?, read(b)?]);
+    }
+    anyhow::bail!("give two --endpoint or two --model-dir")
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -213,6 +270,33 @@ async fn main() -> anyhow::Result<()> {
                 println!("{}", serde_json::to_string_pretty(&timeline)?);
             } else {
                 print!("{}", coldstart::render_table(&timeline));
+            }
+        }
+        Command::Parity {
+            endpoint,
+            model_dir,
+            full,
+            timeout,
+            json,
+        } => {
+            let [a, b] = fingerprints(&endpoint, &model_dir, full, timeout).await?;
+            let compared =
+                a.0.keys()
+                    .chain(b.0.keys())
+                    .collect::<std::collections::BTreeSet<_>>()
+                    .len();
+            let report = a.drift(&b);
+            if json {
+                let doc = serde_json::json!({"compared": compared, "differences": report.differences});
+                println!("{}", serde_json::to_string_pretty(&doc)?);
+            } else if report.holds() {
+                println!("parity holds: {compared} keys compared, none differs");
+            } else {
+                print!("{}", report.render());
+                println!("{} of {compared} keys differ", report.differences.len());
+            }
+            if !report.holds() {
+                std::process::exit(1);
             }
         }
     }

@@ -310,3 +310,66 @@ fn a_truncated_safetensors_file_is_an_error_naming_it_not_a_panic() {
     std::fs::write(dir.path().join("broken.safetensors"), b"abc").unwrap();
     assert!(model::fingerprint(&model::locate(dir.path()).unwrap(), Depth::Cheap).is_err());
 }
+
+/// `understudy-prober parity --model-dir A --model-dir B`, the binary: its exit status and what
+/// it printed.
+fn parity_cli(a: &Path, b: &Path, extra: &[&str]) -> (i32, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_understudy-prober"))
+        .arg("parity")
+        .arg("--model-dir")
+        .arg(a)
+        .arg("--model-dir")
+        .arg(b)
+        .args(extra)
+        .output()
+        .unwrap();
+    let printed =
+        String::from_utf8_lossy(&output.stdout).into_owned() + &String::from_utf8_lossy(&output.stderr);
+    (output.status.code().unwrap(), printed)
+}
+
+#[test]
+fn the_parity_command_names_each_differing_key_and_exits_1_only_when_something_differs() {
+    let dir = tempfile::tempdir().unwrap();
+    let (same_a, same_b, other) = (dir.path().join("a"), dir.path().join("b"), dir.path().join("c"));
+    let a = hf_cache(&same_a, &Spec::default());
+    let b = hf_cache(&same_b, &Spec::default());
+    let c = hf_cache(
+        &other,
+        &Spec {
+            chat_template: "{{ bos_token }}{{ messages }}",
+            ..Spec::default()
+        },
+    );
+    let (code, printed) = parity_cli(&a, &b, &[]);
+    assert_eq!(code, 0, "{printed}");
+    assert!(
+        printed.starts_with("parity holds: ") && printed.ends_with(" keys compared, none differs\n"),
+        "{printed}"
+    );
+    let (code, printed) = parity_cli(&a, &c, &["--full"]);
+    assert_eq!(code, 1, "{printed}");
+    assert!(
+        printed
+            .lines()
+            .any(|l| l.starts_with("tokenizer.chat-template.sha256: ")),
+        "{printed}"
+    );
+    assert!(
+        printed.lines().last().unwrap().contains(" keys differ"),
+        "{printed}"
+    );
+    let (code, printed) = parity_cli(&a, &c, &["--json"]);
+    assert_eq!(code, 1);
+    let json: serde_json::Value = serde_json::from_str(&printed).unwrap();
+    assert!(
+        json["differences"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|d| d["key"] == "tokenizer.chat-template.sha256")
+    );
+    let (code, printed) = parity_cli(&a, &dir.path().join("missing"), &[]);
+    assert_eq!(code, 1);
+    assert!(printed.contains("reading "), "{printed}");
+}
