@@ -4,8 +4,9 @@
 //! the pool that lost into the new standby, so it stops holding every GPU it served with.
 //!
 //! A replica is put to sleep only after it answered a generating probe right (the policy's
-//! expectation, or the golden answer recorded from the primary): a broken replica is never put
-//! to sleep to be woken into a promotion. Nothing happens to the pool that holds the Lease, and
+//! expectation, or the golden answer recorded from the primary), and only while the standby does
+//! not drift from the primary: a broken or drifted replica is never put to sleep to be woken into
+//! a promotion. Nothing happens to the pool that holds the Lease, and
 //! the caller runs this only between promotions, so the pool is fenced before it shrinks.
 
 use std::fmt;
@@ -72,16 +73,25 @@ pub enum Error {
     Resolve(#[from] ResolveError),
 }
 
+/// Whether the standby's warm replicas may be put to sleep now.
+#[derive(Clone, Debug)]
+pub enum Sleep {
+    /// Each one that answers the probe as this expects.
+    AfterProbe(Expectation),
+    /// None, for this reason (no golden answer recorded yet; the standby drifts from the
+    /// primary): a replica is put to sleep only to be woken into a promotion it is fit for.
+    Not(String),
+}
+
 /// Scales `pool`'s workload down to its hot and warm replicas, then puts its warm replicas to
-/// sleep until as many sleep as its warm tier says; `expect` judges the probe each must pass
-/// first, and with `None` (no golden answer yet) nothing is put to sleep.
+/// sleep, as `sleep` allows, until as many sleep as its warm tier says.
 pub async fn keep(
     workload: &Workload,
     pool: &PoolSpec,
     replicas: &dyn ReplicaEndpoints,
     namespace: &str,
     probe_spec: &ProbeSpec,
-    expect: Option<Expectation>,
+    sleep: Sleep,
     timeouts: WakeTimeouts,
 ) -> Result<Kept, Error> {
     let shape = pool.standby_shape();
@@ -117,12 +127,14 @@ pub async fn keep(
     if asleep >= wanted {
         return Ok(kept);
     }
-    let Some(expect) = expect else {
-        for endpoint in awake.iter().rev().take(wanted - asleep) {
-            let why = "no golden answer is recorded yet to probe it against".to_owned();
-            kept.left_awake.push((endpoint.to_string(), why));
+    let expect = match sleep {
+        Sleep::AfterProbe(expect) => expect,
+        Sleep::Not(why) => {
+            for endpoint in awake.iter().rev().take(wanted - asleep) {
+                kept.left_awake.push((endpoint.to_string(), why.clone()));
+            }
+            return Ok(kept);
         }
-        return Ok(kept);
     };
     let spec = ProbeSpec {
         expect,

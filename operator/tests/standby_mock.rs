@@ -11,7 +11,7 @@ use support::{NS, play};
 use understudy_operator::controller::Workload;
 use understudy_operator::crd::PoolSpec;
 use understudy_operator::observe::FixedReplicas;
-use understudy_operator::standby::{self, Kept};
+use understudy_operator::standby::{self, Kept, Sleep};
 use understudy_prober::probe::ProbeSpec;
 use understudy_prober::sleep::WakeTimeouts;
 
@@ -59,7 +59,7 @@ async fn keep_once(running: u32) -> (Kept, Vec<String>) {
             &replicas,
             NS,
             &ProbeSpec::default(),
-            None,
+            Sleep::Not("no golden answer yet".to_owned()),
             WakeTimeouts::default(),
         )
         .await

@@ -18,7 +18,7 @@ use understudy_operator::controller::Workload;
 use understudy_operator::crd::{FailoverPolicy, GoldenAnswer};
 use understudy_operator::observe::{FixedReplicas, fixed_expectation, passing, probe_spec};
 use understudy_operator::policy::validate;
-use understudy_operator::standby::{self, Kept};
+use understudy_operator::standby::{self, Kept, Sleep};
 use understudy_prober::probe::{Endpoint, Expectation, ProbeSpec};
 use understudy_prober::sleep::WakeTimeouts;
 
@@ -115,6 +115,10 @@ fn judged_by_golden(policy: &FailoverPolicy) -> Expectation {
 
 /// Keeps `west` in shape once, its replicas at `endpoints`, judged by `expect`.
 async fn keep(policy: &FailoverPolicy, endpoints: &[Endpoint], expect: Option<Expectation>) -> Kept {
+    let sleep = expect.map_or_else(
+        || Sleep::Not("no golden answer is recorded yet to probe it against".to_owned()),
+        Sleep::AfterProbe,
+    );
     let probe = probe_of(policy, Expectation::NonEmpty);
     let replicas = FixedReplicas::default().with_pool("west", endpoints.to_vec());
     // Nothing listens here: with no pilot light the workload is never asked.
@@ -128,7 +132,7 @@ async fn keep(policy: &FailoverPolicy, endpoints: &[Endpoint], expect: Option<Ex
         &replicas,
         "serving",
         &probe,
-        expect,
+        sleep,
         WakeTimeouts::default(),
     )
     .await

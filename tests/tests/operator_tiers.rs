@@ -5,7 +5,8 @@
 //! changes or tests a replica. The routers and fences are a step executor that writes down what
 //! it is asked. One journal holds all of it in the order it happened, so a test states the exact
 //! calls of a path: the standby kept in its shape, the Lease moved, the old primary fenced, the
-//! new one woken or grown, probed, routed, and the old primary put into its standby shape after.
+//! new one woken or grown, probed, routed, and the old primary put into its standby shape after;
+//! and a standby that drifts from the primary neither put to sleep nor switched to.
 //!
 //! Reads (GETs of the API server, `GET /is_sleeping`) change nothing and repeat every reconcile,
 //! so they are answered and not written down. A pool's replicas become ready one per reconcile
@@ -34,10 +35,10 @@ use understudy_core::Epoch;
 use understudy_core::Pool;
 use understudy_core::failover::{CheckResult, FailoverState};
 use understudy_operator::controller::{
-    Clock, Context, Observation, ObservationSource, OperatorRecord, StepExecutor, StepReport, StepRequest,
-    reconcile,
+    Clock, Context, Observation, ObservationSource, OperatorRecord, ProbeFindings, StepExecutor, StepReport,
+    StepRequest, reconcile,
 };
-use understudy_operator::crd::{FailoverPolicy, PoolSpec};
+use understudy_operator::crd::{FailoverPolicy, GoldenAnswer, ParityDrift, ParityStatus, PoolSpec};
 use understudy_operator::metrics::Metrics;
 use understudy_operator::observe::{ReplicaEndpoints, ResolveError};
 use understudy_prober::probe::Endpoint;
@@ -491,6 +492,23 @@ struct Path {
     /// West's workload's replicas at the start, as the keeper left them.
     west_running: u32,
     spec: Value,
+    /// What the prober's last comparison of the pools found drifting, if anything.
+    drift: Option<ParityStatus>,
+}
+
+/// A prober's findings: no golden answer (the policy's expectation is fixed), and the last
+/// comparison of the pools it holds.
+#[derive(Debug)]
+struct Compared(Option<ParityStatus>);
+
+impl ProbeFindings for Compared {
+    fn golden_answer(&self, _: &ObjectRef<FailoverPolicy>) -> Option<GoldenAnswer> {
+        None
+    }
+
+    fn parity(&self, _: &ObjectRef<FailoverPolicy>) -> Option<ParityStatus> {
+        self.0.clone()
+    }
 }
 
 /// What a run of a path left.
@@ -550,11 +568,22 @@ async fn run(path: Path) -> Ran {
         ]),
     });
     let observed = Arc::new(Observed::default());
+    if let Some(drift) = &path.drift {
+        observed.0.lock().unwrap().push(Observation::Parity {
+            holds: drift.drift.is_empty(),
+        });
+    }
+    let promoted_to = if path.drift.is_some() {
+        "us-east"
+    } else {
+        "us-west"
+    };
     let clock = Arc::new(Ticking::default());
     let ctx = Arc::new(
         Context::new(client, Arc::new(Metrics::new()), Some("test-0".into()))
             .with_clock(clock.clone())
             .with_observations(observed.clone())
+            .with_findings(Arc::new(Compared(path.drift.clone())))
             .with_steps(Arc::new(Routers(journal.clone())))
             .with_replicas(replicas),
     );
@@ -580,7 +609,7 @@ async fn run(path: Path) -> Ran {
                 }
             }
             let serving = objects.policy["status"]["state"] == "Serving"
-                && (!promoted || objects.policy["status"]["primaryPool"] == "us-west");
+                && (!promoted || objects.policy["status"]["primaryPool"] == promoted_to);
             quiet = if serving && journal.len() == before {
                 quiet + 1
             } else {
@@ -600,7 +629,7 @@ async fn run(path: Path) -> Ran {
         pool: Pool::B,
         result: CheckResult::Pass,
     };
-    *observed.0.lock().unwrap() = vec![passes, passes];
+    observed.0.lock().unwrap().extend([passes, passes]);
     reconcile_until_quiet(true).await;
     let objects = objects.lock().unwrap();
     assert!(objects.surprises.is_empty(), "{:?}", objects.surprises);
@@ -680,6 +709,7 @@ async fn a_hot_standby_is_probed_and_routed_without_a_call_that_wakes_or_grows_i
         west: pool("us-west", 2, json!([{"tier": "hot", "replicas": 2}])),
         west_running: 2,
         spec: json!({}),
+        drift: None,
     })
     .await;
     let api = [COMMAND, LEASE, FENCE, ROUTE, ADMISSION];
@@ -711,6 +741,7 @@ async fn a_warm_level_1_standby_sleeps_after_its_probe_and_is_woken_after_the_fe
         ),
         west_running: 2,
         spec: json!({}),
+        drift: None,
     })
     .await;
     let api = [COMMAND, LEASE, FENCE, ROUTE, ADMISSION];
@@ -768,6 +799,7 @@ async fn a_warm_level_2_standby_is_woken_weights_first_reloaded_then_its_cache()
         ),
         west_running: 2,
         spec: json!({}),
+        drift: None,
     })
     .await;
     let api = [COMMAND, LEASE, FENCE, ROUTE, ADMISSION];
@@ -807,6 +839,7 @@ async fn a_pilot_light_grows_into_its_reserve_and_the_old_primary_shrinks_into_a
         west: pool("us-west", 2, json!([{"tier": "pilotLight", "replicas": 2, "reserveGpus": true}])),
         west_running: 0,
         spec: json!({}),
+        drift: None,
     })
     .await;
     // Placeholders hold the standby's GPUs until its own pods are ready on them; then the old
@@ -855,6 +888,7 @@ async fn four_warm_and_four_pilot_light_route_at_half_capacity_when_the_warm_fou
         ),
         west_running: 8,
         spec: json!({"minServingFraction": 0.5}),
+        drift: None,
     })
     .await;
     let api = [
@@ -898,4 +932,34 @@ async fn four_warm_and_four_pilot_light_route_at_half_capacity_when_the_warm_fou
         serving["note"],
         "4 of 8 replicas of us-west answered the generating probe right"
     );
+}
+
+#[tokio::test]
+async fn a_drifted_warm_standby_is_neither_put_to_sleep_nor_switched_to() {
+    let drift = ParityStatus {
+        checked_at: "2026-01-05T08:59:50Z".to_owned(),
+        compared: 9,
+        drift: vec![ParityDrift {
+            key: "flag.max-model-len".to_owned(),
+            primary: Some("8192".to_owned()),
+            standby: Some("4096".to_owned()),
+        }],
+        ..ParityStatus::default()
+    };
+    let ran = run(Path {
+        east: east_hot_and_warm(1),
+        west: pool(
+            "us-west",
+            2,
+            json!([{"tier": "warm", "replicas": 2, "sleepLevel": 1}]),
+        ),
+        west_running: 2,
+        spec: json!({}),
+        drift: Some(drift),
+    })
+    .await;
+    // No replica was called, and the Lease never moved.
+    assert_eq!(ran.journal, [COMMAND]);
+    assert_eq!(ran.status["primaryPool"], "us-east");
+    assert_eq!(ran.status["conditions"]["ParityHolds"]["status"], "False");
 }

@@ -28,7 +28,10 @@ async fn twin_replicas_agree_and_a_drifted_one_is_reported_by_version_and_contex
     assert_eq!(a.get("runtime.version"), Some("0.11.0"));
     assert_eq!(a.get("served.Qwen/Qwen3-0.6B.max-model-len"), Some("8192"));
     // How each tokenizes the fixed text and chat (`POST /tokenize`): present, and the same.
-    for key in ["served.Qwen/Qwen3-0.6B.tokenizer", "served.Qwen/Qwen3-0.6B.chat-template"] {
+    for key in [
+        "served.Qwen/Qwen3-0.6B.tokenizer",
+        "served.Qwen/Qwen3-0.6B.chat-template",
+    ] {
         assert_eq!(a.get(key).map(str::len), Some(16), "{key}: {a:?}");
     }
     assert_ne!(

@@ -45,7 +45,7 @@ use crate::observe::probe_spec;
 use crate::parity;
 use crate::policy::ValidatedPolicy;
 use crate::policy::{self, pool_by_name, pool_name};
-use crate::standby;
+use crate::standby::{self, Sleep};
 
 /// The working state of one reconcile of a valid policy.
 pub(super) struct Run<'a> {
@@ -265,7 +265,15 @@ pub(super) async fn apply(policy: &FailoverPolicy, ctx: &Context, namespace: &st
         && run.machine.lease_known
         && !run.config.paused
     {
-        keep_standby(ctx, policy, namespace, &validated, primary.other()).await;
+        keep_standby(
+            ctx,
+            policy,
+            namespace,
+            &validated,
+            primary.other(),
+            &run.parity_drift,
+        )
+        .await;
         prove_standby(ctx, policy, namespace, &validated, &mut run, primary.other()).await;
     }
     let started = measure_cold_starts(ctx, policy, namespace, &mut run).await;
@@ -563,6 +571,7 @@ async fn keep_standby(
     namespace: &str,
     validated: &ValidatedPolicy,
     standby_pool: Pool,
+    parity_drift: &[ParityDrift],
 ) {
     let Some(replicas) = &ctx.replicas else {
         return;
@@ -570,7 +579,14 @@ async fn keep_standby(
     let Some(pool) = policy.spec.pools.get(standby_pool.index()) else {
         return;
     };
-    let expect = ctx.expectation(policy);
+    let sleep = match ctx.expectation(policy) {
+        _ if !parity_drift.is_empty() => Sleep::Not(format!(
+            "it drifts from the primary: {}",
+            parity::drift_line(parity_drift)
+        )),
+        Some(expect) => Sleep::AfterProbe(expect),
+        None => Sleep::Not("no golden answer is recorded yet to probe it against".to_owned()),
+    };
     let probe = probe_spec(&policy.spec.probe, &validated.probe, Expectation::NonEmpty);
     let workload = Workload::new(ctx.client.clone(), namespace, &pool.workload);
     let kept = standby::keep(
@@ -579,7 +595,7 @@ async fn keep_standby(
         replicas.as_ref(),
         namespace,
         &probe,
-        expect,
+        sleep,
         WakeTimeouts::default(),
     )
     .await;
