@@ -10,6 +10,7 @@ pub mod coldstart;
 pub mod controller;
 pub mod cron;
 pub mod gameday;
+pub mod gpu_health;
 pub mod leader;
 pub mod metrics;
 pub mod observe;

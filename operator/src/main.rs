@@ -25,6 +25,7 @@ use tracing_subscriber::EnvFilter;
 use understudy_operator::admin::{self, Readiness, Role};
 use understudy_operator::controller::{self, Context, HandOffToComponents, StepExecutor};
 use understudy_operator::gameday;
+use understudy_operator::gpu_health::GpuAgents;
 use understudy_operator::leader::{LeaderConfig, LeaderElector, Release};
 use understudy_operator::lease::KubeLease;
 use understudy_operator::metrics::Metrics;
@@ -66,6 +67,24 @@ struct Args {
     /// without any, those steps are handed off and no router is called.
     #[arg(long = "router-admin", env = "UNDERSTUDY_ROUTER_ADMIN", value_delimiter = ',')]
     router_admin: Vec<RouterAdminUrl>,
+
+    /// The label selector of the GPU agents (`understudy-prober agent`, a DaemonSet on the GPU
+    /// nodes), whose verdicts are read every probing round: a replica on a failed GPU fails its
+    /// pool. Unset: GPU health is not read.
+    #[arg(long, env = "UNDERSTUDY_GPU_AGENT_SELECTOR")]
+    gpu_agent_selector: Option<String>,
+
+    /// The namespace the GPU agents run in.
+    #[arg(
+        long,
+        env = "UNDERSTUDY_GPU_AGENT_NAMESPACE",
+        default_value = "understudy-system"
+    )]
+    gpu_agent_namespace: String,
+
+    /// The port the GPU agents serve `/gpus` on.
+    #[arg(long, env = "UNDERSTUDY_GPU_AGENT_PORT", default_value_t = 9400)]
+    gpu_agent_port: u16,
 
     /// File holding the routers' admin bearer token; read once at start. Required with
     /// --router-admin.
@@ -214,6 +233,15 @@ async fn main() -> anyhow::Result<()> {
     if let Some(token) = &router_token {
         // What the routers' data path sees of the primary counts beside the probes.
         observations = observations.with_router_signals(args.router_admin.clone(), token.clone());
+    }
+    if let Some(selector) = &args.gpu_agent_selector {
+        tracing::info!(%selector, namespace = %args.gpu_agent_namespace, "reading the GPU agents' verdicts");
+        observations = observations.with_gpu_agents(GpuAgents::Labelled {
+            client: client.clone(),
+            namespace: args.gpu_agent_namespace.clone(),
+            selector: selector.clone(),
+            port: args.gpu_agent_port,
+        });
     }
     let observations = Arc::new(observations);
     let probing = tokio::spawn(observations.clone().run());

@@ -18,7 +18,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use futures::future::{BoxFuture, join, join_all};
+use futures::future::{BoxFuture, join, join_all, join3};
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
@@ -32,7 +32,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use understudy_core::Pool;
 use understudy_core::drive::serving_quorum;
-use understudy_core::failover::{Observation, PassiveSignal};
+use understudy_core::failover::{CheckResult, Observation, PassiveSignal};
 use understudy_prober::outcome::ProbeOutcome;
 use understudy_prober::parity::flags::{FlagPolicy, canonical_flags};
 use understudy_prober::probe::{self, Budget, Endpoint, Expectation, ProbeReport, ProbeSpec};
@@ -43,6 +43,7 @@ use crate::crd::{
     ExpectMode, FailoverPolicy, GoldenAnswer, ParityStatus, PoolSpec, ProbeExpect, Tier, WorkloadKind,
     WorkloadRef,
 };
+use crate::gpu_health::{self, GpuAgents};
 use crate::parity::{self, ServingConfig, serving_config};
 use crate::policy::{self, ProbeTiming, pool_by_name};
 use crate::route_push::{RouterAdminUrl, RouterToken, get_signals};
@@ -109,6 +110,16 @@ pub trait ReplicaEndpoints: Send + Sync + fmt::Debug {
         _pool: &'a PoolSpec,
     ) -> BoxFuture<'a, Result<Option<String>, ResolveError>> {
         Box::pin(async { Ok(None) })
+    }
+
+    /// The names of `pool`'s replicas that [`Self::resolve`] gives endpoints for (its Running
+    /// pods); empty when they cannot be told, which matches them to no GPU.
+    fn replica_names<'a>(
+        &'a self,
+        _namespace: &'a str,
+        _pool: &'a PoolSpec,
+    ) -> BoxFuture<'a, Result<Vec<String>, ResolveError>> {
+        Box::pin(async { Ok(Vec::new()) })
     }
 
     /// How `pool`'s workload starts vLLM, from its pod template once every replica runs it;
@@ -250,6 +261,21 @@ impl ReplicaEndpoints for KubeReplicas {
             Ok(template.as_ref().and_then(serving_config))
         })
     }
+
+    fn replica_names<'a>(
+        &'a self,
+        namespace: &'a str,
+        pool: &'a PoolSpec,
+    ) -> BoxFuture<'a, Result<Vec<String>, ResolveError>> {
+        Box::pin(async move {
+            let pods = self.pods(namespace, pool).await?;
+            Ok(pods
+                .iter()
+                .filter(|pod| replica_endpoint(pod, pool.port).is_some())
+                .map(ResourceExt::name_any)
+                .collect())
+        })
+    }
 }
 
 impl KubeReplicas {
@@ -346,6 +372,7 @@ pub struct FixedReplicas {
     pools: HashMap<String, Vec<Endpoint>>,
     models: Arc<Mutex<HashMap<String, String>>>,
     configs: Arc<Mutex<HashMap<String, ServingConfig>>>,
+    names: HashMap<String, Vec<String>>,
 }
 
 impl FixedReplicas {
@@ -361,6 +388,13 @@ impl FixedReplicas {
     pub fn set_model(&self, pool: &str, model: &str) {
         let mut models = self.models.lock().unwrap_or_else(PoisonError::into_inner);
         models.insert(pool.to_owned(), model.to_owned());
+    }
+
+    /// The replicas of the pool named `pool` are the pods `names`, in the order of its endpoints.
+    #[must_use]
+    pub fn with_names(mut self, pool: &str, names: Vec<String>) -> Self {
+        self.names.insert(pool.to_owned(), names);
+        self
     }
 
     /// From now on the pool named `pool` starts vLLM as `config` says, in this value and its
@@ -399,6 +433,15 @@ impl ReplicaEndpoints for FixedReplicas {
         let configs = self.configs.lock().unwrap_or_else(PoisonError::into_inner);
         let config = configs.get(&pool.name).cloned();
         Box::pin(async move { Ok(config) })
+    }
+
+    fn replica_names<'a>(
+        &'a self,
+        _namespace: &'a str,
+        pool: &'a PoolSpec,
+    ) -> BoxFuture<'a, Result<Vec<String>, ResolveError>> {
+        let names = self.names.get(&pool.name).cloned().unwrap_or_default();
+        Box::pin(async move { Ok(names) })
     }
 }
 
@@ -575,6 +618,8 @@ pub struct ProbingObservations {
     first_answers: Mutex<HashMap<String, Timestamp>>,
     /// The routers whose `/signals` are read every round, and their admin token.
     router_signals: Option<(Vec<RouterAdminUrl>, RouterToken)>,
+    /// The node agents whose GPU verdicts are read every round.
+    gpu_agents: Option<GpuAgents>,
     /// Wakes [`Self::run`] when a policy is tracked for the first time or a round finishes.
     changed: Notify,
     max_jitter: Duration,
@@ -588,9 +633,18 @@ impl ProbingObservations {
             policies: Mutex::new(HashMap::new()),
             first_answers: Mutex::new(HashMap::new()),
             router_signals: None,
+            gpu_agents: None,
             changed: Notify::new(),
             max_jitter: DEFAULT_MAX_JITTER,
         }
+    }
+
+    /// Reads every node agent's GPU verdicts each round: a pool whose replicas on healthy GPUs
+    /// are too few fails hard ([`crate::gpu_health`]).
+    #[must_use]
+    pub fn with_gpu_agents(mut self, agents: GpuAgents) -> Self {
+        self.gpu_agents = Some(agents);
+        self
     }
 
     /// Reads every router's `/signals` each round, beside the probes: what the data path saw of
@@ -815,7 +869,9 @@ impl ProbingObservations {
                 }
             }
         };
-        let ((primary_round, standby_round, golden), parity) = join(probing, parity).await;
+        let gpu_failed = self.on_failed_gpus(plan, primary);
+        let ((primary_round, standby_round, golden), parity, gpu_failed) =
+            join3(probing, parity, gpu_failed).await;
         let mut rounds: Vec<PoolRound> = [primary_round, standby_round].into_iter().flatten().collect();
         rounds.sort_by_key(|round| round.pool.index());
         let mut rejected = None;
@@ -841,6 +897,18 @@ impl ProbingObservations {
             })
             .collect();
         let mut checks: Vec<Observation> = checks;
+        for pool in gpu_failed {
+            // Whatever its probes said: a replica on a failed GPU cannot be trusted to compute.
+            checks.retain(|c| !matches!(c, Observation::Check { pool: p, .. } if *p == pool));
+            checks.push(Observation::Check {
+                pool,
+                result: CheckResult::HardFail,
+            });
+        }
+        checks.sort_by_key(|c| match c {
+            Observation::Check { pool, .. } => pool.index(),
+            _ => usize::MAX,
+        });
         if let Some(holds) = parity.as_ref().and_then(parity::holds) {
             checks.push(Observation::Parity { holds });
         }
@@ -879,6 +947,48 @@ impl ProbingObservations {
             &spec.parity.allow_drift,
             checked_at,
         ))
+    }
+
+    /// The pools whose replicas on healthy GPUs are fewer than they need, as the node agents
+    /// report the GPUs ([`crate::gpu_health`]); none without agents.
+    async fn on_failed_gpus(&self, plan: &RoundPlan, primary: Pool) -> Vec<Pool> {
+        let Some(agents) = &self.gpu_agents else {
+            return Vec::new();
+        };
+        let (reports, unread) = agents.reports().await;
+        for why in &unread {
+            tracing::warn!(policy = %plan.policy.name_any(), %why, "a GPU agent could not be read; its node counts as healthy");
+        }
+        let failed = gpu_health::failed_pods(&reports);
+        if failed.is_empty() {
+            return Vec::new();
+        }
+        let mut pools = Vec::new();
+        for pool in [primary, primary.other()] {
+            let Some(spec) = plan.policy.spec.pools.get(pool.index()) else {
+                continue;
+            };
+            let names = match self.replicas.replica_names(&plan.namespace, spec).await {
+                Ok(names) => names,
+                Err(error) => {
+                    tracing::warn!(policy = %plan.policy.name_any(), pool = %spec.name, %error, "could not name the pool's replicas to match them to GPUs");
+                    continue;
+                }
+            };
+            let on_failed: Vec<&String> = names
+                .iter()
+                .filter(|name| failed.contains(&format!("{}/{name}", plan.namespace)))
+                .collect();
+            let needed = min_serving(spec, pool == primary);
+            if !on_failed.is_empty() && names.len() - on_failed.len() < needed {
+                tracing::warn!(
+                    policy = %plan.policy.name_any(), pool = %spec.name, on_failed_gpus = ?on_failed, needed,
+                    "replicas hold failed GPUs; the pool fails hard"
+                );
+                pools.push(pool);
+            }
+        }
+        pools
     }
 
     async fn parity_side(

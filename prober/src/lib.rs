@@ -15,11 +15,13 @@
 //! The library does the work; the `understudy-prober` binary only parses arguments and prints.
 
 pub mod admin;
+pub mod agent;
 pub mod coldstart;
 pub mod gpu;
 pub mod http1;
 pub mod outcome;
 pub mod parity;
+pub mod podresources;
 pub mod probe;
 pub mod report;
 pub mod sleep;

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use understudy_core::Pool;
 use understudy_prober::admin::{self, Published, Watch};
+use understudy_prober::agent;
 use understudy_prober::coldstart::{self, source::Recorded};
 use understudy_prober::outcome::pool_verdict;
 use understudy_prober::parity::Fingerprint;
@@ -141,6 +142,24 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Run as the node's GPU agent: read every GPU through NVML once per interval, judge it,
+    /// find which pod holds it through the kubelet's pod-resources socket, and serve `/gpus`
+    /// (JSON), `/metrics` (DCGM-exporter-compatible), `/live` and `/ready`.
+    Agent {
+        /// This node's name (the DaemonSet passes `spec.nodeName`).
+        #[arg(long, env = "NODE_NAME")]
+        node: String,
+        #[arg(long, default_value = "0.0.0.0:9400")]
+        admin_addr: SocketAddr,
+        #[arg(long, default_value = "10s", value_parser = go_duration)]
+        interval: Duration,
+        /// The kubelet's pod-resources socket.
+        #[arg(long, default_value = understudy_prober::podresources::KUBELET_SOCKET)]
+        pod_resources_socket: PathBuf,
+        /// The resource GPUs are allocated as.
+        #[arg(long, default_value = understudy_prober::podresources::NVIDIA_GPU)]
+        resource: String,
+    },
     /// Compare two replicas (`--endpoint` twice: vLLM's version, each served model's root and
     /// context, how each tokenizes a fixed text and chat) or two model directories
     /// (`--model-dir` twice: the Hugging Face cache's commit and blob digests, file sizes,
@@ -270,6 +289,39 @@ async fn main() -> anyhow::Result<()> {
                 println!("{}", serde_json::to_string_pretty(&timeline)?);
             } else {
                 print!("{}", coldstart::render_table(&timeline));
+            }
+        }
+        Command::Agent {
+            node,
+            admin_addr,
+            interval,
+            pod_resources_socket,
+            resource,
+        } => {
+            anyhow::ensure!(!interval.is_zero(), "--interval must be more than 0s");
+            let listener = tokio::net::TcpListener::bind(admin_addr)
+                .await
+                .with_context(|| format!("binding the agent's port to {admin_addr}"))?;
+            let (inventory, no_nvml) = understudy_prober::gpu::open();
+            if let Some(why) = &no_nvml {
+                eprintln!("no GPUs found: {why}; serving all the same");
+            }
+            eprintln!("GPU agent for node {node} on http://{}", listener.local_addr()?);
+            let agent = agent::Agent {
+                node,
+                inventory,
+                no_nvml,
+                socket: pod_resources_socket,
+                resource,
+                limits: understudy_prober::gpu::Thresholds::default(),
+            };
+            let published = agent::Published::default();
+            let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+            tokio::select! {
+                () = agent::serve(listener, admin::Limits::default(), published.clone()) => anyhow::bail!("the agent's server stopped"),
+                () = agent::run(agent, interval, published) => {}
+                _ = tokio::signal::ctrl_c() => {}
+                _ = terminate.recv() => {}
             }
         }
         Command::Parity {

@@ -8,6 +8,9 @@
 //! of the primary refuses the gateway's traffic, that is a hard failed check even while the
 //! primary's probes give no evidence.
 //!
+//! Each round also compares the pools (parity), and, with a node agent to read, fails a pool
+//! whose replicas hold failed GPUs whatever its probes say.
+//!
 //! Rounds are driven one at a time with `probe_now`, with no jitter; nothing here asserts a time.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -24,10 +27,14 @@ use understudy_core::Pool;
 use understudy_core::failover::{CheckResult, FailoverConfig, FailoverState, Input, PassiveSignal, Phase};
 use understudy_operator::controller::{Observation, ObservationSource, ProbeFindings};
 use understudy_operator::crd::FailoverPolicy;
+use understudy_operator::gpu_health::GpuAgents;
 use understudy_operator::observe::{FixedReplicas, ProbingObservations};
 use understudy_operator::parity::ServingConfig;
 use understudy_operator::policy;
 use understudy_operator::route_push::{RouterAdminUrl, RouterToken};
+use understudy_prober::agent::Agent;
+use understudy_prober::gpu::{GpuInventory, GpuState, Thresholds};
+use understudy_prober::podresources::{self, PodDevices};
 use understudy_router::gateway::GatewayConfig;
 use understudy_router::waiting_room::WaitingRoomConfig;
 
@@ -469,4 +476,158 @@ async fn template_drift_names_each_flag_and_keys_the_policy_allows_block_nothing
     );
     assert_eq!(parity.allowed[0].key, "env.VLLM_ENGINE_ITERATION_TIMEOUT_S");
     assert_eq!(operator.parity, [false]);
+}
+
+/// GPUs a test changes while the agent reads them.
+#[derive(Clone, Default)]
+struct SharedGpus(Arc<std::sync::Mutex<Vec<GpuState>>>);
+
+impl GpuInventory for SharedGpus {
+    fn read(&mut self) -> Result<Vec<GpuState>, understudy_prober::gpu::Error> {
+        Ok(self.0.lock().unwrap().clone())
+    }
+}
+
+fn healthy_gpu(index: u32) -> GpuState {
+    GpuState {
+        index,
+        uuid: format!("GPU-{index}"),
+        xid_events: Vec::new(),
+        ecc_uncorrectable: 0,
+        row_remap_pending: false,
+        retired_pages_pending: false,
+        temperature_c: 50,
+        throttle_reasons: Vec::new(),
+        memory_used_bytes: 70 << 30,
+        memory_total_bytes: 80 << 30,
+        processes: 1,
+        fallen_off_bus: false,
+    }
+}
+
+/// A real node agent over `gpus` (east's replica holds GPU-0, west's GPU-1, as the kubelet's
+/// pod-resources API says), reading every 20 ms, served on loopback; its port.
+async fn gpu_agent(dir: &std::path::Path, gpus: SharedGpus) -> u16 {
+    let socket = dir.join("kubelet.sock");
+    let held = |pod: &str, gpu: &str| PodDevices {
+        namespace: "serving".to_owned(),
+        pod: pod.to_owned(),
+        container: "vllm".to_owned(),
+        resource: podresources::NVIDIA_GPU.to_owned(),
+        devices: vec![gpu.to_owned()],
+    };
+    let pods = vec![held("vllm-east-0", "GPU-0"), held("vllm-west-0", "GPU-1")];
+    let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+    tokio::spawn(podresources::serve(listener, Arc::new(move || pods.clone())));
+    let agent = Agent {
+        node: "gpu-node-1".to_owned(),
+        inventory: Box::new(gpus),
+        no_nvml: None,
+        socket,
+        resource: podresources::NVIDIA_GPU.to_owned(),
+        limits: Thresholds::default(),
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let published = understudy_prober::agent::Published::default();
+    tokio::spawn(understudy_prober::agent::serve(
+        listener,
+        Default::default(),
+        published.clone(),
+    ));
+    tokio::spawn(understudy_prober::agent::run(
+        agent,
+        Duration::from_millis(20),
+        published,
+    ));
+    port
+}
+
+/// The operator's probing side, reading the agent at `port`, with the pods' names known.
+fn reading_gpus(east: &Emulator, west: &Emulator, port: u16) -> Operator {
+    let mut operator = Operator::new(east, west);
+    let replicas = FixedReplicas::default()
+        .with_pool("east", vec![east.endpoint.clone()])
+        .with_pool("west", vec![west.endpoint.clone()])
+        .with_names("east", vec!["vllm-east-0".to_owned()])
+        .with_names("west", vec!["vllm-west-0".to_owned()]);
+    operator.observations = ProbingObservations::new(Arc::new(replicas.clone()))
+        .with_max_jitter(Duration::ZERO)
+        .with_gpu_agents(GpuAgents::At(vec![("127.0.0.1".to_owned(), port)]));
+    operator.observations.track(&failover_policy());
+    operator.replicas = replicas;
+    operator
+}
+
+/// Waits until the agent at `port` reports `pod` on a failed GPU.
+async fn agent_fails(port: u16, pod: &str) {
+    for _ in 0..200 {
+        let (reports, _) = GpuAgents::At(vec![("127.0.0.1".to_owned(), port)])
+            .reports()
+            .await;
+        if reports.iter().any(|r| r.failed_pods().iter().any(|p| p == pod)) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("the agent never reported {pod} on a failed GPU");
+}
+
+#[tokio::test]
+async fn a_primary_whose_gpu_falls_off_the_bus_is_replaced_while_it_still_answers() {
+    let east = Emulator::ready(&[], &[]);
+    let west = Emulator::ready(&[], &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let gpus = SharedGpus::default();
+    *gpus.0.lock().unwrap() = vec![healthy_gpu(0), healthy_gpu(1)];
+    let port = gpu_agent(dir.path(), gpus.clone()).await;
+    let mut operator = reading_gpus(&east, &west, port);
+    for _ in 0..2 {
+        assert_eq!(
+            operator.round().await,
+            [
+                check(Pool::A, CheckResult::Pass),
+                check(Pool::B, CheckResult::Pass)
+            ]
+        );
+    }
+    // East's GPU is lost (Xid 79); the emulator behind it still answers its probes.
+    gpus.0.lock().unwrap()[0].fallen_off_bus = true;
+    agent_fails(port, "serving/vllm-east-0").await;
+    let failing = [
+        check(Pool::A, CheckResult::HardFail),
+        check(Pool::B, CheckResult::Pass),
+    ];
+    assert_eq!(operator.round().await, failing);
+    assert_eq!(operator.promoting(), None, "one hard failure is not enough");
+    assert_eq!(operator.round().await, failing);
+    assert_eq!(
+        operator.promoting(),
+        Some(Pool::B),
+        "hardFailure.promoteAfter is 2"
+    );
+}
+
+#[tokio::test]
+async fn the_control_a_standbys_failed_gpu_fails_the_standby_not_the_primary() {
+    let east = Emulator::ready(&[], &[]);
+    let west = Emulator::ready(&[], &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let gpus = SharedGpus::default();
+    let mut lost = healthy_gpu(1);
+    lost.xid_events = vec![48];
+    *gpus.0.lock().unwrap() = vec![healthy_gpu(0), lost];
+    let port = gpu_agent(dir.path(), gpus).await;
+    agent_fails(port, "serving/vllm-west-0").await;
+    let mut operator = reading_gpus(&east, &west, port);
+    for _ in 0..4 {
+        assert_eq!(
+            operator.round().await,
+            [
+                check(Pool::A, CheckResult::Pass),
+                check(Pool::B, CheckResult::HardFail)
+            ]
+        );
+    }
+    assert_eq!(operator.promoting(), None);
 }

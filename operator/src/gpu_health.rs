@@ -1,0 +1,127 @@
+//! GPU health as the node agents see it (`understudy-prober agent`, a DaemonSet on GPU nodes):
+//! which pods hold a GPU that failed. Each probing round asks every agent `GET /gpus`; a pool
+//! whose replicas on healthy GPUs are fewer than it needs gets a hard failed check, whatever its
+//! probes said, since a replica on a GPU that fell off the bus or reported a fatal Xid cannot be
+//! trusted to compute.
+//!
+//! An agent that cannot be read says nothing about its node: its pods count as healthy, and the
+//! reason is logged. This module reads; the state machine decides.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use futures::future::join_all;
+use k8s_openapi::api::core::v1::Pod;
+use kube::Client;
+use kube::api::{Api, ListParams};
+use understudy_prober::agent::NodeReport;
+use understudy_prober::http1;
+
+/// How long one agent has to answer.
+const READ_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Where the node agents are.
+#[derive(Clone)]
+pub enum GpuAgents {
+    /// At these `host:port`s.
+    At(Vec<(String, u16)>),
+    /// The Running pods `selector` selects in `namespace`, each at its IP and `port`.
+    Labelled {
+        client: Client,
+        namespace: String,
+        selector: String,
+        port: u16,
+    },
+}
+
+impl std::fmt::Debug for GpuAgents {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            GpuAgents::At(at) => f.debug_tuple("At").field(at).finish(),
+            GpuAgents::Labelled {
+                namespace,
+                selector,
+                port,
+                ..
+            } => f
+                .debug_struct("Labelled")
+                .field("namespace", namespace)
+                .field("selector", selector)
+                .field("port", port)
+                .finish_non_exhaustive(),
+        }
+    }
+}
+
+impl GpuAgents {
+    async fn addresses(&self) -> Result<Vec<(String, u16)>, String> {
+        match self {
+            GpuAgents::At(at) => Ok(at.clone()),
+            GpuAgents::Labelled {
+                client,
+                namespace,
+                selector,
+                port,
+            } => {
+                let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+                let listed = pods
+                    .list(&ListParams::default().labels(selector))
+                    .await
+                    .map_err(|error| {
+                        format!("listing the GPU agents ({selector} in {namespace}): {error}")
+                    })?;
+                Ok(listed
+                    .items
+                    .iter()
+                    .filter_map(|pod| {
+                        let status = pod.status.as_ref()?;
+                        (status.phase.as_deref() == Some("Running")).then_some(())?;
+                        Some((status.pod_ip.clone()?, *port))
+                    })
+                    .collect())
+            }
+        }
+    }
+
+    /// Every agent's report that could be read, and why the others could not.
+    pub async fn reports(&self) -> (Vec<NodeReport>, Vec<String>) {
+        let addresses = match self.addresses().await {
+            Ok(addresses) => addresses,
+            Err(why) => return (Vec::new(), vec![why]),
+        };
+        let reads = join_all(addresses.iter().map(|(host, port)| read(host, *port))).await;
+        let mut reports = Vec::new();
+        let mut unread = Vec::new();
+        for ((host, port), read) in addresses.iter().zip(reads) {
+            match read {
+                Ok(report) => reports.push(report),
+                Err(why) => unread.push(format!("the GPU agent at {host}:{port}: {why}")),
+            }
+        }
+        (reports, unread)
+    }
+}
+
+async fn read(host: &str, port: u16) -> Result<NodeReport, String> {
+    let call = http1::exchange(http1::Call {
+        host,
+        port,
+        method: http::Method::GET,
+        target: "/gpus",
+        bearer: None,
+        json: None,
+    });
+    let (status, body) = tokio::time::timeout(READ_TIMEOUT, call)
+        .await
+        .map_err(|_| format!("no answer within {READ_TIMEOUT:?}"))??;
+    if status != http::StatusCode::OK {
+        return Err(format!("GET /gpus answered {}", status.as_u16()));
+    }
+    serde_json::from_slice(&body).map_err(|error| format!("GET /gpus answered what is not a report: {error}"))
+}
+
+/// The pods, as `namespace/name`, that hold a GPU that failed, in any of `reports`.
+#[must_use]
+pub fn failed_pods(reports: &[NodeReport]) -> BTreeSet<String> {
+    reports.iter().flat_map(NodeReport::failed_pods).collect()
+}
