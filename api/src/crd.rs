@@ -1209,6 +1209,10 @@ pub enum Fault {
     /// epoch Lease, from a primary that is still healthy.
     #[default]
     Failover,
+    /// Crash the primary: delete its serving pods at once, as a node or a process dying would.
+    /// Nothing tells the policy: it must see the failure with its own probes and promote the
+    /// standby by itself. The workload recreates the pods.
+    Crash,
 }
 
 /// The steady state a run checks before it injects. Always checked, from the policy's status:
@@ -1324,6 +1328,14 @@ pub struct GameDayRun {
     /// The command annotation value given to the policy to inject the fault.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub command: Option<String>,
+    /// What the run did to inject a fault that is not a command, e.g. the pods it deleted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub injected: Option<String>,
+    /// The command value the policy had handled when a fault that is not a command was injected:
+    /// a promotion under another value was somebody's command, not the policy's own answer to
+    /// the fault.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handled_before: Option<String>,
     /// The recovery, as the policy's own status recorded it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recovery: Option<RecoveryTimeline>,

@@ -19,7 +19,7 @@ use k8s_openapi::jiff::Timestamp;
 
 use crate::controller::{COMMAND_ANNOTATION, HandledCommand, pending_command, rfc3339};
 use crate::crd::{
-    Condition, ConditionStatus, FailoverPolicy, FailoverTimeline, GameDayFailbackMode, GameDayRun,
+    Condition, ConditionStatus, FailoverPolicy, FailoverTimeline, Fault, GameDayFailbackMode, GameDayRun,
     GameDaySpec, RecoveryTimeline, RunPhase, RunTransition, RunTrigger, TransitionKind, Verdict,
     condition_type,
 };
@@ -31,6 +31,8 @@ const DWELL_MARGIN: Duration = Duration::from_secs(1);
 /// What a run needs from the GameDay's spec, parsed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RunConfig {
+    /// What a run injects.
+    pub fault: Fault,
     pub max_recovery: Duration,
     /// `None`: failback is manual.
     pub failback_after: Option<Duration>,
@@ -60,6 +62,7 @@ impl RunConfig {
             .map(|d| d.parse().map_err(|e| format!("steadyState.readyFor: {e}")))
             .transpose()?;
         Ok(RunConfig {
+            fault: spec.fault,
             max_recovery,
             failback_after,
             ready_for,
@@ -198,19 +201,23 @@ impl PolicyView {
     }
 }
 
-/// A command a run gives the policy, with the annotation value that carries it.
+/// What a run does to the policy: a command, with the annotation value that carries it, or a
+/// fault the controller injects itself.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PolicyCommand {
     Failover(String),
     Failback(String),
+    /// Delete the serving pods of the pool named here, the primary.
+    Crash(String),
 }
 
 impl PolicyCommand {
-    /// The `understudy.dev/command` annotation value.
+    /// The `understudy.dev/command` annotation value; `None` for a fault that is not a command.
     #[must_use]
-    pub fn value(&self) -> &str {
+    pub fn value(&self) -> Option<&str> {
         match self {
-            PolicyCommand::Failover(value) | PolicyCommand::Failback(value) => value,
+            PolicyCommand::Failover(value) | PolicyCommand::Failback(value) => Some(value),
+            PolicyCommand::Crash(_) => None,
         }
     }
 }
@@ -366,6 +373,8 @@ impl RunMachine for GameDayRun {
             to_pool: None,
             baseline_epoch: None,
             command: None,
+            injected: None,
+            handled_before: None,
             recovery: None,
             failback: None,
             verdict: None,
@@ -415,7 +424,23 @@ trait RunSteps {
         now: Duration,
         max: &str,
     ) -> Option<PolicyCommand>;
-    fn holding(&mut self, config: &RunConfig, view: &PolicyView, now: Duration) -> Option<PolicyCommand>;
+    fn crashed(&mut self, config: &RunConfig, view: &PolicyView, now: Duration, max: &str);
+    fn recovering(
+        &mut self,
+        config: &RunConfig,
+        transition: &FailoverTimeline,
+        after: &str,
+        timed_out: bool,
+        now: Duration,
+        max: &str,
+    );
+    fn holding(
+        &mut self,
+        config: &RunConfig,
+        gameday: &str,
+        view: &PolicyView,
+        now: Duration,
+    ) -> Option<PolicyCommand>;
     fn failing_back(
         &mut self,
         config: &RunConfig,
@@ -475,11 +500,9 @@ impl RunSteps for GameDayRun {
                     self.abort(format!("not steady: {}", violations.join("; ")), now);
                     return None;
                 }
-                let command = command_value("failover", gameday, &self.id);
                 self.from_pool = view.primary.clone();
                 self.to_pool = Some(view.standby().to_owned());
                 self.baseline_epoch = view.epoch;
-                self.command = Some(command.clone());
                 self.recovery = Some(RecoveryTimeline {
                     commanded_at: rfc3339(now),
                     epoch: None,
@@ -489,7 +512,19 @@ impl RunSteps for GameDayRun {
                     steps: Vec::new(),
                 });
                 self.enter(RunPhase::Injected, now);
-                Some(PolicyCommand::Failover(command))
+                match config.fault {
+                    Fault::Failover => {
+                        let command = command_value("failover", gameday, &self.id);
+                        self.command = Some(command.clone());
+                        Some(PolicyCommand::Failover(command))
+                    }
+                    Fault::Crash => {
+                        let primary = view.primary.clone().unwrap_or_default();
+                        self.handled_before.clone_from(&view.handled_command);
+                        self.injected = Some(format!("deleted the serving pods of {primary}"));
+                        Some(PolicyCommand::Crash(primary))
+                    }
+                }
             }
             RunPhase::Injected => self.injected(config, gameday, view, now, &max),
             RunPhase::Recovered => {
@@ -506,7 +541,7 @@ impl RunSteps for GameDayRun {
                 }
                 None
             }
-            RunPhase::HoldingOnStandby => self.holding(config, view, now),
+            RunPhase::HoldingOnStandby => self.holding(config, gameday, view, now),
             RunPhase::FailingBack => self.failing_back(config, gameday, view, now, &max),
             RunPhase::Scheduled | RunPhase::Done | RunPhase::Aborted | RunPhase::Failed => None,
         }
@@ -520,7 +555,10 @@ impl RunSteps for GameDayRun {
         now: Duration,
         max: &str,
     ) -> Option<PolicyCommand> {
-        let command = self.command.clone().unwrap_or_default();
+        let Some(command) = self.command.clone() else {
+            self.crashed(config, view, now, max);
+            return None;
+        };
         let recovery = self.recovery.clone()?;
         let commanded = instant(&recovery.commanded_at).unwrap_or(now);
         let baseline = self.baseline_epoch.unwrap_or(0);
@@ -541,41 +579,7 @@ impl RunSteps for GameDayRun {
                 );
                 return None;
             }
-            if transition.kind != TransitionKind::Failover
-                || Some(&transition.to_pool) != self.to_pool.as_ref()
-            {
-                self.abort(moved_by_itself(transition), now);
-                return None;
-            }
-            let mut recovery = recovery;
-            from_policy(&mut recovery, transition);
-            let seconds = recovery.seconds;
-            self.recovery = Some(recovery);
-            match seconds {
-                Some(seconds) if Duration::from_secs(seconds) <= config.max_recovery => {
-                    self.reason = Some(format!(
-                        "{} served at epoch {} {seconds}s after the command (maxRecovery {max})",
-                        transition.to_pool, transition.epoch
-                    ));
-                    self.enter(RunPhase::Recovered, now);
-                }
-                Some(seconds) => self.fail(
-                    format!(
-                        "{} served only {seconds}s after the command, beyond maxRecovery ({max})",
-                        transition.to_pool
-                    ),
-                    now,
-                ),
-                None if timed_out => self.fail(
-                    format!(
-                        "{} was not serving within maxRecovery ({max}); the policy carries on with \
-                         its promotion at epoch {}",
-                        transition.to_pool, transition.epoch
-                    ),
-                    now,
-                ),
-                None => {}
-            }
+            self.recovering(config, transition, "the command", timed_out, now, max);
             return None;
         }
         if !view.saw(&command) {
@@ -615,11 +619,102 @@ impl RunSteps for GameDayRun {
         None
     }
 
+    /// After the primary's pods were deleted: waits for the policy to promote the standby on its
+    /// own, under the command it had handled before (a promotion under another was somebody's
+    /// command, not the policy's answer to the crash).
+    fn crashed(&mut self, config: &RunConfig, view: &PolicyView, now: Duration, max: &str) {
+        let Some(recovery) = &self.recovery else {
+            return;
+        };
+        let injected = instant(&recovery.commanded_at).unwrap_or(now);
+        let timed_out = now >= injected + config.max_recovery;
+        let baseline = self.baseline_epoch.unwrap_or(0);
+        if let Some(transition) = view.transition_after(baseline) {
+            if view.handled_command != self.handled_before {
+                self.abort(
+                    format!(
+                        "someone commanded the policy after the crash ({}): its move to {} at epoch {} \
+                         was not its own answer to the fault",
+                        view.handled_command.as_deref().unwrap_or("none"),
+                        transition.to_pool,
+                        transition.epoch
+                    ),
+                    now,
+                );
+                return;
+            }
+            self.recovering(config, transition, "the crash", timed_out, now, max);
+        } else if timed_out {
+            self.fail(
+                format!(
+                    "the policy did not promote {} within maxRecovery ({max}) after its primary's pods \
+                     were deleted",
+                    self.to_pool.as_deref().unwrap_or_default()
+                ),
+                now,
+            );
+        }
+    }
+
+    /// The policy moved after the fault: judges its promotion against `maxRecovery`, counted from
+    /// the injection (`after` names it).
+    fn recovering(
+        &mut self,
+        config: &RunConfig,
+        transition: &FailoverTimeline,
+        after: &str,
+        timed_out: bool,
+        now: Duration,
+        max: &str,
+    ) {
+        if transition.kind != TransitionKind::Failover || Some(&transition.to_pool) != self.to_pool.as_ref() {
+            self.abort(moved_by_itself(transition), now);
+            return;
+        }
+        let Some(mut recovery) = self.recovery.clone() else {
+            return;
+        };
+        from_policy(&mut recovery, transition);
+        let seconds = recovery.seconds;
+        self.recovery = Some(recovery);
+        match seconds {
+            Some(seconds) if Duration::from_secs(seconds) <= config.max_recovery => {
+                self.reason = Some(format!(
+                    "{} served at epoch {} {seconds}s after {after} (maxRecovery {max})",
+                    transition.to_pool, transition.epoch
+                ));
+                self.enter(RunPhase::Recovered, now);
+            }
+            Some(seconds) => self.fail(
+                format!(
+                    "{} served only {seconds}s after {after}, beyond maxRecovery ({max})",
+                    transition.to_pool
+                ),
+                now,
+            ),
+            None if timed_out => self.fail(
+                format!(
+                    "{} was not serving within maxRecovery ({max}); the policy carries on with its \
+                     promotion at epoch {}",
+                    transition.to_pool, transition.epoch
+                ),
+                now,
+            ),
+            None => {}
+        }
+    }
+
     /// Holds on the standby until `failback.after` and the policy's dwell are over, then gives the
     /// failback command. The stop condition is judged first, and a move the run did not command
     /// fails the run: while holding, the standby is what is under test, and a policy that left it
     /// (promoting home after the standby failed hard, or a person failing back) did not hold.
-    fn holding(&mut self, config: &RunConfig, view: &PolicyView, now: Duration) -> Option<PolicyCommand> {
+    fn holding(
+        &mut self,
+        config: &RunConfig,
+        gameday: &str,
+        view: &PolicyView,
+        now: Duration,
+    ) -> Option<PolicyCommand> {
         if self.stop_condition.is_none()
             && (!condition_is_true(view.ready.as_ref()) || view.state.as_deref() != Some("Serving"))
         {
@@ -662,7 +757,7 @@ impl RunSteps for GameDayRun {
         if now < until {
             return None;
         }
-        let command = failback_command(self);
+        let command = failback_command(self, gameday);
         self.failback = Some(RecoveryTimeline {
             commanded_at: rfc3339(now),
             epoch: None,
@@ -684,7 +779,7 @@ impl RunSteps for GameDayRun {
         max: &str,
     ) -> Option<PolicyCommand> {
         let failback = self.failback.clone()?;
-        let command = failback_command(self);
+        let command = failback_command(self, gameday);
         let commanded = instant(&failback.commanded_at).unwrap_or(now);
         let timed_out = now >= commanded + config.max_recovery;
         let recovered_epoch = self.recovery.as_ref().and_then(|r| r.epoch).unwrap_or_default();
@@ -765,14 +860,10 @@ impl RunSteps for GameDayRun {
     }
 }
 
-/// The failback command of a run: its failover command's token under the word `failback`, so
-/// that the record needs no second field.
-fn failback_command(run: &GameDayRun) -> String {
-    run.command
-        .as_deref()
-        .and_then(|c| c.strip_prefix("failover@"))
-        .map(|token| format!("failback@{token}"))
-        .unwrap_or_default()
+/// The failback command of a run: the run's token under the word `failback`, so that the
+/// record needs no second field.
+fn failback_command(run: &GameDayRun, gameday: &str) -> String {
+    command_value("failback", gameday, &run.id)
 }
 
 /// Why a run stops when the policy moved in a way the run did not command.

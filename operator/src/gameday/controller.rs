@@ -20,8 +20,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::ObjectReference;
-use kube::api::{Api, Patch, PatchParams};
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::core::DeserializeGuard;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
@@ -33,6 +33,7 @@ use super::{PolicyCommand, PolicyView, RunConfig, RunMachine, instant};
 use crate::controller::{COMMAND_ANNOTATION, CONTROLLER_NAME, Clock, SystemClock, rfc3339};
 use crate::crd::{FailoverPolicy, GameDay, GameDayRun, GameDayStatus, RunPhase, RunTrigger, Verdict};
 use crate::cron::CronSchedule;
+use crate::observe::KubeReplicas;
 use crate::watchdog::{Reconciler, Watchdog};
 
 /// The annotation on a FailoverPolicy naming the game day whose run gave it a command.
@@ -68,6 +69,9 @@ pub enum Error {
     /// Giving the policy its command failed.
     #[error("giving the FailoverPolicy its command: {0}")]
     Command(#[source] kube::Error),
+    /// A fault that is not a command could not be injected; the run waits out `maxRecovery`.
+    #[error("injecting the fault: {0}")]
+    Inject(String),
     /// The status was written against a GameDay that has changed since it was read: the
     /// reconcile saw a stale copy and starts again from the current one.
     #[error("the GameDay changed since it was read; reading it again")]
@@ -89,6 +93,7 @@ impl Error {
             Error::Read { .. } => "read",
             Error::PolicyChanged => "policy_changed",
             Error::Command(_) => "command",
+            Error::Inject(_) => "inject",
             Error::StatusConflict | Error::StatusPatch(_) | Error::StatusTimeout(_) => "status",
         }
     }
@@ -150,6 +155,11 @@ enum Notice {
     Commanded {
         value: String,
         policy: String,
+    },
+    /// The primary's serving pods were deleted.
+    Crashed {
+        pool: String,
+        pods: Vec<String>,
     },
     Finished {
         run: String,
@@ -354,7 +364,7 @@ async fn reconcile_game_day(gameday: &GameDay, ctx: &Context) -> Result<Action, 
             reason: run.reason.clone().unwrap_or_default(),
         });
         status.last_verdict = run.verdict;
-        if run.command.is_some() {
+        if run.command.is_some() || run.injected.is_some() {
             released = policy.clone();
         }
         status.last_runs.insert(0, run);
@@ -377,13 +387,17 @@ async fn reconcile_game_day(gameday: &GameDay, ctx: &Context) -> Result<Action, 
     let reference = gameday.object_ref(&());
     if let (Some(command), Some(policy)) = (&command, &policy) {
         give_command(ctx, &namespace, policy, &name, command).await?;
-        notices.insert(
-            0,
-            Notice::Commanded {
-                value: command.value().to_owned(),
+        let notice = match command {
+            PolicyCommand::Crash(pool) => Notice::Crashed {
+                pods: crash(ctx, &namespace, policy, pool).await?,
+                pool: pool.clone(),
+            },
+            PolicyCommand::Failover(value) | PolicyCommand::Failback(value) => Notice::Commanded {
+                value: value.clone(),
                 policy: policy.name_any(),
             },
-        );
+        };
+        notices.insert(0, notice);
     }
     if let Some(policy) = released {
         release(ctx, &namespace, &policy, &name).await;
@@ -458,8 +472,40 @@ async fn holder(
     let running = found
         .and_then(|g| g.status)
         .and_then(|s| s.current_run)
-        .is_some_and(|run| run.command.is_some() && !run.phase.is_final());
+        .is_some_and(|run| (run.command.is_some() || run.injected.is_some()) && !run.phase.is_final());
     Ok(running.then(|| other.clone()))
+}
+
+/// Crashes the pool named `pool` of `policy`: deletes its serving pods with no grace period, as
+/// a node or a process dying would. Their names.
+async fn crash(
+    ctx: &Context,
+    namespace: &str,
+    policy: &FailoverPolicy,
+    pool: &str,
+) -> Result<Vec<String>, Error> {
+    let Some(spec) = policy.spec.pools.iter().find(|p| p.name == pool) else {
+        return Ok(Vec::new());
+    };
+    let pods = KubeReplicas::new(ctx.client.clone())
+        .pods(namespace, spec)
+        .await
+        .map_err(|error| Error::Inject(error.to_string()))?;
+    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
+    let now = DeleteParams {
+        grace_period_seconds: Some(0),
+        ..DeleteParams::default()
+    };
+    let mut deleted = Vec::new();
+    for pod in pods.iter().filter(|p| p.metadata.deletion_timestamp.is_none()) {
+        let name = pod.name_any();
+        match api.delete(&name, &now).await {
+            Ok(_) => deleted.push(name),
+            Err(kube::Error::Api(status)) if status.is_not_found() => {}
+            Err(error) => return Err(Error::Inject(format!("deleting pod {name}: {error}"))),
+        }
+    }
+    Ok(deleted)
 }
 
 /// Gives the policy its command and names this game day as its holder, in one merge patch
@@ -472,13 +518,15 @@ async fn give_command(
     command: &PolicyCommand,
 ) -> Result<(), Error> {
     let api: Api<FailoverPolicy> = Api::namespaced(ctx.client.clone(), namespace);
+    // A fault that is not a command only claims the policy.
+    let mut annotations = serde_json::json!({ GAME_DAY_ANNOTATION: gameday });
+    if let Some(value) = command.value() {
+        annotations[COMMAND_ANNOTATION] = value.into();
+    }
     let patch = serde_json::json!({
         "metadata": {
             "resourceVersion": policy.metadata.resource_version,
-            "annotations": {
-                COMMAND_ANNOTATION: command.value(),
-                GAME_DAY_ANNOTATION: gameday,
-            },
+            "annotations": annotations,
         }
     });
     let params = PatchParams {
@@ -563,6 +611,15 @@ fn describe(notice: &Notice) -> KubeEvent {
             EventType::Normal,
             "CommandGiven",
             format!("gave FailoverPolicy {policy} {COMMAND_ANNOTATION}={value}"),
+        ),
+        Notice::Crashed { pool, pods } => (
+            EventType::Warning,
+            "FaultInjected",
+            format!(
+                "crashed {pool}: deleted its {} serving pod(s) with no grace period ({})",
+                pods.len(),
+                pods.join(", ")
+            ),
         ),
         Notice::Finished { run, verdict, reason } => (
             if *verdict == Verdict::Passed {

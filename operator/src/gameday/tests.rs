@@ -46,6 +46,7 @@ fn steady() -> PolicyView {
 
 fn config(failback_after: Option<u64>) -> RunConfig {
     RunConfig {
+        fault: Fault::Failover,
         max_recovery: Duration::from_secs(120),
         failback_after: failback_after.map(Duration::from_secs),
         ready_for: None,
@@ -640,4 +641,99 @@ fn a_move_home_someone_else_commanded_during_the_failback_is_not_credited() {
     };
     run.advance(&config, "weekly", Some(&human), at(701));
     assert_eq!(run.verdict, Some(Verdict::Aborted));
+}
+
+fn crash_config() -> RunConfig {
+    RunConfig {
+        fault: Fault::Crash,
+        ..config(None)
+    }
+}
+
+/// The policy after it promoted us-west at epoch 5 on its own: no new command handled.
+fn promoted_by_itself(finished: u64) -> PolicyView {
+    PolicyView {
+        command: None,
+        handled_command: None,
+        claim: Some("weekly".to_owned()),
+        ..on_standby(finished)
+    }
+}
+
+#[test]
+fn a_crash_deletes_the_primarys_pods_and_passes_when_the_policy_promotes_on_its_own_in_time() {
+    let config = crash_config();
+    let mut run = GameDayRun::due(RunTrigger::Schedule, T0);
+    let action = run.advance(&config, "weekly", Some(&steady()), T0);
+    assert_eq!(action, Some(PolicyCommand::Crash("us-east".to_owned())));
+    assert_eq!(action.unwrap().value(), None, "a crash is not a command");
+    assert_eq!(run.phase, RunPhase::Injected);
+    assert_eq!(run.command, None);
+    assert_eq!(
+        run.injected.as_deref(),
+        Some("deleted the serving pods of us-east")
+    );
+    // Nothing is given again while the policy has not moved.
+    assert_eq!(run.advance(&config, "weekly", Some(&steady()), at(10)), None);
+    assert_eq!(run.phase, RunPhase::Injected);
+    assert_eq!(
+        run.advance(&config, "weekly", Some(&promoted_by_itself(40)), at(41)),
+        None
+    );
+    assert_eq!(run.phase, RunPhase::Done);
+    assert_eq!(run.verdict, Some(Verdict::Passed));
+    let reason = run.reason.unwrap();
+    assert!(
+        reason.starts_with("us-west served at epoch 5 40s after the crash (maxRecovery 2m0s)"),
+        "{reason}"
+    );
+}
+
+#[test]
+fn a_crash_the_policy_does_not_answer_within_max_recovery_fails() {
+    let config = crash_config();
+    let mut run = GameDayRun::due(RunTrigger::Schedule, T0);
+    run.advance(&config, "weekly", Some(&steady()), T0);
+    assert_eq!(run.advance(&config, "weekly", Some(&steady()), at(119)), None);
+    assert_eq!(run.phase, RunPhase::Injected);
+    run.advance(&config, "weekly", Some(&steady()), at(120));
+    assert_eq!(run.verdict, Some(Verdict::Failed));
+    assert_eq!(
+        run.reason.as_deref(),
+        Some(
+            "the policy did not promote us-west within maxRecovery (2m0s) after its primary's pods were deleted"
+        )
+    );
+}
+
+#[test]
+fn a_promotion_under_a_command_given_after_the_crash_is_not_the_policys_answer_to_it() {
+    let config = crash_config();
+    let mut run = GameDayRun::due(RunTrigger::Schedule, T0);
+    run.advance(&config, "weekly", Some(&steady()), T0);
+    let commanded = PolicyView {
+        handled_command: Some("force-failover@someone".to_owned()),
+        ..promoted_by_itself(30)
+    };
+    run.advance(&config, "weekly", Some(&commanded), at(31));
+    assert_eq!(run.verdict, Some(Verdict::Aborted));
+    assert!(
+        run.reason
+            .unwrap()
+            .starts_with("someone commanded the policy after the crash (force-failover@someone)")
+    );
+}
+
+#[test]
+fn a_crash_run_fails_back_under_its_own_token() {
+    let config = RunConfig {
+        failback_after: Some(Duration::from_secs(60)),
+        ..crash_config()
+    };
+    let mut run = GameDayRun::due(RunTrigger::Schedule, T0);
+    run.advance(&config, "weekly", Some(&steady()), T0);
+    run.advance(&config, "weekly", Some(&promoted_by_itself(40)), at(41));
+    assert_eq!(run.phase, RunPhase::HoldingOnStandby);
+    let action = run.advance(&config, "weekly", Some(&promoted_by_itself(40)), at(400));
+    assert_eq!(action, Some(PolicyCommand::Failback(FAILBACK.to_owned())));
 }
