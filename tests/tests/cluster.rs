@@ -939,6 +939,83 @@ async fn a_scheduled_game_day_fails_over_for_real_holds_fails_back_and_records_p
 }
 
 #[tokio::test]
+async fn a_game_day_that_crashes_the_primary_sees_the_policy_promote_its_standby_on_its_own() {
+    use understudy_api::crd::{GameDay, Verdict};
+
+    let Some(client) = cluster().await else { return };
+    let pools = TwoPools::start(
+        client.clone(),
+        "e2e-crash",
+        Standby::hot(),
+        json!({"minDwell": "2s"}),
+    )
+    .await;
+    let operator = pools.operator("e2e-operator-1", ADMIN_TOKEN);
+    pools.routed("east", 0).await;
+    eventually(Duration::from_secs(60), "the standby proven", || async {
+        let status = pools.policies.get("chat").await.unwrap().status?;
+        let proven = status.conditions.get("StandbyProven")?;
+        (proven.status == understudy_api::crd::ConditionStatus::True).then_some(())
+    })
+    .await;
+
+    // Run now: the `run` command instead of a schedule.
+    let gamedays: Api<GameDay> = Api::namespaced(client.clone(), pools.ns);
+    let gameday = serde_json::from_value(json!({
+        "apiVersion": "understudy.dev/v1alpha1",
+        "kind": "GameDay",
+        "metadata": {"name": "chat-crash", "annotations": {"understudy.dev/command": "run"}},
+        "spec": {
+            "policyRef": {"name": "chat"},
+            "fault": "crash",
+            "steadyState": {"readyFor": "1s"},
+            "maxRecovery": "1m",
+            "failback": {"mode": "manual"},
+        },
+    }))
+    .unwrap();
+    gamedays.create(&PostParams::default(), &gameday).await.unwrap();
+    let verdict = eventually(Duration::from_secs(120), "a verdict", || async {
+        gamedays.get("chat-crash").await.unwrap().status?.last_verdict
+    })
+    .await;
+    let status = gamedays.get("chat-crash").await.unwrap().status.unwrap();
+    assert_eq!(verdict, Verdict::Passed, "{status:#?}");
+    let run = &status.last_runs[0];
+    assert_eq!(run.command, None, "a crash gives the policy no command");
+    assert_eq!(run.injected.as_deref(), Some("deleted the serving pods of east"));
+    assert!(
+        run.reason.as_deref().unwrap().contains("after the crash"),
+        "{run:?}"
+    );
+    // The policy promoted west by itself, and east's pods were really deleted.
+    assert_eq!(pools.lease().await, ("1".to_owned(), "west".to_owned()));
+    let pods: Api<Pod> = Api::namespaced(client.clone(), pools.ns);
+    for pod in &pools.east {
+        let now = pods.get_opt(&pod.name_any()).await.unwrap();
+        assert!(
+            now.is_none_or(|p| p.metadata.uid != pod.metadata.uid),
+            "{} survived",
+            pod.name_any()
+        );
+    }
+    let events: Api<Event> = Api::namespaced(client, pools.ns);
+    let injected = events
+        .list(&ListParams::default().fields("reason=FaultInjected"))
+        .await
+        .unwrap()
+        .items;
+    assert_eq!(injected.len(), 1, "{injected:?}");
+    let note = injected[0].message.as_deref().unwrap_or_default();
+    assert!(
+        note.starts_with("crashed east: deleted its 2 serving pod(s) with no grace period"),
+        "{note}"
+    );
+    assert!(refusals(&operator).is_empty(), "{:#?}", refusals(&operator));
+    pools.stop(operator).await;
+}
+
+#[tokio::test]
 async fn an_operator_whose_leader_lease_another_replica_took_stops_leading_and_exits() {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 
