@@ -1159,6 +1159,19 @@ pub struct GameDaySpec {
     )]
     pub schedule: Option<String>,
 
+    /// The IANA time zone the schedule is read in, e.g. `Europe/Berlin`; UTC when unset. A time
+    /// a daylight-saving change skips fires right after the gap; a time it repeats fires once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 64))]
+    pub time_zone: Option<String>,
+
+    /// What a scheduled run that comes due while another run of this game day is under way does,
+    /// as a CronJob's: `Forbid` skips it, `Allow` starts it as soon as the run under way ends
+    /// (one waits at most), `Replace` stops the run under way if it has not injected its fault
+    /// yet (a fault injected is never cut short: then the new run is skipped, and said so).
+    #[serde(default)]
+    pub concurrency_policy: ConcurrencyPolicy,
+
     /// What is injected.
     #[serde(default)]
     pub fault: Fault,
@@ -1199,6 +1212,18 @@ pub struct PolicyRef {
             .message("must be a Kubernetes object name (RFC 1123 subdomain)"),
     )]
     pub name: String,
+}
+
+/// What a scheduled run due while another runs does.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum ConcurrencyPolicy {
+    /// Start it as soon as the run under way ends.
+    Allow,
+    /// Skip it.
+    #[default]
+    Forbid,
+    /// Stop the run under way if it has not injected yet, and start this one.
+    Replace,
 }
 
 /// The fault a game day injects.
@@ -1285,6 +1310,11 @@ pub struct GameDayStatus {
     /// The verdict of the newest finished run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_verdict: Option<Verdict>,
+
+    /// A scheduled run that came due while another was under way and waits for it to end
+    /// (`concurrencyPolicy: Allow`): when it was due, RFC 3339.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queued_run_at: Option<String>,
 
     /// When the schedule next fires, RFC 3339; absent without a schedule.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -7,11 +7,13 @@
 //! with `*` (`*`, `*/2`) counts as unrestricted, as in Vixie cron, so `0 0 */2 * MON` fires on odd
 //! days that are Mondays; Kubernetes CronJobs (robfig/cron) count only `*` and `?` as
 //! unrestricted and would fire that one on every odd day and every Monday.
-//! No time zones: a GameDay's schedule is UTC. Pure; nothing here reads a clock.
+//! In UTC, or in a time zone from the IANA database (bundled, so that it needs no files): a time a
+//! daylight-saving change skips fires at the first instant after the gap, and a time it repeats
+//! fires once, at its first occurrence. Pure; nothing here reads a clock.
 
 use k8s_openapi::jiff::Timestamp;
 use k8s_openapi::jiff::civil::{Date, DateTime};
-use k8s_openapi::jiff::tz::Offset;
+use k8s_openapi::jiff::tz::TimeZone;
 
 /// A cron expression that failed to parse, with the reason.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -80,7 +82,13 @@ impl CronSchedule {
     /// does (`0 0 31 2 *`) or not within 28 years.
     #[must_use]
     pub fn next_after(&self, after: Timestamp) -> Option<Timestamp> {
-        let now = Offset::UTC.to_datetime(after);
+        self.next_after_in(after, &TimeZone::UTC)
+    }
+
+    /// The first time strictly after `after` at which the schedule fires, read in `zone`.
+    #[must_use]
+    pub fn next_after_in(&self, after: Timestamp, zone: &TimeZone) -> Option<Timestamp> {
+        let now = zone.to_datetime(after);
         // The next whole minute strictly after `after`.
         let start = now
             .with()
@@ -110,7 +118,13 @@ impl CronSchedule {
                         continue;
                     }
                     let at = DateTime::from_parts(date, k8s_openapi::jiff::civil::time(hour, minute, 0, 0));
-                    return Offset::UTC.to_timestamp(at).ok();
+                    let Ok(fires) = zone.to_ambiguous_timestamp(at).compatible() else {
+                        continue;
+                    };
+                    // A gap moves a time forward past later ones; a repeated hour comes back.
+                    if fires > after {
+                        return Some(fires);
+                    }
                 }
             }
         }
@@ -192,6 +206,50 @@ mod tests {
             .unwrap()
             .next_after(at(after))
             .map_or_else(|| "never".to_owned(), |t| t.to_string())
+    }
+
+    fn next_in(expression: &str, zone: &str, after: &str) -> String {
+        let zone = TimeZone::get(zone).unwrap();
+        CronSchedule::parse(expression)
+            .unwrap()
+            .next_after_in(at(after), &zone)
+            .map_or_else(|| "never".to_owned(), |t| t.to_string())
+    }
+
+    #[test]
+    fn a_schedule_in_a_time_zone_fires_at_that_zones_wall_clock_time() {
+        // 10:00 in Berlin is 08:00 UTC in summer and 09:00 UTC in winter.
+        assert_eq!(
+            next_in("0 10 * * TUE", "Europe/Berlin", "2024-06-01T12:00:00Z"),
+            "2024-06-04T08:00:00Z"
+        );
+        assert_eq!(
+            next_in("0 10 * * TUE", "Europe/Berlin", "2024-12-01T12:00:00Z"),
+            "2024-12-03T09:00:00Z"
+        );
+        assert_eq!(
+            next_in("0 10 * * TUE", "UTC", "2024-06-01T12:00:00Z"),
+            next("0 10 * * TUE", "2024-06-01T12:00:00Z")
+        );
+    }
+
+    #[test]
+    fn a_time_daylight_saving_skips_fires_after_the_gap_and_a_repeated_one_fires_once() {
+        // New York skipped 02:00-03:00 on 2026-03-08: 02:30 fires at 03:30 EDT (07:30 UTC).
+        assert_eq!(
+            next_in("30 2 * * *", "America/New_York", "2026-03-08T05:00:00Z"),
+            "2026-03-08T07:30:00Z"
+        );
+        // It repeated 01:00-02:00 on 2026-11-01: 01:30 fires at the first one (05:30 UTC), and
+        // the next is the day after, not the second 01:30 (06:30 UTC).
+        assert_eq!(
+            next_in("30 1 * * *", "America/New_York", "2026-11-01T04:00:00Z"),
+            "2026-11-01T05:30:00Z"
+        );
+        assert_eq!(
+            next_in("30 1 * * *", "America/New_York", "2026-11-01T05:30:00Z"),
+            "2026-11-02T06:30:00Z"
+        );
     }
 
     #[test]

@@ -357,9 +357,16 @@ pub trait RunMachine: Sized {
         view: Option<&PolicyView>,
         now: Duration,
     ) -> Option<PolicyCommand>;
+
+    /// Stops a run that has not injected its fault, recorded Aborted with `reason`.
+    fn stop(&mut self, reason: String, now: Duration);
 }
 
 impl RunMachine for GameDayRun {
+    fn stop(&mut self, reason: String, now: Duration) {
+        self.abort(reason, now);
+    }
+
     fn due(trigger: RunTrigger, due: Duration) -> Self {
         GameDayRun {
             id: run_id(due),

@@ -667,3 +667,124 @@ mod cluster {
             .unwrap();
     }
 }
+
+#[tokio::test]
+async fn with_concurrency_policy_allow_a_run_due_during_another_waits_and_starts_when_it_ends() {
+    // Due now, while the run of 10 s ago is still promoting.
+    let mut object = running(10);
+    object["spec"]["concurrencyPolicy"] = json!("Allow");
+    object["status"]["nextRunAt"] = json!(time(0));
+    let stored = object.clone();
+    let (result, events) = run_scenario(&object, |mut server| async move {
+        server
+            .expect("GET", POLICY_PATH)
+            .await
+            .answer(200, &policy_after_command(8, None));
+        let applied = server
+            .expect("PATCH", GAMEDAY_STATUS_PATH)
+            .await
+            .answer_status(&stored);
+        assert_eq!(applied["queuedRunAt"], time(0));
+        assert_eq!(applied["currentRun"]["phase"], "Injected");
+        server.expect_no_more().await
+    })
+    .await;
+    result.unwrap();
+    assert!(reasons(&events).is_empty(), "{:?}", reasons(&events));
+
+    // The run before it is over: the one that waited starts, as due when it was due.
+    let mut object = gameday();
+    object["spec"]["concurrencyPolicy"] = json!("Allow");
+    object["status"] = json!({
+        "phase": "Idle", "queuedRunAt": time(0), "nextRunAt": time(7 * 86_400), "observedGeneration": 1,
+    });
+    let stored = object.clone();
+    let (result, _) = run_scenario(&object, |mut server| async move {
+        server
+            .expect("GET", POLICY_PATH)
+            .await
+            .answer(200, &steady_policy());
+        let applied = server
+            .expect("PATCH", GAMEDAY_STATUS_PATH)
+            .await
+            .answer_status(&stored);
+        assert!(applied.get("queuedRunAt").is_none(), "{applied}");
+        assert_eq!(applied["currentRun"]["id"], "20240604-100000");
+        assert_eq!(applied["currentRun"]["phase"], "Injected");
+        let command = server.expect("PATCH", POLICY_PATH).await;
+        command.answer(200, &steady_policy());
+        server.expect_no_more().await
+    })
+    .await;
+    result.unwrap();
+}
+
+#[tokio::test]
+async fn with_concurrency_policy_replace_an_injected_run_is_not_cut_short() {
+    let mut object = running(10);
+    object["spec"]["concurrencyPolicy"] = json!("Replace");
+    object["status"]["nextRunAt"] = json!(time(0));
+    let stored = object.clone();
+    let (result, events) = run_scenario(&object, |mut server| async move {
+        server
+            .expect("GET", POLICY_PATH)
+            .await
+            .answer(200, &policy_after_command(8, None));
+        let applied = server
+            .expect("PATCH", GAMEDAY_STATUS_PATH)
+            .await
+            .answer_status(&stored);
+        assert_eq!(applied["currentRun"]["id"], "20240604-100000");
+        server.expect_no_more().await
+    })
+    .await;
+    result.unwrap();
+    let skipped = events.iter().find(|e| e.reason == "RunSkipped").unwrap();
+    assert!(
+        skipped
+            .note
+            .contains("never cut short (concurrencyPolicy: Replace)"),
+        "{}",
+        skipped.note
+    );
+}
+
+#[tokio::test]
+async fn a_schedule_in_a_time_zone_is_read_there_and_an_unknown_zone_is_said() {
+    let mut object = gameday();
+    object["spec"]["schedule"] = json!("0 10 * * TUE");
+    object["spec"]["timeZone"] = json!("America/New_York");
+    object["status"] = json!({"phase": "Idle", "observedGeneration": 1});
+    let stored = object.clone();
+    let (result, _) = run_scenario(&object, |mut server| async move {
+        let applied = server
+            .expect("PATCH", GAMEDAY_STATUS_PATH)
+            .await
+            .answer_status(&stored);
+        // 10:00 in New York (EDT) is 14:00 UTC; T0 is Tuesday 10:00 UTC, so today's is ahead.
+        assert_eq!(applied["nextRunAt"], "2024-06-04T14:00:00Z");
+        server.expect_no_more().await
+    })
+    .await;
+    result.unwrap();
+
+    let mut object = gameday();
+    object["spec"]["timeZone"] = json!("Mars/Olympus_Mons");
+    let stored = object.clone();
+    let (result, events) = run_scenario(&object, |mut server| async move {
+        let applied = server
+            .expect("PATCH", GAMEDAY_STATUS_PATH)
+            .await
+            .answer_status(&stored);
+        assert!(applied.get("nextRunAt").is_none(), "{applied}");
+        let message = applied["message"].as_str().unwrap();
+        assert!(
+            message.starts_with("timeZone \"Mars/Olympus_Mons\" is not an IANA time zone"),
+            "{message}"
+        );
+        server.expect_no_more().await
+    })
+    .await;
+    result.unwrap();
+    assert_eq!(reasons(&events), ["InvalidSpec"]);
+}

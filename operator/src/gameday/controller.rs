@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use k8s_openapi::jiff::tz::TimeZone;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::core::DeserializeGuard;
 use kube::runtime::controller::{Action, Controller};
@@ -31,7 +32,9 @@ use understudy_api::FIELD_MANAGER;
 
 use super::{PolicyCommand, PolicyView, RunConfig, RunMachine, instant};
 use crate::controller::{COMMAND_ANNOTATION, CONTROLLER_NAME, Clock, SystemClock, rfc3339};
-use crate::crd::{FailoverPolicy, GameDay, GameDayRun, GameDayStatus, RunPhase, RunTrigger, Verdict};
+use crate::crd::{
+    ConcurrencyPolicy, FailoverPolicy, GameDay, GameDayRun, GameDayStatus, RunPhase, RunTrigger, Verdict,
+};
 use crate::cron::CronSchedule;
 use crate::observe::KubeReplicas;
 use crate::watchdog::{Reconciler, Watchdog};
@@ -174,6 +177,7 @@ enum Notice {
     },
     Skipped {
         due: String,
+        why: String,
     },
     Missed {
         due: String,
@@ -254,14 +258,20 @@ async fn reconcile_game_day(gameday: &GameDay, ctx: &Context) -> Result<Action, 
         .as_deref()
         .map(CronSchedule::parse)
         .transpose();
-    let spec_error = match (&config, &schedule) {
-        (Err(why), _) => Some(why.clone()),
-        (_, Err(error)) => Some(error.to_string()),
+    let zone = match gameday.spec.time_zone.as_deref() {
+        None => Ok(TimeZone::UTC),
+        Some(name) => TimeZone::get(name)
+            .map_err(|error| format!("timeZone {name:?} is not an IANA time zone: {error}")),
+    };
+    let spec_error = match (&config, &schedule, &zone) {
+        (Err(why), _, _) | (_, _, Err(why)) => Some(why.clone()),
+        (_, Err(error), _) => Some(error.to_string()),
         _ => None,
     };
+    let zone = zone.unwrap_or(TimeZone::UTC);
     // A schedule that reads but never fires (`0 0 31 2 *`) is said so; a `run` still runs.
     let never_fires = match &schedule {
-        Ok(Some(cron)) if next_after(cron, now).is_none() => Some(format!(
+        Ok(Some(cron)) if next_after(cron, &zone, now).is_none() => Some(format!(
             "the schedule {:?} never fires: no such date within 28 years",
             gameday.spec.schedule.as_deref().unwrap_or_default()
         )),
@@ -307,8 +317,12 @@ async fn reconcile_game_day(gameday: &GameDay, ctx: &Context) -> Result<Action, 
     // starts a run, or is skipped while another run is under way or when it is more than the
     // starting deadline late.
     let mut due = None;
-    status.next_run_at = match (&config, &schedule) {
-        (Ok(_), Ok(Some(cron))) => {
+    if status.current_run.is_none() && !run_now {
+        // A run that waited for the one before it (`concurrencyPolicy: Allow`).
+        due = status.queued_run_at.take().as_deref().and_then(instant);
+    }
+    status.next_run_at = match (&config, &schedule, spec_error.is_none()) {
+        (Ok(_), Ok(Some(cron)), true) => {
             let stored = previous
                 .next_run_at
                 .as_deref()
@@ -319,14 +333,15 @@ async fn reconcile_game_day(gameday: &GameDay, ctx: &Context) -> Result<Action, 
                 Some(at) => {
                     if now.saturating_sub(at) > STARTING_DEADLINE {
                         notices.push(Notice::Missed { due: rfc3339(at) });
-                    } else if status.current_run.is_none() && !run_now {
+                    } else if status.current_run.is_none() && !run_now && due.is_none() {
                         due = Some(at);
                     } else {
-                        notices.push(Notice::Skipped { due: rfc3339(at) });
+                        let policy = gameday.spec.concurrency_policy;
+                        due_while_running(&mut status, policy, at, now, &mut due, &mut notices);
                     }
-                    next_after(cron, now)
+                    next_after(cron, &zone, now)
                 }
-                None => next_after(cron, now),
+                None => next_after(cron, &zone, now),
             };
             next.map(rfc3339)
         }
@@ -420,10 +435,56 @@ async fn reconcile_game_day(gameday: &GameDay, ctx: &Context) -> Result<Action, 
     )
 }
 
-fn next_after(cron: &CronSchedule, now: Duration) -> Option<Duration> {
+fn next_after(cron: &CronSchedule, zone: &TimeZone, now: Duration) -> Option<Duration> {
     let now = k8s_openapi::jiff::Timestamp::from_second(i64::try_from(now.as_secs()).ok()?).ok()?;
-    let next = cron.next_after(now)?;
+    let next = cron.next_after_in(now, zone)?;
     Some(Duration::from_secs(u64::try_from(next.as_second()).ok()?))
+}
+
+/// A scheduled run came due at `at` while another run, or a `run` command, holds the game day:
+/// `policy` says whether it is skipped, waits, or replaces a run that has not injected yet.
+fn due_while_running(
+    status: &mut GameDayStatus,
+    policy: ConcurrencyPolicy,
+    at: Duration,
+    now: Duration,
+    due: &mut Option<Duration>,
+    notices: &mut Vec<Notice>,
+) {
+    let skipped = |why: &str| Notice::Skipped {
+        due: rfc3339(at),
+        why: why.to_owned(),
+    };
+    match policy {
+        ConcurrencyPolicy::Forbid => {
+            notices.push(skipped("another run was under way (concurrencyPolicy: Forbid)"))
+        }
+        ConcurrencyPolicy::Allow if status.queued_run_at.is_none() && due.is_none() => {
+            status.queued_run_at = Some(rfc3339(at));
+        }
+        ConcurrencyPolicy::Allow => notices.push(skipped("a run already waits for the one under way")),
+        ConcurrencyPolicy::Replace => {
+            let replaceable = status
+                .current_run
+                .as_ref()
+                .is_some_and(|run| matches!(run.phase, RunPhase::Scheduled | RunPhase::CheckingSteadyState));
+            if replaceable && let Some(mut run) = status.current_run.take() {
+                let reason = format!("replaced by the run due at {}", rfc3339(at));
+                run.stop(reason.clone(), now);
+                notices.push(Notice::Finished {
+                    run: run.id.clone(),
+                    verdict: Verdict::Aborted,
+                    reason,
+                });
+                status.last_runs.insert(0, run);
+                *due = Some(at);
+            } else {
+                notices.push(skipped(
+                    "the run under way has injected its fault, which is never cut short (concurrencyPolicy: Replace)",
+                ));
+            }
+        }
+    }
 }
 
 /// The name status shows for a run phase.
@@ -644,10 +705,10 @@ fn describe(notice: &Notice) -> KubeEvent {
             "UnknownCommand",
             format!("{COMMAND_ANNOTATION}={value:?} names no command; use run"),
         ),
-        Notice::Skipped { due } => (
+        Notice::Skipped { due, why } => (
             EventType::Warning,
             "RunSkipped",
-            format!("the run due at {due} was skipped: another run was under way"),
+            format!("the run due at {due} was skipped: {why}"),
         ),
         Notice::Missed { due } => (
             EventType::Warning,
