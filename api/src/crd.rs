@@ -1190,6 +1190,12 @@ pub struct GameDaySpec {
     #[serde(default)]
     pub failback: GameDayFailback,
 
+    /// Stop conditions on what the clients see, read from the routers (the operator's
+    /// `--router-admin`) over a sliding window once the fault is injected: when one fires, the
+    /// run fails, and with `failback.mode: after` gives the primary role back at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_conditions: Option<StopConditions>,
+
     /// Finished runs kept in `status.lastRuns`, newest first.
     #[serde(default = "default_history_limit")]
     #[schemars(range(min = 1, max = 50))]
@@ -1276,6 +1282,51 @@ pub struct GameDayFailback {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = positive_duration())]
     pub after: Option<GoDuration>,
+}
+
+/// Limits on what the clients see during a run, over a sliding window.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct StopConditions {
+    /// The most of the window's requests that may fail (an upstream's 5xx, no endpoint in time,
+    /// every try failed), as a fraction, e.g. `0.05`. Shed requests do not count as failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub max_error_rate: Option<f64>,
+
+    /// The longest the window's 99th percentile time to first token may be, e.g. `10s`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = positive_duration())]
+    pub max_ttft_p99: Option<GoDuration>,
+
+    /// The sliding window, e.g. `1m`.
+    #[serde(default = "default_stop_window")]
+    #[x_kube(validation = positive_duration())]
+    pub window: GoDuration,
+
+    /// Fewer requests in the window than this judge nothing: a handful of requests is no rate.
+    #[serde(default = "default_stop_min_requests")]
+    #[schemars(range(min = 1, max = 1_000_000))]
+    pub min_requests: u32,
+}
+
+fn default_stop_window() -> GoDuration {
+    "1m".into()
+}
+
+fn default_stop_min_requests() -> u32 {
+    20
+}
+
+/// Requests the routers counted.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct RequestCounts {
+    pub sent: u64,
+    /// Failed for the client: an upstream's 5xx, no endpoint in time, every try failed.
+    pub failed: u64,
+    /// Shed by admission control.
+    pub shed: u64,
 }
 
 /// Game-day failback modes.
@@ -1372,10 +1423,17 @@ pub struct GameDayRun {
     /// The failback, as the policy's own status recorded it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failback: Option<RecoveryTimeline>,
-    /// A stop condition that fired while holding on the standby: the run fails back early and
-    /// fails.
+    /// A stop condition that fired (the clients' error rate or time to first token over the
+    /// window, or the standby losing its steady state while holding): the run fails, and fails
+    /// back early when it fails back at all.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop_condition: Option<String>,
+    /// What the routers counted from the injection on: the run's record of loss.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requests: Option<RequestCounts>,
+    /// The routers' totals when the fault was injected, which `requests` counts from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requests_before: Option<RequestCounts>,
     /// Set when the run is over.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub verdict: Option<Verdict>,

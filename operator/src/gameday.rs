@@ -12,6 +12,7 @@
 //! the policy finishes it and keeps a primary throughout.
 
 pub mod controller;
+pub mod load;
 
 use std::time::Duration;
 
@@ -29,7 +30,7 @@ use crate::crd::{
 const DWELL_MARGIN: Duration = Duration::from_secs(1);
 
 /// What a run needs from the GameDay's spec, parsed.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct RunConfig {
     /// What a run injects.
     pub fault: Fault,
@@ -37,6 +38,55 @@ pub struct RunConfig {
     /// `None`: failback is manual.
     pub failback_after: Option<Duration>,
     pub ready_for: Option<Duration>,
+    pub stop: Option<StopLimits>,
+}
+
+/// `spec.stopConditions`, parsed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StopLimits {
+    pub max_error_rate: Option<f64>,
+    pub max_ttft_p99: Option<Duration>,
+    pub window: Duration,
+    pub min_requests: u64,
+}
+
+impl StopLimits {
+    /// What fired over a window in which the routers counted `window`, if anything: the reason,
+    /// with the numbers. Too few requests judge nothing.
+    #[must_use]
+    pub fn fired(&self, window: &load::Counters) -> Option<String> {
+        if window.sent < self.min_requests {
+            return None;
+        }
+        let span = understudy_core::duration::format(self.window);
+        #[allow(clippy::cast_precision_loss, reason = "request counts are far below 2^52")]
+        let rate = window.failed as f64 / window.sent as f64;
+        if let Some(max) = self.max_error_rate
+            && rate > max
+        {
+            return Some(format!(
+                "stop condition: {:.1}% of the last {span}'s {} requests failed ({} of them), above maxErrorRate {:.1}%",
+                rate * 100.0,
+                window.sent,
+                window.failed,
+                max * 100.0
+            ));
+        }
+        if let (Some(max), Some(p99)) = (self.max_ttft_p99, window.ttft_p99())
+            && p99 > max
+        {
+            let p99 = if p99 == Duration::MAX {
+                "beyond the routers' last bucket".to_owned()
+            } else {
+                understudy_core::duration::format(p99)
+            };
+            return Some(format!(
+                "stop condition: the last {span}'s 99th percentile time to first token was {p99}, above maxTtftP99 ({})",
+                understudy_core::duration::format(max)
+            ));
+        }
+        None
+    }
 }
 
 impl RunConfig {
@@ -61,11 +111,31 @@ impl RunConfig {
             .as_ref()
             .map(|d| d.parse().map_err(|e| format!("steadyState.readyFor: {e}")))
             .transpose()?;
+        let stop = spec
+            .stop_conditions
+            .as_ref()
+            .map(|stop| -> Result<StopLimits, String> {
+                Ok(StopLimits {
+                    max_error_rate: stop.max_error_rate,
+                    max_ttft_p99: stop
+                        .max_ttft_p99
+                        .as_ref()
+                        .map(|d| d.parse().map_err(|e| format!("stopConditions.maxTtftP99: {e}")))
+                        .transpose()?,
+                    window: stop
+                        .window
+                        .parse()
+                        .map_err(|e| format!("stopConditions.window: {e}"))?,
+                    min_requests: u64::from(stop.min_requests),
+                })
+            })
+            .transpose()?;
         Ok(RunConfig {
             fault: spec.fault,
             max_recovery,
             failback_after,
             ready_for,
+            stop,
         })
     }
 }
@@ -387,6 +457,8 @@ impl RunMachine for GameDayRun {
             verdict: None,
             reason: None,
             stop_condition: None,
+            requests: None,
+            requests_before: None,
         }
     }
 
@@ -535,16 +607,20 @@ impl RunSteps for GameDayRun {
             }
             RunPhase::Injected => self.injected(config, gameday, view, now, &max),
             RunPhase::Recovered => {
-                match config.failback_after {
-                    None => {
+                match (config.failback_after, self.stop_condition.clone()) {
+                    (None, stop) => {
                         let reason = format!(
                             "{}; failback is manual: {} stays primary until the policy is given a failback command",
                             self.reason.clone().unwrap_or_default(),
                             self.to_pool.as_deref().unwrap_or_default()
                         );
-                        self.finish(RunPhase::Done, Verdict::Passed, reason, now);
+                        match stop {
+                            Some(stop) => self.fail(format!("{stop}; {reason}"), now),
+                            None => self.finish(RunPhase::Done, Verdict::Passed, reason, now),
+                        }
                     }
-                    Some(_) => self.enter(RunPhase::HoldingOnStandby, now),
+                    // Holding fails back at once when a stop condition fired.
+                    (Some(_), _) => self.enter(RunPhase::HoldingOnStandby, now),
                 }
                 None
             }

@@ -246,19 +246,22 @@ async fn main() -> anyhow::Result<()> {
     let observations = Arc::new(observations);
     let probing = tokio::spawn(observations.clone().run());
     let mut steps: Arc<dyn StepExecutor> = Arc::new(HandOffToComponents);
-    if let Some(token) = router_token {
+    if let Some(token) = &router_token {
         tracing::info!(routers = ?args.router_admin, "pushing routes to the routers");
         steps = Arc::new(RouterPush::new(
             args.router_admin.clone(),
-            token,
+            token.clone(),
             replicas.clone(),
         ));
     }
     // Same leader, same client: a game day only ever asks the policy controller to act.
-    let gamedays = Arc::new(
-        gameday::controller::Context::new(client.clone(), Some(args.identity.clone()))
-            .with_watchdog(watchdog.clone()),
-    );
+    let mut gamedays = gameday::controller::Context::new(client.clone(), Some(args.identity.clone()))
+        .with_watchdog(watchdog.clone());
+    if let Some(token) = &router_token {
+        // A run's record of loss and its stop conditions come from the routers' counters.
+        gamedays = gamedays.with_routers(args.router_admin.clone(), token.clone());
+    }
+    let gamedays = Arc::new(gamedays);
     let ctx = Context::new(client, metrics, Some(args.identity.clone()))
         .with_observations(observations.clone())
         .with_findings(observations)

@@ -762,6 +762,15 @@ pub async fn get_signals(router: &RouterAdminUrl, token: &RouterToken) -> Result
         .map_err(|error| format!("GET /signals answered what is not signals: {error}"))
 }
 
+/// A router's `GET /metrics`, as Prometheus text.
+pub async fn get_metrics(router: &RouterAdminUrl, token: &RouterToken) -> Result<String, String> {
+    let (status, body) = exchange_at(router, token, "metrics", http::Method::GET, None).await?;
+    if status != http::StatusCode::OK {
+        return Err(format!("GET /metrics answered {}", status.as_u16()));
+    }
+    String::from_utf8(body.to_vec()).map_err(|_| "GET /metrics answered what is not text".to_owned())
+}
+
 /// One request to `<prefix>/<path>` on a fresh connection, with the token.
 async fn exchange_at(
     router: &RouterAdminUrl,

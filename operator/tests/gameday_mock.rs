@@ -22,6 +22,7 @@ use serde_json::{Value, json};
 use understudy_operator::controller::Clock;
 use understudy_operator::crd::GameDay;
 use understudy_operator::gameday::controller::{ACTIVE_REQUEUE, Context, Error, reconcile};
+use understudy_operator::route_push::RouterToken;
 use understudy_operator::watchdog::{Reconciler, Watchdog};
 
 mod support;
@@ -614,6 +615,97 @@ async fn a_schedule_that_never_fires_says_so_and_still_takes_a_run_command() {
     .await;
     result.unwrap();
     assert_eq!(reasons(&events), ["CommandGiven", "InvalidSpec"]);
+}
+
+/// A router's admin port on loopback whose `/metrics` answers whatever `text` holds; its URL.
+fn router_counting(text: Arc<std::sync::Mutex<String>>) -> String {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let mut head = [0u8; 4096];
+            let read = stream.read(&mut head).unwrap_or(0);
+            let asked = String::from_utf8_lossy(&head[..read]).into_owned();
+            let body = if asked.starts_with("GET /metrics ")
+                && asked.contains("authorization: Bearer router-token")
+            {
+                text.lock().unwrap().clone()
+            } else {
+                String::new()
+            };
+            let status = if body.is_empty() {
+                "401 Unauthorized"
+            } else {
+                "200 OK"
+            };
+            let _ = write!(
+                stream,
+                "HTTP/1.1 {status}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    url
+}
+
+fn counters(forwarded: u64, failed: u64) -> String {
+    format!(
+        "understudy_router_requests_total{{outcome=\"forwarded\",priority=\"interactive\"}} {forwarded}\n\
+         understudy_router_requests_total{{outcome=\"upstream_failed\",priority=\"interactive\"}} {failed}\n\
+         understudy_router_requests_total{{outcome=\"shed\",priority=\"batch\"}} 7\n"
+    )
+}
+
+#[tokio::test]
+async fn a_run_records_what_the_routers_counted_since_the_fault_and_stops_when_the_clients_fail() {
+    let text = Arc::new(std::sync::Mutex::new(counters(100, 0)));
+    let url = router_counting(text.clone());
+    let (client, mut server) = support::client();
+    let ctx = Arc::new(
+        Context::new(client, Some("test-0".into()))
+            .with_clock(Arc::new(FixedClock))
+            .with_routers(
+                vec![url.parse().unwrap()],
+                RouterToken::new("router-token").unwrap(),
+            ),
+    );
+    let mut object = running(10);
+    object["spec"]["stopConditions"] = json!({"maxErrorRate": 0.05, "window": "1m", "minRequests": 20});
+    object["status"]["currentRun"]["requestsBefore"] = json!({"sent": 80, "failed": 0, "shed": 5});
+    let stored = object.clone();
+    let scenario = tokio::spawn(async move {
+        let mut applied = Vec::new();
+        for _ in 0..2 {
+            server
+                .expect("GET", POLICY_PATH)
+                .await
+                .answer(200, &policy_after_command(8, None));
+            applied.push(
+                server
+                    .expect("PATCH", GAMEDAY_STATUS_PATH)
+                    .await
+                    .answer_status(&stored),
+            );
+        }
+        applied
+    });
+    // The first reconcile reads 107 requests since the routers started, 27 of them since the
+    // fault; the second 100 more, half of them failed.
+    reconcile(guard(&object), ctx.clone()).await.unwrap();
+    *text.lock().unwrap() = counters(150, 50);
+    reconcile(guard(&object), ctx).await.unwrap();
+    let applied = scenario.await.unwrap();
+    let first = &applied[0]["currentRun"];
+    assert_eq!(first["requests"], json!({"sent": 27, "failed": 0, "shed": 2}));
+    assert!(first.get("stopCondition").is_none(), "{first}");
+    let second = &applied[1]["currentRun"];
+    assert_eq!(second["requests"], json!({"sent": 127, "failed": 50, "shed": 2}));
+    assert_eq!(
+        second["stopCondition"],
+        "stop condition: 50.0% of the last 1m0s's 100 requests failed (50 of them), above maxErrorRate 5.0%"
+    );
 }
 
 #[cfg(test)]

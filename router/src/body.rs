@@ -58,6 +58,9 @@ pub struct InFlight {
     pub ejection: EjectionPolicy,
     /// When the request was sent upstream, for the first-token sample.
     pub sent_at: Instant,
+    /// When the client's request arrived, for the router's time-to-first-token histogram; `None`
+    /// for a continuation's follow-up, whose client had its first token already.
+    pub arrived: Option<Instant>,
     /// Cancelled when the router, stopping, has waited long enough: the stream then ends as a
     /// cut one does (the retryable error event for SSE), never as a finished one.
     pub stopping: CancellationToken,
@@ -317,6 +320,9 @@ impl Proxied {
                 let ttft = f.sent_at.elapsed();
                 f.endpoint.record_ttft(ttft);
                 f.admission.record_ttft(ttft);
+                if let Some(arrived) = f.arrived {
+                    f.metrics.ttft(arrived.elapsed());
+                }
             }
         }
         match &mut self.follow {

@@ -351,6 +351,7 @@ impl Gateway {
                         metrics: Arc::clone(&self.metrics),
                         ejection: self.config.ejection,
                         sent_at,
+                        arrived: Some(arrived),
                         stopping: self.stopping.clone(),
                     };
                     std::mem::forget(held);
@@ -439,6 +440,7 @@ impl Gateway {
                 metrics: Arc::clone(&self.metrics),
                 ejection: self.config.ejection,
                 sent_at,
+                arrived: None,
                 stopping: self.stopping.clone(),
             };
             let answer =

@@ -55,6 +55,11 @@ const ADDED_US: [u64; 10] = [25, 50, 100, 250, 500, 1_000, 2_500, 10_000, 50_000
 /// Upper bounds, in milliseconds, of the waiting-room buckets.
 const WAIT_MS: [u64; 8] = [10, 50, 100, 500, 1_000, 5_000, 15_000, 60_000];
 
+/// Upper bounds, in milliseconds, of the time-to-first-token buckets.
+const TTFT_MS: [u64; 12] = [
+    25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 20_000, 30_000, 60_000,
+];
+
 /// A histogram with fixed buckets.
 #[derive(Debug)]
 struct Histogram<const N: usize> {
@@ -102,6 +107,7 @@ pub struct Metrics {
     added: Histogram<10>,
     queue_depth: AtomicI64,
     queue_wait: Histogram<8>,
+    ttft: Histogram<12>,
     shed: [[AtomicU64; 3]; Shed::ALL.len()],
     retries: AtomicU64,
     retry_overflow: AtomicU64,
@@ -118,6 +124,7 @@ impl Default for Metrics {
             added: Histogram::new(ADDED_US),
             queue_depth: AtomicI64::new(0),
             queue_wait: Histogram::new(WAIT_MS),
+            ttft: Histogram::new(TTFT_MS),
             shed: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU64::new(0))),
             retries: AtomicU64::new(0),
             retry_overflow: AtomicU64::new(0),
@@ -146,6 +153,12 @@ impl Metrics {
     /// How long a request waited in the waiting room.
     pub fn queue_wait(&self, d: Duration) {
         self.queue_wait
+            .observe(u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    }
+    /// A request's time to its first token: from its arrival until the first byte of its
+    /// answer's body went out.
+    pub fn ttft(&self, d: Duration) {
+        self.ttft
             .observe(u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
     }
     /// A request shed by admission control.
@@ -205,6 +218,8 @@ impl Metrics {
         out.push_str("# TYPE understudy_router_queue_wait_seconds histogram\n");
         self.queue_wait
             .render(&mut out, "understudy_router_queue_wait_seconds", 1e3);
+        out.push_str("# TYPE understudy_router_ttft_seconds histogram\n");
+        self.ttft.render(&mut out, "understudy_router_ttft_seconds", 1e3);
         out.push_str("# TYPE understudy_router_shed_total counter\n");
         for r in Shed::ALL {
             for p in Priority::ALL {
@@ -251,7 +266,11 @@ mod tests {
         m.request(RequestOutcome::Shed, Priority::Batch);
         m.shed(Shed::Concurrency, Priority::Batch);
         m.added_latency(Duration::from_micros(40));
+        m.ttft(Duration::from_millis(300));
         let text = m.render(Some(("pool-b", 4)));
+        assert!(text.contains("understudy_router_ttft_seconds_bucket{le=\"0.25\"} 0\n"));
+        assert!(text.contains("understudy_router_ttft_seconds_bucket{le=\"0.5\"} 1\n"));
+        assert!(text.contains("understudy_router_ttft_seconds_count 1\n"));
         assert!(text.contains("understudy_router_requests_total{outcome=\"shed\",priority=\"batch\"} 1"));
         assert!(text.contains("understudy_router_shed_total{reason=\"concurrency\",priority=\"batch\"} 1"));
         assert!(text.contains("understudy_router_added_latency_seconds_bucket{le=\"0.00005\"} 1"));

@@ -16,7 +16,8 @@
 //! - write to the policy anything but those two annotations: the promotion, the fencing and the
 //!   primary stay the policy controller's.
 
-use std::sync::Arc;
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -30,13 +31,15 @@ use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use understudy_api::FIELD_MANAGER;
 
-use super::{PolicyCommand, PolicyView, RunConfig, RunMachine, instant};
+use super::{PolicyCommand, PolicyView, RunConfig, RunMachine, StopLimits, instant, load};
 use crate::controller::{COMMAND_ANNOTATION, CONTROLLER_NAME, Clock, SystemClock, rfc3339};
 use crate::crd::{
-    ConcurrencyPolicy, FailoverPolicy, GameDay, GameDayRun, GameDayStatus, RunPhase, RunTrigger, Verdict,
+    ConcurrencyPolicy, FailoverPolicy, GameDay, GameDayRun, GameDayStatus, RequestCounts, RunPhase,
+    RunTrigger, Verdict,
 };
 use crate::cron::CronSchedule;
 use crate::observe::KubeReplicas;
+use crate::route_push::{RouterAdminUrl, RouterToken};
 use crate::watchdog::{Reconciler, Watchdog};
 
 /// The annotation on a FailoverPolicy naming the game day whose run gave it a command.
@@ -111,6 +114,12 @@ pub struct Context {
     pub write_timeout: Duration,
     /// Where each reconcile records that it runs, so that a stuck one is noticed.
     pub watchdog: Watchdog,
+    /// The routers whose counters are a run's record of loss and its stop conditions' evidence,
+    /// and their admin token; without them a run records no loss and stops on nothing it sees.
+    pub routers: Option<(Vec<RouterAdminUrl>, RouterToken)>,
+    /// Each run's samples of the routers' counters within its stop conditions' window, oldest
+    /// first, by `namespace/gameday/run`. Lost on a restart: the window starts again.
+    samples: Mutex<HashMap<String, VecDeque<(Duration, load::Counters)>>>,
 }
 
 impl std::fmt::Debug for Context {
@@ -136,7 +145,22 @@ impl Context {
             clock: Arc::new(SystemClock::new()),
             write_timeout: Duration::from_secs(10),
             watchdog: Watchdog::default(),
+            routers: None,
+            samples: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Reads `routers`' counters during a run, for its record of loss and its stop conditions.
+    #[must_use]
+    pub fn with_routers(mut self, routers: Vec<RouterAdminUrl>, token: RouterToken) -> Self {
+        self.routers = Some((routers, token));
+        self
+    }
+
+    fn samples(&self) -> std::sync::MutexGuard<'_, HashMap<String, VecDeque<(Duration, load::Counters)>>> {
+        self.samples
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     #[must_use]
@@ -370,6 +394,10 @@ async fn reconcile_game_day(gameday: &GameDay, ctx: &Context) -> Result<Action, 
             None => None,
         };
         command = run.advance(config, &name, view.as_ref(), now);
+        if run.recovery.is_some() {
+            let key = format!("{namespace}/{name}/{}", run.id);
+            watch_load(ctx, &key, run, config.stop.as_ref(), now).await;
+        }
     }
     let mut released = None;
     if let Some(run) = status.current_run.take_if(|run| run.phase.is_final()) {
@@ -433,6 +461,68 @@ async fn reconcile_game_day(gameday: &GameDay, ctx: &Context) -> Result<Action, 
             (None, None) => Action::await_change(),
         },
     )
+}
+
+/// Samples the routers' counters for an injected run: the first sample is what the run counts
+/// from, each one updates its record of loss, and the samples of the last window are judged
+/// against its stop conditions (the first that fires is kept).
+async fn watch_load(
+    ctx: &Context,
+    key: &str,
+    run: &mut GameDayRun,
+    stop: Option<&StopLimits>,
+    now: Duration,
+) {
+    let Some((routers, token)) = &ctx.routers else {
+        return;
+    };
+    let (counters, unread) = load::sample(routers, token).await;
+    for why in &unread {
+        tracing::warn!(run = %key, %why, "a router's counters could not be read");
+    }
+    if unread.len() == routers.len() {
+        return;
+    }
+    let counts = |c: &load::Counters| RequestCounts {
+        sent: c.sent,
+        failed: c.failed,
+        shed: c.shed,
+    };
+    let before = *run.requests_before.get_or_insert_with(|| counts(&counters));
+    let since = counters.since(&load::Counters {
+        sent: before.sent,
+        failed: before.failed,
+        shed: before.shed,
+        ttft: std::collections::BTreeMap::new(),
+    });
+    run.requests = Some(counts(&since));
+    let mut samples = ctx.samples();
+    if run.phase.is_final() {
+        samples.remove(key);
+        return;
+    }
+    let window = samples.entry(key.to_owned()).or_default();
+    window.push_back((now, counters.clone()));
+    let Some(stop) = stop else {
+        return;
+    };
+    // Keep the newest sample at or before the window's start, as its beginning.
+    while window.len() > 1
+        && window
+            .get(1)
+            .is_some_and(|(at, _)| now.saturating_sub(*at) >= stop.window)
+    {
+        window.pop_front();
+    }
+    let Some((_, first)) = window.front() else {
+        return;
+    };
+    if run.stop_condition.is_none()
+        && let Some(fired) = stop.fired(&counters.since(first))
+    {
+        tracing::warn!(run = %key, %fired, "stop condition");
+        run.stop_condition = Some(fired);
+    }
 }
 
 fn next_after(cron: &CronSchedule, zone: &TimeZone, now: Duration) -> Option<Duration> {

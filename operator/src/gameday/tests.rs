@@ -47,6 +47,7 @@ fn steady() -> PolicyView {
 fn config(failback_after: Option<u64>) -> RunConfig {
     RunConfig {
         fault: Fault::Failover,
+        stop: None,
         max_recovery: Duration::from_secs(120),
         failback_after: failback_after.map(Duration::from_secs),
         ready_for: None,
@@ -736,4 +737,72 @@ fn a_crash_run_fails_back_under_its_own_token() {
     assert_eq!(run.phase, RunPhase::HoldingOnStandby);
     let action = run.advance(&config, "weekly", Some(&promoted_by_itself(40)), at(400));
     assert_eq!(action, Some(PolicyCommand::Failback(FAILBACK.to_owned())));
+}
+
+fn limits() -> StopLimits {
+    StopLimits {
+        max_error_rate: Some(0.05),
+        max_ttft_p99: Some(Duration::from_secs(2)),
+        window: Duration::from_secs(60),
+        min_requests: 20,
+    }
+}
+
+fn counted(sent: u64, failed: u64, ttft: &[(u64, u64)]) -> load::Counters {
+    load::Counters {
+        sent,
+        failed,
+        shed: 0,
+        ttft: ttft.iter().copied().collect(),
+    }
+}
+
+#[test]
+fn a_stop_condition_fires_on_the_windows_error_rate_or_first_token_time_and_not_on_a_handful() {
+    let fast = [(500_000, 99), (u64::MAX, 100)];
+    assert_eq!(
+        limits().fired(&counted(100, 5, &fast)),
+        None,
+        "5% is not above 5%"
+    );
+    assert_eq!(
+        limits().fired(&counted(100, 12, &fast)).as_deref(),
+        Some(
+            "stop condition: 12.0% of the last 1m0s's 100 requests failed (12 of them), above maxErrorRate 5.0%"
+        )
+    );
+    assert_eq!(
+        limits().fired(&counted(10, 10, &fast)),
+        None,
+        "ten requests are no rate"
+    );
+    let slow = [(500_000, 50), (5_000_000, 100), (u64::MAX, 100)];
+    assert_eq!(
+        limits().fired(&counted(100, 0, &slow)).as_deref(),
+        Some(
+            "stop condition: the last 1m0s's 99th percentile time to first token was 5s, above maxTtftP99 (2s)"
+        )
+    );
+}
+
+#[test]
+fn a_stop_condition_during_the_failover_fails_the_run_and_with_failback_after_fails_back_at_once() {
+    let mut run = injected(&config(None));
+    run.stop_condition = Some("stop condition: 40.0% failed".to_owned());
+    run.advance(&config(None), "weekly", Some(&on_standby(90)), at(95));
+    assert_eq!(run.verdict, Some(Verdict::Failed));
+    assert!(
+        run.reason
+            .unwrap()
+            .starts_with("stop condition: 40.0% failed; us-west served at epoch 5")
+    );
+
+    let holding = config(Some(3600));
+    let mut run = injected(&holding);
+    run.stop_condition = Some("stop condition: 40.0% failed".to_owned());
+    run.advance(&holding, "weekly", Some(&on_standby(90)), at(95));
+    assert_eq!(run.phase, RunPhase::HoldingOnStandby);
+    // Not an hour later: as soon as the policy's dwell (5 minutes after it served) allows.
+    let back = run.advance(&holding, "weekly", Some(&on_standby(90)), at(90 + 301));
+    assert_eq!(back, Some(PolicyCommand::Failback(FAILBACK.to_owned())));
 }
