@@ -2301,6 +2301,10 @@ fn the_chart_lets_the_operator_read_and_scale_every_kind_of_workload() {
     for verb in ["list", "get", "create", "patch", "delete"] {
         assert!(granted("apps", "deployments", verb), "{verb} deployments");
     }
+    // The probes list a pool's pods; a GameDay's crash deletes the primary's.
+    for verb in ["list", "delete"] {
+        assert!(granted("", "pods", verb), "{verb} pods");
+    }
 }
 
 /// The golden answer a prober holds for every policy.
