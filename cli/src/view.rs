@@ -324,7 +324,7 @@ fn verdict_word<T: serde::Serialize>(value: Option<&T>) -> String {
         .unwrap_or_else(|| "-".to_owned())
 }
 
-fn run_row(run: &GameDayRun) -> [String; 6] {
+fn run_row(run: &GameDayRun) -> [String; 7] {
     let recovered = run
         .recovery
         .as_ref()
@@ -334,11 +334,16 @@ fn run_row(run: &GameDayRun) -> [String; 6] {
         (Some(from), Some(to)) => format!("{from} → {to}"),
         _ => "-".to_owned(),
     };
+    let requests = run.requests.map_or_else(
+        || "-".to_owned(),
+        |r| format!("{} sent, {} failed, {} shed", r.sent, r.failed, r.shed),
+    );
     [
         run.id.clone(),
         verdict_word(Some(&run.phase)),
         route,
         recovered,
+        requests,
         verdict_word(run.verdict.as_ref()),
         run.reason.clone().unwrap_or_default(),
     ]
@@ -361,6 +366,7 @@ pub fn gamedays(gamedays: &[GameDay], all_namespaces: bool) -> String {
         "PHASE",
         "PROMOTED",
         "RECOVERED IN",
+        "REQUESTS SINCE THE FAULT",
         "VERDICT",
         "WHY",
     ]);

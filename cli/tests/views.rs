@@ -98,8 +98,8 @@ NAME     POLICY   SCHEDULE       PHASE   LAST VERDICT   NEXT RUN
 weekly   llama    0 10 * * TUE   Idle    Passed         2024-06-11T10:00:00Z
 
 Runs:
-GAMEDAY   RUN               PHASE   PROMOTED            RECOVERED IN   VERDICT   WHY
-weekly    20240604-100000   Done    us-east → us-west   90s            Passed    us-west served at epoch 5 90s after the command (maxRecovery 2m0s); failback is manual: us-west stays primary until the policy is given a failback command
+GAMEDAY   RUN               PHASE   PROMOTED            RECOVERED IN   REQUESTS SINCE THE FAULT   VERDICT   WHY
+weekly    20240604-100000   Done    us-east → us-west   90s            -                          Passed    us-west served at epoch 5 90s after the command (maxRecovery 2m0s); failback is manual: us-west stays primary until the policy is given a failback command
 "
     );
 }
