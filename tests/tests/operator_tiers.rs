@@ -730,14 +730,16 @@ async fn a_hot_standby_is_probed_and_routed_without_a_call_that_wakes_or_grows_i
     );
 }
 
-#[tokio::test]
-async fn a_warm_level_1_standby_sleeps_after_its_probe_and_is_woken_after_the_fence() {
+/// A standby of two warm replicas at `level`, and an old primary with one hot and one warm: the
+/// warm ones sleep after their probe, and each is woken by `wake`'s calls after the fence and
+/// probed before the route; the old primary sleeps at the same level after.
+async fn warm_path(level: u8, wake: &[&str]) -> Ran {
     let ran = run(Path {
-        east: east_hot_and_warm(1),
+        east: east_hot_and_warm(level),
         west: pool(
             "us-west",
             2,
-            json!([{"tier": "warm", "replicas": 2, "sleepLevel": 1}]),
+            json!([{"tier": "warm", "replicas": 2, "sleepLevel": level}]),
         ),
         west_running: 2,
         spec: json!({}),
@@ -748,22 +750,21 @@ async fn a_warm_level_1_standby_sleeps_after_its_probe_and_is_woken_after_the_fe
     assert_eq!(without_replicas(&ran.journal), strings(&api));
     for replica in ["west-0", "west-1"] {
         let call = |what: &str| format!("{replica} {what}");
-        assert_eq!(
-            as_seen_by(&ran.journal, replica),
-            strings(&[
-                &call("probe"),
-                &call("POST /sleep?level=1"),
-                COMMAND,
-                LEASE,
-                FENCE,
-                &call("POST /wake_up"),
-                &call("probe"),
-                ROUTE,
-                ADMISSION,
-            ])
-        );
+        let mut expected = vec![call("probe"), call(&format!("POST /sleep?level={level}"))];
+        expected.extend(strings(&[COMMAND, LEASE, FENCE]));
+        expected.extend(wake.iter().map(|what| call(what)));
+        expected.push(call("probe"));
+        expected.extend(strings(&[ROUTE, ADMISSION]));
+        assert_eq!(as_seen_by(&ran.journal, replica), expected);
     }
-    woken_replicas_are_timed(&ran, "wakeLevel1");
+    old_primary_sleeps(&ran, &api, level);
+    woken_replicas_are_timed(&ran, &format!("wakeLevel{level}"));
+    ran
+}
+
+#[tokio::test]
+async fn a_warm_level_1_standby_sleeps_after_its_probe_and_is_woken_after_the_fence() {
+    let ran = warm_path(1, &["POST /wake_up"]).await;
     // What the wake took now says whether the new standby, the old primary, meets the objective.
     let objective = &ran.status["conditions"]["ObjectiveMet"];
     assert_eq!(objective["status"], "True", "{objective}");
@@ -785,47 +786,20 @@ async fn a_warm_level_1_standby_sleeps_after_its_probe_and_is_woken_after_the_fe
         "{:#?}",
         ran.journal
     );
-    old_primary_sleeps(&ran, &api, 1);
 }
 
 #[tokio::test]
 async fn a_warm_level_2_standby_is_woken_weights_first_reloaded_then_its_cache() {
-    let ran = run(Path {
-        east: east_hot_and_warm(2),
-        west: pool(
-            "us-west",
-            2,
-            json!([{"tier": "warm", "replicas": 2, "sleepLevel": 2}]),
-        ),
-        west_running: 2,
-        spec: json!({}),
-        drift: None,
-    })
+    warm_path(
+        2,
+        &[
+            "POST /wake_up?tags=weights",
+            "POST /collective_rpc",
+            "POST /wake_up?tags=kv_cache",
+            "POST /reset_prefix_cache",
+        ],
+    )
     .await;
-    let api = [COMMAND, LEASE, FENCE, ROUTE, ADMISSION];
-    assert_eq!(without_replicas(&ran.journal), strings(&api));
-    for replica in ["west-0", "west-1"] {
-        let call = |what: &str| format!("{replica} {what}");
-        assert_eq!(
-            as_seen_by(&ran.journal, replica),
-            strings(&[
-                &call("probe"),
-                &call("POST /sleep?level=2"),
-                COMMAND,
-                LEASE,
-                FENCE,
-                &call("POST /wake_up?tags=weights"),
-                &call("POST /collective_rpc"),
-                &call("POST /wake_up?tags=kv_cache"),
-                &call("POST /reset_prefix_cache"),
-                &call("probe"),
-                ROUTE,
-                ADMISSION,
-            ])
-        );
-    }
-    old_primary_sleeps(&ran, &api, 2);
-    woken_replicas_are_timed(&ran, "wakeLevel2");
 }
 
 #[tokio::test]
