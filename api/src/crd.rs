@@ -1244,6 +1244,11 @@ pub enum Fault {
     /// Nothing tells the policy: it must see the failure with its own probes and promote the
     /// standby by itself. The workload recreates the pods.
     Crash,
+    /// Restart the standby with another serving configuration: its workload's serving container
+    /// gets the variable `VLLM_UNDERSTUDY_GAMEDAY_DRIFT`, and rolls out. The policy must report
+    /// the drift (`ParityHolds` False naming it) and promote nothing; the run then takes the
+    /// variable away and waits for parity to hold again. A Deployment's only.
+    Drift,
 }
 
 /// The steady state a run checks before it injects. Always checked, from the policy's status:
@@ -1459,6 +1464,8 @@ pub enum RunPhase {
     Recovered,
     HoldingOnStandby,
     FailingBack,
+    /// A drift was taken back; waiting for parity to hold again.
+    Restoring,
     Done,
     Aborted,
     Failed,
@@ -1466,7 +1473,7 @@ pub enum RunPhase {
 
 impl RunPhase {
     /// How many phases there are: a bound on the steps one call of the run machine can take.
-    pub const COUNT: usize = 9;
+    pub const COUNT: usize = 10;
 
     /// Whether the run is over.
     #[must_use]

@@ -279,7 +279,16 @@ pub enum PolicyCommand {
     Failback(String),
     /// Delete the serving pods of the pool named here, the primary.
     Crash(String),
+    /// Set [`DRIFT_VARIABLE`] to the run's id in the serving container of the pool named here,
+    /// the standby, so that it rolls out with another configuration.
+    Drift(String),
+    /// Take [`DRIFT_VARIABLE`] away from the pool named here again.
+    Restore(String),
 }
+
+/// The variable a drift run gives the standby's serving container. A `VLLM_` variable, so that
+/// parity compares it; vLLM only warns of a name it does not know.
+pub const DRIFT_VARIABLE: &str = "VLLM_UNDERSTUDY_GAMEDAY_DRIFT";
 
 impl PolicyCommand {
     /// The `understudy.dev/command` annotation value; `None` for a fault that is not a command.
@@ -287,7 +296,7 @@ impl PolicyCommand {
     pub fn value(&self) -> Option<&str> {
         match self {
             PolicyCommand::Failover(value) | PolicyCommand::Failback(value) => Some(value),
-            PolicyCommand::Crash(_) => None,
+            PolicyCommand::Crash(_) | PolicyCommand::Drift(_) | PolicyCommand::Restore(_) => None,
         }
     }
 }
@@ -504,6 +513,20 @@ trait RunSteps {
         max: &str,
     ) -> Option<PolicyCommand>;
     fn crashed(&mut self, config: &RunConfig, view: &PolicyView, now: Duration, max: &str);
+    fn drifted(
+        &mut self,
+        config: &RunConfig,
+        view: &PolicyView,
+        now: Duration,
+        max: &str,
+    ) -> Option<PolicyCommand>;
+    fn restoring(
+        &mut self,
+        config: &RunConfig,
+        view: &PolicyView,
+        now: Duration,
+        max: &str,
+    ) -> Option<PolicyCommand>;
     fn recovering(
         &mut self,
         config: &RunConfig,
@@ -603,6 +626,12 @@ impl RunSteps for GameDayRun {
                         self.injected = Some(format!("deleted the serving pods of {primary}"));
                         Some(PolicyCommand::Crash(primary))
                     }
+                    Fault::Drift => {
+                        let standby = view.standby().to_owned();
+                        self.injected =
+                            Some(format!("restarted {standby} with {DRIFT_VARIABLE}={}", self.id));
+                        Some(PolicyCommand::Drift(standby))
+                    }
                 }
             }
             RunPhase::Injected => self.injected(config, gameday, view, now, &max),
@@ -626,6 +655,7 @@ impl RunSteps for GameDayRun {
             }
             RunPhase::HoldingOnStandby => self.holding(config, gameday, view, now),
             RunPhase::FailingBack => self.failing_back(config, gameday, view, now, &max),
+            RunPhase::Restoring => self.restoring(config, view, now, &max),
             RunPhase::Scheduled | RunPhase::Done | RunPhase::Aborted | RunPhase::Failed => None,
         }
     }
@@ -638,6 +668,9 @@ impl RunSteps for GameDayRun {
         now: Duration,
         max: &str,
     ) -> Option<PolicyCommand> {
+        if config.fault == Fault::Drift {
+            return self.drifted(config, view, now, max);
+        }
         let Some(command) = self.command.clone() else {
             self.crashed(config, view, now, max);
             return None;
@@ -737,6 +770,98 @@ impl RunSteps for GameDayRun {
                 now,
             );
         }
+    }
+
+    /// After the standby was restarted with another configuration: the policy must say so
+    /// (`ParityHolds` False naming the variable) within `maxRecovery` and promote nothing.
+    /// Whatever happens the run goes on to take the variable away ([`RunPhase::Restoring`]); a
+    /// drift not reported in time, or a promotion, is kept as the stop condition that fails it.
+    fn drifted(
+        &mut self,
+        config: &RunConfig,
+        view: &PolicyView,
+        now: Duration,
+        max: &str,
+    ) -> Option<PolicyCommand> {
+        let recovery = self.recovery.as_ref()?;
+        let injected = instant(&recovery.commanded_at).unwrap_or(now);
+        let standby = self.to_pool.clone().unwrap_or_default();
+        let seen = view.parity.as_ref().is_some_and(|c| {
+            c.status == ConditionStatus::False && c.message.contains(&format!("env.{DRIFT_VARIABLE}"))
+        });
+        if view.epoch != self.baseline_epoch {
+            self.stop_condition = Some(format!(
+                "the policy moved to epoch {} while {standby} drifted",
+                view.epoch.unwrap_or_default()
+            ));
+        } else if seen {
+            let seconds = now.saturating_sub(injected).as_secs();
+            self.reason = Some(format!(
+                "the policy reported {standby}'s drift (ParityHolds False naming env.{DRIFT_VARIABLE}) \
+                 {seconds}s after it was injected, and promoted nothing"
+            ));
+        } else if now >= injected + config.max_recovery {
+            self.stop_condition = Some(format!(
+                "the policy did not report {standby}'s drift within maxRecovery ({max})"
+            ));
+        } else {
+            return None;
+        }
+        self.enter(RunPhase::Restoring, now);
+        if let Some(recovery) = self.recovery.as_mut() {
+            // The restore is timed from here.
+            recovery.serving_at = Some(rfc3339(now));
+        }
+        Some(PolicyCommand::Restore(standby))
+    }
+
+    /// Takes the drift back, again on every call (it is idempotent, and the controller carries
+    /// it out before it records anything), until parity is no longer broken: then the run passes,
+    /// unless a stop condition fired.
+    fn restoring(
+        &mut self,
+        config: &RunConfig,
+        view: &PolicyView,
+        now: Duration,
+        max: &str,
+    ) -> Option<PolicyCommand> {
+        let since = self
+            .recovery
+            .as_ref()
+            .and_then(|r| r.serving_at.as_deref())
+            .and_then(instant)
+            .unwrap_or(now);
+        let standby = self.to_pool.clone().unwrap_or_default();
+        let broken = view
+            .parity
+            .as_ref()
+            .is_some_and(|c| c.status == ConditionStatus::False);
+        let seconds = now.saturating_sub(since).as_secs();
+        if broken && now < since + config.max_recovery {
+            return Some(PolicyCommand::Restore(standby));
+        }
+        let restored = if broken {
+            format!("parity did not hold again within maxRecovery ({max}) after the drift was taken back")
+        } else {
+            format!("parity held again {seconds}s after the drift was taken back")
+        };
+        match (self.stop_condition.clone(), broken) {
+            (Some(stop), _) => self.fail(format!("{stop}; {restored}"), now),
+            (None, true) => {
+                let detected = self.reason.clone().unwrap_or_default();
+                self.fail(format!("{detected}; {restored}"), now);
+            }
+            (None, false) => {
+                let detected = self.reason.clone().unwrap_or_default();
+                self.finish(
+                    RunPhase::Done,
+                    Verdict::Passed,
+                    format!("{detected}; {restored}"),
+                    now,
+                );
+            }
+        }
+        None
     }
 
     /// The policy moved after the fault: judges its promotion against `maxRecovery`, counted from

@@ -12,7 +12,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::PodTemplateSpec;
+use k8s_openapi::api::core::v1::{Container, PodTemplateSpec};
 use understudy_prober::parity::flags::{FlagPolicy, canonical_flags, flags_fingerprint, runs_vllm};
 use understudy_prober::parity::runtime::runtime_fingerprint;
 use understudy_prober::parity::{Difference, DriftReport, Fingerprint};
@@ -40,34 +40,42 @@ pub struct ServingConfig {
     pub env: BTreeMap<String, String>,
 }
 
+fn argv_of(container: &Container) -> Vec<String> {
+    container
+        .command
+        .iter()
+        .flatten()
+        .chain(container.args.iter().flatten())
+        .cloned()
+        .collect()
+}
+
 /// The serving container of `template`: the first that runs vLLM ([`runs_vllm`]) and names a
 /// model (`vllm serve MODEL` or `--model MODEL`); `None` when none does.
 #[must_use]
-pub fn serving_config(template: &PodTemplateSpec) -> Option<ServingConfig> {
+pub fn serving_container(template: &PodTemplateSpec) -> Option<&Container> {
     let policy = FlagPolicy::default();
-    template.spec.as_ref()?.containers.iter().find_map(|container| {
-        let argv: Vec<String> = container
-            .command
-            .iter()
-            .flatten()
-            .chain(container.args.iter().flatten())
-            .cloned()
-            .collect();
-        let serves = runs_vllm(&argv, container.image.as_deref());
-        (serves && canonical_flags(&argv, &policy).contains_key("model")).then(|| {
-            let env = container
-                .env
-                .iter()
-                .flatten()
-                .filter(|var| var.name.starts_with("VLLM_") && !QUIET_ENV.contains(&var.name.as_str()))
-                .filter_map(|var| Some((var.name.clone(), var.value.clone()?)))
-                .collect();
-            ServingConfig {
-                argv,
-                image: container.image.clone(),
-                env,
-            }
-        })
+    template.spec.as_ref()?.containers.iter().find(|container| {
+        let argv = argv_of(container);
+        runs_vllm(&argv, container.image.as_deref()) && canonical_flags(&argv, &policy).contains_key("model")
+    })
+}
+
+/// How the serving container of `template` ([`serving_container`]) starts vLLM.
+#[must_use]
+pub fn serving_config(template: &PodTemplateSpec) -> Option<ServingConfig> {
+    let container = serving_container(template)?;
+    let env = container
+        .env
+        .iter()
+        .flatten()
+        .filter(|var| var.name.starts_with("VLLM_") && !QUIET_ENV.contains(&var.name.as_str()))
+        .filter_map(|var| Some((var.name.clone(), var.value.clone()?)))
+        .collect();
+    Some(ServingConfig {
+        argv: argv_of(container),
+        image: container.image.clone(),
+        env,
     })
 }
 

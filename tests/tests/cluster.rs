@@ -1016,6 +1016,86 @@ async fn a_game_day_that_crashes_the_primary_sees_the_policy_promote_its_standby
 }
 
 #[tokio::test]
+async fn a_game_day_that_drifts_the_standby_sees_the_policy_report_it_promote_nothing_and_recover() {
+    use understudy_api::crd::{GameDay, Verdict};
+
+    let Some(client) = cluster().await else { return };
+    let pools = TwoPools::start(
+        client.clone(),
+        "e2e-drift",
+        Standby::hot(),
+        json!({"minDwell": "2s"}),
+    )
+    .await;
+    let operator = pools.operator("e2e-operator-1", ADMIN_TOKEN);
+    pools.routed("east", 0).await;
+    eventually(
+        Duration::from_secs(60),
+        "the standby proven and parity holding",
+        || async {
+            let status = pools.policies.get("chat").await.unwrap().status?;
+            let proven = status.conditions.get("StandbyProven")?.status;
+            let parity = status.conditions.get("ParityHolds")?.status;
+            use understudy_api::crd::ConditionStatus::True;
+            (proven == True && parity == True).then_some(())
+        },
+    )
+    .await;
+
+    let gamedays: Api<GameDay> = Api::namespaced(client.clone(), pools.ns);
+    let gameday = serde_json::from_value(json!({
+        "apiVersion": "understudy.dev/v1alpha1",
+        "kind": "GameDay",
+        "metadata": {"name": "chat-drift", "annotations": {"understudy.dev/command": "run"}},
+        "spec": {
+            "policyRef": {"name": "chat"},
+            "fault": "drift",
+            "steadyState": {"readyFor": "1s"},
+            "maxRecovery": "90s",
+        },
+    }))
+    .unwrap();
+    gamedays.create(&PostParams::default(), &gameday).await.unwrap();
+    let verdict = eventually(Duration::from_secs(200), "a verdict", || async {
+        gamedays.get("chat-drift").await.unwrap().status?.last_verdict
+    })
+    .await;
+    let status = gamedays.get("chat-drift").await.unwrap().status.unwrap();
+    assert_eq!(verdict, Verdict::Passed, "{status:#?}");
+    let run = &status.last_runs[0];
+    assert!(
+        run.reason.as_deref().unwrap().contains("promoted nothing"),
+        "{run:?}"
+    );
+    // Nothing moved, and west runs without the variable again.
+    assert_eq!(pools.lease().await, ("0".to_owned(), "east".to_owned()));
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), pools.ns);
+    let west = deployments.get("chat-west").await.unwrap();
+    let env = west.spec.unwrap().template.spec.unwrap().containers[0]
+        .env
+        .clone()
+        .unwrap_or_default();
+    assert!(
+        env.iter().all(|v| v.name != "VLLM_UNDERSTUDY_GAMEDAY_DRIFT"),
+        "{env:?}"
+    );
+    let events: Api<Event> = Api::namespaced(client, pools.ns);
+    let reasons: Vec<String> = events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|e| e.reason)
+        .collect();
+    for reason in ["FaultInjected", "ParityDrift", "FaultTakenBack", "ParityRestored"] {
+        assert!(reasons.iter().any(|r| r == reason), "no {reason} in {reasons:?}");
+    }
+    assert!(refusals(&operator).is_empty(), "{:#?}", refusals(&operator));
+    pools.stop(operator).await;
+}
+
+#[tokio::test]
 async fn an_operator_whose_leader_lease_another_replica_took_stops_leading_and_exits() {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 

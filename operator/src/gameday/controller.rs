@@ -21,6 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use k8s_openapi::jiff::tz::TimeZone;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
@@ -31,11 +32,11 @@ use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use understudy_api::FIELD_MANAGER;
 
-use super::{PolicyCommand, PolicyView, RunConfig, RunMachine, StopLimits, instant, load};
+use super::{DRIFT_VARIABLE, PolicyCommand, PolicyView, RunConfig, RunMachine, StopLimits, instant, load};
 use crate::controller::{COMMAND_ANNOTATION, CONTROLLER_NAME, Clock, SystemClock, rfc3339};
 use crate::crd::{
     ConcurrencyPolicy, FailoverPolicy, GameDay, GameDayRun, GameDayStatus, RequestCounts, RunPhase,
-    RunTrigger, Verdict,
+    RunTrigger, Verdict, WorkloadKind,
 };
 use crate::cron::CronSchedule;
 use crate::observe::KubeReplicas;
@@ -187,6 +188,15 @@ enum Notice {
     Crashed {
         pool: String,
         pods: Vec<String>,
+    },
+    /// The standby was given the drift variable.
+    Drifted {
+        pool: String,
+        run: String,
+    },
+    /// The drift variable was taken away again.
+    DriftTakenBack {
+        pool: String,
     },
     Finished {
         run: String,
@@ -421,6 +431,12 @@ async fn reconcile_game_day(gameday: &GameDay, ctx: &Context) -> Result<Action, 
             .map_or_else(|| "Idle".to_owned(), |run| phase_name(run.phase).to_owned()),
     );
 
+    // A drift is taken back before anything is recorded: a restore that fails leaves the run
+    // where it was, to try again.
+    if let (Some(PolicyCommand::Restore(pool)), Some(policy)) = (&command, &policy) {
+        set_drift(ctx, &namespace, policy, pool, None).await?;
+        notices.push(Notice::DriftTakenBack { pool: pool.clone() });
+    }
     // Write-ahead: the run records the command before the policy is given it, so that a command
     // given is never one the game day forgot.
     if status != previous {
@@ -429,18 +445,40 @@ async fn reconcile_game_day(gameday: &GameDay, ctx: &Context) -> Result<Action, 
     }
     let reference = gameday.object_ref(&());
     if let (Some(command), Some(policy)) = (&command, &policy) {
-        give_command(ctx, &namespace, policy, &name, command).await?;
         let notice = match command {
-            PolicyCommand::Crash(pool) => Notice::Crashed {
-                pods: crash(ctx, &namespace, policy, pool).await?,
-                pool: pool.clone(),
-            },
-            PolicyCommand::Failover(value) | PolicyCommand::Failback(value) => Notice::Commanded {
-                value: value.clone(),
-                policy: policy.name_any(),
-            },
+            // Carried out before the status write, above.
+            PolicyCommand::Restore(_) => None,
+            PolicyCommand::Crash(pool) => {
+                give_command(ctx, &namespace, policy, &name, command).await?;
+                Some(Notice::Crashed {
+                    pods: crash(ctx, &namespace, policy, pool).await?,
+                    pool: pool.clone(),
+                })
+            }
+            PolicyCommand::Drift(pool) => {
+                give_command(ctx, &namespace, policy, &name, command).await?;
+                let run = status
+                    .current_run
+                    .as_ref()
+                    .map(|r| r.id.clone())
+                    .unwrap_or_default();
+                set_drift(ctx, &namespace, policy, pool, Some(&run)).await?;
+                Some(Notice::Drifted {
+                    pool: pool.clone(),
+                    run,
+                })
+            }
+            PolicyCommand::Failover(value) | PolicyCommand::Failback(value) => {
+                give_command(ctx, &namespace, policy, &name, command).await?;
+                Some(Notice::Commanded {
+                    value: value.clone(),
+                    policy: policy.name_any(),
+                })
+            }
         };
-        notices.insert(0, notice);
+        if let Some(notice) = notice {
+            notices.insert(0, notice);
+        }
     }
     if let Some(policy) = released {
         release(ctx, &namespace, &policy, &name).await;
@@ -587,6 +625,7 @@ pub fn phase_name(phase: RunPhase) -> &'static str {
         RunPhase::Recovered => "Recovered",
         RunPhase::HoldingOnStandby => "HoldingOnStandby",
         RunPhase::FailingBack => "FailingBack",
+        RunPhase::Restoring => "Restoring",
         RunPhase::Done => "Done",
         RunPhase::Aborted => "Aborted",
         RunPhase::Failed => "Failed",
@@ -657,6 +696,57 @@ async fn crash(
         }
     }
     Ok(deleted)
+}
+
+/// Sets [`DRIFT_VARIABLE`] to `run` in the serving container of the pool named `pool` (a
+/// Deployment), or takes it away with `None`; the workload rolls out either way.
+async fn set_drift(
+    ctx: &Context,
+    namespace: &str,
+    policy: &FailoverPolicy,
+    pool: &str,
+    run: Option<&str>,
+) -> Result<(), Error> {
+    let Some(spec) = policy.spec.pools.iter().find(|p| p.name == pool) else {
+        return Ok(());
+    };
+    if spec.workload.kind != WorkloadKind::Deployment {
+        return Err(Error::Inject(format!(
+            "a drift is injected into a Deployment, and {pool} runs a {:?}",
+            spec.workload.kind
+        )));
+    }
+    let api: Api<Deployment> = Api::namespaced(ctx.client.clone(), namespace);
+    let name = &spec.workload.name;
+    let deployment = api
+        .get(name)
+        .await
+        .map_err(|error| Error::Inject(format!("reading Deployment {name}: {error}")))?;
+    let container = deployment
+        .spec
+        .as_ref()
+        .and_then(|s| crate::parity::serving_container(&s.template))
+        .map(|c| c.name.clone())
+        .ok_or_else(|| {
+            Error::Inject(format!(
+                "Deployment {name} runs no vLLM container that names a model"
+            ))
+        })?;
+    let variable = match run {
+        Some(run) => serde_json::json!({"name": DRIFT_VARIABLE, "value": run}),
+        None => serde_json::json!({"name": DRIFT_VARIABLE, "$patch": "delete"}),
+    };
+    let patch = serde_json::json!({
+        "spec": {"template": {"spec": {"containers": [{"name": container, "env": [variable]}]}}}
+    });
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_owned()),
+        ..PatchParams::default()
+    };
+    api.patch(name, &params, &Patch::Strategic(&patch))
+        .await
+        .map(|_| ())
+        .map_err(|error| Error::Inject(format!("patching Deployment {name}: {error}")))
 }
 
 /// Gives the policy its command and names this game day as its holder, in one merge patch
@@ -762,6 +852,16 @@ fn describe(notice: &Notice) -> KubeEvent {
             EventType::Normal,
             "CommandGiven",
             format!("gave FailoverPolicy {policy} {COMMAND_ANNOTATION}={value}"),
+        ),
+        Notice::Drifted { pool, run } => (
+            EventType::Warning,
+            "FaultInjected",
+            format!("drifted {pool}: its serving container rolls out with {DRIFT_VARIABLE}={run}"),
+        ),
+        Notice::DriftTakenBack { pool } => (
+            EventType::Normal,
+            "FaultTakenBack",
+            format!("took {DRIFT_VARIABLE} away from {pool}'s serving container: it rolls out as before"),
         ),
         Notice::Crashed { pool, pods } => (
             EventType::Warning,

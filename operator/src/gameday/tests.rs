@@ -806,3 +806,97 @@ fn a_stop_condition_during_the_failover_fails_the_run_and_with_failback_after_fa
     let back = run.advance(&holding, "weekly", Some(&on_standby(90)), at(90 + 301));
     assert_eq!(back, Some(PolicyCommand::Failback(FAILBACK.to_owned())));
 }
+
+fn drift_config() -> RunConfig {
+    RunConfig {
+        fault: Fault::Drift,
+        ..config(None)
+    }
+}
+
+/// The steady policy, its parity as `status` with `message`.
+fn parity(status: ConditionStatus, message: &str) -> PolicyView {
+    let mut view = steady();
+    view.parity = Some(Condition {
+        message: message.to_owned(),
+        ..condition(status, "Drift", T0)
+    });
+    view
+}
+
+const DRIFT: &str =
+    "us-west differs from us-east in 1 key(s): env.VLLM_UNDERSTUDY_GAMEDAY_DRIFT (absent ≠ 20240604-100000)";
+
+#[test]
+fn a_drift_the_policy_reports_and_does_not_promote_passes_once_it_is_taken_back() {
+    let config = drift_config();
+    let mut run = GameDayRun::due(RunTrigger::Schedule, T0);
+    let action = run.advance(&config, "weekly", Some(&steady()), T0);
+    assert_eq!(action, Some(PolicyCommand::Drift("us-west".to_owned())));
+    assert_eq!(
+        run.injected.as_deref(),
+        Some("restarted us-west with VLLM_UNDERSTUDY_GAMEDAY_DRIFT=20240604-100000")
+    );
+    // Rolling out: nothing to report yet.
+    assert_eq!(run.advance(&config, "weekly", Some(&steady()), at(20)), None);
+    let reported = parity(ConditionStatus::False, DRIFT);
+    let action = run.advance(&config, "weekly", Some(&reported), at(30));
+    assert_eq!(action, Some(PolicyCommand::Restore("us-west".to_owned())));
+    assert_eq!(run.phase, RunPhase::Restoring);
+    // Still rolling back: taken back again, idempotently.
+    let action = run.advance(&config, "weekly", Some(&reported), at(40));
+    assert_eq!(action, Some(PolicyCommand::Restore("us-west".to_owned())));
+    let holds = parity(ConditionStatus::True, "9 key(s) agree");
+    assert_eq!(run.advance(&config, "weekly", Some(&holds), at(55)), None);
+    assert_eq!(run.verdict, Some(Verdict::Passed));
+    assert_eq!(
+        run.reason.as_deref(),
+        Some(
+            "the policy reported us-west's drift (ParityHolds False naming env.VLLM_UNDERSTUDY_GAMEDAY_DRIFT) \
+             30s after it was injected, and promoted nothing; parity held again 25s after the drift was taken back"
+        )
+    );
+}
+
+#[test]
+fn a_drift_never_reported_is_taken_back_and_fails_the_run() {
+    let config = drift_config();
+    let mut run = GameDayRun::due(RunTrigger::Schedule, T0);
+    run.advance(&config, "weekly", Some(&steady()), T0);
+    let action = run.advance(&config, "weekly", Some(&steady()), at(120));
+    assert_eq!(action, Some(PolicyCommand::Restore("us-west".to_owned())));
+    run.advance(&config, "weekly", Some(&steady()), at(125));
+    assert_eq!(run.verdict, Some(Verdict::Failed));
+    assert!(
+        run.reason
+            .as_deref()
+            .unwrap()
+            .starts_with("the policy did not report us-west's drift within maxRecovery (2m0s)"),
+        "{:?}",
+        run.reason
+    );
+}
+
+#[test]
+fn a_policy_that_promotes_a_drifted_standby_fails_the_run() {
+    let config = drift_config();
+    let mut run = GameDayRun::due(RunTrigger::Schedule, T0);
+    run.advance(&config, "weekly", Some(&steady()), T0);
+    let moved = PolicyView {
+        epoch: Some(5),
+        ..parity(ConditionStatus::False, DRIFT)
+    };
+    let action = run.advance(&config, "weekly", Some(&moved), at(30));
+    assert_eq!(action, Some(PolicyCommand::Restore("us-west".to_owned())));
+    let holds = PolicyView {
+        epoch: Some(5),
+        ..parity(ConditionStatus::True, "agree")
+    };
+    run.advance(&config, "weekly", Some(&holds), at(40));
+    assert_eq!(run.verdict, Some(Verdict::Failed));
+    assert!(
+        run.reason
+            .unwrap()
+            .starts_with("the policy moved to epoch 5 while us-west drifted")
+    );
+}
