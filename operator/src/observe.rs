@@ -4,9 +4,12 @@
 //! The reconciler [`track`](ObservationSource::track)s each policy it runs;
 //! [`ProbingObservations::run`], spawned beside the controller, probes both pools of every
 //! tracked policy once per `spec.probe.interval` with the prober library, and keeps one
-//! [`Observation::Check`] per pool and round until the next reconcile drains them. A pool's
-//! replicas come from a [`ReplicaEndpoints`]: the pods of its workload ([`KubeReplicas`]), or a
-//! fixed list ([`FixedReplicas`]) where there is no cluster.
+//! [`Observation::Check`] per pool and round until the next reconcile drains them. Each round
+//! also compares the pools ([`crate::parity`]: an [`Observation::Parity`] and `status.parity`),
+//! reads the routers' passive signals when it has routers, and the GPU agents' verdicts when it
+//! has agents ([`crate::gpu_health`]: a pool whose replicas on healthy GPUs are too few fails
+//! hard). A pool's replicas come from a [`ReplicaEndpoints`]: the pods of its workload
+//! ([`KubeReplicas`]), or a fixed list ([`FixedReplicas`]) where there is no cluster.
 //!
 //! This module must never block the reconciler (tracking and draining take a short lock on a
 //! map; probes run on their own tasks), never decide failover (the state machine does), and

@@ -711,10 +711,14 @@ async fn set_drift(
         return Ok(());
     };
     if spec.workload.kind != WorkloadKind::Deployment {
-        return Err(Error::Inject(format!(
-            "a drift is injected into a Deployment, and {pool} runs a {:?}",
-            spec.workload.kind
-        )));
+        // Nothing was injected, so there is nothing to take back.
+        return match run {
+            Some(_) => Err(Error::Inject(format!(
+                "a drift is injected into a Deployment, and {pool} runs a {:?}",
+                spec.workload.kind
+            ))),
+            None => Ok(()),
+        };
     }
     let api: Api<Deployment> = Api::namespaced(ctx.client.clone(), namespace);
     let name = &spec.workload.name;
