@@ -943,13 +943,10 @@ async fn a_game_day_that_crashes_the_primary_sees_the_policy_promote_its_standby
     use understudy_api::crd::{GameDay, Verdict};
 
     let Some(client) = cluster().await else { return };
-    let pools = TwoPools::start(
-        client.clone(),
-        "e2e-crash",
-        Standby::hot(),
-        json!({"minDwell": "2s"}),
-    )
-    .await;
+    // The emulated nodes bring a deleted pod back in about a second, where a GPU node takes
+    // minutes to load weights: one hard-failed round promotes, or the crash might heal unseen.
+    let trigger = json!({"minDwell": "2s", "hardFailure": {"promoteAfter": 1}});
+    let pools = TwoPools::start(client.clone(), "e2e-crash", Standby::hot(), trigger).await;
     let operator = pools.operator("e2e-operator-1", ADMIN_TOKEN);
     pools.routed("east", 0).await;
     eventually(Duration::from_secs(60), "the standby proven", || async {
