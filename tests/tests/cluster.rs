@@ -413,6 +413,50 @@ impl Standby {
     }
 }
 
+impl Drop for TwoPools {
+    /// A test failing with its pools up scales their workloads to zero. On a thread of its own,
+    /// with a client of its own: the test's runtime is unwinding and polls nothing.
+    fn drop(&mut self) {
+        let Ok(path) = std::env::var("UNDERSTUDY_CLUSTER_KUBECONFIG") else {
+            return;
+        };
+        if !std::thread::panicking() {
+            return;
+        }
+        let ns = self.ns;
+        let _ = std::thread::spawn(move || {
+            let Ok(runtime) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
+                return;
+            };
+            runtime.block_on(async move {
+                let Ok(kubeconfig) = Kubeconfig::read_from(&path) else {
+                    return;
+                };
+                let Ok(config) =
+                    kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await
+                else {
+                    return;
+                };
+                let Ok(client) = Client::try_from(config) else {
+                    return;
+                };
+                let deployments: Api<Deployment> = Api::namespaced(client, ns);
+                let Ok(listed) = deployments.list(&ListParams::default()).await else {
+                    return;
+                };
+                let none = json!({"spec": {"replicas": 0}});
+                for deployment in listed.items {
+                    let name = deployment.name_any();
+                    let _ = deployments
+                        .patch_scale(&name, &PatchParams::default(), &Patch::Merge(&none))
+                        .await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
 impl TwoPools {
     /// `trigger` is merged over the policy's fast-detection trigger.
     async fn start(
@@ -530,7 +574,8 @@ impl TwoPools {
 
     /// Deletes the namespace and with it both pools, so that the next test has their GPUs, and
     /// then stops `operator`, which meanwhile takes its finalizer off the policy. A test that
-    /// fails leaves its namespace for a look; the next run deletes it first.
+    /// fails leaves its namespace for a look (the next run deletes it first), its workloads
+    /// scaled to zero ([`Drop`]) so that the GPUs they held go to the tests after it.
     async fn stop(self, operator: Process) {
         delete_namespace(&self.client, self.ns).await;
         drop(operator);
