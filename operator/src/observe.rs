@@ -37,7 +37,7 @@ use understudy_core::Pool;
 use understudy_core::drive::serving_quorum;
 use understudy_core::failover::{CheckResult, Observation, PassiveSignal};
 use understudy_prober::outcome::ProbeOutcome;
-use understudy_prober::parity::flags::{FlagPolicy, canonical_flags};
+use understudy_prober::parity::flags::FlagPolicy;
 use understudy_prober::probe::{self, Budget, Endpoint, Expectation, ProbeReport, ProbeSpec};
 use understudy_prober::report::PoolRound;
 
@@ -104,17 +104,6 @@ pub trait ReplicaEndpoints: Send + Sync + fmt::Debug {
         pool: &'a PoolSpec,
     ) -> BoxFuture<'a, Result<Vec<Endpoint>, ResolveError>>;
 
-    /// The model `pool`'s workload is set to serve, as its `vllm serve` arguments name it; `None`
-    /// when that cannot be told. A recorded golden answer is kept only while the primary serves
-    /// the model it was recorded from.
-    fn served_model<'a>(
-        &'a self,
-        _namespace: &'a str,
-        _pool: &'a PoolSpec,
-    ) -> BoxFuture<'a, Result<Option<String>, ResolveError>> {
-        Box::pin(async { Ok(None) })
-    }
-
     /// The names of `pool`'s replicas that [`Self::resolve`] gives endpoints for (its Running
     /// pods); empty when they cannot be told, which matches them to no GPU.
     fn replica_names<'a>(
@@ -126,7 +115,9 @@ pub trait ReplicaEndpoints: Send + Sync + fmt::Debug {
     }
 
     /// How `pool`'s workload starts vLLM, from its pod template once every replica runs it;
-    /// `None` when that cannot be told (a rollout under way, a LeaderWorkerSet).
+    /// `None` when that cannot be told (a rollout under way, a LeaderWorkerSet). Its model is the
+    /// one the pool is set to serve: a recorded golden answer is kept only while the primary
+    /// serves the model it was recorded from.
     fn serving_config<'a>(
         &'a self,
         _namespace: &'a str,
@@ -243,17 +234,6 @@ impl ReplicaEndpoints for KubeReplicas {
         Box::pin(self.endpoints(namespace, pool))
     }
 
-    fn served_model<'a>(
-        &'a self,
-        namespace: &'a str,
-        pool: &'a PoolSpec,
-    ) -> BoxFuture<'a, Result<Option<String>, ResolveError>> {
-        Box::pin(async move {
-            let template = self.rolled_out_template(namespace, &pool.workload).await?;
-            Ok(template.as_ref().and_then(template_model))
-        })
-    }
-
     fn serving_config<'a>(
         &'a self,
         namespace: &'a str,
@@ -350,8 +330,7 @@ fn rolled_out(
 /// command and arguments together ([`serving_config`]).
 #[must_use]
 pub fn template_model(template: &PodTemplateSpec) -> Option<String> {
-    let config = serving_config(template)?;
-    canonical_flags(&config.argv, &FlagPolicy::default()).remove("model")
+    serving_config(template)?.model()
 }
 
 /// Where `pod` serves, if it can be probed: Running, not being deleted, with an IP. A pod still
@@ -373,7 +352,6 @@ pub fn replica_endpoint(pod: &Pod, port: u16) -> Option<Endpoint> {
 #[derive(Clone, Debug, Default)]
 pub struct FixedReplicas {
     pools: HashMap<String, Vec<Endpoint>>,
-    models: Arc<Mutex<HashMap<String, String>>>,
     configs: Arc<Mutex<HashMap<String, ServingConfig>>>,
     names: HashMap<String, Vec<String>>,
 }
@@ -389,8 +367,14 @@ impl FixedReplicas {
     /// From now on the pool named `pool` serves `model`, in this value and its clones; a pool
     /// never given one serves a model that cannot be told.
     pub fn set_model(&self, pool: &str, model: &str) {
-        let mut models = self.models.lock().unwrap_or_else(PoisonError::into_inner);
-        models.insert(pool.to_owned(), model.to_owned());
+        let argv = ["vllm", "serve", model].map(str::to_owned).into();
+        self.set_config(
+            pool,
+            ServingConfig {
+                argv,
+                ..ServingConfig::default()
+            },
+        );
     }
 
     /// The replicas of the pool named `pool` are the pods `names`, in the order of its endpoints.
@@ -416,16 +400,6 @@ impl ReplicaEndpoints for FixedReplicas {
     ) -> BoxFuture<'a, Result<Vec<Endpoint>, ResolveError>> {
         let endpoints = self.pools.get(&pool.name).cloned().unwrap_or_default();
         Box::pin(async move { Ok(endpoints) })
-    }
-
-    fn served_model<'a>(
-        &'a self,
-        _namespace: &'a str,
-        pool: &'a PoolSpec,
-    ) -> BoxFuture<'a, Result<Option<String>, ResolveError>> {
-        let models = self.models.lock().unwrap_or_else(PoisonError::into_inner);
-        let model = models.get(&pool.name).cloned();
-        Box::pin(async move { Ok(model) })
     }
 
     fn serving_config<'a>(
@@ -563,6 +537,14 @@ struct GoldenUpdate {
     replaces: Option<GoldenAnswer>,
     /// The golden answer to keep instead: `None` drops it.
     new: Option<GoldenAnswer>,
+}
+
+/// A pool's serving configuration as a round read it; `Err` says why there is none.
+type Config = Result<ServingConfig, String>;
+
+/// Whether the golden answer is recorded from the primary: `expect` in prefix mode with no value.
+fn records_golden(spec: &crate::crd::FailoverPolicySpec) -> bool {
+    spec.probe.expect.mode == ExpectMode::Prefix && spec.probe.expect.value.is_none()
 }
 
 /// One tracked policy.
@@ -786,30 +768,44 @@ impl ProbingObservations {
 
     /// The golden answer to judge this round by, and the model the primary serves, when the
     /// policy records one. A model that cannot be read keeps the planned golden answer.
-    async fn current_golden(
-        &self,
-        plan: &RoundPlan,
-        primary: Pool,
-    ) -> (Option<GoldenAnswer>, Option<String>) {
-        let spec = &plan.policy.spec;
-        if spec.probe.expect.mode != ExpectMode::Prefix || spec.probe.expect.value.is_some() {
+    /// The golden answer the round judges by: the one kept, unless the primary (whose serving
+    /// configuration is `primary`) is set to serve another model than it was recorded from.
+    fn current_golden(plan: &RoundPlan, primary: Option<&Config>) -> (Option<GoldenAnswer>, Option<String>) {
+        if !records_golden(&plan.policy.spec) {
             return (plan.golden.clone(), None);
         }
-        let Some(pool) = spec.pools.get(primary.index()) else {
-            return (plan.golden.clone(), None);
-        };
-        let serving = match self.replicas.served_model(&plan.namespace, pool).await {
-            Ok(model) => model,
-            Err(error) => {
-                tracing::debug!(policy = %plan.policy.name_any(), pool = %pool.name, %error, "could not read the model the primary serves");
-                None
-            }
-        };
+        let serving = primary.and_then(|config| config.as_ref().ok()?.model());
         let golden = plan
             .golden
             .clone()
             .filter(|golden| !model_changed(golden, serving.as_deref()));
         (golden, serving)
+    }
+
+    /// Each pool's serving configuration, read once for the round and only where it is used: the
+    /// primary's for its model when the golden answer is recorded from it, both for parity.
+    async fn configs(&self, plan: &RoundPlan, primary: Pool) -> [Option<Config>; 2] {
+        let spec = &plan.policy.spec;
+        let read = |pool: Pool, needed: bool| async move {
+            let pool_spec = spec.pools.get(pool.index()).filter(|_| needed)?;
+            Some(
+                match self.replicas.serving_config(&plan.namespace, pool_spec).await {
+                    Ok(Some(config)) => Ok(config),
+                    Ok(None) => Err("its workload is rolling out, or names no model to serve".to_owned()),
+                    Err(error) => {
+                        tracing::debug!(policy = %plan.policy.name_any(), pool = %pool_spec.name, %error, "could not read the pool's serving configuration");
+                        Err(error.to_string())
+                    }
+                },
+            )
+        };
+        let parity = spec.parity.enabled;
+        let (p, s) = join(
+            read(primary, parity || records_golden(spec)),
+            read(primary.other(), parity),
+        )
+        .await;
+        [p, s]
     }
 
     /// One round over both pools: the checks, what it learned of the golden answer, and whether
@@ -818,7 +814,8 @@ impl ProbingObservations {
         let spec = &plan.policy.spec;
         let primary = primary_pool(&plan.policy);
         let standby = primary.other();
-        let (golden, serving_model) = self.current_golden(plan, primary).await;
+        let configs = self.configs(plan, primary).await;
+        let (golden, serving_model) = Self::current_golden(plan, configs[0].as_ref());
         let judge = match judge(&spec.probe.expect, golden.as_ref()) {
             Ok(judge) => judge,
             Err(error) => {
@@ -830,7 +827,7 @@ impl ProbingObservations {
         let (primary_endpoints, standby_endpoints) =
             join(self.resolve(plan, primary), self.resolve(plan, standby)).await;
         let compared = [primary_endpoints.clone(), standby_endpoints.clone()];
-        let parity = self.parity(plan, primary, &compared);
+        let parity = self.parity(plan, primary, &compared, configs);
         let probing = async {
             match judge {
                 Judge::Fixed(expect) => {
@@ -930,15 +927,23 @@ impl ProbingObservations {
         plan: &RoundPlan,
         primary: Pool,
         endpoints: &[Option<Vec<Endpoint>>; 2],
+        configs: [Option<Config>; 2],
     ) -> Option<ParityStatus> {
         let spec = &plan.policy.spec;
         if !spec.parity.enabled {
             return None;
         }
         let flags = parity::flag_policy(&spec.parity);
+        let [primary_config, standby_config] = configs;
         let (primary_side, standby_side) = join(
-            self.parity_side(plan, primary, endpoints[0].as_deref(), &flags),
-            self.parity_side(plan, primary.other(), endpoints[1].as_deref(), &flags),
+            Self::parity_side(plan, primary, primary_config, endpoints[0].as_deref(), &flags),
+            Self::parity_side(
+                plan,
+                primary.other(),
+                standby_config,
+                endpoints[1].as_deref(),
+                &flags,
+            ),
         )
         .await;
         let checked_at = Timestamp::from_second(Timestamp::now().as_second())
@@ -995,20 +1000,15 @@ impl ProbingObservations {
     }
 
     async fn parity_side(
-        &self,
         plan: &RoundPlan,
         pool: Pool,
+        config: Option<Config>,
         endpoints: Option<&[Endpoint]>,
         flags: &FlagPolicy,
     ) -> Option<parity::Side> {
         let spec = plan.policy.spec.pools.get(pool.index())?;
-        let config = match self.replicas.serving_config(&plan.namespace, spec).await {
-            Ok(Some(config)) => Ok(config),
-            Ok(None) => Err("its workload is rolling out, or names no model to serve".to_owned()),
-            Err(error) => Err(error.to_string()),
-        };
         let first = endpoints.and_then(|e| e.iter().min_by_key(|e| e.to_string()));
-        Some(parity::side(&spec.name, config, first, flags, plan.timing.timeout).await)
+        Some(parity::side(&spec.name, config?, first, flags, plan.timing.timeout).await)
     }
 
     async fn resolve(&self, plan: &RoundPlan, pool: Pool) -> Option<Vec<Endpoint>> {

@@ -50,6 +50,14 @@ fn argv_of(container: &Container) -> Vec<String> {
         .collect()
 }
 
+impl ServingConfig {
+    /// The model it serves: `vllm serve MODEL` or `--model MODEL`.
+    #[must_use]
+    pub fn model(&self) -> Option<String> {
+        canonical_flags(&self.argv, &FlagPolicy::default()).remove("model")
+    }
+}
+
 /// The serving container of `template`: the first that runs vLLM ([`runs_vllm`]) and names a
 /// model (`vllm serve MODEL` or `--model MODEL`); `None` when none does.
 #[must_use]

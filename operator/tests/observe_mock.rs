@@ -245,7 +245,7 @@ async fn the_model_a_pool_serves_is_read_from_its_workloads_pod_template_once_it
         server.expect_no_more().await;
     });
     let east = pool("Deployment");
-    let rolling = tokio::time::timeout(TIMEOUT, replicas.served_model(NS, &east))
+    let rolling = tokio::time::timeout(TIMEOUT, replicas.serving_config(NS, &east))
         .await
         .expect("timed out");
     assert_eq!(
@@ -253,11 +253,14 @@ async fn the_model_a_pool_serves_is_read_from_its_workloads_pod_template_once_it
         None,
         "old and new pods both answer until the rollout is done"
     );
-    let read = tokio::time::timeout(TIMEOUT, replicas.served_model(NS, &east))
+    let read = tokio::time::timeout(TIMEOUT, replicas.serving_config(NS, &east))
         .await
         .expect("timed out");
-    assert_eq!(read.unwrap().as_deref(), Some("meta-llama/Llama-3.1-8B-Instruct"));
-    let gone = tokio::time::timeout(TIMEOUT, replicas.served_model(NS, &east))
+    assert_eq!(
+        read.unwrap().and_then(|c| c.model()).as_deref(),
+        Some("meta-llama/Llama-3.1-8B-Instruct")
+    );
+    let gone = tokio::time::timeout(TIMEOUT, replicas.serving_config(NS, &east))
         .await
         .expect("timed out");
     assert_eq!(
