@@ -141,6 +141,19 @@ impl Operator {
         checks
     }
 
+    /// Two rounds in which the primary fails hard and the standby passes: one is not enough, the
+    /// second promotes the standby (`hardFailure.promoteAfter: 2`).
+    async fn fails_hard_twice_and_promotes(&mut self) {
+        let failing = [
+            check(Pool::A, CheckResult::HardFail),
+            check(Pool::B, CheckResult::Pass),
+        ];
+        assert_eq!(self.round().await, failing);
+        assert_eq!(self.promoting(), None, "one hard failure is not enough");
+        assert_eq!(self.round().await, failing);
+        assert_eq!(self.promoting(), Some(Pool::B), "hardFailure.promoteAfter is 2");
+    }
+
     fn key(&self) -> ObjectRef<FailoverPolicy> {
         self.observations.tracked().pop().expect("the policy is tracked")
     }
@@ -211,18 +224,7 @@ async fn a_dead_engine_on_the_primary_fails_hard_and_promotes_the_standby_after_
         operator.round().await;
     }
     east.inject("engine-dead");
-    let failing = [
-        check(Pool::A, CheckResult::HardFail),
-        check(Pool::B, CheckResult::Pass),
-    ];
-    assert_eq!(operator.round().await, failing);
-    assert_eq!(operator.promoting(), None, "one hard failure is not enough");
-    assert_eq!(operator.round().await, failing);
-    assert_eq!(
-        operator.promoting(),
-        Some(Pool::B),
-        "hardFailure.promoteAfter is 2"
-    );
+    operator.fails_hard_twice_and_promotes().await;
 }
 
 #[tokio::test]
@@ -431,11 +433,8 @@ async fn the_control_a_standby_that_agrees_is_promoted_when_the_primary_fails_th
         operator.round().await;
     }
     east.inject("engine-dead");
-    for _ in 0..2 {
-        operator.round().await;
-    }
+    operator.fails_hard_twice_and_promotes().await;
     assert_eq!(operator.parity, [true; 4]);
-    assert_eq!(operator.promoting(), Some(Pool::B));
 }
 
 #[tokio::test]
@@ -594,18 +593,7 @@ async fn a_primary_whose_gpu_falls_off_the_bus_is_replaced_while_it_still_answer
     // East's GPU is lost (Xid 79); the emulator behind it still answers its probes.
     gpus.0.lock().unwrap()[0].fallen_off_bus = true;
     agent_fails(port, "serving/vllm-east-0").await;
-    let failing = [
-        check(Pool::A, CheckResult::HardFail),
-        check(Pool::B, CheckResult::Pass),
-    ];
-    assert_eq!(operator.round().await, failing);
-    assert_eq!(operator.promoting(), None, "one hard failure is not enough");
-    assert_eq!(operator.round().await, failing);
-    assert_eq!(
-        operator.promoting(),
-        Some(Pool::B),
-        "hardFailure.promoteAfter is 2"
-    );
+    operator.fails_hard_twice_and_promotes().await;
 }
 
 #[tokio::test]
