@@ -581,6 +581,47 @@ impl TwoPools {
         drop(operator);
     }
 
+    /// Waits until the policy is steady enough for a game day to inject: its standby proven by
+    /// the probes, and, with `parity`, the pools compared and agreeing.
+    async fn until_steady(&self, parity: bool) {
+        use understudy_api::crd::ConditionStatus::True;
+        eventually(Duration::from_secs(60), "the standby proven", || async {
+            let status = self.policies.get("chat").await.unwrap().status?;
+            let proven = status.conditions.get("StandbyProven")?.status == True;
+            let agree = !parity || status.conditions.get("ParityHolds")?.status == True;
+            (proven && agree).then_some(())
+        })
+        .await;
+    }
+
+    /// Creates the GameDay `name` on the policy with `spec` (and `run` to run it now), and waits
+    /// up to `within` for its verdict; its status.
+    async fn game_day(
+        &self,
+        name: &str,
+        run: bool,
+        spec: serde_json::Value,
+        within: Duration,
+    ) -> understudy_api::crd::GameDayStatus {
+        use understudy_api::crd::GameDay;
+        let gamedays: Api<GameDay> = Api::namespaced(self.client.clone(), self.ns);
+        let mut object = json!({
+            "apiVersion": "understudy.dev/v1alpha1", "kind": "GameDay",
+            "metadata": {"name": name}, "spec": spec,
+        });
+        object["spec"]["policyRef"] = json!({"name": "chat"});
+        if run {
+            object["metadata"]["annotations"] = json!({"understudy.dev/command": "run"});
+        }
+        let gameday: GameDay = serde_json::from_value(object).unwrap();
+        gamedays.create(&PostParams::default(), &gameday).await.unwrap();
+        eventually(within, "a verdict", || async {
+            let status = gamedays.get(name).await.unwrap().status?;
+            status.last_verdict.is_some().then_some(status)
+        })
+        .await
+    }
+
     /// Kills every process of the primary east; the kubelet's back-off keeps them down 10 s.
     fn crash_east(&self) {
         for pod in &self.east {
@@ -924,7 +965,7 @@ async fn an_operator_lost_between_the_lease_write_and_the_route_push_is_succeede
 
 #[tokio::test]
 async fn a_scheduled_game_day_fails_over_for_real_holds_fails_back_and_records_passed() {
-    use understudy_api::crd::{GameDay, Verdict};
+    use understudy_api::crd::Verdict;
 
     let Some(client) = cluster().await else { return };
     let pools = TwoPools::start(
@@ -938,36 +979,19 @@ async fn a_scheduled_game_day_fails_over_for_real_holds_fails_back_and_records_p
     pools.routed("east", 0).await;
     // A game day starts only from a steady state; the next minute's run must not find a standby
     // the probes have not proven yet.
-    eventually(Duration::from_secs(60), "the standby proven", || async {
-        let status = pools.policies.get("chat").await.unwrap().status?;
-        let proven = status.conditions.get("StandbyProven")?;
-        (proven.status == understudy_api::crd::ConditionStatus::True).then_some(())
-    })
-    .await;
-
+    pools.until_steady(false).await;
     // Every minute; the first run comes at the next minute's start.
-    let gamedays: Api<GameDay> = Api::namespaced(client, pools.ns);
-    let gameday = serde_json::from_value(json!({
-        "apiVersion": "understudy.dev/v1alpha1",
-        "kind": "GameDay",
-        "metadata": {"name": "chat-drill"},
-        "spec": {
-            "policyRef": {"name": "chat"},
-            "schedule": "* * * * *",
-            "fault": "failover",
-            "steadyState": {"readyFor": "1s"},
-            "maxRecovery": "1m",
-            "failback": {"mode": "after", "after": "3s"},
-        },
-    }))
-    .unwrap();
-    gamedays.create(&PostParams::default(), &gameday).await.unwrap();
-
-    let verdict = eventually(Duration::from_secs(150), "a verdict", || async {
-        gamedays.get("chat-drill").await.unwrap().status?.last_verdict
-    })
-    .await;
-    let status = gamedays.get("chat-drill").await.unwrap().status.unwrap();
+    let spec = json!({
+        "schedule": "* * * * *",
+        "fault": "failover",
+        "steadyState": {"readyFor": "1s"},
+        "maxRecovery": "1m",
+        "failback": {"mode": "after", "after": "3s"},
+    });
+    let status = pools
+        .game_day("chat-drill", false, spec, Duration::from_secs(150))
+        .await;
+    let verdict = status.last_verdict.unwrap();
     assert_eq!(verdict, Verdict::Passed, "{status:#?}");
     // It failed over for real (epoch 1, west) and back (epoch 2, east).
     assert_eq!(pools.lease().await, ("2".to_owned(), "east".to_owned()));
@@ -985,7 +1009,7 @@ async fn a_scheduled_game_day_fails_over_for_real_holds_fails_back_and_records_p
 
 #[tokio::test]
 async fn a_game_day_that_crashes_the_primary_sees_the_policy_promote_its_standby_on_its_own() {
-    use understudy_api::crd::{GameDay, Verdict};
+    use understudy_api::crd::Verdict;
 
     let Some(client) = cluster().await else { return };
     // The emulated nodes bring a deleted pod back in about a second, where a GPU node takes
@@ -994,34 +1018,17 @@ async fn a_game_day_that_crashes_the_primary_sees_the_policy_promote_its_standby
     let pools = TwoPools::start(client.clone(), "e2e-crash", Standby::hot(), trigger).await;
     let operator = pools.operator("e2e-operator-1", ADMIN_TOKEN);
     pools.routed("east", 0).await;
-    eventually(Duration::from_secs(60), "the standby proven", || async {
-        let status = pools.policies.get("chat").await.unwrap().status?;
-        let proven = status.conditions.get("StandbyProven")?;
-        (proven.status == understudy_api::crd::ConditionStatus::True).then_some(())
-    })
-    .await;
-
-    // Run now: the `run` command instead of a schedule.
-    let gamedays: Api<GameDay> = Api::namespaced(client.clone(), pools.ns);
-    let gameday = serde_json::from_value(json!({
-        "apiVersion": "understudy.dev/v1alpha1",
-        "kind": "GameDay",
-        "metadata": {"name": "chat-crash", "annotations": {"understudy.dev/command": "run"}},
-        "spec": {
-            "policyRef": {"name": "chat"},
-            "fault": "crash",
-            "steadyState": {"readyFor": "1s"},
-            "maxRecovery": "1m",
-            "failback": {"mode": "manual"},
-        },
-    }))
-    .unwrap();
-    gamedays.create(&PostParams::default(), &gameday).await.unwrap();
-    let verdict = eventually(Duration::from_secs(120), "a verdict", || async {
-        gamedays.get("chat-crash").await.unwrap().status?.last_verdict
-    })
-    .await;
-    let status = gamedays.get("chat-crash").await.unwrap().status.unwrap();
+    pools.until_steady(false).await;
+    let spec = json!({
+        "fault": "crash",
+        "steadyState": {"readyFor": "1s"},
+        "maxRecovery": "1m",
+        "failback": {"mode": "manual"},
+    });
+    let status = pools
+        .game_day("chat-crash", true, spec, Duration::from_secs(120))
+        .await;
+    let verdict = status.last_verdict.unwrap();
     assert_eq!(verdict, Verdict::Passed, "{status:#?}");
     let run = &status.last_runs[0];
     assert_eq!(run.command, None, "a crash gives the policy no command");
@@ -1059,7 +1066,7 @@ async fn a_game_day_that_crashes_the_primary_sees_the_policy_promote_its_standby
 
 #[tokio::test]
 async fn a_game_day_that_drifts_the_standby_sees_the_policy_report_it_promote_nothing_and_recover() {
-    use understudy_api::crd::{GameDay, Verdict};
+    use understudy_api::crd::Verdict;
 
     let Some(client) = cluster().await else { return };
     let pools = TwoPools::start(
@@ -1071,38 +1078,12 @@ async fn a_game_day_that_drifts_the_standby_sees_the_policy_report_it_promote_no
     .await;
     let operator = pools.operator("e2e-operator-1", ADMIN_TOKEN);
     pools.routed("east", 0).await;
-    eventually(
-        Duration::from_secs(60),
-        "the standby proven and parity holding",
-        || async {
-            let status = pools.policies.get("chat").await.unwrap().status?;
-            let proven = status.conditions.get("StandbyProven")?.status;
-            let parity = status.conditions.get("ParityHolds")?.status;
-            use understudy_api::crd::ConditionStatus::True;
-            (proven == True && parity == True).then_some(())
-        },
-    )
-    .await;
-
-    let gamedays: Api<GameDay> = Api::namespaced(client.clone(), pools.ns);
-    let gameday = serde_json::from_value(json!({
-        "apiVersion": "understudy.dev/v1alpha1",
-        "kind": "GameDay",
-        "metadata": {"name": "chat-drift", "annotations": {"understudy.dev/command": "run"}},
-        "spec": {
-            "policyRef": {"name": "chat"},
-            "fault": "drift",
-            "steadyState": {"readyFor": "1s"},
-            "maxRecovery": "90s",
-        },
-    }))
-    .unwrap();
-    gamedays.create(&PostParams::default(), &gameday).await.unwrap();
-    let verdict = eventually(Duration::from_secs(200), "a verdict", || async {
-        gamedays.get("chat-drift").await.unwrap().status?.last_verdict
-    })
-    .await;
-    let status = gamedays.get("chat-drift").await.unwrap().status.unwrap();
+    pools.until_steady(true).await;
+    let spec = json!({"fault": "drift", "steadyState": {"readyFor": "1s"}, "maxRecovery": "90s"});
+    let status = pools
+        .game_day("chat-drift", true, spec, Duration::from_secs(200))
+        .await;
+    let verdict = status.last_verdict.unwrap();
     assert_eq!(verdict, Verdict::Passed, "{status:#?}");
     let run = &status.last_runs[0];
     assert!(
