@@ -6,7 +6,6 @@
 
 use std::time::Duration;
 
-use futures::future::join_all;
 use tokio::time::Instant;
 use understudy_prober::probe::Endpoint;
 
@@ -121,12 +120,7 @@ pub async fn wake_pool(
     if endpoints.is_empty() {
         return waiting(format!("{name} has no running replica to wake yet"));
     }
-    let timed = join_all(endpoints.iter().map(|endpoint| async move {
-        let started = Instant::now();
-        let outcome = wake_replica(endpoint, level, timeouts).await;
-        (endpoint, outcome, started.elapsed())
-    }))
-    .await;
+    let timed = wake_replicas(&endpoints, level, timeouts).await;
     for (endpoint, outcome, took) in &timed {
         tracing::debug!(pool = %name, %endpoint, ?outcome, ?took, "wake");
     }

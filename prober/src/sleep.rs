@@ -165,17 +165,18 @@ async fn wake_replica_calls(
     })
 }
 
-/// Wakes every replica at once; each outcome beside its endpoint.
+/// Wakes every replica at once; each outcome beside its endpoint, with how long it took, from
+/// the first call to the last answer.
 pub async fn wake_replicas(
     endpoints: &[Endpoint],
     level: u8,
     timeouts: WakeTimeouts,
-) -> Vec<(&Endpoint, ReplicaWake)> {
-    join_all(
-        endpoints
-            .iter()
-            .map(|endpoint| async move { (endpoint, wake_replica(endpoint, level, timeouts).await) }),
-    )
+) -> Vec<(&Endpoint, ReplicaWake, Duration)> {
+    join_all(endpoints.iter().map(|endpoint| async move {
+        let started = tokio::time::Instant::now();
+        let outcome = wake_replica(endpoint, level, timeouts).await;
+        (endpoint, outcome, started.elapsed())
+    }))
     .await
 }
 
