@@ -816,7 +816,7 @@ impl RunSteps for GameDayRun {
     }
 
     /// Takes the drift back, again on every call (it is idempotent, and the controller carries
-    /// it out before it records anything), until parity is no longer broken: then the run passes,
+    /// it out before it records anything), until parity holds again: then the run passes,
     /// unless a stop condition fired.
     fn restoring(
         &mut self,
@@ -832,26 +832,30 @@ impl RunSteps for GameDayRun {
             .and_then(instant)
             .unwrap_or(now);
         let standby = self.to_pool.clone().unwrap_or_default();
-        let broken = view
-            .parity
-            .as_ref()
-            .is_some_and(|c| c.status == ConditionStatus::False);
+        let parity = view.parity.as_ref().map(|c| &c.status);
+        let held = parity == Some(&ConditionStatus::True);
+        // A run that is passing waits until the policy compared the pools and found them alike:
+        // while the standby rolls back nothing may be comparable (Unknown), which is not yet a
+        // recovery. One that already failed only waits for the drift to be gone.
+        let settled = held || (self.stop_condition.is_some() && parity != Some(&ConditionStatus::False));
         let seconds = now.saturating_sub(since).as_secs();
-        if broken && now < since + config.max_recovery {
+        if !settled && now < since + config.max_recovery {
             return Some(PolicyCommand::Restore(standby));
         }
-        let restored = if broken {
-            format!("parity did not hold again within maxRecovery ({max}) after the drift was taken back")
-        } else {
+        let restored = if held {
             format!("parity held again {seconds}s after the drift was taken back")
+        } else if settled {
+            format!("the drift was taken back {seconds}s ago; parity has not been compared since")
+        } else {
+            format!("parity did not hold again within maxRecovery ({max}) after the drift was taken back")
         };
-        match (self.stop_condition.clone(), broken) {
+        match (self.stop_condition.clone(), held) {
             (Some(stop), _) => self.fail(format!("{stop}; {restored}"), now),
-            (None, true) => {
+            (None, false) => {
                 let detected = self.reason.clone().unwrap_or_default();
                 self.fail(format!("{detected}; {restored}"), now);
             }
-            (None, false) => {
+            (None, true) => {
                 let detected = self.reason.clone().unwrap_or_default();
                 self.finish(
                     RunPhase::Done,

@@ -1102,18 +1102,23 @@ async fn a_game_day_that_drifts_the_standby_sees_the_policy_report_it_promote_no
         env.iter().all(|v| v.name != "VLLM_UNDERSTUDY_GAMEDAY_DRIFT"),
         "{env:?}"
     );
+    // The policy sends its Event just after the status write the run passed on.
     let events: Api<Event> = Api::namespaced(client, pools.ns);
-    let reasons: Vec<String> = events
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter_map(|e| e.reason)
-        .collect();
-    for reason in ["FaultInjected", "ParityDrift", "FaultTakenBack", "ParityRestored"] {
-        assert!(reasons.iter().any(|r| r == reason), "no {reason} in {reasons:?}");
-    }
+    let told = ["FaultInjected", "ParityDrift", "FaultTakenBack", "ParityRestored"];
+    eventually(Duration::from_secs(10), "the drift's Events", || async {
+        let reasons: Vec<String> = events
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter_map(|e| e.reason)
+            .collect();
+        told.iter()
+            .all(|reason| reasons.iter().any(|r| r == reason))
+            .then_some(())
+    })
+    .await;
     assert!(refusals(&operator).is_empty(), "{:#?}", refusals(&operator));
     pools.stop(operator).await;
 }

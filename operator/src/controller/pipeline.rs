@@ -67,11 +67,18 @@ pub(super) struct Run<'a> {
     pub(super) cold_start: Option<Vec<ColdStartBreakdown>>,
     /// The standby proof this reconcile ran.
     pub(super) standby_proof: Option<StandbyProofRecord>,
-    /// The keys the standby drifts in, as last compared: a promotion forced past them says so.
-    pub(super) parity_drift: Vec<ParityDrift>,
+    /// The last comparison of the pools, read once per reconcile so that status, the drift
+    /// Events and the standby's keeper all see the same one: a promotion forced past its drift
+    /// says so.
+    pub(super) parity: Option<ParityStatus>,
 }
 
 impl Run<'_> {
+    /// The keys the standby drifts in, as last compared.
+    fn parity_drift(&self) -> &[ParityDrift] {
+        self.parity.as_ref().map_or(&[], |p| p.drift.as_slice())
+    }
+
     fn feed(&mut self, input: Input) {
         let (next, actions) = self.machine.step(self.config, self.now, &input);
         for action in actions {
@@ -95,10 +102,10 @@ impl Run<'_> {
         if let StepOutcome::Done(done) = &driven.outcome {
             let forced =
                 matches!(&self.machine.phase, Phase::Promoting(p) if p.kind == TransitionKind::Forced);
-            if driven.step == Step::AcquireLease && forced && !self.parity_drift.is_empty() {
+            if driven.step == Step::AcquireLease && forced && !self.parity_drift().is_empty() {
                 let note = format!(
                     "promoted by force-failover past parity drift: {}",
-                    parity::drift_line(&self.parity_drift)
+                    parity::drift_line(self.parity_drift())
                 );
                 self.notices.push(Notice::ParityOverridden(note.clone()));
                 self.note_step(driven.epoch, driven.step, note, false);
@@ -216,12 +223,11 @@ pub(super) async fn apply(policy: &FailoverPolicy, ctx: &Context, namespace: &st
         }
     };
     let (mut run, recorded) = dereference(policy, &validated.failover, ctx.clock.now(), namespace);
-    let parity = ctx
+    run.parity = ctx
         .findings
         .as_ref()
         .and_then(|source| source.parity(&ObjectRef::from_obj(policy)))
         .or_else(|| policy.status.as_ref().and_then(|s| s.parity.clone()));
-    run.parity_drift = parity.as_ref().map(|p| p.drift.clone()).unwrap_or_default();
     // No owner reference: the epoch Lease outlives its policy (see the module doc).
     let lease = KubeLease::for_policy(Api::namespaced(ctx.client.clone(), namespace), &policy.name_any());
     let reference = policy.object_ref(&());
@@ -271,7 +277,7 @@ pub(super) async fn apply(policy: &FailoverPolicy, ctx: &Context, namespace: &st
             namespace,
             &validated,
             primary.other(),
-            &run.parity_drift,
+            run.parity_drift(),
         )
         .await;
         prove_standby(ctx, policy, namespace, &validated, &mut run, primary.other()).await;
@@ -280,7 +286,7 @@ pub(super) async fn apply(policy: &FailoverPolicy, ctx: &Context, namespace: &st
 
     let written = write_status(ctx, policy, namespace, &run, None).await;
     if written.is_ok() {
-        report_drift(ctx, policy, &run, parity.as_ref()).await;
+        report_drift(ctx, policy, &run).await;
         // Counted once: a start recorded complete is not read again, and a replica is woken once
         // per promotion.
         for breakdown in executed.woken.iter().chain(&started) {
@@ -351,7 +357,7 @@ pub(super) fn dereference<'a>(
         handled_command,
         cold_start: None,
         standby_proof: None,
-        parity_drift: Vec::new(),
+        parity: None,
     };
     let recorded = Recorded {
         machine,
@@ -753,7 +759,7 @@ async fn measure_cold_starts(
 /// Tells, once status records it, when the standby starts to drift from the primary, drifts in
 /// other keys, or stops drifting: a Warning Event `ParityDrift` naming each key, or a Normal
 /// `ParityRestored`.
-async fn report_drift(ctx: &Context, policy: &FailoverPolicy, run: &Run<'_>, now: Option<&ParityStatus>) {
+async fn report_drift(ctx: &Context, policy: &FailoverPolicy, run: &Run<'_>) {
     if !run.spec.parity.enabled {
         return;
     }
@@ -763,7 +769,7 @@ async fn report_drift(ctx: &Context, policy: &FailoverPolicy, run: &Run<'_>, now
             .unwrap_or_default()
     };
     let before = keys(policy.status.as_ref().and_then(|s| s.parity.as_ref()));
-    let (Some(now), after) = (now, keys(now)) else {
+    let (Some(now), after) = (run.parity.as_ref(), keys(run.parity.as_ref())) else {
         return;
     };
     if before == after {
@@ -930,10 +936,6 @@ pub(super) fn status_of(
             .and_then(|status| status.golden_answer.clone())
             .filter(|golden| golden.fits(&run.spec.probe)),
     };
-    let parity = ctx
-        .findings
-        .as_ref()
-        .and_then(|source| source.parity(&ObjectRef::from_obj(policy)));
     desired_status(&StatusFacts {
         spec: run.spec,
         config: run.config,
@@ -949,7 +951,7 @@ pub(super) fn status_of(
             .map(|r| r.as_ref().map_err(String::as_str).copied()),
         cold_start: run.cold_start.as_deref(),
         standby_proof: run.standby_proof.as_ref(),
-        parity: parity.as_ref(),
+        parity: run.parity.as_ref(),
         now: run.now,
     })
     .map_err(Error::Record)

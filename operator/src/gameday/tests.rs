@@ -846,6 +846,11 @@ fn a_drift_the_policy_reports_and_does_not_promote_passes_once_it_is_taken_back(
     // Still rolling back: taken back again, idempotently.
     let action = run.advance(&config, "weekly", Some(&reported), at(40));
     assert_eq!(action, Some(PolicyCommand::Restore("us-west".to_owned())));
+    // The new pods are not comparable yet: no drift, but parity does not hold either.
+    let unknown = parity(ConditionStatus::Unknown, "nothing could be compared");
+    let action = run.advance(&config, "weekly", Some(&unknown), at(45));
+    assert_eq!(action, Some(PolicyCommand::Restore("us-west".to_owned())));
+    assert_eq!(run.verdict, None);
     let holds = parity(ConditionStatus::True, "9 key(s) agree");
     assert_eq!(run.advance(&config, "weekly", Some(&holds), at(55)), None);
     assert_eq!(run.verdict, Some(Verdict::Passed));
