@@ -1249,6 +1249,17 @@ pub enum Fault {
     /// the drift (`ParityHolds` False naming it) and promote nothing; the run then takes the
     /// variable away and waits for parity to hold again. A Deployment's only.
     Drift,
+    /// Hang the primary: its replicas' fence sidecars hold every request but the operator's
+    /// control calls, unanswered (`/health` too), as a wedged engine would. Nothing tells the
+    /// policy: its probes must time out and it must promote the standby by itself. The fault is
+    /// taken away once the run is judged, and ends by itself after `maxRecovery` and a minute in
+    /// any case. Needs fences in front of the replicas and the operator's `--replica-token-file`.
+    Hang,
+    /// Half-fail the primary: its fences answer every completion at once, well formed and wrong,
+    /// while `/health` stays green, as a replica on a corrupting GPU would. Only the policy's
+    /// golden-answer probe can see it; it must promote the standby by itself. Taken away as
+    /// `hang` is, and with the same needs.
+    HalfFailed,
 }
 
 /// The steady state a run checks before it injects. Always checked, from the policy's status:

@@ -19,6 +19,8 @@ use std::time::Duration;
 use k8s_openapi::jiff::Timestamp;
 
 use crate::controller::{COMMAND_ANNOTATION, HandledCommand, pending_command, rfc3339};
+use understudy_router::fence_fault::FenceFault;
+
 use crate::crd::{
     Condition, ConditionStatus, FailoverPolicy, FailoverTimeline, Fault, GameDayFailbackMode, GameDayRun,
     GameDaySpec, RecoveryTimeline, RunPhase, RunTransition, RunTrigger, TransitionKind, Verdict,
@@ -282,8 +284,40 @@ pub enum PolicyCommand {
     /// Set [`DRIFT_VARIABLE`] to the run's id in the serving container of the pool named here,
     /// the standby, so that it rolls out with another configuration.
     Drift(String),
-    /// Take [`DRIFT_VARIABLE`] away from the pool named here again.
+    /// Have the fences of the pool named here, the primary, play a fault for at most the
+    /// duration given.
+    Fence(String, FenceFault, Duration),
+    /// Take the run's fault away from the pool named here again: the drift variable, or the
+    /// fences' fault.
     Restore(String),
+}
+
+/// How long the fences play a run's fault at most: past `maxRecovery` the run is judged and
+/// takes it away, so this only ever ends a fault whose run was lost.
+#[must_use]
+pub fn fence_fault_lasts(config: &RunConfig) -> Duration {
+    config.max_recovery + Duration::from_secs(60)
+}
+
+/// What a run's reasons call `fault` after it was injected.
+fn fault_name(fault: Fault) -> &'static str {
+    match fault {
+        Fault::Failover => "the command",
+        Fault::Crash => "the crash",
+        Fault::Drift => "the drift",
+        Fault::Hang => "the hang",
+        Fault::HalfFailed => "the half-failure",
+    }
+}
+
+/// The fault the fences play for `fault`, if they play it.
+#[must_use]
+pub fn fence_fault(fault: Fault) -> Option<FenceFault> {
+    match fault {
+        Fault::Hang => Some(FenceFault::Hang),
+        Fault::HalfFailed => Some(FenceFault::WrongAnswers),
+        Fault::Failover | Fault::Crash | Fault::Drift => None,
+    }
 }
 
 /// The variable a drift run gives the standby's serving container. A `VLLM_` variable, so that
@@ -296,7 +330,10 @@ impl PolicyCommand {
     pub fn value(&self) -> Option<&str> {
         match self {
             PolicyCommand::Failover(value) | PolicyCommand::Failback(value) => Some(value),
-            PolicyCommand::Crash(_) | PolicyCommand::Drift(_) | PolicyCommand::Restore(_) => None,
+            PolicyCommand::Crash(_)
+            | PolicyCommand::Drift(_)
+            | PolicyCommand::Fence(..)
+            | PolicyCommand::Restore(_) => None,
         }
     }
 }
@@ -512,7 +549,7 @@ trait RunSteps {
         now: Duration,
         max: &str,
     ) -> Option<PolicyCommand>;
-    fn crashed(&mut self, config: &RunConfig, view: &PolicyView, now: Duration, max: &str);
+    fn awaits_its_own_promotion(&mut self, config: &RunConfig, view: &PolicyView, now: Duration, max: &str);
     fn drifted(
         &mut self,
         config: &RunConfig,
@@ -632,6 +669,18 @@ impl RunSteps for GameDayRun {
                             Some(format!("restarted {standby} with {DRIFT_VARIABLE}={}", self.id));
                         Some(PolicyCommand::Drift(standby))
                     }
+                    Fault::Hang | Fault::HalfFailed => {
+                        let primary = view.primary.clone().unwrap_or_default();
+                        let fault = fence_fault(config.fault)?;
+                        self.handled_before.clone_from(&view.handled_command);
+                        self.injected = Some(match fault {
+                            FenceFault::Hang => format!("hung the fences of {primary}"),
+                            FenceFault::WrongAnswers => {
+                                format!("had the fences of {primary} answer every completion wrongly")
+                            }
+                        });
+                        Some(PolicyCommand::Fence(primary, fault, fence_fault_lasts(config)))
+                    }
                 }
             }
             RunPhase::Injected => self.injected(config, gameday, view, now, &max),
@@ -672,7 +721,12 @@ impl RunSteps for GameDayRun {
             return self.drifted(config, view, now, max);
         }
         let Some(command) = self.command.clone() else {
-            self.crashed(config, view, now, max);
+            self.awaits_its_own_promotion(config, view, now, max);
+            // A fault the fences play is taken away as soon as the run is judged, whatever the
+            // verdict: before a failback, and before the old primary is proven again.
+            if fence_fault(config.fault).is_some() && self.phase != RunPhase::Injected {
+                return self.from_pool.clone().map(PolicyCommand::Restore);
+            }
             return None;
         };
         let recovery = self.recovery.clone()?;
@@ -735,10 +789,10 @@ impl RunSteps for GameDayRun {
         None
     }
 
-    /// After the primary's pods were deleted: waits for the policy to promote the standby on its
-    /// own, under the command it had handled before (a promotion under another was somebody's
-    /// command, not the policy's answer to the crash).
-    fn crashed(&mut self, config: &RunConfig, view: &PolicyView, now: Duration, max: &str) {
+    /// After the primary was crashed, hung or half-failed: waits for the policy to promote the
+    /// standby on its own, under the command it had handled before (a promotion under another was
+    /// somebody's command, not the policy's answer to the fault).
+    fn awaits_its_own_promotion(&mut self, config: &RunConfig, view: &PolicyView, now: Duration, max: &str) {
         let Some(recovery) = &self.recovery else {
             return;
         };
@@ -749,8 +803,9 @@ impl RunSteps for GameDayRun {
             if view.handled_command != self.handled_before {
                 self.abort(
                     format!(
-                        "someone commanded the policy after the crash ({}): its move to {} at epoch {} \
+                        "someone commanded the policy after {} ({}): its move to {} at epoch {} \
                          was not its own answer to the fault",
+                        fault_name(config.fault),
                         view.handled_command.as_deref().unwrap_or("none"),
                         transition.to_pool,
                         transition.epoch
@@ -759,13 +814,17 @@ impl RunSteps for GameDayRun {
                 );
                 return;
             }
-            self.recovering(config, transition, "the crash", timed_out, now, max);
+            self.recovering(config, transition, fault_name(config.fault), timed_out, now, max);
         } else if timed_out {
             self.fail(
                 format!(
-                    "the policy did not promote {} within maxRecovery ({max}) after its primary's pods \
-                     were deleted",
-                    self.to_pool.as_deref().unwrap_or_default()
+                    "the policy did not promote {} within maxRecovery ({max}) after {}",
+                    self.to_pool.as_deref().unwrap_or_default(),
+                    match config.fault {
+                        Fault::Hang => "its primary hung",
+                        Fault::HalfFailed => "its primary began to answer wrongly",
+                        _ => "its primary's pods were deleted",
+                    }
                 ),
                 now,
             );

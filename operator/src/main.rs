@@ -33,6 +33,7 @@ use understudy_operator::observe::{KubeReplicas, ProbingObservations};
 use understudy_operator::reserve::{self, ReserveConfig};
 use understudy_operator::route_push::{RouterAdminUrl, RouterPush, RouterToken};
 use understudy_operator::watchdog::Watchdog;
+use understudy_prober::probe::Bearer;
 
 /// Fails LLM serving over from an active GPU pool to a standby pool, with a fencing epoch.
 #[derive(Debug, Parser)]
@@ -90,6 +91,14 @@ struct Args {
     /// --router-admin.
     #[arg(long, env = "UNDERSTUDY_ROUTER_TOKEN_FILE")]
     router_token_file: Option<PathBuf>,
+
+    /// File holding the control token of the fence sidecars in front of the replicas (their
+    /// `--control-token-file`); read once at start. Every call the operator makes to a replica
+    /// carries it: its probes pass a fenced standby's fence, its sleep and wake calls are let
+    /// through, and game days set and take away the fences' faults with it. Without it, calls
+    /// carry no token, as they must when a pool's `port` is vLLM's own.
+    #[arg(long, env = "UNDERSTUDY_REPLICA_TOKEN_FILE")]
+    replica_token_file: Option<PathBuf>,
 
     /// The image of the placeholder pods that hold GPUs for pilot-light replicas
     /// (`standby[].reserveGpus`): a pause container, mirrored where the registry is unreachable.
@@ -175,6 +184,15 @@ async fn main() -> anyhow::Result<()> {
         (_, None) => bail!("--router-admin needs --router-token-file (UNDERSTUDY_ROUTER_TOKEN_FILE)"),
         (_, Some(path)) => Some(RouterToken::read(path)?),
     };
+    let replica_token = match &args.replica_token_file {
+        None => None,
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("--replica-token-file {}", path.display()))?;
+            let token = Bearer::new(&text);
+            Some(token.with_context(|| format!("--replica-token-file {}: empty", path.display()))?)
+        }
+    };
 
     let client = Client::try_default()
         .await
@@ -228,7 +246,7 @@ async fn main() -> anyhow::Result<()> {
     tracing::info!(identity = %args.identity, namespace = ?args.namespace, "leading: starting the controller");
 
     // Only the leader probes: its reconciles are the only ones that drain what the probes saw.
-    let replicas = Arc::new(KubeReplicas::new(client.clone()));
+    let replicas = Arc::new(KubeReplicas::new(client.clone()).with_bearer(replica_token.clone()));
     let mut observations = ProbingObservations::new(replicas.clone());
     if let Some(token) = &router_token {
         // What the routers' data path sees of the primary counts beside the probes.
@@ -256,7 +274,8 @@ async fn main() -> anyhow::Result<()> {
     }
     // Same leader, same client: a game day only ever asks the policy controller to act.
     let mut gamedays = gameday::controller::Context::new(client.clone(), Some(args.identity.clone()))
-        .with_watchdog(watchdog.clone());
+        .with_watchdog(watchdog.clone())
+        .with_replica_token(replica_token);
     if let Some(token) = &router_token {
         // A run's record of loss and its stop conditions come from the routers' counters.
         gamedays = gamedays.with_routers(args.router_admin.clone(), token.clone());

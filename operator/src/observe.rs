@@ -38,7 +38,7 @@ use understudy_core::drive::serving_quorum;
 use understudy_core::failover::{CheckResult, Observation, PassiveSignal};
 use understudy_prober::outcome::ProbeOutcome;
 use understudy_prober::parity::flags::FlagPolicy;
-use understudy_prober::probe::{self, Budget, Endpoint, Expectation, ProbeReport, ProbeSpec};
+use understudy_prober::probe::{self, Bearer, Budget, Endpoint, Expectation, ProbeReport, ProbeSpec};
 use understudy_prober::report::PoolRound;
 
 use crate::controller::{ObservationSource, ProbeFindings};
@@ -127,10 +127,12 @@ pub trait ReplicaEndpoints: Send + Sync + fmt::Debug {
     }
 }
 
-/// A pool's replicas are the Running pods its workload selects, at `http://<podIP>:<port>`.
+/// A pool's replicas are the Running pods its workload selects, at `http://<podIP>:<port>`,
+/// called with the fences' control token when there is one.
 #[derive(Clone)]
 pub struct KubeReplicas {
     client: Client,
+    bearer: Option<Bearer>,
 }
 
 impl fmt::Debug for KubeReplicas {
@@ -142,7 +144,16 @@ impl fmt::Debug for KubeReplicas {
 impl KubeReplicas {
     #[must_use]
     pub fn new(client: Client) -> Self {
-        KubeReplicas { client }
+        KubeReplicas { client, bearer: None }
+    }
+
+    /// Calls every replica with `bearer`: the control token of the fence sidecars in front of
+    /// them, so that the operator's probes pass a fenced standby's fence and its sleep and wake
+    /// calls are let through.
+    #[must_use]
+    pub fn with_bearer(mut self, bearer: Option<Bearer>) -> Self {
+        self.bearer = bearer;
+        self
     }
 
     /// The selector of the workload's serving pods; `None` when the workload does not exist,
@@ -221,6 +232,7 @@ impl KubeReplicas {
         Ok(pods
             .iter()
             .filter_map(|pod| replica_endpoint(pod, pool.port))
+            .map(|endpoint| endpoint.with_bearer(self.bearer.clone()))
             .collect())
     }
 }

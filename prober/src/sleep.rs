@@ -18,7 +18,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::future::join_all;
 
-use crate::probe::Endpoint;
+use crate::probe::{Bearer, Endpoint};
 
 /// The longest `GET /is_sleeping` may take, connection included.
 pub const DEFAULT_QUERY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -85,7 +85,7 @@ async fn call(
         port: endpoint.port,
         method: method.clone(),
         target,
-        bearer: None,
+        bearer: endpoint.bearer.as_ref().map(Bearer::secret),
         json: json.map(|text| Bytes::from_static(text.as_bytes())),
     });
     match tokio::time::timeout(timeout, exchange).await {

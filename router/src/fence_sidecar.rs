@@ -5,7 +5,10 @@
 //! `/pooling` generate too). Probes (`/health`, `/metrics`, `/is_sleeping`, ...) pass to anyone;
 //! vLLM's control calls (`/sleep`, `/wake_up`, `/collective_rpc`, ...) pass, fenced or not, only
 //! with the operator's token, which is not forwarded. So a fenced replica can be watched, put to
-//! sleep and woken by the operator, and by nobody else. Paths a server further in might read as
+//! sleep and woken by the operator, and by nobody else. A generation that carries the operator's
+//! token passes fenced or not, its token taken off: it is the operator's probe, which proves a
+//! standby through the same door its clients will use, and serves nobody. The game-day faults
+//! ([`crate::fence_fault`]) are set with the same token. Paths a server further in might read as
 //! another (`//`, `..`, percent-encoding) are refused (400).
 //!
 //! Until the first successful read, and when no Lease exists, the sidecar is fenced: it fails
@@ -13,8 +16,8 @@
 //! failover: the operator pauses control actions, and the data path keeps serving), and the first read after the outage decides, so a
 //! partitioned old primary that comes back fences itself before it serves again.
 //!
-//! What this module must never do: let generation through while fenced, let a control call
-//! through without the token, or refuse a probe or the operator's control call because of the
+//! What this module must never do: let a client's generation through while fenced, let a
+//! control call through without the token, or refuse a probe or the operator's control call because of the
 //! fence.
 
 use std::future::Future;
@@ -34,6 +37,7 @@ use understudy_core::Epoch;
 
 use crate::admin::AdminToken;
 use crate::body::RouterBody;
+use crate::fence_fault::{FAULT_PATH, Faults, FenceFault, wrong_answer};
 use crate::gateway::strip_hop_by_hop;
 use crate::path::{FencePath, classify_for_fence};
 use crate::refusal::error_response;
@@ -164,6 +168,8 @@ pub struct Fence {
     control_token: Option<AdminToken>,
     /// Set when the fence is stopping: it answers `/health` 503 itself, so callers stop sending.
     draining: Arc<AtomicBool>,
+    /// The game-day fault in play, if any.
+    faults: Arc<Faults>,
 }
 
 impl Fence {
@@ -179,6 +185,7 @@ impl Fence {
             client: upstream_client(Duration::from_secs(1)),
             control_token: None,
             draining: Arc::new(AtomicBool::new(false)),
+            faults: Arc::default(),
         }
     }
 
@@ -197,8 +204,14 @@ impl Fence {
     }
 
     /// Handles one request: probes pass, control calls pass with the token, anything else only
-    /// while the pool holds the Lease.
+    /// while the pool holds the Lease or with the token; then the fault in play, if any.
     pub async fn handle(self, mut req: Request<Incoming>) -> Response<RouterBody> {
+        if req.uri().path() == FAULT_PATH {
+            if let Some(refusal) = self.refuse_control(&req) {
+                return refusal;
+            }
+            return self.faults.call(req).await;
+        }
         match classify_for_fence(req.uri().path()) {
             FencePath::Probe
                 if self.draining.load(Relaxed) && req.uri().path().trim_end_matches('/') == "/health" =>
@@ -206,7 +219,7 @@ impl Fence {
                 let message = "the fence is stopping";
                 return error_response(StatusCode::SERVICE_UNAVAILABLE, "draining", message);
             }
-            FencePath::Probe => {}
+            FencePath::Probe => self.hang_if_asked().await,
             FencePath::Control => {
                 if let Some(refusal) = self.refuse_control(&req) {
                     return refusal;
@@ -215,7 +228,13 @@ impl Fence {
                 req.headers_mut().remove(AUTHORIZATION);
             }
             FencePath::Serving => {
-                if let Some(epoch) = self.state.fenced_at() {
+                let operator = self
+                    .control_token
+                    .as_ref()
+                    .is_some_and(|token| token.admits(req.headers().get(AUTHORIZATION)));
+                if operator {
+                    req.headers_mut().remove(AUTHORIZATION);
+                } else if let Some(epoch) = self.state.fenced_at() {
                     let message = format!("pool {} does not hold epoch {epoch}: fenced", self.state.pool);
                     let mut resp = error_response(StatusCode::SERVICE_UNAVAILABLE, "fenced", &message);
                     resp.headers_mut()
@@ -224,6 +243,13 @@ impl Fence {
                         .insert(NOT_SERVED_HEADER, HeaderValue::from_static("fenced"));
                     return resp;
                 }
+                self.hang_if_asked().await;
+                if self.faults.current() == Some(FenceFault::WrongAnswers) {
+                    return match wrong_answer(req).await {
+                        Ok(wrong) => wrong,
+                        Err(req) => self.forward(req).await,
+                    };
+                }
             }
             FencePath::Garbled => {
                 let message = "a path with `//`, `..` or percent-encoding is not served";
@@ -231,6 +257,13 @@ impl Fence {
             }
         }
         self.forward(req).await
+    }
+
+    /// Holds the request while a `hang` fault is in play.
+    async fn hang_if_asked(&self) {
+        if self.faults.current() == Some(FenceFault::Hang) {
+            self.faults.hang().await;
+        }
     }
 
     /// Why a control call may not pass, if it may not.

@@ -20,6 +20,7 @@ pub mod body;
 pub mod cli;
 pub mod continuation;
 pub mod endpoint;
+pub mod fence_fault;
 pub mod fence_sidecar;
 pub mod gateway;
 pub mod highest_epoch;

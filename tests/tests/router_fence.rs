@@ -13,9 +13,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use router_support::{Emulator, FenceSidecar, Router, completion, request, route};
+use router_support::{Emulator, FenceSidecar, MODEL, Router, completion, request, route, streamed_text};
 use understudy_api::lease::{EpochLease, LeaseError, LeaseRecord, MemoryLease, Unreachable};
 use understudy_core::Epoch;
+use understudy_router::fence_fault::{FAULT_PATH, WRONG_ANSWER};
 use understudy_router::fence_sidecar::LeaseSource;
 use understudy_router::gateway::GatewayConfig;
 use understudy_tests::ClosedPort;
@@ -131,7 +132,16 @@ async fn control_calls_pass_only_with_the_operators_token_and_every_serving_path
             // Generation outside /v1/ is fenced like /v1/.
             post(port, "/invocations", &[]),
             post(port, "/inference/v1/generate", &[]),
-            post(port, "/v1/completions", &with("op-token")),
+            post(port, "/v1/completions", &with("op-tok")),
+            // The operator's probe passes: it proves the standby through the door clients use.
+            request(
+                port,
+                "POST",
+                "/v1/completions",
+                &[("authorization", "Bearer op-token")],
+                &completion(4, false),
+            )
+            .status,
             // Control: no token, a wrong one, a longer one, then the operator's.
             post(port, "/sleep?level=1", &[]),
             post(port, "/sleep?level=1", &with("op-tok")),
@@ -146,7 +156,7 @@ async fn control_calls_pass_only_with_the_operators_token_and_every_serving_path
     })
     .await
     .unwrap();
-    assert_eq!(statuses, [503, 503, 503, 401, 401, 401, 200, 200, 400, 403]);
+    assert_eq!(statuses, [503, 503, 503, 200, 401, 401, 401, 200, 200, 400, 403]);
     let asleep = tokio::task::spawn_blocking(move || request(port, "GET", "/is_sleeping", &[], ""))
         .await
         .unwrap();
@@ -295,4 +305,110 @@ async fn a_replica_that_dies_holding_a_request_behind_a_fence_is_retried_as_a_re
     let answers = twelve_through_a_gateway(&[dying.port, serving.port]).await;
     // Without the mark the fence's 502 would be the replica's own answer, and passed on.
     assert!(answers.iter().all(|status| *status == 200), "{answers:?}");
+}
+
+/// A fence in front of an emulated replica, holding the Lease, that takes faults with `op-token`.
+async fn serving_fence() -> (Emulator, FenceSidecar) {
+    let e = Emulator::start(&["--emu-zero-cost"], &[]);
+    let lease = MemoryLease::new();
+    lease.create("pool-a", Epoch(1)).await.unwrap();
+    let fence = FenceSidecar::with_control_token(lease, "pool-a", e.addr(), POLL, Some("op-token"));
+    let port = fence.port;
+    tokio::task::spawn_blocking(move || wait_for_status(port, 200))
+        .await
+        .unwrap();
+    (e, fence)
+}
+
+const OPERATOR: [(&str, &str); 1] = [("authorization", "Bearer op-token")];
+
+fn set_fault(port: u16, headers: &[(&str, &str)], body: &str) -> router_support::Reply {
+    request(port, "PUT", FAULT_PATH, headers, body)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_failed_fence_answers_every_completion_wrongly_while_health_stays_green() {
+    let (_e, fence) = serving_fence().await;
+    let port = fence.port;
+    tokio::task::spawn_blocking(move || {
+        // Only the operator sets a fault, and only one the fence knows, for a bounded time.
+        let wrong = r#"{"fault": "wrong-answers", "seconds": 60}"#;
+        assert_eq!(set_fault(port, &[], wrong).status, 401);
+        assert_eq!(
+            set_fault(port, &[("authorization", "Bearer op-tok")], wrong).status,
+            401
+        );
+        let unknown = set_fault(port, &OPERATOR, r#"{"fault": "melt"}"#);
+        assert_eq!(unknown.status, 400, "{}", unknown.text());
+        assert_eq!(
+            set_fault(port, &OPERATOR, r#"{"fault": "hang", "seconds": 0}"#).status,
+            400
+        );
+        assert_eq!(
+            set_fault(port, &OPERATOR, r#"{"fault": "hang", "seconds": 3601}"#).status,
+            400
+        );
+        assert_eq!(set_fault(port, &OPERATOR, "{\"fault\": \"ha").status, 400);
+        let none = request(port, "GET", FAULT_PATH, &OPERATOR, "");
+        assert_eq!(none.json()["fault"], serde_json::Value::Null);
+        assert_eq!(generate(port).status, 200);
+
+        let set = set_fault(port, &OPERATOR, wrong);
+        assert_eq!(set.status, 200, "{}", set.text());
+        assert_eq!(set.json()["fault"], "wrong-answers");
+        let left = set.json()["secondsLeft"].as_u64().unwrap();
+        assert!((59..=60).contains(&left), "{left}");
+        let answer = generate(port);
+        assert_eq!(answer.status, 200);
+        assert_eq!(answer.json()["choices"][0]["text"], WRONG_ANSWER);
+        assert_eq!(answer.json()["model"], MODEL);
+        let streamed = request(port, "POST", "/v1/completions", &[], &completion(4, true));
+        assert_eq!(
+            streamed.header("content-type").as_deref(),
+            Some("text/event-stream")
+        );
+        assert_eq!(streamed_text(&streamed.text()), WRONG_ANSWER);
+        let chat = serde_json::json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]});
+        let chat = request(port, "POST", "/v1/chat/completions", &[], &chat.to_string());
+        assert_eq!(chat.json()["choices"][0]["message"]["content"], WRONG_ANSWER);
+        // The probes a health check reads do not see it.
+        assert_eq!(request(port, "GET", "/health", &[], "").status, 200);
+        assert_eq!(request(port, "GET", "/v1/models", &[], "").status, 200);
+
+        // Taken away: the replica answers again.
+        assert_eq!(set_fault(port, &OPERATOR, r#"{"fault": null}"#).status, 200);
+        let answer = generate(port);
+        assert_eq!(answer.status, 200);
+        let text = answer.json()["choices"][0]["text"].as_str().unwrap().to_owned();
+        assert!(!text.is_empty() && text != WRONG_ANSWER, "{text}");
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_fence_holds_requests_and_probes_unanswered_until_the_hang_is_taken_away() {
+    let (_e, fence) = serving_fence().await;
+    let port = fence.port;
+    tokio::task::spawn_blocking(move || {
+        let set = set_fault(port, &OPERATOR, r#"{"fault": "hang", "seconds": 600}"#);
+        assert_eq!(set.status, 200, "{}", set.text());
+        let held = std::thread::spawn(move || generate(port));
+        let health = std::thread::spawn(move || request(port, "GET", "/health", &[], ""));
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(!held.is_finished() && !health.is_finished());
+        // The operator's control calls still pass: it can read and take the fault away.
+        assert_eq!(
+            request(port, "GET", FAULT_PATH, &OPERATOR, "").json()["fault"],
+            "hang"
+        );
+        assert_eq!(set_fault(port, &OPERATOR, r#"{"fault": null}"#).status, 200);
+        // What was held is then served, not dropped.
+        let answer = held.join().unwrap();
+        assert_eq!(answer.status, 200, "{}", answer.text());
+        assert_ne!(answer.json()["choices"][0]["text"], WRONG_ANSWER);
+        assert_eq!(health.join().unwrap().status, 200);
+    })
+    .await
+    .unwrap();
 }

@@ -31,15 +31,18 @@ use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use understudy_api::FIELD_MANAGER;
+use understudy_prober::http1;
+use understudy_prober::probe::Bearer;
+use understudy_router::fence_fault::{FAULT_PATH, FenceFault, MAX_FAULT_SECONDS};
 
 use super::{DRIFT_VARIABLE, PolicyCommand, PolicyView, RunConfig, RunMachine, StopLimits, instant, load};
 use crate::controller::{COMMAND_ANNOTATION, CONTROLLER_NAME, Clock, SystemClock, rfc3339};
 use crate::crd::{
-    ConcurrencyPolicy, FailoverPolicy, GameDay, GameDayRun, GameDayStatus, RequestCounts, RunPhase,
+    ConcurrencyPolicy, FailoverPolicy, Fault, GameDay, GameDayRun, GameDayStatus, RequestCounts, RunPhase,
     RunTrigger, Verdict, WorkloadKind,
 };
 use crate::cron::CronSchedule;
-use crate::observe::KubeReplicas;
+use crate::observe::{KubeReplicas, replica_endpoint};
 use crate::route_push::{RouterAdminUrl, RouterToken};
 use crate::watchdog::{Reconciler, Watchdog};
 
@@ -118,6 +121,9 @@ pub struct Context {
     /// The routers whose counters are a run's record of loss and its stop conditions' evidence,
     /// and their admin token; without them a run records no loss and stops on nothing it sees.
     pub routers: Option<(Vec<RouterAdminUrl>, RouterToken)>,
+    /// The fences' control token, which sets and takes away the faults they play (`hang`,
+    /// `halfFailed`); without it the fences refuse them.
+    pub replica_token: Option<Bearer>,
     /// Each run's samples of the routers' counters within its stop conditions' window, oldest
     /// first, by `namespace/gameday/run`. Lost on a restart: the window starts again.
     samples: Mutex<HashMap<String, VecDeque<(Duration, load::Counters)>>>,
@@ -147,8 +153,16 @@ impl Context {
             write_timeout: Duration::from_secs(10),
             watchdog: Watchdog::default(),
             routers: None,
+            replica_token: None,
             samples: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Sets and takes away the fences' faults with `token`.
+    #[must_use]
+    pub fn with_replica_token(mut self, token: Option<Bearer>) -> Self {
+        self.replica_token = token;
+        self
     }
 
     /// Reads `routers`' counters during a run, for its record of loss and its stop conditions.
@@ -197,6 +211,17 @@ enum Notice {
     /// The drift variable was taken away again.
     DriftTakenBack {
         pool: String,
+    },
+    /// The primary's fences were told to play a fault.
+    FencesFaulted {
+        pool: String,
+        fault: FenceFault,
+        pods: Vec<String>,
+    },
+    /// The fences' fault was taken away again.
+    FencesRestored {
+        pool: String,
+        pods: Vec<String>,
     },
     Finished {
         run: String,
@@ -431,11 +456,19 @@ async fn reconcile_game_day(gameday: &GameDay, ctx: &Context) -> Result<Action, 
             .map_or_else(|| "Idle".to_owned(), |run| phase_name(run.phase).to_owned()),
     );
 
-    // A drift is taken back before anything is recorded: a restore that fails leaves the run
+    // A fault is taken back before anything is recorded: a restore that fails leaves the run
     // where it was, to try again.
     if let (Some(PolicyCommand::Restore(pool)), Some(policy)) = (&command, &policy) {
-        set_drift(ctx, &namespace, policy, pool, None).await?;
-        notices.push(Notice::DriftTakenBack { pool: pool.clone() });
+        if gameday.spec.fault == Fault::Drift {
+            set_drift(ctx, &namespace, policy, pool, None).await?;
+            notices.push(Notice::DriftTakenBack { pool: pool.clone() });
+        } else {
+            let pods = set_fence_fault(ctx, &namespace, policy, pool, None).await?;
+            notices.push(Notice::FencesRestored {
+                pool: pool.clone(),
+                pods,
+            });
+        }
     }
     // Write-ahead: the run records the command before the policy is given it, so that a command
     // given is never one the game day forgot.
@@ -453,6 +486,15 @@ async fn reconcile_game_day(gameday: &GameDay, ctx: &Context) -> Result<Action, 
                 Some(Notice::Crashed {
                     pods: crash(ctx, &namespace, policy, pool).await?,
                     pool: pool.clone(),
+                })
+            }
+            PolicyCommand::Fence(pool, fault, lasting) => {
+                give_command(ctx, &namespace, policy, &name, command).await?;
+                let pods = set_fence_fault(ctx, &namespace, policy, pool, Some((*fault, *lasting))).await?;
+                Some(Notice::FencesFaulted {
+                    pool: pool.clone(),
+                    fault: *fault,
+                    pods,
                 })
             }
             PolicyCommand::Drift(pool) => {
@@ -791,6 +833,71 @@ async fn give_command(
     }
 }
 
+/// Has the fences of `pool`'s running replicas play `fault` (for at most the duration given), or
+/// take their fault away (`None`); the pods whose fences did. Every fence must take a fault; a
+/// fence that has no fault endpoint (404: the pool's port is vLLM's own, with no fence in front)
+/// has no fault to take away.
+async fn set_fence_fault(
+    ctx: &Context,
+    namespace: &str,
+    policy: &FailoverPolicy,
+    pool: &str,
+    fault: Option<(FenceFault, Duration)>,
+) -> Result<Vec<String>, Error> {
+    let Some(spec) = policy.spec.pools.iter().find(|p| p.name == pool) else {
+        return Ok(Vec::new());
+    };
+    let pods = KubeReplicas::new(ctx.client.clone())
+        .pods(namespace, spec)
+        .await
+        .map_err(|error| Error::Inject(error.to_string()))?;
+    let body = serde_json::json!({
+        "fault": fault.map(|(fault, _)| fault),
+        "seconds": fault.map_or(1, |(_, lasting)| lasting.as_secs().clamp(1, MAX_FAULT_SECONDS)),
+    });
+    let body = bytes::Bytes::from(body.to_string());
+    let mut told = Vec::new();
+    for pod in &pods {
+        let Some(endpoint) = replica_endpoint(pod, spec.port) else {
+            continue;
+        };
+        let name = pod.name_any();
+        let call = http1::exchange(http1::Call {
+            host: &endpoint.host,
+            port: endpoint.port,
+            method: http::Method::PUT,
+            target: FAULT_PATH,
+            bearer: ctx.replica_token.as_ref().map(Bearer::secret),
+            json: Some(body.clone()),
+        });
+        let answer = tokio::time::timeout(ctx.write_timeout, call).await;
+        let why = match answer {
+            Ok(Ok((status, _))) if status.is_success() => {
+                told.push(name);
+                continue;
+            }
+            Ok(Ok((status, _))) if status == http::StatusCode::NOT_FOUND && fault.is_none() => continue,
+            Ok(Ok((status, answer))) => {
+                let hint = match status.as_u16() {
+                    404 => "; a hang or half-failed game day needs a fence sidecar on the pool's port",
+                    401 | 403 => "; the operator's --replica-token-file must hold the fences' control token",
+                    _ => "",
+                };
+                format!(
+                    "answered {status}: {}{hint}",
+                    String::from_utf8_lossy(&answer).trim()
+                )
+            }
+            Ok(Err(why)) => why,
+            Err(_) => format!("no answer within {:?}", ctx.write_timeout),
+        };
+        return Err(Error::Inject(format!(
+            "the fence of pod {name} at {endpoint}: {why}"
+        )));
+    }
+    Ok(told)
+}
+
 /// Takes this game day's name off the policy once its run is over, conditional on the policy as
 /// read (another game day may claim it as soon as this run's end is recorded); best effort, since
 /// a hold whose run is over is stale to every other game day anyway.
@@ -866,6 +973,32 @@ fn describe(notice: &Notice) -> KubeEvent {
             EventType::Normal,
             "FaultTakenBack",
             format!("took {DRIFT_VARIABLE} away from {pool}'s serving container: it rolls out as before"),
+        ),
+        Notice::FencesFaulted { pool, fault, pods } => (
+            EventType::Warning,
+            "FaultInjected",
+            format!(
+                "{} {pool}: the fences of its {} serving pod(s) ({}) {}",
+                match fault {
+                    FenceFault::Hang => "hung",
+                    FenceFault::WrongAnswers => "half-failed",
+                },
+                pods.len(),
+                pods.join(", "),
+                match fault {
+                    FenceFault::Hang => "hold every request but the operator's control calls, unanswered",
+                    FenceFault::WrongAnswers => "answer every completion at once, and wrongly",
+                }
+            ),
+        ),
+        Notice::FencesRestored { pool, pods } => (
+            EventType::Normal,
+            "FaultTakenBack",
+            format!(
+                "took the fault away from the fences of {pool}'s {} serving pod(s) ({})",
+                pods.len(),
+                pods.join(", ")
+            ),
         ),
         Notice::Crashed { pool, pods } => (
             EventType::Warning,

@@ -807,6 +807,89 @@ fn a_stop_condition_during_the_failover_fails_the_run_and_with_failback_after_fa
     assert_eq!(back, Some(PolicyCommand::Failback(FAILBACK.to_owned())));
 }
 
+fn fence_config(fault: Fault) -> RunConfig {
+    RunConfig {
+        fault,
+        ..config(None)
+    }
+}
+
+#[test]
+fn a_hang_is_played_by_the_primarys_fences_and_taken_away_once_the_policy_promoted_on_its_own() {
+    let config = fence_config(Fault::Hang);
+    let mut run = GameDayRun::due(RunTrigger::Schedule, T0);
+    let action = run.advance(&config, "weekly", Some(&steady()), T0);
+    // Played for maxRecovery and a minute at most, in case the run is lost.
+    assert_eq!(
+        action,
+        Some(PolicyCommand::Fence(
+            "us-east".to_owned(),
+            FenceFault::Hang,
+            Duration::from_secs(180)
+        ))
+    );
+    assert_eq!(action.unwrap().value(), None, "a hang is not a command");
+    assert_eq!(run.injected.as_deref(), Some("hung the fences of us-east"));
+    assert_eq!(run.advance(&config, "weekly", Some(&steady()), at(10)), None);
+    let action = run.advance(&config, "weekly", Some(&promoted_by_itself(40)), at(41));
+    assert_eq!(action, Some(PolicyCommand::Restore("us-east".to_owned())));
+    // Taken away first; then the run goes on.
+    assert_eq!(run.phase, RunPhase::Recovered);
+    assert_eq!(
+        run.advance(&config, "weekly", Some(&promoted_by_itself(40)), at(42)),
+        None
+    );
+    assert_eq!(run.verdict, Some(Verdict::Passed));
+    let reason = run.reason.unwrap();
+    assert!(
+        reason.starts_with("us-west served at epoch 5 40s after the hang (maxRecovery 2m0s)"),
+        "{reason}"
+    );
+}
+
+#[test]
+fn a_half_failure_the_policy_does_not_answer_fails_the_run_and_is_still_taken_away() {
+    let config = fence_config(Fault::HalfFailed);
+    let mut run = GameDayRun::due(RunTrigger::Schedule, T0);
+    let action = run.advance(&config, "weekly", Some(&steady()), T0);
+    assert!(
+        matches!(&action, Some(PolicyCommand::Fence(pool, FenceFault::WrongAnswers, _)) if pool == "us-east"),
+        "{action:?}"
+    );
+    assert_eq!(run.advance(&config, "weekly", Some(&steady()), at(119)), None);
+    let action = run.advance(&config, "weekly", Some(&steady()), at(120));
+    assert_eq!(action, Some(PolicyCommand::Restore("us-east".to_owned())));
+    assert_eq!(run.verdict, Some(Verdict::Failed));
+    assert_eq!(
+        run.reason.as_deref(),
+        Some(
+            "the policy did not promote us-west within maxRecovery (2m0s) after its primary began to answer wrongly"
+        )
+    );
+    // Once judged, nothing more is asked.
+    assert_eq!(run.advance(&config, "weekly", Some(&steady()), at(121)), None);
+}
+
+#[test]
+fn a_half_failed_primary_is_healed_before_the_run_fails_back_to_it() {
+    let config = RunConfig {
+        failback_after: Some(Duration::from_secs(60)),
+        ..fence_config(Fault::HalfFailed)
+    };
+    let mut run = GameDayRun::due(RunTrigger::Schedule, T0);
+    run.advance(&config, "weekly", Some(&steady()), T0);
+    let action = run.advance(&config, "weekly", Some(&promoted_by_itself(40)), at(41));
+    assert_eq!(action, Some(PolicyCommand::Restore("us-east".to_owned())));
+    assert_eq!(run.phase, RunPhase::Recovered);
+    assert_eq!(
+        run.advance(&config, "weekly", Some(&promoted_by_itself(40)), at(60)),
+        None
+    );
+    assert_eq!(run.phase, RunPhase::HoldingOnStandby);
+    let action = run.advance(&config, "weekly", Some(&promoted_by_itself(40)), at(400));
+    assert_eq!(action, Some(PolicyCommand::Failback(FAILBACK.to_owned())));
+}
+
 fn drift_config() -> RunConfig {
     RunConfig {
         fault: Fault::Drift,

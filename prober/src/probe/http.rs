@@ -146,6 +146,9 @@ pub async fn send(
     for (name, value) in extra_headers {
         request = request.header(*name, *value);
     }
+    if let Some(bearer) = &endpoint.bearer {
+        request = request.header(http::header::AUTHORIZATION, format!("Bearer {}", bearer.secret()));
+    }
     let body = match json_body {
         Some(b) => {
             request = request.header(http::header::CONTENT_TYPE, "application/json");

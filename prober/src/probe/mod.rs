@@ -42,11 +42,39 @@ pub enum EndpointError {
     Invalid(String),
 }
 
-/// A replica's OpenAI-compatible server.
+/// A replica's OpenAI-compatible server, and the bearer token every call to it carries: the
+/// fence sidecar's control token, when a fence stands in front of the replica, so that the
+/// operator's probes pass a fenced standby and its control calls are let through.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Endpoint {
     pub host: String,
     pub port: u16,
+    pub bearer: Option<Bearer>,
+}
+
+/// A bearer token, never printed.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Bearer(std::sync::Arc<str>);
+
+impl Bearer {
+    /// A token from its text (a trailing newline, as files have, is dropped); `None` when empty.
+    #[must_use]
+    pub fn new(text: &str) -> Option<Bearer> {
+        let text = text.trim();
+        (!text.is_empty()).then(|| Bearer(text.into()))
+    }
+
+    /// The token, for an `Authorization: Bearer` header.
+    #[must_use]
+    pub fn secret(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Bearer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Bearer(..)")
+    }
 }
 
 impl Endpoint {
@@ -54,7 +82,15 @@ impl Endpoint {
         Endpoint {
             host: host.into(),
             port,
+            bearer: None,
         }
+    }
+
+    /// The same endpoint, called with `bearer`.
+    #[must_use]
+    pub fn with_bearer(mut self, bearer: Option<Bearer>) -> Endpoint {
+        self.bearer = bearer;
+        self
     }
 
     pub fn authority(&self) -> String {
