@@ -121,6 +121,79 @@ fn vllm_deployment(name: &str, replicas: u32) -> Deployment {
     .unwrap()
 }
 
+/// The control token of the fences in [`TwoPools::start_fenced`]'s pods.
+const FENCE_TOKEN: &str = "cluster-test-fence-token";
+
+/// The port of the fence sidecar in front of each replica, in [`TwoPools::start_fenced`].
+const FENCE_PORT: u16 = 8001;
+
+/// [`vllm_deployment`] with the fence sidecar in front of vLLM, as a user runs a pool: it serves
+/// on [`FENCE_PORT`], watches the policy `chat`'s epoch Lease as `pool`, and takes control calls
+/// with the token in Secret `chat-fence`, under ServiceAccount `chat-fence` ([`fence_access`]).
+fn fenced_deployment(name: &str, replicas: u32, pool: &str) -> Deployment {
+    let mut deployment = serde_json::to_value(vllm_deployment(name, replicas)).unwrap();
+    let spec = &mut deployment["spec"]["template"]["spec"];
+    spec["serviceAccountName"] = "chat-fence".into();
+    spec["containers"].as_array_mut().unwrap().push(json!({
+        "name": "fence",
+        "image": "ghcr.io/understudy-dev/understudy-router:test",
+        "command": ["understudy-router", "fence"],
+        // The pod's own vLLM: in a cluster 0.0.0.0 reaches it through loopback; the emulated
+        // nodes give each pod an address of its own, which they put for 0.0.0.0.
+        "args": ["--listen", "0.0.0.0:8001", "--upstream", "0.0.0.0:8000", "--pool", pool,
+                 "--policy", "chat", "--lease-poll-ms", "250"],
+        "env": [
+            {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+            {"name": "UNDERSTUDY_CONTROL_TOKEN",
+             "valueFrom": {"secretKeyRef": {"name": "chat-fence", "key": "token"}}},
+        ],
+        "ports": [{"name": "fence", "containerPort": FENCE_PORT}],
+    }));
+    serde_json::from_value(deployment).unwrap()
+}
+
+/// What the fences of `ns` need: their ServiceAccount, allowed to read the epoch Lease and
+/// nothing else, and the Secret holding their control token.
+async fn fence_access(client: &Client, ns: &str) {
+    use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
+    use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+    let create = PostParams::default();
+    let account: ServiceAccount =
+        serde_json::from_value(json!({"metadata": {"name": "chat-fence"}})).unwrap();
+    Api::namespaced(client.clone(), ns)
+        .create(&create, &account)
+        .await
+        .unwrap();
+    let role: Role = serde_json::from_value(json!({
+        "metadata": {"name": "chat-fence"},
+        "rules": [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                   "resourceNames": ["chat-epoch"], "verbs": ["get", "watch"]}],
+    }))
+    .unwrap();
+    Api::namespaced(client.clone(), ns)
+        .create(&create, &role)
+        .await
+        .unwrap();
+    let binding: RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "chat-fence"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "chat-fence"},
+        "subjects": [{"kind": "ServiceAccount", "name": "chat-fence", "namespace": ns}],
+    }))
+    .unwrap();
+    Api::namespaced(client.clone(), ns)
+        .create(&create, &binding)
+        .await
+        .unwrap();
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "chat-fence"}, "stringData": {"token": FENCE_TOKEN},
+    }))
+    .unwrap();
+    Api::namespaced(client.clone(), ns)
+        .create(&create, &secret)
+        .await
+        .unwrap();
+}
+
 /// Polls `check` every quarter second until it gives a value, for at most `limit`.
 async fn eventually<T, F, Fut>(limit: Duration, what: &str, mut check: F) -> T
 where
@@ -388,8 +461,12 @@ struct TwoPools {
     /// Kept for its lifetime: dropping it stops the router.
     _router: Process,
     admin: SocketAddr,
+    /// Where the router's gateway takes clients' requests.
+    gateway: SocketAddr,
     dir: tempfile::TempDir,
     policies: Api<FailoverPolicy>,
+    /// Whether a fence stands in front of every replica, on [`FENCE_PORT`].
+    fenced: bool,
 }
 
 /// How the standby pool `west` waits.
@@ -465,12 +542,36 @@ impl TwoPools {
         standby: Standby,
         trigger: serde_json::Value,
     ) -> TwoPools {
+        Self::start_with(client, ns, standby, trigger, false).await
+    }
+
+    /// Two hot pools whose replicas each have a fence in front ([`fenced_deployment`]), which
+    /// the policy's pools name as their port.
+    async fn start_fenced(client: Client, ns: &'static str, trigger: serde_json::Value) -> TwoPools {
+        Self::start_with(client, ns, Standby::hot(), trigger, true).await
+    }
+
+    async fn start_with(
+        client: Client,
+        ns: &'static str,
+        standby: Standby,
+        trigger: serde_json::Value,
+        fenced: bool,
+    ) -> TwoPools {
         namespace(&client, ns).await;
+        if fenced {
+            fence_access(&client, ns).await;
+        }
         let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
         let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-        for (name, running) in [("chat-east", 2), ("chat-west", standby.running)] {
+        for (name, pool, running) in [("chat-east", "east", 2), ("chat-west", "west", standby.running)] {
+            let deployment = if fenced {
+                fenced_deployment(name, running, pool)
+            } else {
+                vllm_deployment(name, running)
+            };
             deployments
-                .create(&PostParams::default(), &vllm_deployment(name, running))
+                .create(&PostParams::default(), &deployment)
                 .await
                 .unwrap();
         }
@@ -490,6 +591,7 @@ impl TwoPools {
             token_file.to_str().unwrap(),
         ]));
         let admin = router.announced("understudy-router admin listening on http://");
+        let gateway = router.announced("understudy-router gateway listening on http://");
 
         let mut spec_trigger = json!({
             "suspectAfter": 1, "promoteAfter": 3, "hardFailure": {"promoteAfter": 2}, "standbyReadyAfter": 2,
@@ -501,16 +603,19 @@ impl TwoPools {
         if !standby.tiers.is_null() {
             west_spec["standby"] = standby.tiers;
         }
+        let mut east_spec =
+            json!({"name": "east", "workload": {"kind": "Deployment", "name": "chat-east"}, "replicas": 2});
+        if fenced {
+            east_spec["port"] = FENCE_PORT.into();
+            west_spec["port"] = FENCE_PORT.into();
+        }
         let policies: Api<FailoverPolicy> = Api::namespaced(client.clone(), ns);
         let policy = serde_json::from_value(json!({
             "apiVersion": "understudy.dev/v1alpha1",
             "kind": "FailoverPolicy",
             "metadata": {"name": "chat"},
             "spec": {
-                "pools": [
-                    {"name": "east", "workload": {"kind": "Deployment", "name": "chat-east"}, "replicas": 2},
-                    west_spec,
-                ],
+                "pools": [east_spec, west_spec],
                 "recoveryObjective": "1m",
                 "probe": {"interval": "1s", "timeout": "800ms", "budgets": {"firstToken": "500ms", "total": "800ms"}},
                 "trigger": spec_trigger,
@@ -525,8 +630,10 @@ impl TwoPools {
             west,
             _router: router,
             admin,
+            gateway,
             dir,
             policies,
+            fenced,
         }
     }
 
@@ -537,11 +644,13 @@ impl TwoPools {
         std::fs::write(&token_file, token).unwrap();
         let router = format!("http://{}", self.admin);
         let token_file = token_file.to_str().unwrap();
-        operator_process(
-            identity,
-            self.ns,
-            &["--router-admin", &router, "--router-token-file", token_file],
-        )
+        let mut flags = vec!["--router-admin", &router, "--router-token-file", token_file];
+        let fence_token_file = self.dir.path().join("fence-token");
+        if self.fenced {
+            std::fs::write(&fence_token_file, FENCE_TOKEN).unwrap();
+            flags.extend(["--replica-token-file", fence_token_file.to_str().unwrap()]);
+        }
+        operator_process(identity, self.ns, &flags)
     }
 
     /// What the router holds, once it holds `pool` at `epoch`.
@@ -1119,6 +1228,142 @@ async fn a_game_day_that_drifts_the_standby_sees_the_policy_report_it_promote_no
             .then_some(())
     })
     .await;
+    assert!(refusals(&operator).is_empty(), "{:#?}", refusals(&operator));
+    pools.stop(operator).await;
+}
+
+/// Clients of the router's gateway: one completion every 100 ms (at most 1200) until stopped,
+/// each given up after 10 s; how many were answered 200.
+struct Clients {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<usize>,
+}
+
+impl Clients {
+    fn start(gateway: SocketAddr) -> Clients {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopping = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let body =
+                json!({"model": MODEL, "prompt": "The capital of France is", "max_tokens": 4}).to_string();
+            let mut answered = 0;
+            for _ in 0..1200 {
+                if stopping.load(Ordering::Relaxed) {
+                    break;
+                }
+                let request = format!(
+                    "POST /v1/completions HTTP/1.1\r\nHost: {gateway}\r\nConnection: close\r\n\
+                     Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                let answer =
+                    TcpStream::connect_timeout(&gateway, Duration::from_secs(2)).and_then(|mut stream| {
+                        stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+                        stream.write_all(request.as_bytes())?;
+                        let mut raw = String::new();
+                        stream.read_to_string(&mut raw)?;
+                        Ok(raw)
+                    });
+                if answer.is_ok_and(|raw| raw.starts_with("HTTP/1.1 200")) {
+                    answered += 1;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            answered
+        });
+        Clients { stop, thread }
+    }
+
+    fn stop(self) -> usize {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.join().unwrap()
+    }
+}
+
+/// The fault each of `pods`' fences plays, as it answers the operator's token.
+fn fence_faults(pods: &[Pod]) -> Vec<serde_json::Value> {
+    let auth = format!("Bearer {FENCE_TOKEN}");
+    pods.iter()
+        .map(|pod| {
+            let fence = SocketAddr::new(pod_ip(pod), FENCE_PORT);
+            let (status, body) = http(fence, "GET", "/understudy/fault", &[("authorization", &auth)], "");
+            assert_eq!(status, 200, "{body}");
+            serde_json::from_str::<serde_json::Value>(&body).unwrap()["fault"].clone()
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn game_days_that_hang_and_half_fail_the_primary_through_its_fences_see_the_policy_promote_on_its_own()
+{
+    use understudy_api::crd::Verdict;
+
+    let Some(client) = cluster().await else { return };
+    let pools = TwoPools::start_fenced(client.clone(), "e2e-fence-faults", json!({"minDwell": "2s"})).await;
+    let operator = pools.operator("e2e-operator-1", ADMIN_TOKEN);
+    // The router reaches east through its fences, and the standby is proven through west's,
+    // which are fenced: the operator's probes carry the fences' token.
+    let routed = pools.routed("east", 0).await;
+    let fences: BTreeSet<String> = pools
+        .east
+        .iter()
+        .map(|p| format!("{}:{FENCE_PORT}", pod_ip(p)))
+        .collect();
+    assert_eq!(endpoints_held(&routed), fences);
+    pools.until_steady(true).await;
+    let west = SocketAddr::new(pod_ip(&pools.west[0]), FENCE_PORT);
+    let prompt = json!({"model": MODEL, "prompt": "hi", "max_tokens": 2}).to_string();
+    let (status, _) = http(west, "POST", "/v1/completions", &[], &prompt);
+    assert_eq!(status, 503, "a client of the standby is fenced");
+
+    // A hang, under load, failing back once east is healed.
+    let clients = Clients::start(pools.gateway);
+    let spec = json!({"fault": "hang", "steadyState": {"readyFor": "1s"}, "maxRecovery": "90s",
+                      "failbackAfter": "3s"});
+    let status = pools
+        .game_day("chat-hang", true, spec, Duration::from_secs(200))
+        .await;
+    let answered = clients.stop();
+    assert_eq!(status.last_verdict, Some(Verdict::Passed), "{status:#?}");
+    let run = &status.last_runs[0];
+    assert!(
+        run.reason.as_deref().unwrap().contains("after the hang"),
+        "{run:?}"
+    );
+    assert_eq!(run.injected.as_deref(), Some("hung the fences of east"));
+    let requests = run.requests.unwrap();
+    assert!(
+        requests.sent > 0 && answered > 0,
+        "{requests:?}, {answered} answered"
+    );
+    eprintln!("the hang's record of loss: {requests:?}; the clients saw {answered} answered");
+    assert_eq!(fence_faults(&pools.east), [json!(null), json!(null)]);
+    pools.routed("east", 2).await;
+
+    // A half-failure: east's fences answer wrongly and only the golden-answer probe sees it.
+    pools.until_steady(true).await;
+    let spec = json!({"fault": "halfFailed", "steadyState": {"readyFor": "1s"}, "maxRecovery": "90s"});
+    let status = pools
+        .game_day("chat-half", true, spec, Duration::from_secs(200))
+        .await;
+    assert_eq!(status.last_verdict, Some(Verdict::Passed), "{status:#?}");
+    let run = &status.last_runs[0];
+    assert!(
+        run.reason.as_deref().unwrap().contains("after the half-failure"),
+        "{run:?}"
+    );
+    assert_eq!(pools.lease().await, ("3".to_owned(), "west".to_owned()));
+    assert_eq!(fence_faults(&pools.east), [json!(null), json!(null)]);
+
+    let events: Api<Event> = Api::namespaced(client, pools.ns);
+    let told = |reason: &str| {
+        let events = events.clone();
+        let params = ListParams::default().fields(&format!("reason={reason}"));
+        async move { events.list(&params).await.unwrap().items.len() }
+    };
+    assert_eq!(told("FaultInjected").await, 2);
+    assert_eq!(told("FaultTakenBack").await, 2);
     assert!(refusals(&operator).is_empty(), "{:#?}", refusals(&operator));
     pools.stop(operator).await;
 }
