@@ -1320,7 +1320,7 @@ async fn game_days_that_hang_and_half_fail_the_primary_through_its_fences_see_th
     // A hang, under load, failing back once east is healed.
     let clients = Clients::start(pools.gateway);
     let spec = json!({"fault": "hang", "steadyState": {"readyFor": "1s"}, "maxRecovery": "90s",
-                      "failbackAfter": "3s"});
+                      "failback": {"mode": "after", "after": "3s"}});
     let status = pools
         .game_day("chat-hang", true, spec, Duration::from_secs(200))
         .await;
