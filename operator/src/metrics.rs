@@ -4,6 +4,7 @@
 //! [`crate::controller::Error::category`], never by its message, and per-policy series are keyed by
 //! namespace and name only. Nothing here talks to Kubernetes or decides anything.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Instant;
 
@@ -16,7 +17,16 @@ use prometheus_client::metrics::{
 };
 use prometheus_client::registry::Registry;
 
-use crate::crd::ColdStartBreakdown;
+use crate::crd::{ColdStartBreakdown, Condition, ConditionStatus, condition_type};
+
+/// A condition status as its label reads.
+fn status_label(status: ConditionStatus) -> &'static str {
+    match status {
+        ConditionStatus::True => "True",
+        ConditionStatus::False => "False",
+        ConditionStatus::Unknown => "Unknown",
+    }
+}
 
 /// Labels of a reconcile error: its phase, from a closed list.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -29,6 +39,15 @@ pub struct ErrorLabels {
 pub struct PolicyLabels {
     pub namespace: String,
     pub policy: String,
+}
+
+/// Labels of one status of one of a policy's conditions.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ConditionLabels {
+    pub namespace: String,
+    pub policy: String,
+    pub condition: String,
+    pub status: &'static str,
 }
 
 /// Labels of a finished promotion.
@@ -57,6 +76,7 @@ pub struct Metrics {
     epoch: Family<PolicyLabels, Gauge>,
     failovers: Family<FailoverLabels, Counter>,
     cold_start: Family<StageLabels, Histogram>,
+    conditions: Family<ConditionLabels, Gauge>,
 }
 
 impl fmt::Debug for Metrics {
@@ -112,6 +132,12 @@ impl Metrics {
             "Promotions this operator finished, by kind",
             failovers.clone(),
         );
+        let conditions = Family::<ConditionLabels, Gauge>::default();
+        registry.register(
+            "policy_condition",
+            "Each condition of each policy as its status last recorded it: 1 on the status it has, 0 on the others",
+            conditions.clone(),
+        );
         registry.register(
             "coldstart_stage_seconds",
             "Time each stage of a replica's start took, for the replicas promotions started",
@@ -125,6 +151,28 @@ impl Metrics {
             epoch,
             failovers,
             cold_start,
+            conditions,
+        }
+    }
+
+    /// Records the conditions a policy's status was just written with.
+    pub fn set_conditions(&self, namespace: &str, policy: &str, conditions: &BTreeMap<String, Condition>) {
+        for (condition, now) in conditions {
+            for status in [
+                ConditionStatus::True,
+                ConditionStatus::False,
+                ConditionStatus::Unknown,
+            ] {
+                let labels = ConditionLabels {
+                    namespace: namespace.to_owned(),
+                    policy: policy.to_owned(),
+                    condition: condition.clone(),
+                    status: status_label(status),
+                };
+                self.conditions
+                    .get_or_create(&labels)
+                    .set(i64::from(now.status == status));
+            }
         }
     }
 
@@ -185,6 +233,20 @@ impl Metrics {
             namespace: namespace.to_owned(),
             policy: policy.to_owned(),
         });
+        for condition in condition_type::ALL {
+            for status in [
+                ConditionStatus::True,
+                ConditionStatus::False,
+                ConditionStatus::Unknown,
+            ] {
+                self.conditions.remove(&ConditionLabels {
+                    namespace: namespace.to_owned(),
+                    policy: policy.to_owned(),
+                    condition: condition.to_owned(),
+                    status: status_label(status),
+                });
+            }
+        }
     }
 
     /// The OpenMetrics text of every metric.
@@ -280,5 +342,32 @@ mod tests {
         );
         metrics.forget_policy("serving", "llama");
         assert!(!metrics.encode().unwrap().contains("understudy_epoch{"));
+    }
+
+    #[test]
+    fn each_condition_is_one_on_the_status_it_has_and_zero_on_the_others_until_its_policy_goes() {
+        let metrics = Metrics::new();
+        let condition = |status| Condition {
+            status,
+            reason: "Drift".to_owned(),
+            message: String::new(),
+            last_transition_time: None,
+        };
+        let mut conditions = BTreeMap::new();
+        conditions.insert("ParityHolds".to_owned(), condition(ConditionStatus::False));
+        metrics.set_conditions("serving", "llama", &conditions);
+        conditions.insert("ParityHolds".to_owned(), condition(ConditionStatus::True));
+        metrics.set_conditions("serving", "llama", &conditions);
+        let text = metrics.encode().unwrap();
+        let series = |status: &str, value: u8| {
+            format!(
+                r#"understudy_policy_condition{{namespace="serving",policy="llama",condition="ParityHolds",status="{status}"}} {value}"#
+            )
+        };
+        for (status, value) in [("True", 1), ("False", 0), ("Unknown", 0)] {
+            assert!(text.contains(&series(status, value)), "{text}");
+        }
+        metrics.forget_policy("serving", "llama");
+        assert!(!metrics.encode().unwrap().contains("understudy_policy_condition{"));
     }
 }

@@ -913,7 +913,10 @@ pub(super) async fn write_status(
     lease_behind: Option<Epoch>,
 ) -> Result<(), Error> {
     let status = status_of(ctx, policy, run, lease_behind)?;
-    apply_status(ctx, namespace, &policy.name_any(), &status).await
+    apply_status(ctx, namespace, &policy.name_any(), &status).await?;
+    ctx.metrics
+        .set_conditions(namespace, &policy.name_any(), &status.conditions);
+    Ok(())
 }
 
 /// The status the reconcile's working state makes: pure, but for asking the golden answers'
