@@ -11,75 +11,28 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use futures::future::join_all;
-use k8s_openapi::api::core::v1::Pod;
-use kube::Client;
-use kube::api::{Api, ListParams};
 use understudy_prober::agent::NodeReport;
 use understudy_prober::http1;
+
+use crate::peers::LabelledPods;
 
 /// How long one agent has to answer.
 const READ_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Where the node agents are.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub enum GpuAgents {
     /// At these `host:port`s.
     At(Vec<(String, u16)>),
-    /// The Running pods `selector` selects in `namespace`, each at its IP and `port`.
-    Labelled {
-        client: Client,
-        namespace: String,
-        selector: String,
-        port: u16,
-    },
-}
-
-impl std::fmt::Debug for GpuAgents {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            GpuAgents::At(at) => f.debug_tuple("At").field(at).finish(),
-            GpuAgents::Labelled {
-                namespace,
-                selector,
-                port,
-                ..
-            } => f
-                .debug_struct("Labelled")
-                .field("namespace", namespace)
-                .field("selector", selector)
-                .field("port", port)
-                .finish_non_exhaustive(),
-        }
-    }
+    /// The agent pods a label selects, at their port.
+    Labelled(LabelledPods),
 }
 
 impl GpuAgents {
     async fn addresses(&self) -> Result<Vec<(String, u16)>, String> {
         match self {
             GpuAgents::At(at) => Ok(at.clone()),
-            GpuAgents::Labelled {
-                client,
-                namespace,
-                selector,
-                port,
-            } => {
-                let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
-                let listed = pods
-                    .list(&ListParams::default().labels(selector))
-                    .await
-                    .map_err(|error| {
-                        format!("listing the GPU agents ({selector} in {namespace}): {error}")
-                    })?;
-                Ok(listed
-                    .items
-                    .iter()
-                    .filter_map(|pod| {
-                        let status = pod.status.as_ref()?;
-                        (status.phase.as_deref() == Some("Running")).then_some(())?;
-                        Some((status.pod_ip.clone()?, *port))
-                    })
-                    .collect())
-            }
+            GpuAgents::Labelled(pods) => pods.addresses("GPU agents").await,
         }
     }
 

@@ -15,6 +15,7 @@ pub mod leader;
 pub mod metrics;
 pub mod observe;
 pub mod parity;
+pub mod peers;
 pub mod reserve;
 pub mod route_push;
 pub mod standby;

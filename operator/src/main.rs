@@ -30,6 +30,7 @@ use understudy_operator::leader::{LeaderConfig, LeaderElector, Release};
 use understudy_operator::lease::KubeLease;
 use understudy_operator::metrics::Metrics;
 use understudy_operator::observe::{KubeReplicas, ProbingObservations};
+use understudy_operator::peers::{LabelledPods, Routers};
 use understudy_operator::reserve::{self, ReserveConfig};
 use understudy_operator::route_push::{RouterAdminUrl, RouterPush, RouterToken};
 use understudy_operator::watchdog::Watchdog;
@@ -68,6 +69,20 @@ struct Args {
     /// without any, those steps are handed off and no router is called.
     #[arg(long = "router-admin", env = "UNDERSTUDY_ROUTER_ADMIN", value_delimiter = ',')]
     router_admin: Vec<RouterAdminUrl>,
+
+    /// Instead of --router-admin: the label selector of the router pods (the chart's router
+    /// Deployment), listed again at each use and called at their IP and --router-admin-port.
+    #[arg(long, env = "UNDERSTUDY_ROUTER_SELECTOR", conflicts_with = "router_admin")]
+    router_selector: Option<String>,
+
+    /// The namespace the router pods run in; the operator's own namespace by default
+    /// (`POD_NAMESPACE`).
+    #[arg(long, env = "UNDERSTUDY_ROUTER_NAMESPACE")]
+    router_namespace: Option<String>,
+
+    /// The router pods' admin port.
+    #[arg(long, env = "UNDERSTUDY_ROUTER_ADMIN_PORT", default_value_t = 9091)]
+    router_admin_port: u16,
 
     /// The label selector of the GPU agents (`understudy-prober agent`, a DaemonSet on the GPU
     /// nodes), whose verdicts are read every probing round: a replica on a failed GPU fails its
@@ -179,10 +194,13 @@ async fn main() -> anyhow::Result<()> {
         .init();
 
     // Before anything else, so that a router configuration that cannot work stops the start.
-    let router_token = match (&args.router_admin[..], &args.router_token_file) {
-        ([], _) => None,
-        (_, None) => bail!("--router-admin needs --router-token-file (UNDERSTUDY_ROUTER_TOKEN_FILE)"),
-        (_, Some(path)) => Some(RouterToken::read(path)?),
+    let routers_given = !args.router_admin.is_empty() || args.router_selector.is_some();
+    let router_token = match (routers_given, &args.router_token_file) {
+        (false, _) => None,
+        (true, None) => bail!(
+            "--router-admin or --router-selector needs --router-token-file (UNDERSTUDY_ROUTER_TOKEN_FILE)"
+        ),
+        (true, Some(path)) => Some(RouterToken::read(path)?),
     };
     let replica_token = match &args.replica_token_file {
         None => None,
@@ -197,6 +215,19 @@ async fn main() -> anyhow::Result<()> {
     let client = Client::try_default()
         .await
         .context("building the Kubernetes client")?;
+    let routers = match &args.router_selector {
+        None => Routers::At(args.router_admin.clone()),
+        Some(selector) => Routers::Labelled(LabelledPods {
+            client: client.clone(),
+            namespace: args
+                .router_namespace
+                .clone()
+                .or_else(|| std::env::var("POD_NAMESPACE").ok())
+                .unwrap_or_else(|| client.default_namespace().to_owned()),
+            selector: selector.clone(),
+            port: args.router_admin_port,
+        }),
+    };
     let metrics = Arc::new(Metrics::new());
     let readiness = Readiness::default();
     let watchdog = Watchdog::new(args.stall_after);
@@ -250,27 +281,23 @@ async fn main() -> anyhow::Result<()> {
     let mut observations = ProbingObservations::new(replicas.clone());
     if let Some(token) = &router_token {
         // What the routers' data path sees of the primary counts beside the probes.
-        observations = observations.with_router_signals(args.router_admin.clone(), token.clone());
+        observations = observations.with_router_signals(routers.clone(), token.clone());
     }
     if let Some(selector) = &args.gpu_agent_selector {
         tracing::info!(%selector, namespace = %args.gpu_agent_namespace, "reading the GPU agents' verdicts");
-        observations = observations.with_gpu_agents(GpuAgents::Labelled {
+        observations = observations.with_gpu_agents(GpuAgents::Labelled(LabelledPods {
             client: client.clone(),
             namespace: args.gpu_agent_namespace.clone(),
             selector: selector.clone(),
             port: args.gpu_agent_port,
-        });
+        }));
     }
     let observations = Arc::new(observations);
     let probing = tokio::spawn(observations.clone().run());
     let mut steps: Arc<dyn StepExecutor> = Arc::new(HandOffToComponents);
     if let Some(token) = &router_token {
-        tracing::info!(routers = ?args.router_admin, "pushing routes to the routers");
-        steps = Arc::new(RouterPush::new(
-            args.router_admin.clone(),
-            token.clone(),
-            replicas.clone(),
-        ));
+        tracing::info!(?routers, "pushing routes to the routers");
+        steps = Arc::new(RouterPush::new(routers.clone(), token.clone(), replicas.clone()));
     }
     // Same leader, same client: a game day only ever asks the policy controller to act.
     let mut gamedays = gameday::controller::Context::new(client.clone(), Some(args.identity.clone()))
@@ -278,7 +305,7 @@ async fn main() -> anyhow::Result<()> {
         .with_replica_token(replica_token);
     if let Some(token) = &router_token {
         // A run's record of loss and its stop conditions come from the routers' counters.
-        gamedays = gamedays.with_routers(args.router_admin.clone(), token.clone());
+        gamedays = gamedays.with_routers(routers.clone(), token.clone());
     }
     let gamedays = Arc::new(gamedays);
     let ctx = Context::new(client, metrics, Some(args.identity.clone()))

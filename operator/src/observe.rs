@@ -48,8 +48,9 @@ use crate::crd::{
 };
 use crate::gpu_health::{self, GpuAgents};
 use crate::parity::{self, ServingConfig, serving_config};
+use crate::peers::Routers;
 use crate::policy::{self, ProbeTiming, pool_by_name};
-use crate::route_push::{RouterAdminUrl, RouterToken, get_signals};
+use crate::route_push::{RouterToken, get_signals};
 
 pub use understudy_prober::probe::GOLDEN_PREFIX_CHARS;
 
@@ -614,7 +615,7 @@ pub struct ProbingObservations {
     /// replicas; forgotten after [`FIRST_ANSWER_KEPT`].
     first_answers: Mutex<HashMap<String, Timestamp>>,
     /// The routers whose `/signals` are read every round, and their admin token.
-    router_signals: Option<(Vec<RouterAdminUrl>, RouterToken)>,
+    router_signals: Option<(Routers, RouterToken)>,
     /// The node agents whose GPU verdicts are read every round.
     gpu_agents: Option<GpuAgents>,
     /// Wakes [`Self::run`] when a policy is tracked for the first time or a round finishes.
@@ -647,7 +648,7 @@ impl ProbingObservations {
     /// Reads every router's `/signals` each round, beside the probes: what the data path saw of
     /// the primary becomes a passive observation ([`passive_signal`]).
     #[must_use]
-    pub fn with_router_signals(mut self, routers: Vec<RouterAdminUrl>, token: RouterToken) -> Self {
+    pub fn with_router_signals(mut self, routers: Routers, token: RouterToken) -> Self {
         self.router_signals = Some((routers, token));
         self
     }
@@ -1067,6 +1068,13 @@ impl ProbingObservations {
         let primary = primary_pool(&plan.policy);
         let name = &plan.policy.spec.pools.get(primary.index())?.name;
         let epoch = plan.policy.status.as_ref().and_then(|s| s.epoch).unwrap_or(0);
+        let routers = match routers.resolve().await {
+            Ok(routers) => routers,
+            Err(why) => {
+                tracing::debug!(%why, "no router's signals to read");
+                return None;
+            }
+        };
         let reads = join_all(
             routers
                 .iter()

@@ -35,6 +35,7 @@ use crate::controller::{
 };
 use crate::crd::{FailoverPolicy, PoolSpec};
 use crate::observe::ReplicaEndpoints;
+use crate::peers::Routers;
 use understudy_prober::http1;
 
 /// Who carries the route and admission steps when routers are configured.
@@ -180,7 +181,7 @@ pub enum RouterAnswer {
 /// The route and admission steps, pushed to the routers; every other step as
 /// [`HandOffToComponents`] hands it off.
 pub struct RouterPush {
-    routers: Vec<RouterAdminUrl>,
+    routers: Routers,
     token: RouterToken,
     replicas: Arc<dyn ReplicaEndpoints>,
     timeout: Duration,
@@ -201,11 +202,7 @@ impl fmt::Debug for RouterPush {
 impl RouterPush {
     /// Pushes to `routers` with `token`, resolving a pool's endpoints through `replicas`.
     #[must_use]
-    pub fn new(
-        routers: Vec<RouterAdminUrl>,
-        token: RouterToken,
-        replicas: Arc<dyn ReplicaEndpoints>,
-    ) -> Self {
+    pub fn new(routers: Routers, token: RouterToken, replicas: Arc<dyn ReplicaEndpoints>) -> Self {
         RouterPush {
             routers,
             token,
@@ -222,10 +219,14 @@ impl RouterPush {
         self
     }
 
-    /// Puts `route` to every router at once; each answer beside the router that gave it.
-    pub async fn push(&self, route: &Route) -> Vec<(&RouterAdminUrl, RouterAnswer)> {
+    /// Puts `route` to each of `routers` at once; each answer beside the router that gave it.
+    pub async fn push<'a>(
+        &self,
+        routers: &'a [RouterAdminUrl],
+        route: &Route,
+    ) -> Vec<(&'a RouterAdminUrl, RouterAnswer)> {
         let body = route_bytes(route);
-        let pushes = self.routers.iter().map(|router| {
+        let pushes = routers.iter().map(|router| {
             let body = body.clone();
             async move { (router, self.put_one(router, body).await) }
         });
@@ -272,7 +273,11 @@ impl RouterPush {
             Ok(route) => route,
             Err(reason) => return StepReport::NotYet { reason },
         };
-        let answers = self.push(&route).await;
+        let routers = match self.routers.resolve().await {
+            Ok(routers) => routers,
+            Err(reason) => return StepReport::NotYet { reason },
+        };
+        let answers = self.push(&routers, &route).await;
         let report = judge(request.step, &route, &answers);
         let now = Instant::now();
         self.with_warnings(request.policy, |warnings| {
@@ -304,9 +309,16 @@ impl RouterPush {
                 return RouteSyncReport::default();
             }
         };
+        let routers = match self.routers.resolve().await {
+            Ok(routers) => routers,
+            Err(why) => {
+                tracing::debug!(%why, "the routers cannot be found; the route is kept on them later");
+                return RouteSyncReport::default();
+            }
+        };
         let route = &route;
         let kept = join_all(
-            self.routers
+            routers
                 .iter()
                 .map(|router| async move { (router, self.keep_on(router, route).await) }),
         )
@@ -954,7 +966,11 @@ spec:
             "west",
             vec![Endpoint::new("10.0.0.1", 8000), Endpoint::new("10.0.0.2", 8000)],
         );
-        RouterPush::new(routers, RouterToken::new(TOKEN).unwrap(), Arc::new(replicas))
+        RouterPush::new(
+            Routers::At(routers),
+            RouterToken::new(TOKEN).unwrap(),
+            Arc::new(replicas),
+        )
     }
 
     async fn carry_out(push: &RouterPush, step: Step, epoch: u64) -> StepReport {
@@ -1085,7 +1101,7 @@ spec:
     async fn a_pool_with_no_running_replica_is_not_routed_to() {
         let (router, mut got) = router(200, "{}").await;
         let push = RouterPush::new(
-            vec![router],
+            Routers::At(vec![router]),
             RouterToken::new(TOKEN).unwrap(),
             Arc::new(FixedReplicas::default()),
         );
@@ -1190,7 +1206,11 @@ spec:
             "west",
             vec![Endpoint::new("10.0.0.1", 8000), Endpoint::new("10.0.0.3", 8000)],
         );
-        let push = RouterPush::new(vec![router], RouterToken::new(TOKEN).unwrap(), Arc::new(replicas));
+        let push = RouterPush::new(
+            Routers::At(vec![router]),
+            RouterToken::new(TOKEN).unwrap(),
+            Arc::new(replicas),
+        );
         assert_eq!(keep(&push, 3).await, RouteSyncReport::default());
         let requests = requests(&mut got).await;
         assert_eq!(lines(&requests), ["GET /route HTTP/1.1", "PUT /route HTTP/1.1"]);

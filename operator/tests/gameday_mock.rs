@@ -22,6 +22,7 @@ use serde_json::{Value, json};
 use understudy_operator::controller::Clock;
 use understudy_operator::crd::GameDay;
 use understudy_operator::gameday::controller::{ACTIVE_REQUEUE, Context, Error, reconcile};
+use understudy_operator::peers::Routers;
 use understudy_operator::route_push::RouterToken;
 use understudy_operator::watchdog::{Reconciler, Watchdog};
 
@@ -667,7 +668,7 @@ async fn a_run_records_what_the_routers_counted_since_the_fault_and_stops_when_t
         Context::new(client, Some("test-0".into()))
             .with_clock(Arc::new(FixedClock))
             .with_routers(
-                vec![url.parse().unwrap()],
+                Routers::At(vec![url.parse().unwrap()]),
                 RouterToken::new("router-token").unwrap(),
             ),
     );

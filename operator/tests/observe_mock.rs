@@ -274,3 +274,46 @@ async fn the_model_a_pool_serves_is_read_from_its_workloads_pod_template_once_it
         .expect("scenario timed out")
         .expect("scenario panicked");
 }
+
+#[tokio::test]
+async fn routers_found_by_label_are_their_running_pods_at_the_admin_port_and_none_is_an_error() {
+    use understudy_operator::peers::{LabelledPods, Routers};
+    let (client, server) = support::client();
+    let routers = Routers::Labelled(LabelledPods {
+        client,
+        namespace: NS.to_owned(),
+        selector: "app.kubernetes.io/component=router".to_owned(),
+        port: 9091,
+    });
+    let scenario = |mut server: ApiServer| async move {
+        let list = server.expect("GET", PODS_PATH).await;
+        assert_eq!(list.label_selector(), "app.kubernetes.io/component=router");
+        let mut leaving = pod("router-c", "Running", Some("10.0.0.9"));
+        leaving["metadata"]["deletionTimestamp"] = json!("2024-06-01T12:00:00Z");
+        list.answer(
+            200,
+            &pod_list(vec![
+                pod("router-a", "Running", Some("10.0.0.7")),
+                pod("router-b", "Pending", None),
+                leaving,
+            ]),
+        );
+        let list = server.expect("GET", PODS_PATH).await;
+        list.answer(200, &pod_list(vec![pod("router-b", "Pending", None)]));
+        server.expect_no_more().await
+    };
+    let resolution = async move {
+        let found = routers.resolve().await;
+        let none = routers.resolve().await;
+        drop(routers);
+        (found, none)
+    };
+    let ((found, none), published) = support::play(scenario(server), resolution).await;
+    assert!(published.is_empty());
+    let found: Vec<String> = found.unwrap().iter().map(ToString::to_string).collect();
+    assert_eq!(found, ["http://10.0.0.7:9091"]);
+    assert_eq!(
+        none.unwrap_err(),
+        "no running router pod matches app.kubernetes.io/component=router in serving"
+    );
+}

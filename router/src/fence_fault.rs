@@ -288,11 +288,11 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(1), held)
             .await
             .expect("released by the new fault")
-            .unwrap();
+            .expect("the held task ends");
         // With no hang in play nothing waits.
         tokio::time::timeout(Duration::from_millis(1), faults.hang())
             .await
-            .unwrap();
+            .expect("nothing holds without a hang");
         faults.set(None, Duration::from_secs(1));
         assert_eq!(faults.current(), None);
     }

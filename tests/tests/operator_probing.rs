@@ -30,6 +30,7 @@ use understudy_operator::crd::FailoverPolicy;
 use understudy_operator::gpu_health::GpuAgents;
 use understudy_operator::observe::{FixedReplicas, ProbingObservations};
 use understudy_operator::parity::ServingConfig;
+use understudy_operator::peers::Routers;
 use understudy_operator::policy;
 use understudy_operator::route_push::{RouterAdminUrl, RouterToken};
 use understudy_prober::agent::Agent;
@@ -103,7 +104,7 @@ impl Operator {
         let mut observations =
             ProbingObservations::new(Arc::new(replicas.clone())).with_max_jitter(Duration::ZERO);
         if let Some((routers, token)) = routers {
-            observations = observations.with_router_signals(routers, token);
+            observations = observations.with_router_signals(Routers::At(routers), token);
         }
         let validated = policy::validate(&policy.spec).unwrap();
         observations.track(&policy);

@@ -19,6 +19,7 @@ use understudy_operator::controller::{
 };
 use understudy_operator::crd::FailoverPolicy;
 use understudy_operator::observe::FixedReplicas;
+use understudy_operator::peers::Routers;
 use understudy_operator::route_push::{Plan, RouterAdminUrl, RouterPush, RouterToken, plan};
 use understudy_prober::probe::Endpoint;
 use understudy_router::gateway::GatewayConfig;
@@ -45,7 +46,11 @@ fn operator(router: &Router, pool: &str, addr: SocketAddr) -> RouterPush {
     let admin: RouterAdminUrl = format!("http://127.0.0.1:{}", router.admin).parse().unwrap();
     let replicas =
         FixedReplicas::default().with_pool(pool, vec![Endpoint::new(addr.ip().to_string(), addr.port())]);
-    RouterPush::new(vec![admin], RouterToken::new(TOKEN).unwrap(), Arc::new(replicas))
+    RouterPush::new(
+        Routers::At(vec![admin]),
+        RouterToken::new(TOKEN).unwrap(),
+        Arc::new(replicas),
+    )
 }
 
 /// Carries out the route step for the pool at `pool_index` at `epoch`, as a reconcile would.

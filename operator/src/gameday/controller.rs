@@ -43,7 +43,8 @@ use crate::crd::{
 };
 use crate::cron::CronSchedule;
 use crate::observe::{KubeReplicas, replica_endpoint};
-use crate::route_push::{RouterAdminUrl, RouterToken};
+use crate::peers::Routers;
+use crate::route_push::RouterToken;
 use crate::watchdog::{Reconciler, Watchdog};
 
 /// The annotation on a FailoverPolicy naming the game day whose run gave it a command.
@@ -120,7 +121,7 @@ pub struct Context {
     pub watchdog: Watchdog,
     /// The routers whose counters are a run's record of loss and its stop conditions' evidence,
     /// and their admin token; without them a run records no loss and stops on nothing it sees.
-    pub routers: Option<(Vec<RouterAdminUrl>, RouterToken)>,
+    pub routers: Option<(Routers, RouterToken)>,
     /// The fences' control token, which sets and takes away the faults they play (`hang`,
     /// `halfFailed`); without it the fences refuse them.
     pub replica_token: Option<Bearer>,
@@ -167,7 +168,7 @@ impl Context {
 
     /// Reads `routers`' counters during a run, for its record of loss and its stop conditions.
     #[must_use]
-    pub fn with_routers(mut self, routers: Vec<RouterAdminUrl>, token: RouterToken) -> Self {
+    pub fn with_routers(mut self, routers: Routers, token: RouterToken) -> Self {
         self.routers = Some((routers, token));
         self
     }
@@ -556,7 +557,14 @@ async fn watch_load(
     let Some((routers, token)) = &ctx.routers else {
         return;
     };
-    let (counters, unread) = load::sample(routers, token).await;
+    let routers = match routers.resolve().await {
+        Ok(routers) => routers,
+        Err(why) => {
+            tracing::warn!(run = %key, %why, "no router's counters to read");
+            return;
+        }
+    };
+    let (counters, unread) = load::sample(&routers, token).await;
     for why in &unread {
         tracing::warn!(run = %key, %why, "a router's counters could not be read");
     }
