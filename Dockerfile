@@ -36,20 +36,20 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
 
 FROM gcr.io/distroless/cc-debian12:nonroot AS operator
 COPY --from=build-operator /src/target/release/understudy-operator /usr/local/bin/understudy-operator
-USER nonroot
+USER 65532:65532
 ENTRYPOINT ["/usr/local/bin/understudy-operator"]
 
 FROM gcr.io/distroless/cc-debian12:nonroot AS router
 COPY --from=build-router /src/target/release/understudy-router /usr/local/bin/understudy-router
-USER nonroot
+USER 65532:65532
 ENTRYPOINT ["/usr/local/bin/understudy-router"]
 
 FROM gcr.io/distroless/cc-debian12:nonroot AS prober
 COPY --from=build-prober /src/target/release/understudy-prober /usr/local/bin/understudy-prober
-USER nonroot
+USER 65532:65532
 ENTRYPOINT ["/usr/local/bin/understudy-prober"]
 
 FROM gcr.io/distroless/cc-debian12:nonroot AS emulator
 COPY --from=build-emulator /src/target/release/vllm-emulator /usr/local/bin/vllm-emulator
-USER nonroot
+USER 65532:65532
 ENTRYPOINT ["/usr/local/bin/vllm-emulator"]

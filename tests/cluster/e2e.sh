@@ -14,8 +14,9 @@ cd "$root"
 test_args=()
 [ "${1:-}" = "--" ] && { shift; test_args=("$@"); }
 
-echo "building the operator, the emulator, the emulated nodes and kubectl-understudy ..." >&2
+echo "building the operator, the prober, the emulator, the emulated nodes and kubectl-understudy ..." >&2
 cargo build -q --locked -p understudy-operator --bin understudy-operator
+cargo build -q --locked -p understudy-prober --bin understudy-prober
 cargo build -q --locked -p understudy-gameday --bin vllm-emulator
 cargo build -q --locked -p understudy-tests --bins
 cargo build -q --locked -p understudy-cli --bin kubectl-understudy
@@ -39,7 +40,8 @@ bin=$("$root/tests/cluster/build.sh")
 k() { "$bin/kubectl" --kubeconfig "$run/kubeconfig" "$@"; }
 
 "$target/understudy-gpu-nodes" --kubeconfig "$run/kubeconfig" --nodes 4 --gpus-per-node 2 \
-  --vllm "$target/vllm-emulator" --understudy "$target/understudy-router-e2e" \
+  --vllm "$target/vllm-emulator" --router "$target/understudy-router-e2e" \
+  --operator "$target/understudy-operator" --prober "$target/understudy-prober" \
   --work-dir "$run/nodes" --tls-cert "$run/pki/kubelet.crt" --tls-key "$run/pki/kubelet.key" \
   > "$run/nodes.out" 2> "$run/nodes.log" &
 nodes_pid=$!
@@ -54,8 +56,9 @@ k wait --for=condition=Ready node --all --timeout=60s >/dev/null
 k apply -f "$root/crds/" >/dev/null 2> >(grep -v '^Warning: unrecognized format' >&2)
 k wait --for=condition=Established crd --all --timeout=60s >/dev/null
 # The chart, rendered by helm as release "understudy" in understudy-system: its RBAC, so that the
-# operator runs with exactly the rights the chart gives it, and the PriorityClass of the GPU
-# reserve's placeholders. (Its Deployment is not applied: the tests start the operator binary.)
+# operator runs with exactly the rights the chart gives it (and the fences with the ClusterRole it
+# gives them), and the PriorityClass of the GPU reserve's placeholders. (Its workloads are
+# installed at the end: until then the tests start the operator binary themselves.)
 "$bin/helm" lint --quiet charts/understudy >/dev/null
 k create namespace understudy-system >/dev/null
 "$bin/helm" template understudy charts/understudy --namespace understudy-system \
@@ -96,3 +99,34 @@ done
 KUBECONFIG="$run/kubeconfig" UNDERSTUDY_COLDSTART_NAMESPACE=e2e-coldstart \
 UNDERSTUDY_COLDSTART_POD=$(k -n e2e-coldstart get pod -l app=coldstart -o jsonpath='{.items[0].metadata.name}') \
   cargo test -q --locked -p understudy-prober --test coldstart_api -- --ignored --nocapture
+
+# The whole chart, as a user installs it, over what the tests left: the operator (two replicas,
+# one leading), the routers and the GPU agents run as pods of the emulated nodes, each image by
+# its binary; examples/pools/chat.yaml brings two pools of vLLM behind fences and the policy.
+echo "installing the chart and examples/pools/chat.yaml ..." >&2
+k apply -f - >/dev/null <<'YAML'
+apiVersion: node.k8s.io/v1
+kind: RuntimeClass
+metadata: {name: nvidia}
+handler: nvidia
+YAML
+fence_token=$(sed -n 's/^  token: //p' examples/pools/chat.yaml)
+k -n understudy-system create secret generic understudy-fence-token --from-literal=token="$fence_token" >/dev/null
+"$bin/helm" template understudy charts/understudy --namespace understudy-system \
+    --set image.tag=test --set operator.watchNamespace=serving \
+    --set operator.replicaTokenSecret=understudy-fence-token \
+  | k apply -n understudy-system -f - >/dev/null
+k apply -f examples/pools/chat.yaml >/dev/null
+k -n understudy-system rollout status deployment/understudy-operator --timeout=120s
+k -n understudy-system rollout status daemonset/understudy-gpu-agent --timeout=120s
+k -n serving rollout status deployment/chat-east --timeout=120s
+k -n serving wait fpol/chat --for=jsonpath='{.status.conditions.Ready.status}'=True --timeout=120s
+# A router is Ready once the operator found it by its label and pushed it the route.
+k -n understudy-system rollout status deployment/understudy-router --timeout=120s
+router=$(k -n understudy-system get pod -l app.kubernetes.io/component=router -o jsonpath='{.items[0].status.podIP}')
+east=$(k -n serving get pod -l pool=east -o jsonpath='{.items[0].metadata.name}')
+answer=$(curl -sS --max-time 10 "http://$router:8080/v1/completions" -H 'content-type: application/json' \
+  -d '{"model": "Qwen/Qwen3-0.6B", "prompt": "The capital of France is", "max_tokens": 4}')
+echo "a completion through router $router, then east's fence ($east): $answer" >&2
+python3 -c 'import json,sys; a=json.loads(sys.argv[1]); assert a["choices"][0]["text"], a' "$answer"
+k -n serving get fpol chat

@@ -127,20 +127,25 @@ const FENCE_TOKEN: &str = "cluster-test-fence-token";
 /// The port of the fence sidecar in front of each replica, in [`TwoPools::start_fenced`].
 const FENCE_PORT: u16 = 8001;
 
-/// [`vllm_deployment`] with the fence sidecar in front of vLLM, as a user runs a pool: it serves
-/// on [`FENCE_PORT`], watches the policy `chat`'s epoch Lease as `pool`, and takes control calls
+/// [`vllm_deployment`] with the fence sidecar in front of vLLM, as `examples/pools/chat.yaml`
+/// runs a pool: vLLM listens on the pod's loopback, and the fence, the one door to it, serves on
+/// [`FENCE_PORT`], watches the policy `chat`'s epoch Lease as `pool`, and takes control calls
 /// with the token in Secret `chat-fence`, under ServiceAccount `chat-fence` ([`fence_access`]).
 fn fenced_deployment(name: &str, replicas: u32, pool: &str) -> Deployment {
     let mut deployment = serde_json::to_value(vllm_deployment(name, replicas)).unwrap();
     let spec = &mut deployment["spec"]["template"]["spec"];
     spec["serviceAccountName"] = "chat-fence".into();
+    let vllm = &mut spec["containers"][0];
+    vllm["args"]
+        .as_array_mut()
+        .unwrap()
+        .extend([json!("--host"), json!("127.0.0.1")]);
+    vllm["readinessProbe"]["httpGet"]["port"] = FENCE_PORT.into();
     spec["containers"].as_array_mut().unwrap().push(json!({
         "name": "fence",
         "image": "ghcr.io/understudy-dev/understudy-router:test",
         "command": ["understudy-router", "fence"],
-        // The pod's own vLLM: in a cluster 0.0.0.0 reaches it through loopback; the emulated
-        // nodes give each pod an address of its own, which they put for 0.0.0.0.
-        "args": ["--listen", "0.0.0.0:8001", "--upstream", "0.0.0.0:8000", "--pool", pool,
+        "args": ["--listen", "0.0.0.0:8001", "--upstream", "127.0.0.1:8000", "--pool", pool,
                  "--policy", "chat", "--lease-poll-ms", "250"],
         "env": [
             {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
@@ -152,11 +157,11 @@ fn fenced_deployment(name: &str, replicas: u32, pool: &str) -> Deployment {
     serde_json::from_value(deployment).unwrap()
 }
 
-/// What the fences of `ns` need: their ServiceAccount, allowed to read the epoch Lease and
-/// nothing else, and the Secret holding their control token.
+/// What the fences of `ns` need: their ServiceAccount, granted the chart's ClusterRole
+/// `understudy-fence` in `ns` alone, and the Secret holding their control token.
 async fn fence_access(client: &Client, ns: &str) {
     use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
-    use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+    use k8s_openapi::api::rbac::v1::RoleBinding;
     let create = PostParams::default();
     let account: ServiceAccount =
         serde_json::from_value(json!({"metadata": {"name": "chat-fence"}})).unwrap();
@@ -164,19 +169,9 @@ async fn fence_access(client: &Client, ns: &str) {
         .create(&create, &account)
         .await
         .unwrap();
-    let role: Role = serde_json::from_value(json!({
-        "metadata": {"name": "chat-fence"},
-        "rules": [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
-                   "resourceNames": ["chat-epoch"], "verbs": ["get", "watch"]}],
-    }))
-    .unwrap();
-    Api::namespaced(client.clone(), ns)
-        .create(&create, &role)
-        .await
-        .unwrap();
     let binding: RoleBinding = serde_json::from_value(json!({
         "metadata": {"name": "chat-fence"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "chat-fence"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "understudy-fence"},
         "subjects": [{"kind": "ServiceAccount", "name": "chat-fence", "namespace": ns}],
     }))
     .unwrap();

@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::Parser;
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use understudy_tests::nodes::{self, Programs, TlsFiles};
+use understudy_tests::nodes::{self, Binary, Programs, TlsFiles};
 
 /// Emulated GPU nodes: a kubelet whose containers are local processes on loopback.
 #[derive(Debug, Parser)]
@@ -32,9 +32,15 @@ struct Args {
     /// The program that runs vLLM images: `vllm-emulator`.
     #[arg(long)]
     vllm: PathBuf,
-    /// The program that runs understudy images: the router's command line.
+    /// The program that runs the router's image (`understudy-router`: the gateway and the fence).
     #[arg(long)]
-    understudy: Option<PathBuf>,
+    router: Option<PathBuf>,
+    /// The program that runs the operator's image (`understudy-operator`).
+    #[arg(long)]
+    operator: Option<PathBuf>,
+    /// The program that runs the prober's image (`understudy-prober`: the GPU agent).
+    #[arg(long)]
+    prober: Option<PathBuf>,
     /// How long the first pull of an image takes on a node, in milliseconds.
     #[arg(long, default_value_t = 1_000)]
     pull_ms: u64,
@@ -84,10 +90,20 @@ async fn main() -> anyhow::Result<()> {
         // Absolute, since each container runs in its pod's own directory.
         programs: Programs {
             vllm: std::fs::canonicalize(&args.vllm).context("--vllm")?,
-            understudy: args
-                .understudy
-                .map(|p| std::fs::canonicalize(&p).context("--understudy"))
-                .transpose()?,
+            understudy: [
+                (Binary::Router, args.router, "--router"),
+                (Binary::Operator, args.operator, "--operator"),
+                (Binary::Prober, args.prober, "--prober"),
+            ]
+            .into_iter()
+            .filter_map(|(binary, path, flag)| {
+                Some(
+                    std::fs::canonicalize(path?)
+                        .context(flag)
+                        .map(|path| (binary, path)),
+                )
+            })
+            .collect::<anyhow::Result<_>>()?,
         },
         pull_time: Duration::from_millis(args.pull_ms),
         restart_backoff: Duration::from_millis(args.restart_backoff_ms),

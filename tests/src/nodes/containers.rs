@@ -19,9 +19,18 @@ use tokio::sync::Mutex;
 pub struct Programs {
     /// Runs every image whose name contains `vllm`: `vllm-emulator`, a drop-in for `vllm serve`.
     pub vllm: PathBuf,
-    /// Runs every image whose name contains `understudy`: the router's command line (`fence`,
-    /// `gateway`). Without it such a container fails to start.
-    pub understudy: Option<PathBuf>,
+    /// Runs understudy's images, each by its binary (`understudy-router`: the gateway and the
+    /// fence; `understudy-operator`; `understudy-prober`). An image whose program is not given
+    /// fails to start.
+    pub understudy: BTreeMap<Binary, PathBuf>,
+}
+
+/// One of understudy's images, by the binary it runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Binary {
+    Router,
+    Operator,
+    Prober,
 }
 
 /// What an image is, here.
@@ -29,8 +38,9 @@ pub struct Programs {
 pub enum Image {
     /// vLLM's OpenAI server, whose entrypoint is `vllm serve`.
     Vllm,
-    /// One of understudy's own images, whose entrypoint is `understudy-router`.
-    Understudy,
+    /// One of understudy's own images, whose entrypoint is its binary: `understudy-operator`,
+    /// `understudy-prober`, or for any other, `understudy-router`.
+    Understudy(Binary),
     /// Anything else (a pause container, say): it runs no process and never exits.
     Inert,
 }
@@ -40,12 +50,42 @@ impl Image {
     pub fn of(image: &str) -> Image {
         if image.contains("vllm") {
             Image::Vllm
+        } else if image.contains("understudy-operator") {
+            Image::Understudy(Binary::Operator)
+        } else if image.contains("understudy-prober") {
+            Image::Understudy(Binary::Prober)
         } else if image.contains("understudy") {
-            Image::Understudy
+            Image::Understudy(Binary::Router)
         } else {
             Image::Inert
         }
     }
+}
+
+/// `text` with the pod's address for every address (`0.0.0.0`) and for loopback (`127.0.0.1`):
+/// here all pods share one network, so a pod's own loopback is its own address.
+fn on_pod_address(text: &str, pod_ip: Ipv4Addr) -> String {
+    let ip = pod_ip.to_string();
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    'scan: while !rest.is_empty() {
+        for address in ["0.0.0.0", "127.0.0.1"] {
+            let whole = |tail: &str| !tail.starts_with(|c: char| c.is_ascii_digit());
+            let starts_a_word = !out.ends_with(|c: char| c.is_ascii_digit() || c == '.');
+            if let Some(tail) = rest.strip_prefix(address)
+                && whole(tail)
+                && starts_a_word
+            {
+                out.push_str(&ip);
+                rest = tail;
+                continue 'scan;
+            }
+        }
+        let mut chars = rest.chars();
+        out.extend(chars.next());
+        rest = chars.as_str();
+    }
+    out
 }
 
 /// Why a container could not be started.
@@ -65,19 +105,19 @@ pub enum StartError {
 
 /// The argument vector the image's program gets: the pod's `command` and `args` with the
 /// image's own executable (`vllm`, `understudy-router`) left out, and the pod's address where
-/// the pod says every address (`0.0.0.0`), since here all pods share one network. vLLM listens
-/// on every address unless told: it is given the pod's.
+/// the pod says every address or loopback ([`on_pod_address`]). vLLM listens on every address
+/// unless told: it is given the pod's.
 #[must_use]
 pub fn argv(image: Image, container: &Container, pod_ip: Ipv4Addr) -> Vec<String> {
     let command = container.command.clone().unwrap_or_default();
     let mut words: Vec<String> = match image {
         Image::Vllm if command.is_empty() => vec!["serve".to_owned()],
-        Image::Vllm | Image::Understudy => command.into_iter().skip(1).collect(),
+        Image::Vllm | Image::Understudy(_) => command.into_iter().skip(1).collect(),
         Image::Inert => command,
     };
     words.extend(container.args.iter().flatten().cloned());
     let ip = pod_ip.to_string();
-    let mut words: Vec<String> = words.iter().map(|w| w.replace("0.0.0.0", &ip)).collect();
+    let mut words: Vec<String> = words.iter().map(|w| on_pod_address(w, pod_ip)).collect();
     if image == Image::Vllm {
         let given = words.iter().any(|w| w == "--host" || w.starts_with("--host="));
         if !given {
@@ -95,7 +135,7 @@ async fn resolve_env(
     var: &EnvVar,
 ) -> Result<String, StartError> {
     if let Some(value) = &var.value {
-        return Ok(value.replace("0.0.0.0", &pod_ip.to_string()));
+        return Ok(on_pod_address(value, pod_ip));
     }
     let Some(from) = &var.value_from else {
         return Ok(String::new());
@@ -154,6 +194,90 @@ pub async fn environment(
         env.insert(var.name.clone(), resolve_env(client, pod, pod_ip, var).await?);
     }
     Ok(env)
+}
+
+/// Where each of a container's volume mounts lies here, longest mount path first: a secret's,
+/// config map's or emptyDir volume is a directory of the pod's own (`volumes/<name>`), the keys
+/// of a secret or config map written into it as files (only its `items`, when it names them); a
+/// hostPath volume is the host's own path. Other kinds are not emulated: their mounts are left
+/// where the container asks.
+pub async fn mounts(
+    client: &Client,
+    pod: &Pod,
+    dir: &Path,
+    container: &Container,
+) -> Result<Vec<(String, PathBuf)>, StartError> {
+    let namespace = pod.namespace().unwrap_or_default();
+    let volumes = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.volumes.clone())
+        .unwrap_or_default();
+    let mut mounts = Vec::new();
+    for mount in container.volume_mounts.iter().flatten() {
+        let missing = |what: String| StartError::Env(format!("volume {}: {what}", mount.name));
+        let Some(volume) = volumes.iter().find(|v| v.name == mount.name) else {
+            return Err(missing("not in the pod".to_owned()));
+        };
+        if let Some(host) = &volume.host_path {
+            mounts.push((mount.mount_path.clone(), PathBuf::from(&host.path)));
+            continue;
+        }
+        let local = dir.join("volumes").join(&volume.name);
+        let io = |e: std::io::Error| missing(e.to_string());
+        tokio::fs::create_dir_all(&local).await.map_err(io)?;
+        let (data, items): (BTreeMap<String, Vec<u8>>, _) = if let Some(from) = &volume.secret {
+            let name = from.secret_name.clone().unwrap_or_default();
+            let secret = Api::<Secret>::namespaced(client.clone(), &namespace)
+                .get(&name)
+                .await
+                .map_err(|e| missing(format!("secret {name}: {e}")))?;
+            let data = secret.data.unwrap_or_default();
+            (
+                data.into_iter().map(|(k, v)| (k, v.0)).collect(),
+                from.items.clone(),
+            )
+        } else if let Some(from) = &volume.config_map {
+            let map = Api::<ConfigMap>::namespaced(client.clone(), &namespace)
+                .get(&from.name)
+                .await
+                .map_err(|e| missing(format!("configmap {}: {e}", from.name)))?;
+            let data = map.data.unwrap_or_default();
+            (
+                data.into_iter().map(|(k, v)| (k, v.into_bytes())).collect(),
+                from.items.clone(),
+            )
+        } else if volume.empty_dir.is_some() {
+            (BTreeMap::new(), None)
+        } else {
+            continue;
+        };
+        let files: Vec<(String, String)> = match items {
+            Some(items) => items.into_iter().map(|i| (i.key, i.path)).collect(),
+            None => data.keys().map(|k| (k.clone(), k.clone())).collect(),
+        };
+        for (key, path) in files {
+            let bytes = data.get(&key).ok_or_else(|| missing(format!("no key {key}")))?;
+            tokio::fs::write(local.join(&path), bytes).await.map_err(io)?;
+        }
+        mounts.push((mount.mount_path.clone(), local));
+    }
+    mounts.sort_by_key(|(at, _)| std::cmp::Reverse(at.len()));
+    Ok(mounts)
+}
+
+/// `word` with a mount's path at its start put where the mount lies here.
+#[must_use]
+pub fn on_mounts(word: &str, mounts: &[(String, PathBuf)]) -> String {
+    for (at, local) in mounts {
+        let at = at.trim_end_matches('/');
+        if let Some(rest) = word.strip_prefix(at)
+            && (rest.is_empty() || rest.starts_with('/'))
+        {
+            return format!("{}{rest}", local.display());
+        }
+    }
+    word.to_owned()
 }
 
 /// One container's log, each line stamped with the time it was read, as the kubelet's CRI log
@@ -285,11 +409,53 @@ mod tests {
     }
 
     #[test]
-    fn an_understudy_image_runs_the_routers_command_line() {
-        let c = container(&["understudy-router", "fence"], &["--listen", "0.0.0.0:8001"]);
+    fn an_understudy_image_runs_its_binarys_command_line_on_the_pods_addresses() {
+        let c = container(
+            &["understudy-router", "fence"],
+            &["--listen", "0.0.0.0:8001", "--upstream", "127.0.0.1:8000"],
+        );
         assert_eq!(
-            argv(Image::Understudy, &c, IP),
-            ["fence", "--listen", "127.0.0.12:8001"]
+            argv(Image::Understudy(Binary::Router), &c, IP),
+            [
+                "fence",
+                "--listen",
+                "127.0.0.12:8001",
+                "--upstream",
+                "127.0.0.12:8000"
+            ]
+        );
+        // The chart gives only `args`, for the image's entrypoint.
+        let c = container(&[], &["agent", "--admin-addr", "0.0.0.0:9400"]);
+        assert_eq!(
+            argv(Image::Understudy(Binary::Prober), &c, IP),
+            ["agent", "--admin-addr", "127.0.0.12:9400"]
+        );
+    }
+
+    #[test]
+    fn a_path_under_a_mount_is_where_the_mount_lies() {
+        let mounts = vec![
+            (
+                "/var/run/understudy/token".to_owned(),
+                PathBuf::from("/pods/p/volumes/token"),
+            ),
+            ("/var/run".to_owned(), PathBuf::from("/pods/p/volumes/run")),
+        ];
+        assert_eq!(
+            on_mounts("/var/run/understudy/token/token", &mounts),
+            "/pods/p/volumes/token/token"
+        );
+        assert_eq!(on_mounts("/var/run/x", &mounts), "/pods/p/volumes/run/x");
+        assert_eq!(on_mounts("/var/running", &mounts), "/var/running");
+        assert_eq!(on_mounts("--flag", &mounts), "--flag");
+    }
+
+    #[test]
+    fn only_whole_addresses_become_the_pods() {
+        let args = "0.0.0.0:1 127.0.0.1 127.0.0.12 10.127.0.0.1 http://127.0.0.1:8000/v1";
+        assert_eq!(
+            on_pod_address(args, IP),
+            "127.0.0.12:1 127.0.0.12 127.0.0.12 10.127.0.0.1 http://127.0.0.12:8000/v1"
         );
     }
 
@@ -298,7 +464,15 @@ mod tests {
         assert_eq!(Image::of("vllm/vllm-openai:v0.11.0"), Image::Vllm);
         assert_eq!(
             Image::of("ghcr.io/understudy-dev/understudy-router:0.1"),
-            Image::Understudy
+            Image::Understudy(Binary::Router)
+        );
+        assert_eq!(
+            Image::of("ghcr.io/understudy-dev/understudy-operator:0.1"),
+            Image::Understudy(Binary::Operator)
+        );
+        assert_eq!(
+            Image::of("understudy-prober:test"),
+            Image::Understudy(Binary::Prober)
         );
         assert_eq!(Image::of("registry.k8s.io/pause:3.10"), Image::Inert);
     }

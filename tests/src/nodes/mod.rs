@@ -34,7 +34,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 
-pub use containers::Programs;
+pub use containers::{Binary, Programs};
 pub use logs::TlsFiles;
 
 /// What the emulated nodes are and what they run.

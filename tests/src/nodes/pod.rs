@@ -332,8 +332,8 @@ impl PodRun {
         let program = match image {
             Image::Inert => None,
             Image::Vllm => Some(self.kubelet.config.programs.vllm.clone()),
-            Image::Understudy => {
-                let program = self.kubelet.config.programs.understudy.clone();
+            Image::Understudy(binary) => {
+                let program = self.kubelet.config.programs.understudy.get(&binary).cloned();
                 let program =
                     program.ok_or_else(|| StartError::NoProgram(spec.image.clone().unwrap_or_default()))?;
                 env.insert("KUBECONFIG".to_owned(), self.service_account_kubeconfig().await?);
@@ -350,7 +350,14 @@ impl PodRun {
                 .map_err(|e| StartError::Env(e.to_string()))?;
         }
         if let Some(program) = program {
-            let argv = containers::argv(image, &spec, self.ip);
+            let mounts = containers::mounts(&client, &self.pod, &self.dir, &spec).await?;
+            let argv: Vec<String> = containers::argv(image, &spec, self.ip)
+                .iter()
+                .map(|word| containers::on_mounts(word, &mounts))
+                .collect();
+            for value in env.values_mut() {
+                *value = containers::on_mounts(value, &mounts);
+            }
             let mut child = containers::spawn(&program, &argv, &env, &self.dir, &container.log)?;
             container.pid = child.id();
             let (kill, killed) = oneshot::channel::<()>();
