@@ -38,8 +38,8 @@ use understudy_router::fence_fault::{FAULT_PATH, FenceFault, MAX_FAULT_SECONDS};
 use super::{DRIFT_VARIABLE, PolicyCommand, PolicyView, RunConfig, RunMachine, StopLimits, instant, load};
 use crate::controller::{COMMAND_ANNOTATION, CONTROLLER_NAME, Clock, SystemClock, rfc3339};
 use crate::crd::{
-    ConcurrencyPolicy, FailoverPolicy, Fault, GameDay, GameDayRun, GameDayStatus, RequestCounts, RunPhase,
-    RunTrigger, Verdict, WorkloadKind,
+    ConcurrencyPolicy, FailoverPolicy, Fault, GameDay, GameDayRun, GameDayStatus, PoolSpec, RequestCounts,
+    RunPhase, RunTrigger, Verdict, WorkloadKind,
 };
 use crate::cron::CronSchedule;
 use crate::observe::{KubeReplicas, replica_endpoint};
@@ -724,13 +724,9 @@ async fn crash(
     policy: &FailoverPolicy,
     pool: &str,
 ) -> Result<Vec<String>, Error> {
-    let Some(spec) = policy.spec.pools.iter().find(|p| p.name == pool) else {
+    let Some((_, pods)) = pool_pods(ctx, namespace, policy, pool).await? else {
         return Ok(Vec::new());
     };
-    let pods = KubeReplicas::new(ctx.client.clone())
-        .pods(namespace, spec)
-        .await
-        .map_err(|error| Error::Inject(error.to_string()))?;
     let api: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
     let now = DeleteParams {
         grace_period_seconds: Some(0),
@@ -841,6 +837,24 @@ async fn give_command(
     }
 }
 
+/// The pool named `pool` and its serving pods, whatever their phase; `None` for a pool the
+/// policy does not name.
+async fn pool_pods<'a>(
+    ctx: &Context,
+    namespace: &str,
+    policy: &'a FailoverPolicy,
+    pool: &str,
+) -> Result<Option<(&'a PoolSpec, Vec<Pod>)>, Error> {
+    let Some(spec) = policy.spec.pools.iter().find(|p| p.name == pool) else {
+        return Ok(None);
+    };
+    let pods = KubeReplicas::new(ctx.client.clone())
+        .pods(namespace, spec)
+        .await
+        .map_err(|error| Error::Inject(error.to_string()))?;
+    Ok(Some((spec, pods)))
+}
+
 /// Has the fences of `pool`'s running replicas play `fault` (for at most the duration given), or
 /// take their fault away (`None`); the pods whose fences did. Every fence must take a fault; a
 /// fence that has no fault endpoint (404: the pool's port is vLLM's own, with no fence in front)
@@ -852,13 +866,9 @@ async fn set_fence_fault(
     pool: &str,
     fault: Option<(FenceFault, Duration)>,
 ) -> Result<Vec<String>, Error> {
-    let Some(spec) = policy.spec.pools.iter().find(|p| p.name == pool) else {
+    let Some((spec, pods)) = pool_pods(ctx, namespace, policy, pool).await? else {
         return Ok(Vec::new());
     };
-    let pods = KubeReplicas::new(ctx.client.clone())
-        .pods(namespace, spec)
-        .await
-        .map_err(|error| Error::Inject(error.to_string()))?;
     let body = serde_json::json!({
         "fault": fault.map(|(fault, _)| fault),
         "seconds": fault.map_or(1, |(_, lasting)| lasting.as_secs().clamp(1, MAX_FAULT_SECONDS)),
