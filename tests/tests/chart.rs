@@ -1,7 +1,8 @@
 //! The chart's values agree with its schema, its README and its templates: every value in
 //! `values.yaml` is in `values.schema.json` (and every schema property in `values.yaml`), every
-//! value is in the README's table, and every value a template reads exists. Rendering, `helm
-//! lint` and installing the chart are the cluster tier's (`tests/cluster/e2e.sh`).
+//! value is in the README's table, and every value a template reads exists; and the dashboard
+//! and the alerts query only metrics the binaries export. Rendering, `helm lint` and installing
+//! the chart are the cluster tier's (`tests/cluster/e2e.sh`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -147,4 +148,69 @@ fn the_template_scan_reads_dotted_values_and_the_variables_that_hold_them() {
         "router.port",
     ];
     assert_eq!(read, expected.iter().map(ToString::to_string).collect());
+}
+
+/// The metric names `text` queries: `understudy_…` and `DCGM_…` words.
+fn metrics_in(text: &str) -> BTreeSet<String> {
+    let mut found = BTreeSet::new();
+    for prefix in ["understudy_", "DCGM_"] {
+        for (at, _) in text.match_indices(prefix) {
+            let before = text[..at].chars().next_back();
+            if before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_') {
+                continue;
+            }
+            let rest = &text[at..];
+            let end = rest
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(rest.len());
+            found.insert(rest[..end].to_owned());
+        }
+    }
+    found
+}
+
+/// Whether a binary exports `metric`: its name, less a histogram's or counter's suffix and less
+/// the registry's `understudy_` prefix, is written as a string in the binaries' sources.
+fn exported(metric: &str, sources: &str) -> bool {
+    let base = ["_bucket", "_sum", "_count", "_total"]
+        .iter()
+        .find_map(|suffix| metric.strip_suffix(suffix))
+        .unwrap_or(metric);
+    let unprefixed = base.strip_prefix("understudy_").unwrap_or(base);
+    [metric, base, unprefixed]
+        .iter()
+        .any(|name| sources.contains(&format!("\"{name}\"")) || sources.contains(&format!("\"{name}{{")))
+}
+
+#[test]
+fn the_dashboard_and_the_alerts_query_only_metrics_the_binaries_export() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut sources = String::new();
+    for dir in ["operator/src", "router/src", "prober/src"] {
+        let mut stack = vec![root.join(dir)];
+        while let Some(dir) = stack.pop() {
+            for entry in std::fs::read_dir(&dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    stack.push(path);
+                } else if path.extension().is_some_and(|e| e == "rs") {
+                    sources.push_str(&std::fs::read_to_string(&path).unwrap());
+                }
+            }
+        }
+    }
+    let dashboard = std::fs::read_to_string(chart().join("dashboards/understudy.json")).unwrap();
+    let parsed: Json = serde_json::from_str(&dashboard).unwrap();
+    assert!(parsed["panels"].as_array().is_some_and(|p| p.len() >= 10));
+    let alerts = std::fs::read_to_string(chart().join("templates/prometheusrule.yaml")).unwrap();
+    let queried: BTreeSet<String> = metrics_in(&dashboard)
+        .into_iter()
+        .chain(metrics_in(&alerts))
+        .collect();
+    assert!(queried.len() > 10, "{queried:?}");
+    let unknown: Vec<&String> = queried.iter().filter(|m| !exported(m, &sources)).collect();
+    assert!(
+        unknown.is_empty(),
+        "queried and exported by no binary: {unknown:?}"
+    );
 }
