@@ -171,7 +171,8 @@ impl Faults {
 
 /// The answer to a completion under `wrong-answers`, made from the request: the shape its path
 /// and `stream` ask for (a chat or text completion, JSON or server-sent events), its model, and
-/// [`WRONG_ANSWER`] for text. `None` for a path that is not a completion, which goes through.
+/// [`WRONG_ANSWER`] for text. A path that is not a completion is given back (`Err`), to go
+/// through.
 pub async fn wrong_answer(req: Request<Incoming>) -> Result<Response<RouterBody>, Request<Incoming>> {
     let chat = match req.uri().path().trim_end_matches('/') {
         "/v1/chat/completions" => true,
