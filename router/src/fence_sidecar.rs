@@ -17,8 +17,8 @@
 //! partitioned old primary that comes back fences itself before it serves again.
 //!
 //! What this module must never do: let a client's generation through while fenced, let a
-//! control call through without the token, or refuse a probe or the operator's control call because of the
-//! fence.
+//! control call through without the token, or refuse a probe or the operator's control call
+//! because of the fence.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -243,8 +243,12 @@ impl Fence {
                         .insert(NOT_SERVED_HEADER, HeaderValue::from_static("fenced"));
                     return resp;
                 }
-                self.hang_if_asked().await;
-                if self.faults.current() == Some(FenceFault::WrongAnswers) {
+                let mut fault = self.faults.current();
+                if fault == Some(FenceFault::Hang) {
+                    self.faults.hang().await;
+                    fault = self.faults.current();
+                }
+                if fault == Some(FenceFault::WrongAnswers) {
                     return match wrong_answer(req).await {
                         Ok(wrong) => wrong,
                         Err(req) => self.forward(req).await,
