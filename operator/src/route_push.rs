@@ -37,6 +37,7 @@ use crate::crd::{FailoverPolicy, PoolSpec};
 use crate::observe::ReplicaEndpoints;
 use crate::peers::Routers;
 use understudy_prober::http1;
+use understudy_prober::probe::Bearer;
 
 /// Who carries the route and admission steps when routers are configured.
 pub const CARRIED_BY: &str = "router";
@@ -134,7 +135,7 @@ impl FromStr for RouterAdminUrl {
 
 /// The routers' admin bearer token. Never printed.
 #[derive(Clone)]
-pub struct RouterToken(Arc<str>);
+pub struct RouterToken(Bearer);
 
 impl fmt::Debug for RouterToken {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -145,8 +146,7 @@ impl fmt::Debug for RouterToken {
 impl RouterToken {
     /// The token from its text; a trailing newline, as files have, is dropped.
     pub fn new(text: &str) -> Option<Self> {
-        let text = text.trim();
-        (!text.is_empty()).then(|| RouterToken(text.into()))
+        Bearer::new(text).map(RouterToken)
     }
 
     /// Reads the token from `path`, once, at start.
@@ -797,7 +797,7 @@ async fn exchange_at(
         port: router.port,
         method,
         target: &target,
-        bearer: Some(&token.0),
+        bearer: Some(token.0.secret()),
         json: body,
     })
     .await
