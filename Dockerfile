@@ -32,7 +32,7 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
 
 FROM source AS build-emulator
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
-    cargo build --release --locked -p understudy-gameday --bin vllm-emulator
+    cargo build --release --locked -p understudy-emulator --bin vllm-emulator
 
 FROM gcr.io/distroless/cc-debian12:nonroot AS operator
 COPY --from=build-operator /src/target/release/understudy-operator /usr/local/bin/understudy-operator

@@ -5,10 +5,10 @@
 //! driving a local executor, load, faults and a report; the policy simulator ([`simulate`]), which
 //! runs a failure schedule through the real failover state machine for what-if questions; the
 //! recovery [`plan`], which times a standby pool's tiers against the recovery objective; and the
-//! vLLM-compatible [`emulator`] (with its faults and a small load generator) that every other part
-//! is tested against. Scheduled GameDay resources on a cluster are the operator's.
+//! data-path [`soak`]. The replicas it starts are the vLLM emulator (`understudy-emulator`), run as
+//! this binary's `emulator` subcommand. Scheduled GameDay resources on a cluster are the
+//! operator's.
 
-pub mod emulator;
 pub mod local;
 pub mod plan;
 pub mod simulate;

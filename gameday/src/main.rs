@@ -182,7 +182,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             understudy_router::cli::run(argv)
         }
         Command::Emulator { args } => {
-            let code = understudy_gameday::emulator::run_to_exit(&args).context("emulator")?;
+            let code = understudy_emulator::run_to_exit(&args).context("emulator")?;
             std::process::exit(code);
         }
         Command::Simulate {

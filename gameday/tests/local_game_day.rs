@@ -16,8 +16,9 @@ const SHORT_CRASH: &str = include_str!("../../examples/gamedays/local/short-cras
 fn options() -> RunOptions {
     RunOptions {
         launcher: Launcher {
-            program: PathBuf::from(env!("CARGO_BIN_EXE_vllm-emulator")),
-            prefix: Vec::new(),
+            // The emulator as `understudy-gameday run` starts it: this binary's `emulator` subcommand.
+            program: PathBuf::from(env!("CARGO_BIN_EXE_understudy-gameday")),
+            prefix: vec!["emulator".to_owned()],
         },
         router: Launcher {
             program: PathBuf::from(env!("CARGO_BIN_EXE_understudy-gameday")),

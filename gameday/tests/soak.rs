@@ -13,8 +13,8 @@ use understudy_gameday::soak::{self, SoakConfig, SoakFault, SoakReport};
 
 async fn soak(drain_delay: Duration) -> SoakReport {
     let emulator = Launcher {
-        program: PathBuf::from(env!("CARGO_BIN_EXE_vllm-emulator")),
-        prefix: Vec::new(),
+        program: PathBuf::from(env!("CARGO_BIN_EXE_understudy-gameday")),
+        prefix: vec!["emulator".to_owned()],
     };
     let router = Launcher {
         program: PathBuf::from(env!("CARGO_BIN_EXE_understudy-gameday")),

@@ -23,8 +23,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-pub use understudy_router::serve::Limits;
-use understudy_router::serve::serve_service_until;
+pub use understudy_listener::Limits;
+use understudy_listener::serve_service_until;
 
 use crate::metrics::Metrics;
 use crate::watchdog::{Stall, Watchdog};

@@ -19,7 +19,7 @@ use std::time::Duration;
 use k8s_openapi::jiff::Timestamp;
 
 use crate::controller::{COMMAND_ANNOTATION, HandledCommand, pending_command, rfc3339};
-use understudy_router::fence_fault::FenceFault;
+use understudy_api::fence_fault::FenceFault;
 
 use crate::crd::{
     Condition, ConditionStatus, FailoverPolicy, FailoverTimeline, Fault, GameDayFailbackMode, GameDayRun,

@@ -21,8 +21,8 @@ use tokio::net::TcpListener;
 use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
 use understudy_core::Pool;
-pub use understudy_router::serve::Limits;
-use understudy_router::serve::serve_service_until;
+pub use understudy_listener::Limits;
+use understudy_listener::serve_service_until;
 
 use crate::probe::{self, Endpoint, ProbeSpec};
 use crate::report::{PoolRound, ProberMetrics, RoundDocument};

@@ -29,7 +29,7 @@ use axum::routing::get;
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-use understudy_router::serve::{Limits, serve_service_until};
+use understudy_listener::{Limits, serve_service_until};
 
 use crate::gpu::{GpuInventory, GpuState, GpuVerdict, NodeHealth, Thresholds};
 use crate::podresources::{self, PodDevices};

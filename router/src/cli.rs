@@ -28,9 +28,9 @@ use crate::gateway::{Gateway, GatewayConfig, housekeeping};
 use crate::highest_epoch::StateFile;
 use crate::metrics::Metrics;
 use crate::retry::RetryLimits;
-use crate::serve::{Limits, serve_until};
 use crate::table::RouteTable;
 use crate::waiting_room::WaitingRoomConfig;
+use understudy_listener::{Limits, serve_until};
 
 #[derive(Parser, Debug)]
 #[command(name = "understudy-router", version, about = "understudy's data path")]

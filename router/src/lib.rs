@@ -28,7 +28,6 @@ pub mod metrics;
 pub mod path;
 pub mod refusal;
 pub mod retry;
-pub mod serve;
 pub mod signals;
 pub mod table;
 pub mod upstream;

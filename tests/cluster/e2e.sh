@@ -17,7 +17,7 @@ test_args=()
 echo "building the operator, the prober, the emulator, the emulated nodes and kubectl-understudy ..." >&2
 cargo build -q --locked -p understudy-operator --bin understudy-operator
 cargo build -q --locked -p understudy-prober --bin understudy-prober
-cargo build -q --locked -p understudy-gameday --bin vllm-emulator
+cargo build -q --locked -p understudy-emulator --bin vllm-emulator
 cargo build -q --locked -p understudy-tests --bins
 cargo build -q --locked -p understudy-cli --bin kubectl-understudy
 target=$(cargo metadata -q --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/debug

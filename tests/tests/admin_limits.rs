@@ -11,11 +11,11 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use understudy_listener::Limits;
 use understudy_operator::admin::{self as operator_admin, Readiness};
 use understudy_operator::metrics::Metrics;
 use understudy_operator::watchdog::Watchdog;
 use understudy_prober::admin::{self as prober_admin, Published};
-use understudy_router::serve::Limits;
 
 /// One connection at a time, and a head within a second.
 const TIGHT: Limits = Limits {

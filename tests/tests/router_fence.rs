@@ -14,9 +14,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use router_support::{Emulator, FenceSidecar, MODEL, Router, completion, request, route, streamed_text};
+use understudy_api::fence_fault::{FAULT_PATH, WRONG_ANSWER};
 use understudy_api::lease::{EpochLease, LeaseError, LeaseRecord, MemoryLease, Unreachable};
 use understudy_core::Epoch;
-use understudy_router::fence_fault::{FAULT_PATH, WRONG_ANSWER};
 use understudy_router::fence_sidecar::LeaseSource;
 use understudy_router::gateway::GatewayConfig;
 use understudy_tests::ClosedPort;

@@ -31,9 +31,9 @@ use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use understudy_api::FIELD_MANAGER;
+use understudy_api::fence_fault::{FAULT_PATH, FenceFault, MAX_FAULT_SECONDS};
 use understudy_prober::http1;
 use understudy_prober::probe::Bearer;
-use understudy_router::fence_fault::{FAULT_PATH, FenceFault, MAX_FAULT_SECONDS};
 
 use super::{DRIFT_VARIABLE, PolicyCommand, PolicyView, RunConfig, RunMachine, StopLimits, instant, load};
 use crate::controller::{COMMAND_ANNOTATION, CONTROLLER_NAME, Clock, SystemClock, rfc3339};

@@ -9,7 +9,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
-use understudy_gameday::emulator::local::LocalEmulator;
+use understudy_emulator::local::LocalEmulator;
 use understudy_prober::probe::Endpoint;
 
 pub const MODEL: &str = "Qwen/Qwen3-0.6B";

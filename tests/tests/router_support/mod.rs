@@ -9,13 +9,13 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use understudy_gameday::emulator::local::LocalEmulator;
+use understudy_emulator::local::LocalEmulator;
+use understudy_listener::serve;
 use understudy_router::admin::{Admin, AdminToken};
 use understudy_router::fence_sidecar::{Fence, FenceState, LeaseSource, watch_lease};
 use understudy_router::gateway::{Gateway, GatewayConfig};
 use understudy_router::highest_epoch::StateFile;
 use understudy_router::metrics::Metrics;
-use understudy_router::serve::serve;
 use understudy_router::table::RouteTable;
 
 pub const MODEL: &str = "Qwen/Qwen3-0.6B";

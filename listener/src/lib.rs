@@ -3,7 +3,11 @@
 //! request: on `stop`, no new connection is taken, every open one finishes the request it is in
 //! and closes, and [`serve_until`] returns once the last has.
 //!
-//! This module must never decide anything about a request; it only moves connections. It must
+//! Every server in understudy runs on it: the router's gateway and admin ports and the fence, the
+//! prober's and the operator's admin ports, the GPU agent and the vLLM emulator. It is a crate of
+//! its own so that none of them links the data path for a listener.
+//!
+//! This crate must never decide anything about a request; it only moves connections. It must
 //! never let a client hold a connection open without sending (a head has a deadline, and so has
 //! the wait for the next one), nor take more connections than its cap.
 
@@ -22,8 +26,6 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-
-use crate::body::RouterBody;
 
 /// How a listener bounds its clients.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,10 +55,13 @@ retry-after: 1\r\nconnection: close\r\ncontent-length: 84\r\n\r\n\
 {\"error\": {\"message\": \"too many connections\", \"type\": \"over_capacity\", \"code\": 503}}";
 
 /// Serves `listener` with `handle` within the default [`Limits`], until the process ends.
-pub async fn serve<F, Fut>(listener: TcpListener, handle: F)
+pub async fn serve<F, Fut, B>(listener: TcpListener, handle: F)
 where
     F: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
-    Fut: Future<Output = Response<RouterBody>> + Send + 'static,
+    Fut: Future<Output = Response<B>> + Send + 'static,
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     serve_until(listener, handle, Limits::default(), CancellationToken::new()).await;
 }

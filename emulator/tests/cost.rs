@@ -6,11 +6,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
-use understudy_gameday::emulator::EmulatorConfig;
-use understudy_gameday::emulator::engine::{Engine, Event, GenerationRequest};
-use understudy_gameday::emulator::generate::{Sampling, tokenize};
-use understudy_gameday::emulator::log::Log;
-use understudy_gameday::emulator::sleep::{PauseMode, SleepLevel};
+use understudy_emulator::EmulatorConfig;
+use understudy_emulator::engine::{Engine, Event, GenerationRequest};
+use understudy_emulator::generate::{Sampling, tokenize};
+use understudy_emulator::log::Log;
+use understudy_emulator::sleep::{PauseMode, SleepLevel};
 
 fn engine(flags: &str) -> Arc<Engine> {
     let argv: Vec<String> = format!("serve m --enable-sleep-mode {flags}")

@@ -2,10 +2,10 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod emulator_support;
+mod support;
 
-use emulator_support::{Emulator, MODEL, completion_body, metrics, parse_prometheus, sample};
 use serde_json::{Value, json};
+use support::{Emulator, MODEL, completion_body, metrics, parse_prometheus, sample};
 
 #[test]
 fn a_completion_stream_ends_with_the_usage_chunk_then_done() {

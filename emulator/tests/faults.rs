@@ -2,15 +2,13 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod emulator_support;
+mod support;
 
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use emulator_support::{
-    CONTROL_PORT as CONTROL, Emulator, OpenStream, completion_body, request, try_request,
-};
 use serde_json::json;
+use support::{CONTROL_PORT as CONTROL, Emulator, OpenStream, completion_body, request, try_request};
 
 #[test]
 fn the_control_endpoint_is_not_on_the_api_port() {

@@ -2,12 +2,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod emulator_support;
+mod support;
 
 use std::time::{Duration, Instant};
 
-use emulator_support::{Emulator, OpenStream, completion_body, metrics, sample};
 use serde_json::json;
+use support::{Emulator, OpenStream, completion_body, metrics, sample};
 
 const DEV: &[(&str, &str)] = &[("VLLM_SERVER_DEV_MODE", "1")];
 

@@ -4,11 +4,11 @@
 
 use std::sync::Arc;
 
-use understudy_gameday::emulator::EmulatorConfig;
-use understudy_gameday::emulator::engine::{Engine, Event, GenerationRequest};
-use understudy_gameday::emulator::faults::Fault;
-use understudy_gameday::emulator::generate::{Sampling, is_model_token, tokenize};
-use understudy_gameday::emulator::log::Log;
+use understudy_emulator::EmulatorConfig;
+use understudy_emulator::engine::{Engine, Event, GenerationRequest};
+use understudy_emulator::faults::Fault;
+use understudy_emulator::generate::{Sampling, is_model_token, tokenize};
+use understudy_emulator::log::Log;
 
 fn engine() -> Arc<Engine> {
     let argv: Vec<String> = "serve m --emu-zero-cost"

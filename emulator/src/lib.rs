@@ -36,7 +36,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use understudy_router::serve::{Limits, serve_service_until};
+use understudy_listener::{Limits, serve_service_until};
 
 use self::api::{AppState, ServerInfo};
 use self::args::ServeArgs;

@@ -1,5 +1,5 @@
 //! `emulator-load`: a small closed-loop HTTP load generator for the emulator benchmark
-//! (`gameday/benches/emulator.sh`). Each worker keeps one connection open and sends completions
+//! (`emulator/benches/emulator.sh`). Each worker keeps one connection open and sends completions
 //! back to back; the result is one JSON line with requests/s and latency percentiles.
 
 use std::time::{Duration, Instant};

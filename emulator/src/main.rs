@@ -5,6 +5,6 @@ use anyhow::Context;
 
 fn main() -> anyhow::Result<()> {
     let argv: Vec<String> = std::env::args().skip(1).collect();
-    let code = understudy_gameday::emulator::run_to_exit(&argv).context("vllm-emulator")?;
+    let code = understudy_emulator::run_to_exit(&argv).context("vllm-emulator")?;
     std::process::exit(code);
 }

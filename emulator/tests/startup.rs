@@ -2,13 +2,13 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod emulator_support;
+mod support;
 
 use std::net::TcpStream;
 use std::time::Duration;
 
-use emulator_support::{Emulator, OpenStream, completion_body, try_request};
 use regex::Regex;
+use support::{Emulator, OpenStream, completion_body, try_request};
 
 fn captured(line: &str, pattern: &str) -> f64 {
     let re = Regex::new(pattern).unwrap();

@@ -8,11 +8,11 @@ use std::time::Duration;
 
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
-use understudy_gameday::emulator::EmulatorConfig;
-use understudy_gameday::emulator::engine::{Engine, Event, FinishReason, GenerationRequest};
-use understudy_gameday::emulator::generate::{Sampling, tokenize};
-use understudy_gameday::emulator::log::Log;
-use understudy_gameday::emulator::sleep::{PauseMode, SleepLevel};
+use understudy_emulator::EmulatorConfig;
+use understudy_emulator::engine::{Engine, Event, FinishReason, GenerationRequest};
+use understudy_emulator::generate::{Sampling, tokenize};
+use understudy_emulator::log::Log;
+use understudy_emulator::sleep::{PauseMode, SleepLevel};
 
 const COST: &str = "--emu-prefill-s-per-token=0.001 --emu-prefill-overhead-s=0 --emu-decode-s-per-token=0.01 \
                     --emu-decode-batch-slowdown=0 --emu-weights-gib=1 --emu-host-gib-per-s=1 --emu-wake-alloc-s=0.1";

@@ -6,7 +6,7 @@
 #   2. per streamed token: 64-token streams against 1-token streams;
 #   3. how many replicas fit on this machine: N replicas with the default cost model, each under
 #      one closed-loop client, mean latency against a lone replica's (1.00 = no interference).
-# It reports; it asserts nothing. Usage: gameday/benches/emulator.sh [SECONDS] [REPLICA COUNTS...]
+# It reports; it asserts nothing. Usage: emulator/benches/emulator.sh [SECONDS] [REPLICA COUNTS...]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -21,7 +21,7 @@ if ! command -v taskset >/dev/null || ! command -v python3 >/dev/null; then
   $SUDO apt-get update -qq && $SUDO apt-get install -y -qq util-linux python3 >/dev/null
 fi
 
-cargo build -q --release -p understudy-gameday --bin vllm-emulator --bin emulator-load
+cargo build -q --release -p understudy-emulator --bin vllm-emulator --bin emulator-load
 EMU=target/release/vllm-emulator
 LOAD=target/release/emulator-load
 CORES=$(nproc)
