@@ -12,7 +12,7 @@ use kube::{CustomResource, KubeSchema, core::Rule};
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Serialize};
 
-use understudy_core::drive::StandbyShape;
+use understudy_core::quorum::StandbyShape;
 use understudy_core::recovery::{self, Mix, Stage, Standby};
 
 use crate::route::StreamContract;

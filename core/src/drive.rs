@@ -26,59 +26,8 @@ use std::time::Duration;
 use crate::failover::{
     Action, ControlPlane, Event, FailoverConfig, FailoverState, Input, Phase, Promotion, Step, StepFailure,
 };
+use crate::quorum::{SleepLevel, StandbyShape};
 use crate::{Epoch, Pool};
-
-/// A vLLM sleep level: 1 keeps the weights in host memory, 2 discards them (a wake reloads them).
-pub type SleepLevel = u8;
-
-/// How one pool's replicas wait while it is the standby, which is what a promotion of it has to
-/// bring up: hot replicas are awake already, warm ones sleep, pilot-light ones are not running.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct StandbyShape {
-    /// Replicas the pool serves with as the primary.
-    pub replicas: u32,
-    /// Replicas asleep through vLLM's sleep mode.
-    pub warm: u32,
-    /// The deepest level the warm replicas sleep at; a level-2 wake also serves level 1.
-    pub sleep_level: SleepLevel,
-    /// Replicas not running, grown on promotion.
-    pub pilot_light: u32,
-    /// Replicas that must serve before the pool is routed, when the policy says
-    /// (`minServingFraction`); a majority otherwise.
-    pub min_serving: Option<u32>,
-}
-
-impl StandbyShape {
-    /// A pool whose every replica waits awake.
-    #[must_use]
-    pub fn hot(replicas: u32) -> StandbyShape {
-        StandbyShape {
-            replicas,
-            warm: 0,
-            sleep_level: 1,
-            pilot_light: 0,
-            min_serving: None,
-        }
-    }
-
-    /// Replicas that must serve before the promoted pool is routed: the policy's share, else
-    /// [`serving_quorum`] of all.
-    #[must_use]
-    pub fn serving_quorum(&self) -> u32 {
-        self.min_serving.map_or_else(
-            || serving_quorum(self.replicas),
-            |n| n.clamp(1, self.replicas.max(1)),
-        )
-    }
-}
-
-/// Of `replicas`, how many must serve for the pool to serve: more than half. Waiting for the last
-/// pilot-light replica's cold start would stretch the outage, and the admission window shields a
-/// partly grown primary.
-#[must_use]
-pub fn serving_quorum(replicas: u32) -> u32 {
-    replicas / 2 + 1
-}
 
 /// The compare-and-set that makes a promotion: the lease from `expected` to `holder` at `epoch`.
 /// Done already when the lease shows `holder` at `epoch`; lost when it shows anything else.
@@ -374,19 +323,5 @@ fn record<W>(
         outcome,
         events,
         finished,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_pool_serves_once_a_majority_of_its_replicas_is_ready() {
-        assert_eq!(serving_quorum(1), 1);
-        assert_eq!(serving_quorum(2), 2);
-        assert_eq!(serving_quorum(4), 3);
-        assert_eq!(serving_quorum(5), 3);
-        assert_eq!(StandbyShape::hot(8).serving_quorum(), 5);
     }
 }

@@ -11,7 +11,7 @@
 
 use std::time::Duration;
 
-use crate::drive::SleepLevel;
+use crate::quorum::SleepLevel;
 
 /// One stage of bringing a replica to serve, in the order they happen.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -7,12 +7,12 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use understudy_core::drive::{
-    Completion, Driven, Executor, LeaseClaim, ScaleOrder, ServingOrder, SleepLevel, StandbyShape,
-    StepOutcome, Target, WakeOrder, drive,
+    Completion, Driven, Executor, LeaseClaim, ScaleOrder, ServingOrder, StepOutcome, Target, WakeOrder, drive,
 };
 use understudy_core::failover::{
     Command, ControlPlane, Event, FailbackPolicy, FailoverConfig, FailoverState, Input, Phase, Step,
 };
+use understudy_core::quorum::{SleepLevel, StandbyShape};
 use understudy_core::{Epoch, Pool};
 
 const NOW: Duration = Duration::from_secs(1_000);

@@ -15,8 +15,8 @@ use serde_json::Value;
 
 use understudy_api::crd::FailoverPolicySpec;
 use understudy_api::policy::{self, PolicyError, ValidatedPolicy};
-use understudy_core::drive::serving_quorum;
 use understudy_core::duration::{self, ParseDurationError};
+use understudy_core::quorum::serving_quorum;
 use understudy_core::recovery::{self, MissingStage, Mix, Objective, Stage, StageTimes, Standby, secs};
 
 /// The shares of capacity each mix is timed to.

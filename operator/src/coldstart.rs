@@ -24,7 +24,8 @@ use understudy_prober::coldstart::source::Recorded;
 use understudy_prober::coldstart::{ColdStartStage, Timeline};
 
 use crate::crd::{ColdStartBreakdown, ColdStartSummary, PoolSpec, StageSummary};
-use crate::observe::{KubeReplicas, ResolveError, replica_endpoint};
+use crate::ports::ResolveError;
+use crate::replicas::{KubeReplicas, replica_endpoint};
 
 /// How many breakdowns `status.coldStart` keeps, newest last.
 pub const STATUS_LIMIT: usize = 32;

@@ -18,7 +18,8 @@ use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 
-use crate::controller::{COMMAND_ANNOTATION, HandledCommand, pending_command, rfc3339};
+use crate::command::{COMMAND_ANNOTATION, HandledCommand, pending_command};
+use crate::reconciler::rfc3339;
 use understudy_api::fence_fault::FenceFault;
 
 use crate::crd::{

@@ -17,40 +17,33 @@
 //! be listed gets no check that round, while a pool with no running replica fails hard.
 
 use std::collections::{HashMap, VecDeque};
-use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use futures::future::{BoxFuture, join, join_all, join3};
-use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
-use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use futures::future::{join, join_all, join3};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, ListParams};
-use kube::core::{Expression, Selector};
+use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
-use kube::{Client, ResourceExt};
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use understudy_core::Pool;
-use understudy_core::drive::serving_quorum;
 use understudy_core::failover::{CheckResult, Observation, PassiveSignal};
+use understudy_core::quorum::Role;
 use understudy_prober::outcome::ProbeOutcome;
 use understudy_prober::parity::flags::FlagPolicy;
-use understudy_prober::probe::{self, Bearer, Budget, Endpoint, Expectation, ProbeReport, ProbeSpec};
+use understudy_prober::probe::{self, Endpoint, Expectation, ProbeReport, ProbeSpec};
 use understudy_prober::report::PoolRound;
 
-use crate::controller::{ObservationSource, ProbeFindings};
-use crate::crd::{
-    ExpectMode, FailoverPolicy, GoldenAnswer, ParityStatus, PoolSpec, ProbeExpect, Tier, WorkloadKind,
-    WorkloadRef,
-};
+use crate::crd::{ExpectMode, FailoverPolicy, GoldenAnswer, ParityStatus};
 use crate::gpu_health::{self, GpuAgents};
-use crate::parity::{self, ServingConfig, serving_config};
+use crate::judge::{Judge, judge, probe_spec};
+use crate::parity::{self, ServingConfig};
 use crate::peers::Routers;
 use crate::policy::{self, ProbeTiming, pool_by_name};
-use crate::route_push::{RouterToken, get_signals};
+use crate::ports::ReplicaEndpoints;
+use crate::ports::{ObservationSource, ProbeFindings};
+use crate::router_admin::{RouterToken, get_signals};
 
 pub use understudy_prober::probe::GOLDEN_PREFIX_CHARS;
 
@@ -60,402 +53,6 @@ const MAX_PENDING: usize = 64;
 
 /// The most a round is spread over by default, whatever the interval.
 const DEFAULT_MAX_JITTER: Duration = Duration::from_secs(5);
-
-/// The label a LeaderWorkerSet puts on every pod of its groups, with the set's name.
-const LWS_NAME_LABEL: &str = "leaderworkerset.sigs.k8s.io/name";
-/// The worker index label; the leader, which serves the API, is worker 0.
-const LWS_WORKER_INDEX_LABEL: &str = "leaderworkerset.sigs.k8s.io/worker-index";
-
-/// Why a pool's replicas could not be found this round.
-#[derive(Debug, thiserror::Error)]
-pub enum ResolveError {
-    /// The workload could not be read.
-    #[error("reading {kind:?} {name:?}: {source}")]
-    Workload {
-        kind: WorkloadKind,
-        name: String,
-        #[source]
-        source: kube::Error,
-    },
-    /// The workload's selector selects nothing usable: no labels, or an operator kube cannot
-    /// write. Listing with it could select every pod of the namespace.
-    #[error("{kind:?} {name:?} has no usable pod selector: {reason}")]
-    Selector {
-        kind: WorkloadKind,
-        name: String,
-        reason: String,
-    },
-    /// The workload's pods could not be listed.
-    #[error("listing the pods of {kind:?} {name:?}: {source}")]
-    Pods {
-        kind: WorkloadKind,
-        name: String,
-        #[source]
-        source: kube::Error,
-    },
-}
-
-/// Where a pool's replicas can be reached.
-pub trait ReplicaEndpoints: Send + Sync + fmt::Debug {
-    /// The endpoints of `pool`'s replicas in `namespace` that can be probed now; empty when the
-    /// pool has none. An error means the answer is unknown, not that the pool is empty.
-    fn resolve<'a>(
-        &'a self,
-        namespace: &'a str,
-        pool: &'a PoolSpec,
-    ) -> BoxFuture<'a, Result<Vec<Endpoint>, ResolveError>>;
-
-    /// The names of `pool`'s replicas that [`Self::resolve`] gives endpoints for (its Running
-    /// pods); empty when they cannot be told, which matches them to no GPU.
-    fn replica_names<'a>(
-        &'a self,
-        _namespace: &'a str,
-        _pool: &'a PoolSpec,
-    ) -> BoxFuture<'a, Result<Vec<String>, ResolveError>> {
-        Box::pin(async { Ok(Vec::new()) })
-    }
-
-    /// How `pool`'s workload starts vLLM, from its pod template once every replica runs it;
-    /// `None` when that cannot be told (a rollout under way, a LeaderWorkerSet). Its model is the
-    /// one the pool is set to serve: a recorded golden answer is kept only while the primary
-    /// serves the model it was recorded from.
-    fn serving_config<'a>(
-        &'a self,
-        _namespace: &'a str,
-        _pool: &'a PoolSpec,
-    ) -> BoxFuture<'a, Result<Option<ServingConfig>, ResolveError>> {
-        Box::pin(async { Ok(None) })
-    }
-}
-
-/// A pool's replicas are the Running pods its workload selects, at `http://<podIP>:<port>`,
-/// called with the fences' control token when there is one.
-#[derive(Clone)]
-pub struct KubeReplicas {
-    client: Client,
-    bearer: Option<Bearer>,
-}
-
-impl fmt::Debug for KubeReplicas {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("KubeReplicas").finish_non_exhaustive()
-    }
-}
-
-impl KubeReplicas {
-    #[must_use]
-    pub fn new(client: Client) -> Self {
-        KubeReplicas { client, bearer: None }
-    }
-
-    /// Calls every replica with `bearer`: the control token of the fence sidecars in front of
-    /// them, so that the operator's probes pass a fenced standby's fence and its sleep and wake
-    /// calls are let through.
-    #[must_use]
-    pub fn with_bearer(mut self, bearer: Option<Bearer>) -> Self {
-        self.bearer = bearer;
-        self
-    }
-
-    /// The selector of the workload's serving pods; `None` when the workload does not exist,
-    /// which leaves the pool without replicas.
-    ///
-    /// A Deployment or StatefulSet selects with `spec.selector`. A LeaderWorkerSet labels its
-    /// pods with its name, and only each group's leader (worker 0) serves the API.
-    pub async fn selector(
-        &self,
-        namespace: &str,
-        workload: &WorkloadRef,
-    ) -> Result<Option<Selector>, ResolveError> {
-        let read_error = |source| ResolveError::Workload {
-            kind: workload.kind,
-            name: workload.name.clone(),
-            source,
-        };
-        let label_selector: Option<LabelSelector> = match workload.kind {
-            WorkloadKind::Deployment => {
-                let api: Api<Deployment> = Api::namespaced(self.client.clone(), namespace);
-                match api.get_opt(&workload.name).await.map_err(read_error)? {
-                    Some(deployment) => deployment.spec.map(|s| s.selector),
-                    None => return Ok(None),
-                }
-            }
-            WorkloadKind::StatefulSet => {
-                let api: Api<StatefulSet> = Api::namespaced(self.client.clone(), namespace);
-                match api.get_opt(&workload.name).await.map_err(read_error)? {
-                    Some(set) => set.spec.map(|s| s.selector),
-                    None => return Ok(None),
-                }
-            }
-            WorkloadKind::LeaderWorkerSet => {
-                let selector: Selector = [
-                    Expression::Equal(LWS_NAME_LABEL.to_owned(), workload.name.clone()),
-                    Expression::Equal(LWS_WORKER_INDEX_LABEL.to_owned(), "0".to_owned()),
-                ]
-                .into_iter()
-                .collect();
-                return Ok(Some(selector));
-            }
-        };
-        let unusable = |reason: String| ResolveError::Selector {
-            kind: workload.kind,
-            name: workload.name.clone(),
-            reason,
-        };
-        let selector = Selector::try_from(label_selector.unwrap_or_default()).map_err(|e| unusable(e.0))?;
-        if selector.selects_all() {
-            return Err(unusable("it selects every pod".to_owned()));
-        }
-        Ok(Some(selector))
-    }
-
-    /// The serving pods of `pool`'s workload, whatever their phase; none when the workload does
-    /// not exist.
-    pub async fn pods(&self, namespace: &str, pool: &PoolSpec) -> Result<Vec<Pod>, ResolveError> {
-        let Some(selector) = self.selector(namespace, &pool.workload).await? else {
-            return Ok(Vec::new());
-        };
-        let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
-        let listed = pods
-            .list(&ListParams::default().labels_from(&selector))
-            .await
-            .map_err(|source| ResolveError::Pods {
-                kind: pool.workload.kind,
-                name: pool.workload.name.clone(),
-                source,
-            })?;
-        Ok(listed.items)
-    }
-
-    /// The probe endpoints of `pool`'s replicas.
-    pub async fn endpoints(&self, namespace: &str, pool: &PoolSpec) -> Result<Vec<Endpoint>, ResolveError> {
-        let pods = self.pods(namespace, pool).await?;
-        Ok(pods
-            .iter()
-            .filter_map(|pod| replica_endpoint(pod, pool.port))
-            .map(|endpoint| endpoint.with_bearer(self.bearer.clone()))
-            .collect())
-    }
-}
-
-impl ReplicaEndpoints for KubeReplicas {
-    fn resolve<'a>(
-        &'a self,
-        namespace: &'a str,
-        pool: &'a PoolSpec,
-    ) -> BoxFuture<'a, Result<Vec<Endpoint>, ResolveError>> {
-        Box::pin(self.endpoints(namespace, pool))
-    }
-
-    fn serving_config<'a>(
-        &'a self,
-        namespace: &'a str,
-        pool: &'a PoolSpec,
-    ) -> BoxFuture<'a, Result<Option<ServingConfig>, ResolveError>> {
-        Box::pin(async move {
-            let template = self.rolled_out_template(namespace, &pool.workload).await?;
-            Ok(template.as_ref().and_then(serving_config))
-        })
-    }
-
-    fn replica_names<'a>(
-        &'a self,
-        namespace: &'a str,
-        pool: &'a PoolSpec,
-    ) -> BoxFuture<'a, Result<Vec<String>, ResolveError>> {
-        Box::pin(async move {
-            let pods = self.pods(namespace, pool).await?;
-            Ok(pods
-                .iter()
-                .filter(|pod| replica_endpoint(pod, pool.port).is_some())
-                .map(ResourceExt::name_any)
-                .collect())
-        })
-    }
-}
-
-impl KubeReplicas {
-    /// The workload's pod template, once every replica runs it. While a rollout is under way old
-    /// and new pods both answer, so what they serve cannot be told yet: `None`, as for a
-    /// LeaderWorkerSet, which is not read.
-    pub async fn rolled_out_template(
-        &self,
-        namespace: &str,
-        workload: &WorkloadRef,
-    ) -> Result<Option<PodTemplateSpec>, ResolveError> {
-        let read_error = |source| ResolveError::Workload {
-            kind: workload.kind,
-            name: workload.name.clone(),
-            source,
-        };
-        let template = match workload.kind {
-            WorkloadKind::Deployment => {
-                let api: Api<Deployment> = Api::namespaced(self.client.clone(), namespace);
-                let deployment = api.get_opt(&workload.name).await.map_err(read_error)?;
-                deployment.and_then(|d| {
-                    let status = d.status.unwrap_or_default();
-                    let spec = d.spec?;
-                    rolled_out(
-                        d.metadata.generation,
-                        status.observed_generation,
-                        spec.replicas.unwrap_or(1),
-                        status.replicas,
-                        status.updated_replicas,
-                    )
-                    .then_some(spec.template)
-                })
-            }
-            WorkloadKind::StatefulSet => {
-                let api: Api<StatefulSet> = Api::namespaced(self.client.clone(), namespace);
-                let set = api.get_opt(&workload.name).await.map_err(read_error)?;
-                set.and_then(|s| {
-                    let status = s.status.unwrap_or_default();
-                    let spec = s.spec?;
-                    rolled_out(
-                        s.metadata.generation,
-                        status.observed_generation,
-                        spec.replicas.unwrap_or(1),
-                        Some(status.replicas),
-                        status.updated_replicas,
-                    )
-                    .then_some(spec.template)
-                })
-            }
-            WorkloadKind::LeaderWorkerSet => None,
-        };
-        Ok(template)
-    }
-}
-
-/// Whether a workload's controller has seen its latest spec and every one of its replicas runs
-/// the latest template, with no old one left.
-fn rolled_out(
-    generation: Option<i64>,
-    observed_generation: Option<i64>,
-    replicas: i32,
-    current: Option<i32>,
-    updated: Option<i32>,
-) -> bool {
-    observed_generation >= generation && current.unwrap_or(0) == replicas && updated.unwrap_or(0) == replicas
-}
-
-/// The model `template`'s vLLM container serves: `vllm serve MODEL` or `--model MODEL`, in its
-/// command and arguments together ([`serving_config`]).
-#[must_use]
-pub fn template_model(template: &PodTemplateSpec) -> Option<String> {
-    serving_config(template)?.model()
-}
-
-/// Where `pod` serves, if it can be probed: Running, not being deleted, with an IP. A pod still
-/// pending has nothing to probe yet, and one that is terminating is leaving the pool.
-#[must_use]
-pub fn replica_endpoint(pod: &Pod, port: u16) -> Option<Endpoint> {
-    if pod.metadata.deletion_timestamp.is_some() {
-        return None;
-    }
-    let status = pod.status.as_ref()?;
-    if status.phase.as_deref() != Some("Running") {
-        return None;
-    }
-    let ip = status.pod_ip.as_deref().filter(|ip| !ip.is_empty())?;
-    Some(Endpoint::new(ip, port))
-}
-
-/// Fixed endpoints per pool name, for tests and for running without a cluster.
-#[derive(Clone, Debug, Default)]
-pub struct FixedReplicas {
-    pools: HashMap<String, Vec<Endpoint>>,
-    configs: Arc<Mutex<HashMap<String, ServingConfig>>>,
-    names: HashMap<String, Vec<String>>,
-}
-
-impl FixedReplicas {
-    /// The pool named `pool` is served at `endpoints`; a pool never named has no replicas.
-    #[must_use]
-    pub fn with_pool(mut self, pool: &str, endpoints: Vec<Endpoint>) -> Self {
-        self.pools.insert(pool.to_owned(), endpoints);
-        self
-    }
-
-    /// From now on the pool named `pool` serves `model`, in this value and its clones; a pool
-    /// never given one serves a model that cannot be told.
-    pub fn set_model(&self, pool: &str, model: &str) {
-        let argv = ["vllm", "serve", model].map(str::to_owned).into();
-        self.set_config(
-            pool,
-            ServingConfig {
-                argv,
-                ..ServingConfig::default()
-            },
-        );
-    }
-
-    /// The replicas of the pool named `pool` are the pods `names`, in the order of its endpoints.
-    #[must_use]
-    pub fn with_names(mut self, pool: &str, names: Vec<String>) -> Self {
-        self.names.insert(pool.to_owned(), names);
-        self
-    }
-
-    /// From now on the pool named `pool` starts vLLM as `config` says, in this value and its
-    /// clones; a pool never given one has a template that cannot be told.
-    pub fn set_config(&self, pool: &str, config: ServingConfig) {
-        let mut configs = self.configs.lock().unwrap_or_else(PoisonError::into_inner);
-        configs.insert(pool.to_owned(), config);
-    }
-}
-
-impl ReplicaEndpoints for FixedReplicas {
-    fn resolve<'a>(
-        &'a self,
-        _namespace: &'a str,
-        pool: &'a PoolSpec,
-    ) -> BoxFuture<'a, Result<Vec<Endpoint>, ResolveError>> {
-        let endpoints = self.pools.get(&pool.name).cloned().unwrap_or_default();
-        Box::pin(async move { Ok(endpoints) })
-    }
-
-    fn serving_config<'a>(
-        &'a self,
-        _namespace: &'a str,
-        pool: &'a PoolSpec,
-    ) -> BoxFuture<'a, Result<Option<ServingConfig>, ResolveError>> {
-        let configs = self.configs.lock().unwrap_or_else(PoisonError::into_inner);
-        let config = configs.get(&pool.name).cloned();
-        Box::pin(async move { Ok(config) })
-    }
-
-    fn replica_names<'a>(
-        &'a self,
-        _namespace: &'a str,
-        pool: &'a PoolSpec,
-    ) -> BoxFuture<'a, Result<Vec<String>, ResolveError>> {
-        let names = self.names.get(&pool.name).cloned().unwrap_or_default();
-        Box::pin(async move { Ok(names) })
-    }
-}
-
-/// How many of `pool`'s probed replicas must pass for the pool to pass: a majority
-/// ([`serving_quorum`]) of the replicas that should be up in its role.
-///
-/// As the primary, every one of `spec.replicas` should serve. As the standby, the hot and warm
-/// replicas run and the pilot-light ones do not, so only the former count; a warm replica is
-/// asleep and counts as up for a standby (the round then reports `Asleep`, which the state
-/// machine takes as a pass for a standby and a failure for a primary). A standby that is all
-/// pilot light still needs one replica: a pool with nothing running cannot be vouched for.
-#[must_use]
-pub fn min_serving(pool: &PoolSpec, is_primary: bool) -> usize {
-    let up = if is_primary {
-        pool.replicas
-    } else {
-        pool.standby_groups()
-            .iter()
-            .filter(|group| matches!(group.tier, Tier::Hot | Tier::Warm))
-            .map(|group| group.replicas)
-            .sum()
-    };
-    serving_quorum(up) as usize
-}
 
 /// The pool that holds the primary role as the policy's status last said; the home pool (A) for
 /// a policy that has no status yet.
@@ -467,73 +64,6 @@ pub fn primary_pool(policy: &FailoverPolicy) -> Pool {
         .and_then(|status| status.primary_pool.as_deref())
         .and_then(|name| pool_by_name(&policy.spec, name))
         .unwrap_or(Pool::A)
-}
-
-/// How this round judges an answer.
-#[derive(Debug)]
-enum Judge {
-    /// Against this expectation, both pools alike.
-    Fixed(Expectation),
-    /// No golden answer is known yet: the primary is probed first and its first passing answer
-    /// becomes the golden prefix the standby is judged by.
-    RecordFromPrimary,
-}
-
-/// The reports of those of `endpoints` that answer `spec`'s probe right within budget, probed
-/// at once.
-pub async fn passing(endpoints: &[Endpoint], spec: &ProbeSpec) -> Vec<ProbeReport> {
-    let reports = join_all(endpoints.iter().map(|e| probe::probe(e, spec))).await;
-    reports
-        .into_iter()
-        .filter(|report| matches!(report.outcome, ProbeOutcome::Ok { .. }))
-        .collect()
-}
-
-/// What a replica's answer must be outside a probing round (before it is put to sleep, proven,
-/// or counted serving): the policy's own expectation, or the golden answer recorded from the
-/// primary; `None` while neither is known.
-#[must_use]
-pub fn fixed_expectation(expect: &ProbeExpect, golden: Option<&GoldenAnswer>) -> Option<Expectation> {
-    match judge(expect, golden) {
-        Ok(Judge::Fixed(expectation)) => Some(expectation),
-        Ok(Judge::RecordFromPrimary) | Err(_) => None,
-    }
-}
-
-/// What the policy's `expect` means with the golden answer recorded so far.
-fn judge(expect: &ProbeExpect, golden: Option<&GoldenAnswer>) -> Result<Judge, regex::Error> {
-    Ok(match (expect.mode, &expect.value) {
-        (ExpectMode::Prefix, Some(prefix)) => Judge::Fixed(Expectation::Prefix(prefix.clone())),
-        (ExpectMode::Prefix, None) => match golden {
-            Some(golden) => Judge::Fixed(Expectation::Prefix(golden.prefix.clone())),
-            None => Judge::RecordFromPrimary,
-        },
-        (ExpectMode::Regex, Some(pattern)) => Judge::Fixed(Expectation::Regex(regex::Regex::new(pattern)?)),
-        // Validation refuses a regex without a pattern; judge it as the weakest rule if one slips by.
-        (ExpectMode::Regex, None) | (ExpectMode::NonEmpty, _) => Judge::Fixed(Expectation::NonEmpty),
-    })
-}
-
-/// The probe a policy's `spec.probe` describes, judged by `expect`. No served model name: vLLM
-/// answers with its only model, and the policy does not name one.
-#[must_use]
-pub fn probe_spec(probe: &crate::crd::ProbeSpec, timing: &ProbeTiming, expect: Expectation) -> ProbeSpec {
-    ProbeSpec {
-        model: None,
-        prompt: probe.prompt.clone(),
-        max_tokens: probe.max_tokens,
-        expect,
-        budget: Budget {
-            first_token: timing.first_token_budget,
-            total: timing.total_budget,
-        },
-        timeout: timing.timeout,
-        // A replica silent mid-stream for as long as it may take to start answering has stalled.
-        stall_after: timing.first_token_budget,
-        // Any replica may sleep (a warm standby, or one left asleep): never send it generation.
-        check_sleep: true,
-        ..ProbeSpec::default()
-    }
 }
 
 /// Whether the primary now serves another model than the one `golden` was recorded from. A model
@@ -1000,7 +530,7 @@ impl ProbingObservations {
                 .iter()
                 .filter(|name| failed.contains(&format!("{}/{name}", plan.namespace)))
                 .collect();
-            let needed = min_serving(spec, pool == primary);
+            let needed = spec.standby_shape().round_quorum(Role::of(pool == primary)) as usize;
             if !on_failed.is_empty() && names.len() - on_failed.len() < needed {
                 tracing::warn!(
                     policy = %plan.policy.name_any(), pool = %spec.name, on_failed_gpus = ?on_failed, needed,
@@ -1053,7 +583,7 @@ impl ProbingObservations {
         self.note_first_answers(&reports);
         Some(PoolRound {
             pool,
-            min_serving: min_serving(spec, is_primary),
+            min_serving: spec.standby_shape().round_quorum(Role::of(is_primary)) as usize,
             reports,
         })
     }
@@ -1243,6 +773,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+    use crate::replicas::FixedReplicas;
     use understudy_core::failover::CheckResult;
 
     fn policy(yaml_pools: &str) -> FailoverPolicy {
@@ -1276,19 +807,6 @@ mod tests {
     }
 
     #[test]
-    fn a_primary_needs_a_majority_of_all_its_replicas_and_a_standby_of_those_not_pilot_light() {
-        let p = policy(
-            "  - {name: east, workload: {kind: Deployment, name: a}, replicas: 4}\n  \
-             - name: west\n    workload: {kind: Deployment, name: b}\n    replicas: 8\n    standby:\n      \
-             - {tier: hot, replicas: 1}\n      - {tier: warm, replicas: 2}\n      - {tier: pilotLight, replicas: 5}\n",
-        );
-        assert_eq!(min_serving(&p.spec.pools[0], true), 3);
-        assert_eq!(min_serving(&p.spec.pools[1], true), 5);
-        assert_eq!(min_serving(&p.spec.pools[1], false), 2);
-        assert_eq!(min_serving(&p.spec.pools[0], false), 3, "no tiers: all hot");
-    }
-
-    #[test]
     fn the_primary_is_read_from_status_and_is_the_home_pool_without_one() {
         let mut p = policy(HOT_POOLS);
         assert_eq!(primary_pool(&p), Pool::A);
@@ -1297,30 +815,6 @@ mod tests {
             ..Default::default()
         });
         assert_eq!(primary_pool(&p), Pool::B);
-    }
-
-    #[test]
-    fn a_prefix_without_a_value_is_recorded_from_the_primary_and_then_used() {
-        let expect = ProbeExpect::default();
-        assert!(matches!(judge(&expect, None), Ok(Judge::RecordFromPrimary)));
-        let golden = golden(" Paris", None);
-        let Ok(Judge::Fixed(Expectation::Prefix(prefix))) = judge(&expect, Some(&golden)) else {
-            panic!("expected the golden prefix");
-        };
-        assert_eq!(prefix, " Paris");
-        let given = ProbeExpect {
-            mode: ExpectMode::Prefix,
-            value: Some(" Lyon".into()),
-        };
-        assert!(matches!(
-            judge(&given, Some(&golden)),
-            Ok(Judge::Fixed(Expectation::Prefix(p))) if p == " Lyon"
-        ));
-        let bad = ProbeExpect {
-            mode: ExpectMode::Regex,
-            value: Some("(".into()),
-        };
-        assert!(judge(&bad, None).is_err());
     }
 
     #[tokio::test(start_paused = true)]
@@ -1547,34 +1041,6 @@ mod tests {
             observations.track(&changed);
             assert_eq!(observations.golden_answer(&key), None);
         }
-    }
-
-    #[test]
-    fn the_model_is_read_from_the_serve_arguments_of_the_pod_template() {
-        let template = |command: &[&str], args: &[&str]| -> PodTemplateSpec {
-            serde_json::from_value(serde_json::json!({"spec": {"containers": [
-                {"name": "sidecar", "image": "fence"},
-                {"name": "vllm", "image": "vllm/vllm-openai", "command": command, "args": args},
-            ]}}))
-            .unwrap()
-        };
-        assert_eq!(
-            template_model(&template(
-                &["vllm", "serve"],
-                &["meta-llama/Llama-3.1-8B", "--port", "8000"]
-            ))
-            .as_deref(),
-            Some("meta-llama/Llama-3.1-8B")
-        );
-        assert_eq!(
-            template_model(&template(
-                &["python3", "-m", "vllm.entrypoints.openai.api_server"],
-                &["--model=/models/qwen"]
-            ))
-            .as_deref(),
-            Some("/models/qwen")
-        );
-        assert_eq!(template_model(&template(&[], &["--port", "8000"])), None);
     }
 
     #[test]

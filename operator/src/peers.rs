@@ -6,7 +6,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 use kube::api::{Api, ListParams};
 
-use crate::route_push::RouterAdminUrl;
+use crate::router_admin::RouterAdminUrl;
 
 /// The Running pods `selector` selects in `namespace`, each at its IP and `port`.
 #[derive(Clone)]

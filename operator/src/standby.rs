@@ -16,9 +16,9 @@ use understudy_prober::outcome::ProbeOutcome;
 use understudy_prober::probe::{self, Endpoint, Expectation, ProbeSpec};
 use understudy_prober::sleep::{ReplicaWake, WakeTimeouts, is_sleeping, put_to_sleep, wake_replica};
 
-use crate::controller::Workload;
 use crate::crd::PoolSpec;
-use crate::observe::{ReplicaEndpoints, ResolveError};
+use crate::ports::{ReplicaEndpoints, ResolveError};
+use crate::workload::Workload;
 
 /// What one pass did to the standby.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -9,9 +9,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 use understudy_prober::probe::Endpoint;
 
-use crate::controller::StepReport;
 use crate::crd::PoolSpec;
-use crate::observe::ReplicaEndpoints;
+use crate::ports::ReplicaEndpoints;
+use crate::ports::StepReport;
 
 /// Who carries the Wake step: this operator, calling the replicas.
 pub const CARRIED_BY: &str = "operator";

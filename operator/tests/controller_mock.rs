@@ -32,13 +32,14 @@ use understudy_core::failover::{
     CheckResult, FailoverState, Phase, PoolHealth, Promotion, Step, TransitionKind,
 };
 use understudy_core::{Epoch, Pool};
-use understudy_operator::controller::{
-    Clock, Context, HandedOffStep, HandledCommand, Observation, ObservationSource, OperatorRecord,
-    ProbeFindings, RouteSyncReport, RouteSyncRequest, StepExecutor, StepReport, StepRequest, error_policy,
-    reconcile,
-};
+use understudy_operator::command::HandledCommand;
+use understudy_operator::controller::{Context, HandedOffStep, OperatorRecord, error_policy, reconcile};
 use understudy_operator::crd::{FailoverPolicy, GoldenAnswer, ParityDrift, ParityStatus};
 use understudy_operator::metrics::Metrics;
+use understudy_operator::ports::{
+    Clock, Observation, ObservationSource, ProbeFindings, RouteSyncReport, RouteSyncRequest, StepExecutor,
+    StepReport, StepRequest,
+};
 use understudy_operator::watchdog::{Reconciler, Watchdog};
 
 mod support;

@@ -19,11 +19,11 @@ use kube::Client;
 use kube::core::DeserializeGuard;
 use kube::runtime::controller::Action;
 use serde_json::{Value, json};
-use understudy_operator::controller::Clock;
 use understudy_operator::crd::GameDay;
 use understudy_operator::gameday::controller::{ACTIVE_REQUEUE, Context, Error, reconcile};
 use understudy_operator::peers::Routers;
-use understudy_operator::route_push::RouterToken;
+use understudy_operator::ports::Clock;
+use understudy_operator::router_admin::RouterToken;
 use understudy_operator::watchdog::{Reconciler, Watchdog};
 
 mod support;

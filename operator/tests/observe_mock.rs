@@ -9,7 +9,8 @@
 
 use serde_json::{Value, json};
 use understudy_operator::crd::PoolSpec;
-use understudy_operator::observe::{KubeReplicas, ReplicaEndpoints, ResolveError};
+use understudy_operator::ports::{ReplicaEndpoints, ResolveError};
+use understudy_operator::replicas::KubeReplicas;
 use understudy_prober::probe::Endpoint;
 
 mod support;

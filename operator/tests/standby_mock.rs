@@ -8,10 +8,10 @@ mod support;
 
 use serde_json::json;
 use support::{NS, play};
-use understudy_operator::controller::Workload;
 use understudy_operator::crd::PoolSpec;
-use understudy_operator::observe::FixedReplicas;
+use understudy_operator::replicas::FixedReplicas;
 use understudy_operator::standby::{self, Kept, Sleep};
+use understudy_operator::workload::Workload;
 use understudy_prober::probe::ProbeSpec;
 use understudy_prober::sleep::WakeTimeouts;
 

@@ -14,13 +14,12 @@ use router_support::{Emulator, Router, TOKEN, completion, route};
 use understudy_api::route::{Route, RouterHolds};
 use understudy_core::Epoch;
 use understudy_core::failover::Step;
-use understudy_operator::controller::{
-    RouteSyncReport, RouteSyncRequest, StepExecutor, StepReport, StepRequest,
-};
 use understudy_operator::crd::FailoverPolicy;
-use understudy_operator::observe::FixedReplicas;
 use understudy_operator::peers::Routers;
-use understudy_operator::route_push::{Plan, RouterAdminUrl, RouterPush, RouterToken, plan};
+use understudy_operator::ports::{RouteSyncReport, RouteSyncRequest, StepExecutor, StepReport, StepRequest};
+use understudy_operator::replicas::FixedReplicas;
+use understudy_operator::route_push::{Plan, RouterPush, plan};
+use understudy_operator::router_admin::{RouterAdminUrl, RouterToken};
 use understudy_prober::probe::Endpoint;
 use understudy_router::gateway::GatewayConfig;
 

@@ -14,11 +14,12 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 use prober_support::{Emulator, MODEL};
-use understudy_operator::controller::Workload;
 use understudy_operator::crd::{FailoverPolicy, GoldenAnswer};
-use understudy_operator::observe::{FixedReplicas, fixed_expectation, passing, probe_spec};
+use understudy_operator::judge::{fixed_expectation, passing, probe_spec};
 use understudy_operator::policy::validate;
+use understudy_operator::replicas::FixedReplicas;
 use understudy_operator::standby::{self, Kept, Sleep};
+use understudy_operator::workload::Workload;
 use understudy_prober::probe::{Endpoint, Expectation, ProbeSpec};
 use understudy_prober::sleep::WakeTimeouts;
 

@@ -34,13 +34,13 @@ use tokio::net::{TcpListener, TcpStream};
 use understudy_core::Epoch;
 use understudy_core::Pool;
 use understudy_core::failover::{CheckResult, FailoverState};
-use understudy_operator::controller::{
-    Clock, Context, Observation, ObservationSource, OperatorRecord, ProbeFindings, StepExecutor, StepReport,
-    StepRequest, reconcile,
-};
+use understudy_operator::controller::{Context, OperatorRecord, reconcile};
 use understudy_operator::crd::{FailoverPolicy, GoldenAnswer, ParityDrift, ParityStatus, PoolSpec};
 use understudy_operator::metrics::Metrics;
-use understudy_operator::observe::{ReplicaEndpoints, ResolveError};
+use understudy_operator::ports::{
+    Clock, Observation, ObservationSource, ProbeFindings, StepExecutor, StepReport, StepRequest,
+};
+use understudy_operator::ports::{ReplicaEndpoints, ResolveError};
 use understudy_prober::probe::Endpoint;
 
 const NS: &str = "serving";

@@ -11,9 +11,9 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 use prober_support::{Emulator, MODEL};
-use understudy_operator::controller::StepReport;
 use understudy_operator::crd::FailoverPolicy;
-use understudy_operator::observe::FixedReplicas;
+use understudy_operator::ports::StepReport;
+use understudy_operator::replicas::FixedReplicas;
 use understudy_operator::wake::{WakeTimeouts, wake_pool};
 use understudy_prober::probe::Endpoint;
 

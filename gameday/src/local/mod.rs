@@ -34,11 +34,12 @@ use tokio::time::{Instant, MissedTickBehavior};
 use understudy_api::crd::AdmissionSpec;
 use understudy_api::lease::{EpochLease, FileLease};
 use understudy_api::route::AdmissionSettings;
-use understudy_core::drive::{StandbyShape, StepOutcome, drive, serving_quorum};
+use understudy_core::drive::{StepOutcome, drive};
 use understudy_core::failover::{
     CheckResult, Command, ControlPlane, Event, FailbackPolicy, FailoverConfig, FailoverState, Input, Phase,
     Step,
 };
+use understudy_core::quorum::{Role, StandbyShape};
 use understudy_core::{Epoch, Pool};
 use understudy_prober::parity::DriftReport;
 use understudy_prober::parity::flags::{FlagPolicy, flags_fingerprint};
@@ -588,8 +589,10 @@ fn transition(
 }
 
 /// One round of generating probes of both pools, as each pool's verdict (`None`: the replicas
-/// rejected the probe itself).
+/// rejected the probe itself). Each pool is judged by the operator's quorum for the role it holds
+/// now ([`StandbyShape::round_quorum`]).
 async fn probe_both(logic: &Logic) -> [Option<CheckResult>; 2] {
+    let primary = lock(&logic.state).primary;
     let round = |pool: Pool| async move {
         let addrs = lock(&logic.pools)[pool.index()].replicas.clone();
         let endpoints: Vec<Endpoint> = addrs
@@ -597,10 +600,10 @@ async fn probe_both(logic: &Logic) -> [Option<CheckResult>; 2] {
             .map(|a| Endpoint::new(a.ip().to_string(), a.port()))
             .collect();
         let reports = probe_round(&endpoints, &logic.probe, 0, 0, Duration::ZERO).await;
-        let replicas = u32::try_from(addrs.len()).unwrap_or(u32::MAX);
+        let quorum = logic.shapes[pool.index()].round_quorum(Role::of(pool == primary));
         PoolRound {
             pool,
-            min_serving: serving_quorum(replicas) as usize,
+            min_serving: quorum as usize,
             reports,
         }
         .verdict()

@@ -22,12 +22,12 @@ use std::time::Duration;
 use serde::Serialize;
 use understudy_api::crd::FailoverPolicySpec;
 use understudy_core::drive::{
-    self, Completion, Executor, LeaseClaim, ScaleOrder, ServingOrder, StandbyShape, StepOutcome, Target,
-    WakeOrder,
+    self, Completion, Executor, LeaseClaim, ScaleOrder, ServingOrder, StepOutcome, Target, WakeOrder,
 };
 use understudy_core::failover::{
     Action, CheckResult, Event, FailbackPolicy, FailoverConfig, FailoverState, Input, Phase, TransitionKind,
 };
+use understudy_core::quorum::StandbyShape;
 use understudy_core::{Epoch, Pool};
 
 pub use schedule::{CheckKind, Condition, Faults, Schedule, ScheduleError, SimFailback, SimPolicy};

@@ -4,15 +4,16 @@
 //! already recorded.
 
 use k8s_openapi::api::core::v1::ObjectReference;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::Resource;
 use kube::runtime::events::{Event as KubeEvent, EventType};
 use understudy_core::failover::{Event as MachineEvent, Step};
 use understudy_core::{Epoch, Pool};
 
-use super::{COMMAND_ANNOTATION, COMMAND_WORDS, Context, step_name};
-use crate::crd::{FailoverPolicy, FailoverPolicySpec, GpuReserve};
+use super::context::Context;
+use super::status::step_name;
+use crate::command::{COMMAND_ANNOTATION, COMMAND_WORDS};
+use crate::crd::{FailoverPolicySpec, GpuReserve};
 use crate::policy::pool_name;
+use crate::reconciler::send;
 
 /// Something the reconcile tells the user about, as an Event.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -43,30 +44,6 @@ pub(super) enum Notice {
     ParityOverridden(String),
 }
 
-pub(super) fn reference_from_meta(meta: &ObjectMeta, namespace: &str) -> ObjectReference {
-    ObjectReference {
-        api_version: Some(FailoverPolicy::api_version(&()).into_owned()),
-        kind: Some(FailoverPolicy::kind(&()).into_owned()),
-        name: meta.name.clone(),
-        namespace: Some(namespace.to_owned()),
-        uid: meta.uid.clone(),
-        resource_version: meta.resource_version.clone(),
-        ..ObjectReference::default()
-    }
-}
-
-/// Publishes one Warning Event, best effort.
-pub(super) async fn warn(ctx: &Context, reference: &ObjectReference, reason: &str, note: String) {
-    let event = KubeEvent {
-        type_: EventType::Warning,
-        reason: reason.to_owned(),
-        note: Some(note),
-        action: "Reconcile".to_owned(),
-        secondary: None,
-    };
-    send(ctx, reference, &event).await;
-}
-
 /// Publishes the reconcile's notices as Events, best effort: an Event that cannot be written is
 /// logged, never a reason to fail a reconcile whose state is already recorded.
 pub(super) async fn publish(
@@ -77,14 +54,6 @@ pub(super) async fn publish(
 ) {
     for notice in notices {
         send(ctx, reference, &describe(notice, spec)).await;
-    }
-}
-
-pub(super) async fn send(ctx: &Context, reference: &ObjectReference, event: &KubeEvent) {
-    match tokio::time::timeout(ctx.write_timeout, ctx.recorder.publish(event, reference)).await {
-        Ok(Ok(())) => {}
-        Ok(Err(error)) => tracing::warn!(reason = %event.reason, %error, "could not publish event"),
-        Err(_) => tracing::warn!(reason = %event.reason, "publishing an event timed out"),
     }
 }
 

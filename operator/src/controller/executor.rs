@@ -22,14 +22,17 @@ use understudy_core::{Epoch, Pool};
 use understudy_prober::probe::Expectation;
 use understudy_prober::sleep::WakeTimeouts;
 
-use super::execution::{StepReport, StepRequest, Workload};
-use super::pipeline::apply_status;
-use super::{Context, Error};
+use super::context::Context;
+use super::error::Error;
 use crate::crd::{ColdStartBreakdown, FailoverPolicy, FailoverPolicyStatus, PoolSpec};
+use crate::judge::{passing, probe_spec};
 use crate::lease::{EpochLease, KubeLease, LeaseError, LeaseRecord};
-use crate::observe::{ReplicaEndpoints, passing, probe_spec};
 use crate::policy::{pool_name, validate};
+use crate::ports::ReplicaEndpoints;
+use crate::ports::{StepReport, StepRequest};
+use crate::reconciler;
 use crate::wake::{self, Woken, warm_sleep_level};
+use crate::workload::Workload;
 
 /// Why a step of the Kubernetes executor waits.
 #[derive(Debug)]
@@ -227,8 +230,11 @@ impl Executor for KubeExecutor<'_> {
         }
         if let Some(status) = self.write_ahead.take() {
             let name = self.policy.metadata.name.as_deref().unwrap_or_default();
-            if let Err(error) = apply_status(self.ctx, self.namespace, name, &status).await {
-                return StepOutcome::NotYet(Waiting::Abort(error));
+            if let Err(error) =
+                reconciler::apply_status::<FailoverPolicy, _>(self.ctx, self.namespace, name, None, &status)
+                    .await
+            {
+                return StepOutcome::NotYet(Waiting::Abort(error.into()));
             }
             self.wrote_ahead = true;
         }

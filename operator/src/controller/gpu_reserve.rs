@@ -10,14 +10,46 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, Preconditions
 use understudy_api::FIELD_MANAGER;
 use understudy_core::Pool;
 
+use super::context::Context;
+use super::error::Error;
 use super::events::Notice;
-use super::pipeline::Run;
-use super::{Context, Error, Workload};
+use super::run::Run;
 use crate::crd::{FailoverPolicy, GpuReserve};
+use crate::lease::LeaseRecord;
+use crate::policy::pool_by_name;
+use crate::reconciler::warn;
 use crate::reserve::{
     POOL_LABEL, ReservePlan, WorkloadShape, is_reserve_of, reserve_deployment, reserve_plan,
     reserve_selector, waiting_reserved, workload_shape,
 };
+use crate::workload::Workload;
+use kube::Resource;
+use understudy_core::failover::ControlPlane;
+
+/// Keeps the reserve where the Lease as read or written in this reconcile says the standby is,
+/// never where a Lease that could not be read or was lost says. A failure is told at once as a
+/// Warning (nothing about it is recorded, and it is tried again) and returned.
+pub(super) async fn keep_reserve_where_the_lease_says(
+    ctx: &Context,
+    run: &mut Run<'_>,
+    policy: &FailoverPolicy,
+    namespace: &str,
+    lease_now: &LeaseRecord,
+) -> Option<Error> {
+    let primary = pool_by_name(&policy.spec, &lease_now.holder)?;
+    if run.machine.control_plane != ControlPlane::Reachable || !run.machine.lease_known {
+        return None;
+    }
+    let error = keep_reserve(ctx, run, policy, namespace, primary).await.err()?;
+    warn(
+        ctx,
+        &policy.object_ref(&()),
+        "GpuReserveFailed",
+        error.to_string(),
+    )
+    .await;
+    Some(error)
+}
 
 /// Keeps the GPU reserves where `primary`, the Lease's holder, wants them: placeholder pods for
 /// the standby's reserved pilot-light replicas that are not running (an old primary after a

@@ -8,9 +8,11 @@ use kube::runtime::controller::Action;
 use kube::runtime::finalizer;
 use understudy_api::FIELD_MANAGER;
 
-use super::events::{reference_from_meta, warn};
-use super::{Context, Error, FINALIZER, invalid_spec_patch};
+use super::context::{Context, FINALIZER};
+use super::error::Error;
+use super::status::invalid_spec_patch;
 use crate::crd::{Condition, FailoverPolicy, condition_type};
+use crate::reconciler::{object_reference, warn};
 
 /// Reports a policy that cannot be run: a Warning Event and `Ready=False` with reason
 /// `InvalidSpec`, by a JSON merge patch that needs nothing but the object's metadata. Nothing
@@ -41,12 +43,27 @@ pub(super) async fn report_invalid(
     };
     warn(
         ctx,
-        &reference_from_meta(meta, namespace),
+        &object_reference::<FailoverPolicy>(meta),
         "InvalidSpec",
         message.to_owned(),
     )
     .await;
     written.map(|()| Action::await_change())
+}
+
+/// Reports a policy whose spec does not validate, keeping the transition time of a `Ready`
+/// condition that already said so.
+pub(super) async fn report_invalid_spec(
+    ctx: &Context,
+    policy: &FailoverPolicy,
+    namespace: &str,
+    message: &str,
+) -> Result<Action, Error> {
+    let previous_ready = policy
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.get(condition_type::READY));
+    report_invalid(ctx, &policy.metadata, namespace, message, previous_ready).await
 }
 
 /// FailoverPolicies, untyped: an answer may be an object that does not deserialize.

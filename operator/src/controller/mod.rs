@@ -27,292 +27,54 @@
 //!   Lease cannot be read or was lost;
 //! - apply over or delete a Deployment that is not labelled as a reserve and owned by the policy.
 
-mod command;
+mod apply;
+mod cold_starts;
+mod context;
+mod decide;
+mod dereference;
+mod error;
 mod events;
-mod execution;
+mod execute;
 mod executor;
 mod gpu_reserve;
 mod invalid;
-mod pipeline;
+mod keep_route;
+mod keep_standby;
+mod observe_lease;
+mod publish;
+mod run;
 mod status;
+mod update_status;
 
-use std::collections::HashMap;
-use std::fmt;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::Api;
 use kube::core::DeserializeGuard;
-use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::finalizer::{self, Event as FinalizerEvent, finalizer};
+use kube::runtime::controller::Action;
+use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
-use kube::{Client, Resource, ResourceExt};
-pub use understudy_core::failover::Observation;
-use understudy_core::failover::{FailoverState, Phase, Step};
-use understudy_prober::probe::Expectation;
+use kube::{Resource, ResourceExt};
+use understudy_core::failover::{FailoverState, Phase};
 
-pub use self::command::{COMMAND_ANNOTATION, COMMAND_WORDS, CommandRequest, HandledCommand, pending_command};
-pub use self::execution::{
-    Clock, HandOffToComponents, NoObservations, ObservationSource, RouteSyncReport, RouteSyncRequest,
-    StepExecutor, StepReport, StepRequest, SystemClock, Workload,
-};
+use self::apply::apply;
+use self::context::PROMOTING_REQUEUE;
+pub use self::context::{Context, FINALIZER};
+pub use self::error::Error;
 use self::invalid::{release_unreadable, report_invalid, stored_ready};
-use self::pipeline::apply;
 pub use self::status::{
     HandedOffStep, OperatorRecord, StatusFacts, StoredRecord, desired_status, invalid_spec_patch,
-    load_record, merge_conditions, phase_name, rfc3339, step_name, timeline,
+    load_record, merge_conditions, phase_name, step_name, timeline,
 };
-use crate::crd::{FailoverPolicy, GoldenAnswer, ParityStatus};
-use crate::lease::LeaseError;
-use crate::metrics::Metrics;
-use crate::observe::{ReplicaEndpoints, fixed_expectation};
+use crate::crd::FailoverPolicy;
 use crate::policy;
-use crate::reserve::{ReserveConfig, ReserveError};
-use crate::watchdog::{Reconciler, Watchdog};
-
-/// The finalizer the controller puts on every FailoverPolicy it runs.
-pub const FINALIZER: &str = "understudy.dev/cleanup";
-
-/// The name Events are reported under.
-pub const CONTROLLER_NAME: &str = "understudy-operator";
-
-/// How soon a policy is looked at again while a promotion is under way.
-const PROMOTING_REQUEUE: Duration = Duration::from_secs(2);
+use crate::reconciler;
+use crate::watchdog::Reconciler;
 
 /// The longest wait between retries of a failing reconcile of a policy that cannot run (its spec
 /// does not validate), so that nothing shorter bounds it.
 const MAX_BACKOFF: Duration = Duration::from_secs(300);
-
-/// The `Ready` reason for a Lease whose epoch went below the recorded one.
-const LEASE_REGRESSED: &str = "LeaseRegressed";
-
-/// Why a reconcile failed. One variant per phase of the pipeline.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// The object lacks a namespace, name or uid; the API server always sets them.
-    #[error("the object has no {0}")]
-    MissingObjectKey(&'static str),
-    /// The epoch Lease is malformed or the API server refused a Lease request.
-    #[error("epoch lease: {0}")]
-    Lease(#[source] LeaseError),
-    /// The epoch Lease names a holder that is neither pool of the policy (a pool was renamed).
-    #[error("the epoch lease names {holder:?}, which is neither of the policy's pools")]
-    LeaseHolderUnknown { holder: String },
-    /// Somebody else moved the epoch Lease first. Nothing was written after it.
-    #[error("lost the compare-and-set on the epoch lease; acting on nothing until it is read again")]
-    LostRace,
-    /// The Lease could not be read or written: control actions are paused.
-    #[error("the control plane cannot be reached, control actions are paused: {0}")]
-    ControlPlaneUnreachable(#[source] LeaseError),
-    /// Scaling a pool's workload or reading its replicas failed.
-    #[error("{step:?} on workload {workload}: {source}")]
-    Workload {
-        step: Step,
-        workload: String,
-        #[source]
-        source: kube::Error,
-    },
-    /// The status could not be written.
-    #[error("status patch: {0}")]
-    StatusPatch(#[source] kube::Error),
-    /// The status patch got no answer in time.
-    #[error("status patch got no answer within {0:?}")]
-    StatusTimeout(Duration),
-    /// Reading the standby's workload, or applying or deleting a GPU reserve, failed.
-    #[error("GPU reserve: {object}: {source}")]
-    Reserve {
-        object: String,
-        #[source]
-        source: kube::Error,
-    },
-    /// The standby's workload does not say what a replica requests.
-    #[error("GPU reserve: {0}")]
-    ReserveShape(#[source] ReserveError),
-    /// A Deployment that is not this policy's reserve already has the reserve's name; it is left
-    /// as it is.
-    #[error(
-        "GPU reserve: Deployment {deployment} exists and is not this policy's reserve; it is left as \
-         it is, and no GPUs are held until it is renamed or removed"
-    )]
-    ReserveNameTaken { deployment: String },
-    /// The operator's record could not be serialized.
-    #[error("the operator's record cannot be serialized: {0}")]
-    Record(#[source] serde_json::Error),
-    /// Adding or removing the finalizer failed, or the wrapped reconcile did.
-    #[error("{0}")]
-    Finalizer(#[source] Box<finalizer::Error<Error>>),
-}
-
-impl Error {
-    /// The phase that failed, from a closed list: a metrics label and an Event reason.
-    #[must_use]
-    pub fn category(&self) -> &'static str {
-        match self {
-            Error::MissingObjectKey(_) => "object",
-            Error::Lease(_) => "lease",
-            Error::LeaseHolderUnknown { .. } => "lease_holder",
-            Error::LostRace => "lost_race",
-            Error::ControlPlaneUnreachable(_) => "control_plane_unreachable",
-            Error::Workload { .. } => "workload",
-            Error::Reserve { .. } | Error::ReserveShape(_) | Error::ReserveNameTaken { .. } => "reserve",
-            Error::StatusPatch(_) | Error::StatusTimeout(_) => "status",
-            Error::Record(_) => "record",
-            Error::Finalizer(inner) => match inner.as_ref() {
-                finalizer::Error::ApplyFailed(e) | finalizer::Error::CleanupFailed(e) => e.category(),
-                _ => "finalizer",
-            },
-        }
-    }
-}
-
-/// What the probing rounds found that status keeps: the golden answer a policy's probes judge by
-/// (`status.goldenAnswer`), whether the replicas take the probe (`ProbeAccepted`), and the last
-/// comparison of the pools (`status.parity`, `ParityHolds`). The operator's is its
-/// [`crate::observe::ProbingObservations`].
-pub trait ProbeFindings: Send + Sync + fmt::Debug {
-    /// The golden answer kept for `policy` now; `None` when there is none, yet or any more.
-    fn golden_answer(&self, policy: &ObjectRef<FailoverPolicy>) -> Option<GoldenAnswer>;
-
-    /// What the probes of `policy` learned of the probe itself: `Some(Ok(()))` when replicas
-    /// answered it in the last round, `Some(Err(why))` when they refused it as wrong, `None`
-    /// before any round.
-    fn probe_accepted(&self, _policy: &ObjectRef<FailoverPolicy>) -> Option<Result<(), String>> {
-        None
-    }
-
-    /// The last comparison of `policy`'s pools; `None` before one finished, or with parity off.
-    fn parity(&self, _policy: &ObjectRef<FailoverPolicy>) -> Option<ParityStatus> {
-        None
-    }
-}
-
-/// What every reconcile shares.
-pub struct Context {
-    pub client: Client,
-    pub recorder: Recorder,
-    pub metrics: Arc<Metrics>,
-    pub observations: Arc<dyn ObservationSource>,
-    /// Without one, a golden answer in status is kept while it fits the probe.
-    pub findings: Option<Arc<dyn ProbeFindings>>,
-    pub steps: Arc<dyn StepExecutor>,
-    pub clock: Arc<dyn Clock>,
-    /// The longest a status patch or an Event may take.
-    pub write_timeout: Duration,
-    /// How GPU reserves' placeholder pods run.
-    pub reserve: ReserveConfig,
-    /// Where each reconcile records that it runs, so that a stuck one is noticed.
-    pub watchdog: Watchdog,
-    /// How the pools' replicas are reached by the reconciles themselves: to keep the standby in
-    /// its shape between promotions ([`crate::standby`]) and to count the promoted pool's
-    /// replicas that pass the generating probe. Without it the standby is left as it runs and
-    /// serving is counted by ready pods.
-    pub replicas: Option<Arc<dyn ReplicaEndpoints>>,
-    /// Consecutive failures per policy, for the error policy's backoff.
-    failures: Mutex<HashMap<(String, String), u32>>,
-}
-
-impl fmt::Debug for Context {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Context")
-            .field("observations", &self.observations)
-            .field("findings", &self.findings)
-            .field("steps", &self.steps)
-            .field("clock", &self.clock)
-            .field("write_timeout", &self.write_timeout)
-            .field("reserve", &self.reserve)
-            .field("watchdog", &self.watchdog)
-            .field("replicas", &self.replicas)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Context {
-    /// A context that observes nothing, hands steps to their components, and reads the wall clock.
-    #[must_use]
-    pub fn new(client: Client, metrics: Arc<Metrics>, instance: Option<String>) -> Self {
-        let reporter = Reporter {
-            controller: CONTROLLER_NAME.to_owned(),
-            instance,
-        };
-        Context {
-            recorder: Recorder::new(client.clone(), reporter),
-            client,
-            metrics,
-            observations: Arc::new(NoObservations),
-            findings: None,
-            steps: Arc::new(HandOffToComponents),
-            clock: Arc::new(SystemClock::new()),
-            write_timeout: Duration::from_secs(10),
-            reserve: ReserveConfig::default(),
-            watchdog: Watchdog::default(),
-            replicas: None,
-            failures: Mutex::new(HashMap::new()),
-        }
-    }
-
-    /// Reaches the pools' replicas through `replicas`: the standby is kept in its shape between
-    /// promotions, and a promoted pool serves when enough replicas pass the generating probe.
-    #[must_use]
-    pub fn with_replicas(mut self, replicas: Arc<dyn ReplicaEndpoints>) -> Self {
-        self.replicas = Some(replicas);
-        self
-    }
-
-    /// What a replica's answer must be: the policy's expectation, or the golden answer recorded
-    /// from the primary; `None` while neither is known.
-    pub(crate) fn expectation(&self, policy: &FailoverPolicy) -> Option<Expectation> {
-        let golden = match &self.findings {
-            Some(source) => source.golden_answer(&ObjectRef::from_obj(policy)),
-            None => policy.status.as_ref().and_then(|s| s.golden_answer.clone()),
-        };
-        fixed_expectation(&policy.spec.probe.expect, golden.as_ref())
-    }
-
-    #[must_use]
-    pub fn with_observations(mut self, observations: Arc<dyn ObservationSource>) -> Self {
-        self.observations = observations;
-        self
-    }
-
-    #[must_use]
-    pub fn with_findings(mut self, findings: Arc<dyn ProbeFindings>) -> Self {
-        self.findings = Some(findings);
-        self
-    }
-
-    #[must_use]
-    pub fn with_steps(mut self, steps: Arc<dyn StepExecutor>) -> Self {
-        self.steps = steps;
-        self
-    }
-
-    #[must_use]
-    pub fn with_reserve(mut self, reserve: ReserveConfig) -> Self {
-        self.reserve = reserve;
-        self
-    }
-
-    #[must_use]
-    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
-        self.clock = clock;
-        self
-    }
-
-    #[must_use]
-    pub fn with_watchdog(mut self, watchdog: Watchdog) -> Self {
-        self.watchdog = watchdog;
-        self
-    }
-
-    fn failures(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), u32>> {
-        // A poisoned map only loses backoff counts; carry on with it.
-        self.failures.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-}
 
 fn policy_key(meta: &ObjectMeta) -> (String, String) {
     (
@@ -425,22 +187,9 @@ pub fn retry_cap(object: &DeserializeGuard<FailoverPolicy>) -> Duration {
 
 /// Runs the controller over one namespace or all of them until the stream ends.
 pub async fn run(ctx: Arc<Context>, namespace: Option<&str>) {
-    let policies: Api<DeserializeGuard<FailoverPolicy>> = match namespace {
-        Some(ns) => Api::namespaced(ctx.client.clone(), ns),
-        None => Api::all(ctx.client.clone()),
-    };
     // The epoch Leases are not watched: a label-less watch on Leases would stream every node's
     // heartbeat. The requeue at the probe interval reads each Lease instead.
-    Controller::new(policies, watcher::Config::default().any_semantic())
-        .shutdown_on_signal()
-        .run(reconcile, error_policy, ctx)
-        .for_each(|outcome| async move {
-            match outcome {
-                Ok((policy, _)) => tracing::debug!(%policy, "reconciled"),
-                Err(error) => tracing::debug!(%error, "reconcile attempt"),
-            }
-        })
-        .await;
+    reconciler::run(ctx, namespace, reconcile, error_policy).await;
 }
 
 /// A deleted policy leaves its pools as they are, and its epoch Lease too: serving must not stop
@@ -455,7 +204,8 @@ fn cleanup(policy: &FailoverPolicy, ctx: &Context, namespace: &str) -> Result<Ac
 
 #[cfg(test)]
 mod tests {
-    use understudy_core::failover::{Promotion, TransitionKind};
+    use kube::runtime::finalizer;
+    use understudy_core::failover::{Promotion, Step, TransitionKind};
     use understudy_core::{Epoch, Pool};
 
     use super::*;

@@ -15,8 +15,8 @@ use understudy_core::failover::{
 use understudy_core::recovery::{Objective, Stage, StageTimes, judge, secs};
 use understudy_core::{Epoch, Pool};
 
-use super::command::HandledCommand;
 use crate::coldstart;
+use crate::command::HandledCommand;
 use crate::crd::{
     ColdStartBreakdown, Condition, ConditionStatus, FailoverPolicySpec, FailoverPolicyStatus,
     FailoverTimeline, GoldenAnswer, GpuReserve, ParityStatus, StandbyProofRecord, TimelineStep,
@@ -24,6 +24,7 @@ use crate::crd::{
 };
 use crate::parity;
 use crate::policy::{pool_name, validate};
+use crate::reconciler::rfc3339;
 
 /// The operator's own record, kept in `status.failover`: the state machine, the last command
 /// handled, and the steps it handed off. A restarted operator resumes from it.
@@ -118,15 +119,6 @@ pub fn load_record(status: Option<&FailoverPolicyStatus>) -> StoredRecord {
         handled_command: field(fields, "handledCommand"),
         handed_off: field(fields, "handedOff").ok().flatten().unwrap_or_default(),
     }
-}
-
-/// RFC 3339 to the second, from a time since the Unix epoch (the controller's clock).
-#[must_use]
-pub fn rfc3339(since_unix_epoch: Duration) -> String {
-    let seconds = i64::try_from(since_unix_epoch.as_secs()).unwrap_or(i64::MAX);
-    Timestamp::from_second(seconds)
-        .unwrap_or(Timestamp::MAX)
-        .to_string()
 }
 
 /// The name status shows for a phase.

@@ -20,15 +20,13 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::tz::TimeZone;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::core::DeserializeGuard;
-use kube::runtime::controller::{Action, Controller};
+use kube::runtime::controller::Action;
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
-use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use understudy_api::FIELD_MANAGER;
 use understudy_api::fence_fault::{FAULT_PATH, FenceFault, MAX_FAULT_SECONDS};
@@ -36,15 +34,17 @@ use understudy_prober::http1;
 use understudy_prober::probe::Bearer;
 
 use super::{DRIFT_VARIABLE, PolicyCommand, PolicyView, RunConfig, RunMachine, StopLimits, instant, load};
-use crate::controller::{COMMAND_ANNOTATION, CONTROLLER_NAME, Clock, SystemClock, rfc3339};
+use crate::command::COMMAND_ANNOTATION;
 use crate::crd::{
     ConcurrencyPolicy, FailoverPolicy, Fault, GameDay, GameDayRun, GameDayStatus, PoolSpec, RequestCounts,
     RunPhase, RunTrigger, Verdict, WorkloadKind,
 };
 use crate::cron::CronSchedule;
-use crate::observe::{KubeReplicas, replica_endpoint};
 use crate::peers::Routers;
-use crate::route_push::RouterToken;
+use crate::ports::{Clock, SystemClock};
+use crate::reconciler::{self, CONTROLLER_NAME, Shell, StatusWrite, object_reference, rfc3339, send, warn};
+use crate::replicas::{KubeReplicas, replica_endpoint};
+use crate::router_admin::RouterToken;
 use crate::watchdog::{Reconciler, Watchdog};
 
 /// The annotation on a FailoverPolicy naming the game day whose run gave it a command.
@@ -192,6 +192,32 @@ impl Context {
     }
 }
 
+impl Shell for Context {
+    const ACTION: &'static str = "GameDay";
+
+    fn client(&self) -> &Client {
+        &self.client
+    }
+
+    fn recorder(&self) -> &Recorder {
+        &self.recorder
+    }
+
+    fn write_timeout(&self) -> Duration {
+        self.write_timeout
+    }
+}
+
+impl From<StatusWrite> for Error {
+    fn from(failed: StatusWrite) -> Self {
+        match failed {
+            StatusWrite::Patch(kube::Error::Api(status)) if status.code == 409 => Error::StatusConflict,
+            StatusWrite::Patch(error) => Error::StatusPatch(error),
+            StatusWrite::Timeout(after) => Error::StatusTimeout(after),
+        }
+    }
+}
+
 /// Something the reconcile tells the user about.
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Notice {
@@ -249,22 +275,9 @@ enum Notice {
 
 /// Runs the GameDay controller over one namespace or all of them until the stream ends.
 pub async fn run(ctx: Arc<Context>, namespace: Option<&str>) {
-    let gamedays: Api<DeserializeGuard<GameDay>> = match namespace {
-        Some(ns) => Api::namespaced(ctx.client.clone(), ns),
-        None => Api::all(ctx.client.clone()),
-    };
     // Policies are not watched: a run under way is looked at every few seconds, and its
     // measurements come from the timestamps in the policy's status, not from when we look.
-    Controller::new(gamedays, watcher::Config::default().any_semantic())
-        .shutdown_on_signal()
-        .run(reconcile, error_policy, ctx)
-        .for_each(|outcome| async move {
-            match outcome {
-                Ok((gameday, _)) => tracing::debug!(%gameday, "reconciled"),
-                Err(error) => tracing::debug!(%error, "game day reconcile attempt"),
-            }
-        })
-        .await;
+    reconciler::run(ctx, namespace, reconcile, error_policy).await;
 }
 
 /// Retries a failed reconcile soon: a run under way is timed by the policy's clock, not ours.
@@ -279,21 +292,10 @@ pub async fn reconcile(object: Arc<DeserializeGuard<GameDay>>, ctx: Arc<Context>
     match &object.0 {
         Ok(gameday) => reconcile_game_day(gameday, &ctx).await,
         Err(invalid) => {
-            let reference = reference_from_meta(&invalid.metadata);
-            warn(&ctx, &reference, "InvalidSpec", invalid.error.clone()).await;
+            let reference = object_reference::<GameDay>(&invalid.metadata);
+            warn(ctx.as_ref(), &reference, "InvalidSpec", invalid.error.clone()).await;
             Ok(Action::await_change())
         }
-    }
-}
-
-fn reference_from_meta(meta: &kube::api::ObjectMeta) -> ObjectReference {
-    ObjectReference {
-        api_version: Some(GameDay::api_version(&()).into_owned()),
-        kind: Some(GameDay::kind(&()).into_owned()),
-        name: meta.name.clone(),
-        namespace: meta.namespace.clone(),
-        uid: meta.uid.clone(),
-        ..ObjectReference::default()
     }
 }
 
@@ -475,7 +477,10 @@ async fn reconcile_game_day(gameday: &GameDay, ctx: &Context) -> Result<Action, 
     // given is never one the game day forgot.
     if status != previous {
         let read_at = gameday.metadata.resource_version.as_deref();
-        apply_status(ctx, &namespace, &name, read_at, &status).await?;
+        // Conditional on the resourceVersion the reconcile read: a reconcile that ran on a stale
+        // cached copy (one that had not yet seen a run start) gets a 409 and is retried, instead
+        // of starting the same run again over the live one.
+        reconciler::apply_status::<GameDay, _>(ctx, &namespace, &name, read_at, &status).await?;
     }
     let reference = gameday.object_ref(&());
     if let (Some(command), Some(policy)) = (&command, &policy) {
@@ -944,37 +949,6 @@ async fn release(ctx: &Context, namespace: &str, policy: &FailoverPolicy, gameda
     }
 }
 
-/// Applies the status, conditional on the resourceVersion the reconcile read: a reconcile that
-/// ran on a stale cached copy (one that had not yet seen a run start) gets a 409 and is retried,
-/// instead of starting the same run again over the live one.
-async fn apply_status(
-    ctx: &Context,
-    namespace: &str,
-    name: &str,
-    read_at: Option<&str>,
-    status: &GameDayStatus,
-) -> Result<(), Error> {
-    let api: Api<GameDay> = Api::namespaced(ctx.client.clone(), namespace);
-    let patch = serde_json::json!({
-        "apiVersion": GameDay::api_version(&()),
-        "kind": GameDay::kind(&()),
-        "metadata": { "resourceVersion": read_at },
-        "status": status,
-    });
-    let params = PatchParams::apply(FIELD_MANAGER).force();
-    match tokio::time::timeout(
-        ctx.write_timeout,
-        api.patch_status(name, &params, &Patch::Apply(&patch)),
-    )
-    .await
-    {
-        Ok(Ok(_)) => Ok(()),
-        Ok(Err(kube::Error::Api(status))) if status.code == 409 => Err(Error::StatusConflict),
-        Ok(Err(error)) => Err(Error::StatusPatch(error)),
-        Err(_) => Err(Error::StatusTimeout(ctx.write_timeout)),
-    }
-}
-
 fn describe(notice: &Notice) -> KubeEvent {
     let (type_, reason, note) = match notice {
         Notice::Commanded { value, policy } => (
@@ -1071,24 +1045,5 @@ fn describe(notice: &Notice) -> KubeEvent {
         note: Some(note),
         action: "GameDay".to_owned(),
         secondary: None,
-    }
-}
-
-async fn warn(ctx: &Context, reference: &ObjectReference, reason: &str, note: String) {
-    let event = KubeEvent {
-        type_: EventType::Warning,
-        reason: reason.to_owned(),
-        note: Some(note),
-        action: "GameDay".to_owned(),
-        secondary: None,
-    };
-    send(ctx, reference, &event).await;
-}
-
-async fn send(ctx: &Context, reference: &ObjectReference, event: &KubeEvent) {
-    match tokio::time::timeout(ctx.write_timeout, ctx.recorder.publish(event, reference)).await {
-        Ok(Ok(())) => {}
-        Ok(Err(error)) => tracing::warn!(reason = %event.reason, %error, "could not publish event"),
-        Err(_) => tracing::warn!(reason = %event.reason, "publishing an event timed out"),
     }
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use futures::future::join_all;
 
-use crate::route_push::{RouterAdminUrl, RouterToken, get_metrics};
+use crate::router_admin::{RouterAdminUrl, RouterToken, get_metrics};
 
 /// The request outcomes that are a failure for the client: an upstream's 5xx, no route or no
 /// endpoint in time, every try failed. `forwarded` is served, `shed` is counted apart, and

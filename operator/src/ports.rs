@@ -1,28 +1,25 @@
-//! The components the Kubernetes executor ([`super::executor`]) hands steps to, the workloads it
-//! scales, and where the controller's observations and time come from.
+//! The ports of the operator: what its controllers consume, as traits and the plain types that
+//! cross them, with no Kubernetes client behind any of them. The controllers import these and the
+//! adapters implement them (the probing rounds in [`crate::observe`], the replicas in
+//! [`crate::replicas`], the routers in [`crate::route_push`]), so that the controllers sit on top
+//! and every import runs downward.
 //!
-//! The lease step, scaling and waiting for replicas to serve are the executor's own, against the
-//! epoch Lease and the workload's scale subresource and status ([`Workload`]), and so is waking
-//! the new primary's warm replicas where the operator reaches them ([`crate::wake`]). Routing and
-//! opening admission are pushed to the routers by
-//! [`crate::route_push::RouterPush`] when routers are configured. Fencing, and routing without
-//! routers, belong to other components (the fence sidecar, the router); [`HandOffToComponents`]
-//! reports them handed off, never done: the promotion moves on, and an Event and the status
-//! timeline say which component carries each out and that this operator made no call. It must
-//! never claim a call it did not make.
+//! What this module must never do: call anything. It holds contracts and the two implementations
+//! that do nothing on purpose ([`NoObservations`], [`HandOffToComponents`]).
 
 use std::fmt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::future::BoxFuture;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
-use understudy_api::FIELD_MANAGER;
 use understudy_core::Epoch;
-use understudy_core::failover::{Observation, Step};
+pub use understudy_core::failover::Observation;
+use understudy_core::failover::Step;
+use understudy_prober::probe::Endpoint;
 
-use crate::crd::{FailoverPolicy, PoolSpec, WorkloadKind, WorkloadRef};
+use crate::crd::{FailoverPolicy, GoldenAnswer, ParityStatus, PoolSpec, WorkloadKind};
+use crate::parity::ServingConfig;
 
 /// The controller's clock: time since the Unix epoch, so that times recorded in status mean the
 /// same thing to a restarted operator.
@@ -107,6 +104,89 @@ impl ObservationSource for NoObservations {
     }
 }
 
+/// What the probing rounds found that status keeps: the golden answer a policy's probes judge by
+/// (`status.goldenAnswer`), whether the replicas take the probe (`ProbeAccepted`), and the last
+/// comparison of the pools (`status.parity`, `ParityHolds`). The operator's is its
+/// [`crate::observe::ProbingObservations`].
+pub trait ProbeFindings: Send + Sync + fmt::Debug {
+    /// The golden answer kept for `policy` now; `None` when there is none, yet or any more.
+    fn golden_answer(&self, policy: &ObjectRef<FailoverPolicy>) -> Option<GoldenAnswer>;
+
+    /// What the probes of `policy` learned of the probe itself: `Some(Ok(()))` when replicas
+    /// answered it in the last round, `Some(Err(why))` when they refused it as wrong, `None`
+    /// before any round.
+    fn probe_accepted(&self, _policy: &ObjectRef<FailoverPolicy>) -> Option<Result<(), String>> {
+        None
+    }
+
+    /// The last comparison of `policy`'s pools; `None` before one finished, or with parity off.
+    fn parity(&self, _policy: &ObjectRef<FailoverPolicy>) -> Option<ParityStatus> {
+        None
+    }
+}
+
+/// Why a pool's replicas could not be found this round.
+#[derive(Debug, thiserror::Error)]
+pub enum ResolveError {
+    /// The workload could not be read.
+    #[error("reading {kind:?} {name:?}: {source}")]
+    Workload {
+        kind: WorkloadKind,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// The workload's selector selects nothing usable: no labels, or an operator kube cannot
+    /// write. Listing with it could select every pod of the namespace.
+    #[error("{kind:?} {name:?} has no usable pod selector: {reason}")]
+    Selector {
+        kind: WorkloadKind,
+        name: String,
+        reason: String,
+    },
+    /// The workload's pods could not be listed.
+    #[error("listing the pods of {kind:?} {name:?}: {source}")]
+    Pods {
+        kind: WorkloadKind,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+}
+
+/// Where a pool's replicas can be reached.
+pub trait ReplicaEndpoints: Send + Sync + fmt::Debug {
+    /// The endpoints of `pool`'s replicas in `namespace` that can be probed now; empty when the
+    /// pool has none. An error means the answer is unknown, not that the pool is empty.
+    fn resolve<'a>(
+        &'a self,
+        namespace: &'a str,
+        pool: &'a PoolSpec,
+    ) -> BoxFuture<'a, Result<Vec<Endpoint>, ResolveError>>;
+
+    /// The names of `pool`'s replicas that [`Self::resolve`] gives endpoints for (its Running
+    /// pods); empty when they cannot be told, which matches them to no GPU.
+    fn replica_names<'a>(
+        &'a self,
+        _namespace: &'a str,
+        _pool: &'a PoolSpec,
+    ) -> BoxFuture<'a, Result<Vec<String>, ResolveError>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
+
+    /// How `pool`'s workload starts vLLM, from its pod template once every replica runs it;
+    /// `None` when that cannot be told (a rollout under way, a LeaderWorkerSet). Its model is the
+    /// one the pool is set to serve: a recorded golden answer is kept only while the primary
+    /// serves the model it was recorded from.
+    fn serving_config<'a>(
+        &'a self,
+        _namespace: &'a str,
+        _pool: &'a PoolSpec,
+    ) -> BoxFuture<'a, Result<Option<ServingConfig>, ResolveError>> {
+        Box::pin(async { Ok(None) })
+    }
+}
+
 /// A step the controller hands to another component.
 #[derive(Clone, Copy, Debug)]
 pub struct StepRequest<'a> {
@@ -175,7 +255,7 @@ pub trait StepExecutor: Send + Sync + fmt::Debug {
 /// The executor that calls nothing: it hands every step off. The fence sidecar reads the epoch
 /// Lease itself, so fencing follows the Lease on its own; routing waits for routers given to the
 /// operator (`--router-admin`), and waking for an operator that reaches the replicas
-/// ([`super::Context::with_replicas`]).
+/// ([`crate::controller::Context::with_replicas`]).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct HandOffToComponents;
 
@@ -211,103 +291,6 @@ impl StepExecutor for HandOffToComponents {
             ),
         };
         Box::pin(async move { StepReport::HandedOff { carried_by, note } })
-    }
-}
-
-/// A pool's workload, through its scale subresource and status.
-#[derive(Clone)]
-pub struct Workload {
-    api: Api<DynamicObject>,
-    name: String,
-}
-
-impl fmt::Debug for Workload {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Workload")
-            .field("name", &self.name)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Workload {
-    /// The workload `workload` names in `namespace`.
-    #[must_use]
-    pub fn new(client: kube::Client, namespace: &str, workload: &WorkloadRef) -> Self {
-        let (group, version, plural) = match workload.kind {
-            WorkloadKind::Deployment => ("apps", "v1", "deployments"),
-            WorkloadKind::StatefulSet => ("apps", "v1", "statefulsets"),
-            WorkloadKind::LeaderWorkerSet => ("leaderworkerset.x-k8s.io", "v1", "leaderworkersets"),
-        };
-        let kind = format!("{:?}", workload.kind);
-        let resource =
-            ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, &kind), plural);
-        Workload {
-            api: Api::namespaced_with(client, namespace, &resource),
-            name: workload.name.clone(),
-        }
-    }
-
-    /// Raise the desired replicas to `replicas`; never lowers them. Returns whether it wrote.
-    ///
-    /// A JSON merge patch on the scale subresource, as `kubectl scale` sends, rather than
-    /// server-side apply: applying would take ownership of `spec.replicas` away from whoever
-    /// deploys the workload, and their next apply would either conflict or scale the new primary
-    /// back down.
-    pub async fn scale_up_to(&self, replicas: u32) -> Result<bool, kube::Error> {
-        if self.desired_replicas().await? >= i64::from(replicas) {
-            return Ok(false);
-        }
-        self.set_replicas(replicas).await?;
-        Ok(true)
-    }
-
-    /// Lower the desired replicas to `replicas`; never raises them. Returns the replicas it
-    /// lowered from, or `None` when there was nothing to lower. The same patch as
-    /// [`Workload::scale_up_to`].
-    pub async fn scale_down_to(&self, replicas: u32) -> Result<Option<u32>, kube::Error> {
-        let desired = self.desired_replicas().await?;
-        match u32::try_from(desired) {
-            Ok(from) if from > replicas => {
-                self.set_replicas(replicas).await?;
-                Ok(Some(from))
-            }
-            _ => Ok(None),
-        }
-    }
-
-    /// `spec.replicas` of the scale subresource.
-    async fn desired_replicas(&self) -> Result<i64, kube::Error> {
-        let scale = self.api.get_scale(&self.name).await?;
-        Ok(i64::from(scale.spec.and_then(|s| s.replicas).unwrap_or(0)))
-    }
-
-    async fn set_replicas(&self, replicas: u32) -> Result<(), kube::Error> {
-        let patch = serde_json::json!({ "spec": { "replicas": replicas } });
-        let params = PatchParams {
-            field_manager: Some(FIELD_MANAGER.to_owned()),
-            ..PatchParams::default()
-        };
-        self.api
-            .patch_scale(&self.name, &params, &Patch::Merge(&patch))
-            .await?;
-        Ok(())
-    }
-
-    /// The workload as it is stored, pod template included.
-    pub async fn get(&self) -> Result<DynamicObject, kube::Error> {
-        self.api.get(&self.name).await
-    }
-
-    /// How many replicas are ready, from the workload's `status.readyReplicas`.
-    pub async fn ready_replicas(&self) -> Result<u32, kube::Error> {
-        let object = self.api.get(&self.name).await?;
-        Ok(object
-            .data
-            .get("status")
-            .and_then(|s| s.get("readyReplicas"))
-            .and_then(serde_json::Value::as_u64)
-            .and_then(|n| u32::try_from(n).ok())
-            .unwrap_or(0))
     }
 }
 

@@ -1,0 +1,169 @@
+//! What every reconcile of a FailoverPolicy shares: the clients, the ports it consumes, the
+//! clock, the write timeout, and the backoff counts of its error policy.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use kube::Client;
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::ObjectRef;
+use understudy_prober::probe::Expectation;
+
+use crate::crd::FailoverPolicy;
+use crate::judge::fixed_expectation;
+use crate::metrics::Metrics;
+use crate::ports::ReplicaEndpoints;
+use crate::ports::{
+    Clock, HandOffToComponents, NoObservations, ObservationSource, ProbeFindings, StepExecutor, SystemClock,
+};
+use crate::reconciler::{CONTROLLER_NAME, Shell};
+use crate::reserve::ReserveConfig;
+use crate::watchdog::Watchdog;
+
+/// The finalizer the controller puts on every FailoverPolicy it runs.
+pub const FINALIZER: &str = "understudy.dev/cleanup";
+
+/// How soon a policy is looked at again while a promotion is under way.
+pub(super) const PROMOTING_REQUEUE: Duration = Duration::from_secs(2);
+
+/// What every reconcile shares.
+pub struct Context {
+    pub client: Client,
+    pub recorder: Recorder,
+    pub metrics: Arc<Metrics>,
+    pub observations: Arc<dyn ObservationSource>,
+    /// Without one, a golden answer in status is kept while it fits the probe.
+    pub findings: Option<Arc<dyn ProbeFindings>>,
+    pub steps: Arc<dyn StepExecutor>,
+    pub clock: Arc<dyn Clock>,
+    /// The longest a status patch or an Event may take.
+    pub write_timeout: Duration,
+    /// How GPU reserves' placeholder pods run.
+    pub reserve: ReserveConfig,
+    /// Where each reconcile records that it runs, so that a stuck one is noticed.
+    pub watchdog: Watchdog,
+    /// How the pools' replicas are reached by the reconciles themselves: to keep the standby in
+    /// its shape between promotions ([`crate::standby`]) and to count the promoted pool's
+    /// replicas that pass the generating probe. Without it the standby is left as it runs and
+    /// serving is counted by ready pods.
+    pub replicas: Option<Arc<dyn ReplicaEndpoints>>,
+    /// Consecutive failures per policy, for the error policy's backoff.
+    failures: Mutex<HashMap<(String, String), u32>>,
+}
+
+impl fmt::Debug for Context {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Context")
+            .field("observations", &self.observations)
+            .field("findings", &self.findings)
+            .field("steps", &self.steps)
+            .field("clock", &self.clock)
+            .field("write_timeout", &self.write_timeout)
+            .field("reserve", &self.reserve)
+            .field("watchdog", &self.watchdog)
+            .field("replicas", &self.replicas)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Context {
+    /// A context that observes nothing, hands steps to their components, and reads the wall clock.
+    #[must_use]
+    pub fn new(client: Client, metrics: Arc<Metrics>, instance: Option<String>) -> Self {
+        let reporter = Reporter {
+            controller: CONTROLLER_NAME.to_owned(),
+            instance,
+        };
+        Context {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            metrics,
+            observations: Arc::new(NoObservations),
+            findings: None,
+            steps: Arc::new(HandOffToComponents),
+            clock: Arc::new(SystemClock::new()),
+            write_timeout: Duration::from_secs(10),
+            reserve: ReserveConfig::default(),
+            watchdog: Watchdog::default(),
+            replicas: None,
+            failures: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Reaches the pools' replicas through `replicas`: the standby is kept in its shape between
+    /// promotions, and a promoted pool serves when enough replicas pass the generating probe.
+    #[must_use]
+    pub fn with_replicas(mut self, replicas: Arc<dyn ReplicaEndpoints>) -> Self {
+        self.replicas = Some(replicas);
+        self
+    }
+
+    /// What a replica's answer must be: the policy's expectation, or the golden answer recorded
+    /// from the primary; `None` while neither is known.
+    pub(crate) fn expectation(&self, policy: &FailoverPolicy) -> Option<Expectation> {
+        let golden = match &self.findings {
+            Some(source) => source.golden_answer(&ObjectRef::from_obj(policy)),
+            None => policy.status.as_ref().and_then(|s| s.golden_answer.clone()),
+        };
+        fixed_expectation(&policy.spec.probe.expect, golden.as_ref())
+    }
+
+    #[must_use]
+    pub fn with_observations(mut self, observations: Arc<dyn ObservationSource>) -> Self {
+        self.observations = observations;
+        self
+    }
+
+    #[must_use]
+    pub fn with_findings(mut self, findings: Arc<dyn ProbeFindings>) -> Self {
+        self.findings = Some(findings);
+        self
+    }
+
+    #[must_use]
+    pub fn with_steps(mut self, steps: Arc<dyn StepExecutor>) -> Self {
+        self.steps = steps;
+        self
+    }
+
+    #[must_use]
+    pub fn with_reserve(mut self, reserve: ReserveConfig) -> Self {
+        self.reserve = reserve;
+        self
+    }
+
+    #[must_use]
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    #[must_use]
+    pub fn with_watchdog(mut self, watchdog: Watchdog) -> Self {
+        self.watchdog = watchdog;
+        self
+    }
+
+    pub(super) fn failures(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), u32>> {
+        // A poisoned map only loses backoff counts; carry on with it.
+        self.failures.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Shell for Context {
+    const ACTION: &'static str = "Reconcile";
+
+    fn client(&self) -> &Client {
+        &self.client
+    }
+
+    fn recorder(&self) -> &Recorder {
+        &self.recorder
+    }
+
+    fn write_timeout(&self) -> Duration {
+        self.write_timeout
+    }
+}

@@ -1,0 +1,190 @@
+//! Stage 5, between promotions: keep the standby in its shape and prove it when due.
+
+use std::time::Duration;
+
+use k8s_openapi::jiff::Timestamp;
+use kube::runtime::events::{Event as KubeEvent, EventType};
+use kube::{Resource, ResourceExt};
+use understudy_core::Pool;
+use understudy_core::failover::{CheckResult, Input};
+use understudy_prober::probe::Expectation;
+use understudy_prober::sleep::WakeTimeouts;
+
+use super::context::Context;
+use super::run::Run;
+use crate::crd::{FailoverPolicy, ParityDrift, StandbyProofRecord};
+use crate::judge::probe_spec;
+use crate::lease::LeaseRecord;
+use crate::parity;
+use crate::policy::ValidatedPolicy;
+use crate::policy::pool_by_name;
+use crate::reconciler::{rfc3339, send};
+use crate::standby::{self, Sleep};
+use crate::workload::Workload;
+use understudy_core::failover::{ControlPlane, Phase};
+
+/// Between promotions, while the Lease can be read and nothing is paused: keeps the standby in its
+/// shape, then proves it when due.
+pub(super) async fn keep_standby_between_promotions(
+    ctx: &Context,
+    policy: &FailoverPolicy,
+    namespace: &str,
+    validated: &ValidatedPolicy,
+    run: &mut Run<'_>,
+    lease_now: &LeaseRecord,
+) {
+    let Some(primary) = pool_by_name(&policy.spec, &lease_now.holder) else {
+        return;
+    };
+    if run.machine.phase != Phase::Serving
+        || run.machine.control_plane != ControlPlane::Reachable
+        || !run.machine.lease_known
+        || run.config.paused
+    {
+        return;
+    }
+    keep_standby(
+        ctx,
+        policy,
+        namespace,
+        validated,
+        primary.other(),
+        run.parity_drift(),
+    )
+    .await;
+    prove_standby(ctx, policy, namespace, validated, run, primary.other()).await;
+}
+
+/// Keeps `standby` in its shape ([`standby`]) when the operator can reach replicas: a Normal
+/// Event says what changed; what could not be done is logged and tried again next time.
+async fn keep_standby(
+    ctx: &Context,
+    policy: &FailoverPolicy,
+    namespace: &str,
+    validated: &ValidatedPolicy,
+    standby_pool: Pool,
+    parity_drift: &[ParityDrift],
+) {
+    let Some(replicas) = &ctx.replicas else {
+        return;
+    };
+    let Some(pool) = policy.spec.pools.get(standby_pool.index()) else {
+        return;
+    };
+    let sleep = match ctx.expectation(policy) {
+        _ if !parity_drift.is_empty() => Sleep::Not(format!(
+            "it drifts from the primary: {}",
+            parity::drift_line(parity_drift)
+        )),
+        Some(expect) => Sleep::AfterProbe(expect),
+        None => Sleep::Not("no golden answer is recorded yet to probe it against".to_owned()),
+    };
+    let probe = probe_spec(&policy.spec.probe, &validated.probe, Expectation::NonEmpty);
+    let workload = Workload::new(ctx.client.clone(), namespace, &pool.workload);
+    let kept = standby::keep(
+        &workload,
+        pool,
+        replicas.as_ref(),
+        namespace,
+        &probe,
+        sleep,
+        WakeTimeouts::default(),
+    )
+    .await;
+    match kept {
+        Ok(kept) if kept.changed() => {
+            let event = KubeEvent {
+                type_: EventType::Normal,
+                reason: "StandbyShaped".to_owned(),
+                note: Some(format!("standby {}: {kept}", pool.name)),
+                action: "Standby".to_owned(),
+                secondary: None,
+            };
+            send(ctx, &policy.object_ref(&()), &event).await;
+        }
+        Ok(kept) if !kept.left_awake.is_empty() => {
+            tracing::info!(%namespace, policy = %policy.name_any(), standby = %pool.name, %kept, "standby not in shape yet");
+        }
+        Ok(_) => {}
+        Err(error) => {
+            tracing::warn!(%namespace, policy = %policy.name_any(), standby = %pool.name, %error, "could not keep the standby in shape");
+        }
+    }
+}
+
+/// When `spec.standbyProof` says one is due, and the time is outside its windows, wakes one of the
+/// standby's sleeping replicas, probes it and puts it back to sleep ([`standby::prove`]). A
+/// failed proof is fed to the machine as a failed check of the standby, so it is not promoted
+/// until it passes its checks again; either way an Event says what happened.
+async fn prove_standby(
+    ctx: &Context,
+    policy: &FailoverPolicy,
+    namespace: &str,
+    validated: &ValidatedPolicy,
+    run: &mut Run<'_>,
+    standby_pool: Pool,
+) {
+    let (Some(replicas), Some(proof)) = (&ctx.replicas, &validated.standby_proof) else {
+        return;
+    };
+    let Some(pool) = policy.spec.pools.get(standby_pool.index()) else {
+        return;
+    };
+    let last = policy.status.as_ref().and_then(|s| s.standby_proof.as_ref());
+    let last_at = last
+        .and_then(|p| p.at.parse::<Timestamp>().ok())
+        .and_then(|at| Duration::try_from(Timestamp::UNIX_EPOCH.duration_until(at)).ok());
+    let due = last_at.is_none_or(|at| run.now.saturating_sub(at) >= proof.every);
+    let Some(expect) = ctx.expectation(policy) else {
+        return;
+    };
+    if !due || !proof.allowed_at(run.now) || pool.standby_shape().warm == 0 {
+        return;
+    }
+    let spec = probe_spec(&policy.spec.probe, &validated.probe, Expectation::NonEmpty);
+    let after = last.filter(|p| p.pool == pool.name).map(|p| p.replica.as_str());
+    let proved = standby::prove(
+        pool,
+        replicas.as_ref(),
+        namespace,
+        &spec,
+        expect,
+        WakeTimeouts::default(),
+        after,
+    )
+    .await;
+    let proof = match proved {
+        Ok(Some(proof)) => proof,
+        Ok(None) => return,
+        Err(error) => {
+            tracing::warn!(%namespace, policy = %policy.name_any(), standby = %pool.name, %error, "could not prove the standby");
+            return;
+        }
+    };
+    if !proof.passed {
+        run.feed(Input::Check {
+            pool: standby_pool,
+            result: CheckResult::SoftFail,
+        });
+    }
+    let (type_, reason) = if proof.passed {
+        (EventType::Normal, "StandbyProven")
+    } else {
+        (EventType::Warning, "StandbyProofFailed")
+    };
+    let event = KubeEvent {
+        type_,
+        reason: reason.to_owned(),
+        note: Some(format!("{} {}: {}", pool.name, proof.replica, proof.detail)),
+        action: "Prove".to_owned(),
+        secondary: None,
+    };
+    send(ctx, &policy.object_ref(&()), &event).await;
+    run.standby_proof = Some(StandbyProofRecord {
+        at: rfc3339(run.now),
+        pool: pool.name.clone(),
+        replica: proof.replica,
+        passed: proof.passed,
+        detail: proof.detail,
+    });
+}

@@ -1,0 +1,167 @@
+//! The shell both controllers run in, the FailoverPolicy's and the GameDay's: the controller loop
+//! over one namespace or all, Events published under a timeout against a reference to their
+//! object, and status written by server-side apply under the crate's field manager and a timeout.
+//! Each controller brings its context, its reconcile and its error policy.
+//!
+//! What this module must never do: decide anything about an object, fail a reconcile because an
+//! Event could not be written, or wait on the API server without a timeout.
+
+use std::fmt::Debug;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::NamespaceResourceScope;
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch, PatchParams};
+use kube::core::DeserializeGuard;
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event as KubeEvent, EventType, Recorder};
+use kube::runtime::watcher;
+use kube::{Client, Resource};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use understudy_api::FIELD_MANAGER;
+
+/// The name Events are reported under.
+pub const CONTROLLER_NAME: &str = "understudy-operator";
+
+/// What the shell needs of a controller's context.
+pub trait Shell: Send + Sync + 'static {
+    /// What the controller's Warning Events say it was doing.
+    const ACTION: &'static str;
+
+    fn client(&self) -> &Client;
+
+    fn recorder(&self) -> &Recorder;
+
+    /// The longest a status patch or an Event may take.
+    fn write_timeout(&self) -> Duration;
+}
+
+/// Runs a controller of `K` over `namespace` (all namespaces when `None`) until the stream ends:
+/// objects that do not deserialize reach `reconcile` too, as a [`DeserializeGuard`], so that one
+/// malformed object is reported instead of breaking the watch.
+pub async fn run<K, C, R, Fut, E>(
+    ctx: Arc<C>,
+    namespace: Option<&str>,
+    reconcile: R,
+    error_policy: fn(Arc<DeserializeGuard<K>>, &E, Arc<C>) -> Action,
+) where
+    K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
+        + Clone
+        + DeserializeOwned
+        + Debug
+        + Send
+        + Sync
+        + 'static,
+    C: Shell,
+    R: FnMut(Arc<DeserializeGuard<K>>, Arc<C>) -> Fut,
+    Fut: Future<Output = Result<Action, E>> + Send + 'static,
+    E: std::error::Error + Send + 'static,
+{
+    let objects: Api<DeserializeGuard<K>> = match namespace {
+        Some(ns) => Api::namespaced(ctx.client().clone(), ns),
+        None => Api::all(ctx.client().clone()),
+    };
+    Controller::new(objects, watcher::Config::default().any_semantic())
+        .shutdown_on_signal()
+        .run(reconcile, error_policy, ctx)
+        .for_each(|outcome| async move {
+            match outcome {
+                Ok((object, _)) => tracing::debug!(%object, "reconciled"),
+                Err(error) => tracing::debug!(kind = K::kind(&()).as_ref(), %error, "reconcile attempt"),
+            }
+        })
+        .await;
+}
+
+/// The reference an Event about the `K` with `meta` names.
+#[must_use]
+pub fn object_reference<K: Resource<DynamicType = ()>>(meta: &ObjectMeta) -> ObjectReference {
+    ObjectReference {
+        api_version: Some(K::api_version(&()).into_owned()),
+        kind: Some(K::kind(&()).into_owned()),
+        name: meta.name.clone(),
+        namespace: meta.namespace.clone(),
+        uid: meta.uid.clone(),
+        resource_version: meta.resource_version.clone(),
+        ..ObjectReference::default()
+    }
+}
+
+/// Publishes one Warning Event, best effort.
+pub async fn warn<C: Shell>(ctx: &C, reference: &ObjectReference, reason: &str, note: String) {
+    let event = KubeEvent {
+        type_: EventType::Warning,
+        reason: reason.to_owned(),
+        note: Some(note),
+        action: C::ACTION.to_owned(),
+        secondary: None,
+    };
+    send(ctx, reference, &event).await;
+}
+
+/// Publishes one Event, best effort: one that cannot be written in time is logged and dropped.
+pub async fn send(ctx: &impl Shell, reference: &ObjectReference, event: &KubeEvent) {
+    let timeout = ctx.write_timeout();
+    match tokio::time::timeout(timeout, ctx.recorder().publish(event, reference)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(error)) => tracing::warn!(reason = %event.reason, %error, "could not publish event"),
+        Err(_) => tracing::warn!(reason = %event.reason, "publishing an event timed out"),
+    }
+}
+
+/// Why a status could not be written.
+#[derive(Debug, thiserror::Error)]
+pub enum StatusWrite {
+    /// The API server refused the patch (a 409 when `read_at` no longer holds).
+    #[error("status patch: {0}")]
+    Patch(#[source] kube::Error),
+    /// The patch got no answer in time.
+    #[error("status patch got no answer within {0:?}")]
+    Timeout(Duration),
+}
+
+/// Applies `status` to the `K` named `name`, by server-side apply under [`FIELD_MANAGER`] and the
+/// write timeout; with `read_at`, only over the `resourceVersion` the reconcile read.
+pub async fn apply_status<K, S>(
+    ctx: &impl Shell,
+    namespace: &str,
+    name: &str,
+    read_at: Option<&str>,
+    status: &S,
+) -> Result<(), StatusWrite>
+where
+    K: Resource<DynamicType = (), Scope = NamespaceResourceScope> + Clone + DeserializeOwned + Debug,
+    S: Serialize,
+{
+    let api: Api<K> = Api::namespaced(ctx.client().clone(), namespace);
+    let mut patch = serde_json::json!({
+        "apiVersion": K::api_version(&()),
+        "kind": K::kind(&()),
+        "status": status,
+    });
+    if let Some(version) = read_at {
+        patch["metadata"] = serde_json::json!({ "resourceVersion": version });
+    }
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    let timeout = ctx.write_timeout();
+    match tokio::time::timeout(timeout, api.patch_status(name, &params, &Patch::Apply(&patch))).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(error)) => Err(StatusWrite::Patch(error)),
+        Err(_) => Err(StatusWrite::Timeout(timeout)),
+    }
+}
+
+/// RFC 3339 to the second, from a time since the Unix epoch (the controllers' clock).
+#[must_use]
+pub fn rfc3339(since_unix_epoch: Duration) -> String {
+    let seconds = i64::try_from(since_unix_epoch.as_secs()).unwrap_or(i64::MAX);
+    Timestamp::from_second(seconds)
+        .unwrap_or(Timestamp::MAX)
+        .to_string()
+}
