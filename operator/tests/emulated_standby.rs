@@ -7,6 +7,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "../../prober/tests/emulated/mod.rs"]
 mod prober_support;
 
 use std::io::{Read, Write};

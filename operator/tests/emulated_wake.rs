@@ -4,6 +4,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "../../prober/tests/emulated/mod.rs"]
 mod prober_support;
 
 use std::io::{Read, Write};
@@ -175,7 +176,7 @@ async fn a_replica_without_dev_mode_counts_as_awake() {
 async fn an_unreachable_replica_holds_the_step_but_not_the_others() {
     let asleep = Emulator::ready(&["--enable-sleep-mode"], DEV_MODE);
     put_to_sleep(&asleep, 1);
-    let gone_port = understudy_tests::ClosedPort::bind();
+    let gone_port = understudy_emulator::local::ClosedPort::bind();
     let gone = Endpoint::new("127.0.0.1", gone_port.port);
 
     let report = wake(&policy(&warm(1)), vec![gone, asleep.endpoint.clone()]).await;
@@ -193,7 +194,7 @@ async fn an_unreachable_replica_holds_the_step_but_not_the_others() {
 #[tokio::test]
 async fn a_pool_without_a_warm_tier_is_done_without_a_call() {
     // Nothing listens there: a call would fail the step.
-    let nobody_port = understudy_tests::ClosedPort::bind();
+    let nobody_port = understudy_emulator::local::ClosedPort::bind();
     let nobody = Endpoint::new("127.0.0.1", nobody_port.port);
     let note = done_note(wake(&policy("[{tier: hot, replicas: 2}]"), vec![nobody]).await);
     assert!(note.contains("no warm tier"), "{note}");

@@ -3,11 +3,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod prober_support;
+mod emulated;
 
 use std::time::Duration;
 
-use prober_support::Emulator;
+use emulated::Emulator;
 use understudy_prober::parity::runtime::runtime_fingerprint;
 
 const IMAGE: &str =
@@ -60,7 +60,7 @@ async fn twin_replicas_agree_and_a_drifted_one_is_reported_by_version_and_contex
 
 #[tokio::test]
 async fn an_unreachable_replica_is_an_error_not_an_empty_fingerprint() {
-    let closed_port = understudy_tests::ClosedPort::bind();
+    let closed_port = understudy_emulator::local::ClosedPort::bind();
     let closed = understudy_prober::probe::Endpoint::new("127.0.0.1", closed_port.port);
     assert!(
         runtime_fingerprint(&closed, None, Duration::from_secs(2))

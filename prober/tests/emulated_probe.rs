@@ -3,15 +3,15 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod prober_support;
+mod emulated;
 
 use std::time::Duration;
 
-use prober_support::Emulator;
+use emulated::Emulator;
 use understudy_core::failover::CheckResult;
+use understudy_emulator::local::ClosedPort;
 use understudy_prober::outcome::{ProbeOutcome, pool_verdict};
 use understudy_prober::probe::{self, Budget, Endpoint, Expectation, ProbeSpec};
-use understudy_tests::ClosedPort;
 
 const DEV: &[(&str, &str)] = &[("VLLM_SERVER_DEV_MODE", "1")];
 
@@ -20,7 +20,7 @@ const DEV: &[(&str, &str)] = &[("VLLM_SERVER_DEV_MODE", "1")];
 /// makes the emulator take longer than that.
 fn spec() -> ProbeSpec {
     ProbeSpec {
-        model: Some(prober_support::MODEL.to_string()),
+        model: Some(emulated::MODEL.to_string()),
         budget: Budget {
             first_token: Duration::from_secs(60),
             total: Duration::from_secs(60),

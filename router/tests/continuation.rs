@@ -6,11 +6,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod router_support;
+mod support;
 
 use std::collections::BTreeSet;
 
-use router_support::{Emulator, MODEL, Router, completion, read_until, request, send, streamed_text};
+use support::{Emulator, MODEL, Router, completion, read_until, request, send, streamed_text};
 use understudy_router::gateway::GatewayConfig;
 
 const TOKENS: u32 = 60;
@@ -35,7 +35,7 @@ fn cut_stream(r: &Router, then: impl FnOnce()) -> String {
     let mut rest = Vec::new();
     std::io::Read::read_to_end(&mut s, &mut rest).unwrap();
     raw.extend_from_slice(&rest);
-    let reply = router_support::parse(&raw);
+    let reply = support::parse(&raw);
     assert_eq!(reply.status, 200);
     reply.text()
 }

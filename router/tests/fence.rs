@@ -7,19 +7,19 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod router_support;
+mod support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use router_support::{Emulator, FenceSidecar, MODEL, Router, completion, request, route, streamed_text};
+use support::{Emulator, FenceSidecar, MODEL, Router, completion, request, route, streamed_text};
 use understudy_api::fence_fault::{FAULT_PATH, WRONG_ANSWER};
 use understudy_api::lease::{EpochLease, LeaseError, LeaseRecord, MemoryLease, Unreachable};
 use understudy_core::Epoch;
+use understudy_emulator::local::ClosedPort;
 use understudy_router::fence_sidecar::LeaseSource;
 use understudy_router::gateway::GatewayConfig;
-use understudy_tests::ClosedPort;
 
 const POLL: Duration = Duration::from_millis(20);
 
@@ -39,12 +39,12 @@ impl LeaseSource for Partitioned {
     }
 }
 
-fn generate(port: u16) -> router_support::Reply {
+fn generate(port: u16) -> support::Reply {
     request(port, "POST", "/v1/completions", &[], &completion(4, false))
 }
 
 /// Polls until a completion through the sidecar answers `status` (20 s at most).
-fn wait_for_status(port: u16, status: u16) -> router_support::Reply {
+fn wait_for_status(port: u16, status: u16) -> support::Reply {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let reply = generate(port);
@@ -322,7 +322,7 @@ async fn serving_fence() -> (Emulator, FenceSidecar) {
 
 const OPERATOR: [(&str, &str); 1] = [("authorization", "Bearer op-token")];
 
-fn set_fault(port: u16, headers: &[(&str, &str)], body: &str) -> router_support::Reply {
+fn set_fault(port: u16, headers: &[(&str, &str)], body: &str) -> support::Reply {
     request(port, "PUT", FAULT_PATH, headers, body)
 }
 

@@ -7,7 +7,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod router_support;
+mod support;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener};
@@ -15,11 +15,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::time::Duration;
 
-use router_support::{Emulator, Router, completion, read_until, request, route, send, streamed_text};
+use support::{Emulator, Router, completion, read_until, request, route, send, streamed_text};
+use understudy_emulator::local::ClosedPort;
 use understudy_router::gateway::GatewayConfig;
 use understudy_router::retry::RetryLimits;
 use understudy_router::waiting_room::WaitingRoomConfig;
-use understudy_tests::ClosedPort;
 
 #[test]
 fn a_stream_passes_through_intact_and_ends_with_done() {
@@ -311,7 +311,7 @@ fn a_stream_cut_mid_way_ends_with_a_retryable_error_event_and_never_done() {
     let mut rest = Vec::new();
     std::io::Read::read_to_end(&mut s, &mut rest).unwrap();
     raw.extend_from_slice(&rest);
-    let reply = router_support::parse(&raw);
+    let reply = support::parse(&raw);
     let body = reply.text();
     assert_eq!(reply.status, 200);
     assert!(body.contains("\"retryable\": true"), "{body}");
@@ -453,7 +453,7 @@ fn the_waiting_room_releases_queued_requests_to_a_newly_pushed_route() {
     let waiting: Vec<_> = (0..5)
         .map(|_| {
             std::thread::spawn(move || {
-                router_support::request(public, "POST", "/v1/completions", &[], &completion(4, false))
+                support::request(public, "POST", "/v1/completions", &[], &completion(4, false))
             })
         })
         .collect();
@@ -489,7 +489,7 @@ fn requests_every_endpoint_refused_wait_for_the_next_route_even_with_no_retry_bu
     let waiting: Vec<_> = (0..6)
         .map(|_| {
             std::thread::spawn(move || {
-                router_support::request(public, "POST", "/v1/completions", &[], &completion(4, false))
+                support::request(public, "POST", "/v1/completions", &[], &completion(4, false))
             })
         })
         .collect();

@@ -4,7 +4,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod router_support;
+mod support;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::time::{Duration, Instant};
 
-use router_support::{Router, completion, read_until, request, route, send};
+use support::{Router, completion, read_until, request, route, send};
 use understudy_router::gateway::GatewayConfig;
 
 /// Marks a request whose stream the backend keeps going (an event every few milliseconds) until

@@ -5,7 +5,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod router_support;
+mod support;
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -13,11 +13,11 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use router_support::{Emulator, TOKEN, completion, read_until, request, route, send};
+use support::{Emulator, TOKEN, completion, read_until, request, route, send};
 use understudy_api::lease::{EpochLease, FileLease};
 use understudy_core::Epoch;
 
-const ROUTER: &str = env!("CARGO_BIN_EXE_understudy-router-e2e");
+const ROUTER: &str = env!("CARGO_BIN_EXE_understudy-router");
 const STARTUP: Duration = Duration::from_secs(20);
 
 /// A router process, killed when dropped.
@@ -120,7 +120,7 @@ fn fence_process(lease: &std::path::Path, upstream: &str, flags: &[&str]) -> Rou
 }
 
 /// Polls until a completion on `port` answers `status` (20 s at most).
-fn wait_for_status(port: u16, status: u16) -> router_support::Reply {
+fn wait_for_status(port: u16, status: u16) -> support::Reply {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let reply = request(port, "POST", "/v1/completions", &[], &completion(4, false));

@@ -15,7 +15,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "../../prober/tests/emulated/mod.rs"]
 mod prober_support;
+#[path = "../../router/tests/support/mod.rs"]
 mod router_support;
 
 use std::sync::Arc;
@@ -282,8 +284,8 @@ async fn a_standby_that_answers_otherwise_than_the_primary_did_first_is_never_pr
 
 /// A gateway routing east at epoch 0 to an address where nothing listens, with one request sent
 /// through it so that its data path has seen the refusals.
-fn gateway_that_sees_east_refuse() -> (router_support::Router, understudy_tests::ClosedPort) {
-    let gone = understudy_tests::ClosedPort::bind();
+fn gateway_that_sees_east_refuse() -> (router_support::Router, understudy_emulator::local::ClosedPort) {
+    let gone = understudy_emulator::local::ClosedPort::bind();
     let addr: std::net::SocketAddr = format!("127.0.0.1:{}", gone.port).parse().unwrap();
     // Refused, then held in the waiting room no longer than a moment.
     let config = GatewayConfig {

@@ -5,6 +5,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "../../router/tests/support/mod.rs"]
 mod router_support;
 
 use std::net::SocketAddr;

@@ -9,6 +9,8 @@
 // Each test file uses only part of this module.
 #![allow(dead_code)]
 
+pub mod policy;
+
 use std::time::Duration;
 
 use http::{Request, Response};
