@@ -488,66 +488,73 @@ pub fn hold_back(
     }
 }
 
+/// What keeps a router from holding a route, worst first: a router ahead of us refuses the
+/// promotion itself, one that will not take this route needs a person, one that did not answer is
+/// tried again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Trouble {
+    Stale,
+    Rejected,
+    Unavailable,
+}
+
+/// `router`'s answer to `route` as a trouble and the line that tells it; `None` when it took it.
+fn trouble(router: &RouterAdminUrl, answer: &RouterAnswer, route: &Route) -> Option<(Trouble, String)> {
+    let (pool, epoch) = (&route.pool, route.epoch);
+    Some(match answer {
+        RouterAnswer::Taken => return None,
+        RouterAnswer::Stale { highest, pool: held } => (
+            Trouble::Stale,
+            format!(
+                "router {router} has seen epoch {} (pool {}); ours is {epoch} for {pool}",
+                highest.map_or_else(|| "?".to_owned(), |h| h.to_string()),
+                held.as_deref().unwrap_or("?"),
+            ),
+        ),
+        RouterAnswer::Unauthorized => (
+            Trouble::Rejected,
+            format!("router {router} refused the admin token (401); check --router-token-file"),
+        ),
+        RouterAnswer::Rejected { status, message } => (
+            Trouble::Rejected,
+            format!("router {router} answered {status}: {message}"),
+        ),
+        RouterAnswer::Unavailable { why } => (Trouble::Unavailable, format!("router {router}: {why}")),
+    })
+}
+
 /// What the routers' answers to `route` mean for `step`.
 #[must_use]
 pub fn judge(step: Step, route: &Route, answers: &[(&RouterAdminUrl, RouterAnswer)]) -> StepReport {
     let (pool, epoch) = (&route.pool, route.epoch);
-    let stale: Vec<String> = answers
+    let troubles: Vec<(Trouble, String)> = answers
         .iter()
-        .filter_map(|(router, answer)| match answer {
-            RouterAnswer::Stale { highest, pool: held } => Some(format!(
-                "router {router} has seen epoch {} (pool {}); ours is {epoch} for {pool}",
-                highest.map_or_else(|| "?".to_owned(), |h| h.to_string()),
-                held.as_deref().unwrap_or("?"),
-            )),
-            _ => None,
-        })
+        .filter_map(|(router, answer)| trouble(router, answer, route))
         .collect();
-    if !stale.is_empty() {
-        return StepReport::Refused {
-            carried_by: CARRIED_BY,
-            reason: "RouteStale",
-            note: format!(
-                "the route was refused as stale: {}; the Lease is read again before anything else is done",
-                stale.join("; ")
-            ),
-        };
-    }
-    let rejected: Vec<String> = answers
-        .iter()
-        .filter_map(|(router, answer)| match answer {
-            RouterAnswer::Unauthorized => Some(format!(
-                "router {router} refused the admin token (401); check --router-token-file"
-            )),
-            RouterAnswer::Rejected { status, message } => {
-                Some(format!("router {router} answered {status}: {message}"))
-            }
-            _ => None,
-        })
-        .collect();
-    if !rejected.is_empty() {
-        return StepReport::Refused {
-            carried_by: CARRIED_BY,
-            reason: "RouteRejected",
-            note: format!(
-                "the route to {pool} at epoch {epoch} was not taken: {}",
-                rejected.join("; ")
-            ),
-        };
-    }
-    let unavailable: Vec<String> = answers
-        .iter()
-        .filter_map(|(router, answer)| match answer {
-            RouterAnswer::Unavailable { why } => Some(format!("router {router}: {why}")),
-            _ => None,
-        })
-        .collect();
-    if !unavailable.is_empty() {
-        return StepReport::NotYet {
-            reason: format!(
-                "the route to {pool} at epoch {epoch} is not on every router yet: {}",
-                unavailable.join("; ")
-            ),
+    // The worst trouble speaks for the step, with a line for each router that has it.
+    if let Some(worst) = troubles.iter().map(|(kind, _)| *kind).min() {
+        let lines: Vec<&str> = troubles
+            .iter()
+            .filter(|(kind, _)| *kind == worst)
+            .map(|(_, line)| line.as_str())
+            .collect();
+        let lines = lines.join("; ");
+        return match worst {
+            Trouble::Stale => StepReport::Refused {
+                carried_by: CARRIED_BY,
+                reason: "RouteStale",
+                note: format!(
+                    "the route was refused as stale: {lines}; the Lease is read again before anything else is done"
+                ),
+            },
+            Trouble::Rejected => StepReport::Refused {
+                carried_by: CARRIED_BY,
+                reason: "RouteRejected",
+                note: format!("the route to {pool} at epoch {epoch} was not taken: {lines}"),
+            },
+            Trouble::Unavailable => StepReport::NotYet {
+                reason: format!("the route to {pool} at epoch {epoch} is not on every router yet: {lines}"),
+            },
         };
     }
     let routers = answers.len();

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use tokio::net::TcpListener;
@@ -24,6 +24,7 @@ use understudy_core::Pool;
 pub use understudy_listener::Limits;
 use understudy_listener::serve_service_until;
 
+use crate::latest::{self, Latest};
 use crate::probe::{self, Endpoint, ProbeSpec};
 use crate::report::{PoolRound, ProberMetrics, RoundDocument};
 
@@ -52,6 +53,14 @@ impl Published {
 
     pub fn metrics(&self) -> &ProberMetrics {
         &self.metrics
+    }
+}
+
+impl Latest for Published {
+    const NOT_YET: &'static str = "no round yet\n";
+
+    fn latest_json(&self) -> Option<Arc<str>> {
+        self.latest()
     }
 }
 
@@ -96,32 +105,14 @@ impl Watch {
 
 /// The admin routes.
 pub fn router(published: Published) -> Router {
-    Router::new()
-        .route("/live", get(|| async { "live\n" }))
-        .route("/ready", get(ready))
+    latest::routes("/round")
         .route("/metrics", get(metrics_text))
-        .route("/round", get(latest_round))
         .with_state(published)
 }
 
 /// Serves the admin routes on `listener` within `limits` until the process ends.
 pub async fn serve(listener: TcpListener, limits: Limits, published: Published) {
     serve_service_until(listener, router(published), limits, CancellationToken::new()).await;
-}
-
-async fn ready(State(published): State<Published>) -> Response {
-    if published.latest().is_some() {
-        (StatusCode::OK, "ready\n").into_response()
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "no round yet\n").into_response()
-    }
-}
-
-async fn latest_round(State(published): State<Published>) -> Response {
-    match published.latest() {
-        Some(json) => ([(header::CONTENT_TYPE, "application/json")], json.to_string()).into_response(),
-        None => (StatusCode::SERVICE_UNAVAILABLE, "no round yet\n").into_response(),
-    }
 }
 
 async fn metrics_text(State(published): State<Published>) -> Response {

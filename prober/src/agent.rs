@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use serde::{Deserialize, Serialize};
@@ -32,6 +32,7 @@ use tokio_util::sync::CancellationToken;
 use understudy_listener::{Limits, serve_service_until};
 
 use crate::gpu::{GpuInventory, GpuState, GpuVerdict, NodeHealth, Thresholds};
+use crate::latest::{self, Latest};
 use crate::podresources::{self, PodDevices};
 
 /// One GPU as the agent publishes it.
@@ -212,6 +213,14 @@ impl Published {
     }
 }
 
+impl Latest for Published {
+    const NOT_YET: &'static str = "no reading yet\n";
+
+    fn latest_json(&self) -> Option<Arc<str>> {
+        self.latest().map(|(_, json)| json)
+    }
+}
+
 /// Reads the node every `interval` and publishes each reading, until dropped.
 pub async fn run(mut agent: Agent, interval: Duration, published: Published) {
     let mut ticks = tokio::time::interval(interval);
@@ -228,10 +237,7 @@ pub async fn run(mut agent: Agent, interval: Duration, published: Published) {
 
 /// The agent's routes.
 pub fn router(published: Published) -> Router {
-    Router::new()
-        .route("/live", get(|| async { "live\n" }))
-        .route("/ready", get(ready))
-        .route("/gpus", get(gpus))
+    latest::routes("/gpus")
         .route("/metrics", get(metrics))
         .with_state(published)
 }
@@ -239,21 +245,6 @@ pub fn router(published: Published) -> Router {
 /// Serves the agent's routes on `listener` within `limits` until the process ends.
 pub async fn serve(listener: TcpListener, limits: Limits, published: Published) {
     serve_service_until(listener, router(published), limits, CancellationToken::new()).await;
-}
-
-async fn ready(State(published): State<Published>) -> Response {
-    if published.latest().is_some() {
-        (StatusCode::OK, "ready\n").into_response()
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "no reading yet\n").into_response()
-    }
-}
-
-async fn gpus(State(published): State<Published>) -> Response {
-    match published.latest() {
-        Some((_, json)) => ([(header::CONTENT_TYPE, "application/json")], json.to_string()).into_response(),
-        None => (StatusCode::SERVICE_UNAVAILABLE, "no reading yet\n").into_response(),
-    }
 }
 
 async fn metrics(State(published): State<Published>) -> Response {

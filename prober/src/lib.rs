@@ -19,6 +19,7 @@ pub mod agent;
 pub mod coldstart;
 pub mod gpu;
 pub mod http1;
+pub mod latest;
 pub mod outcome;
 pub mod parity;
 pub mod podresources;
