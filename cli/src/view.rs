@@ -8,8 +8,8 @@
 use std::fmt::Write as _;
 
 use understudy_api::crd::{
-    ColdStartBreakdown, Condition, ConditionStatus, FailoverPolicy, GameDay, GameDayRun, Tier, TierGroup,
-    condition_type,
+    ColdStartBreakdown, Condition, ConditionStatus, FailoverPolicy, FailoverPolicyStatus, FailoverTimeline,
+    GameDay, GameDayRun, Tier, TierGroup, condition_type,
 };
 use understudy_core::recovery::Stage;
 
@@ -111,9 +111,6 @@ fn tiers(groups: &[TierGroup]) -> String {
 pub fn describe(policy: &FailoverPolicy) -> String {
     let mut out = String::new();
     let status = policy.status.clone().unwrap_or_default();
-    let line = |out: &mut String, key: &str, value: &str| {
-        let _ = writeln!(out, "{:<16}{value}", format!("{key}:"));
-    };
     line(
         &mut out,
         "Name",
@@ -138,69 +135,11 @@ pub fn describe(policy: &FailoverPolicy) -> String {
             "yes: the operator promotes nothing on its own",
         );
     }
-    out.push_str("Pools:\n");
-    let mut pools = Table::new(["NAME", "WORKLOAD", "REPLICAS", "WAITS AS STANDBY WITH"]);
-    for pool in &policy.spec.pools {
-        let groups = pool.standby_groups();
-        pools.row([
-            pool.name.clone(),
-            format!("{:?}/{}", pool.workload.kind, pool.workload.name),
-            pool.replicas.to_string(),
-            tiers(&groups),
-        ]);
-    }
-    out.push_str(&pools.render("  "));
-
-    out.push_str("Conditions:\n");
-    let mut conditions = Table::new(["TYPE", "STATUS", "REASON", "MESSAGE"]);
-    for kind in condition_type::ALL {
-        let found = status.conditions.get(kind);
-        conditions.row([
-            kind.to_owned(),
-            status_word(found).to_owned(),
-            found.map_or_else(|| "-".to_owned(), |c| c.reason.clone()),
-            found.map_or_else(String::new, |c| c.message.clone()),
-        ]);
-    }
-    out.push_str(&conditions.render("  "));
-
+    describe_pools(&mut out, policy);
+    describe_conditions(&mut out, &status);
     match &status.last_failover {
         None => line(&mut out, "Last failover", "none"),
-        Some(last) => {
-            let kind = serde_json::to_value(last.kind)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_owned))
-                .unwrap_or_default();
-            let finished = last
-                .finished_at
-                .as_deref()
-                .map_or_else(|| "not finished".to_owned(), |at| format!("finished {at}"));
-            line(
-                &mut out,
-                "Last failover",
-                &format!(
-                    "{kind} {} → {} at epoch {}, started {}, {finished}",
-                    last.from_pool, last.to_pool, last.epoch, last.started_at
-                ),
-            );
-            if let Some(seen) = &last.fault_seen_at {
-                line(&mut out, "Fault seen", seen);
-            }
-            let mut steps = Table::new(["STEP", "DONE AT", "TOOK", "NOTE"]);
-            for step in &last.steps {
-                let mut note = step.note.clone().unwrap_or_default();
-                if step.handed_off {
-                    note = format!("(handed off) {note}");
-                }
-                steps.row([
-                    step.step.clone(),
-                    step.at.clone(),
-                    or_dash(step.milliseconds.map(|ms| seconds(ms as f64 / 1000.0))),
-                    note,
-                ]);
-            }
-            out.push_str(&steps.render("  "));
-        }
+        Some(last) => describe_last_failover(&mut out, last),
     }
 
     let proof = status.standby_proof.as_ref().map_or_else(
@@ -231,6 +170,80 @@ pub fn describe(policy: &FailoverPolicy) -> String {
         ),
     );
     out
+}
+
+/// One `Key:   value` line of a description, the values aligned.
+fn line(out: &mut String, key: &str, value: &str) {
+    let _ = writeln!(out, "{:<16}{value}", format!("{key}:"));
+}
+
+/// Each pool, with the tiers it waits in as the standby.
+fn describe_pools(out: &mut String, policy: &FailoverPolicy) {
+    out.push_str("Pools:\n");
+    let mut pools = Table::new(["NAME", "WORKLOAD", "REPLICAS", "WAITS AS STANDBY WITH"]);
+    for pool in &policy.spec.pools {
+        let groups = pool.standby_groups();
+        pools.row([
+            pool.name.clone(),
+            format!("{:?}/{}", pool.workload.kind, pool.workload.name),
+            pool.replicas.to_string(),
+            tiers(&groups),
+        ]);
+    }
+    out.push_str(&pools.render("  "));
+}
+
+/// Every condition type, in a fixed order, whether or not status has it yet.
+fn describe_conditions(out: &mut String, status: &FailoverPolicyStatus) {
+    out.push_str("Conditions:\n");
+    let mut conditions = Table::new(["TYPE", "STATUS", "REASON", "MESSAGE"]);
+    for kind in condition_type::ALL {
+        let found = status.conditions.get(kind);
+        conditions.row([
+            kind.to_owned(),
+            status_word(found).to_owned(),
+            found.map_or_else(|| "-".to_owned(), |c| c.reason.clone()),
+            found.map_or_else(String::new, |c| c.message.clone()),
+        ]);
+    }
+    out.push_str(&conditions.render("  "));
+}
+
+/// The last failover, and its steps one by one.
+fn describe_last_failover(out: &mut String, last: &FailoverTimeline) {
+    let kind = serde_json::to_value(last.kind)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default();
+    let finished = last
+        .finished_at
+        .as_deref()
+        .map_or_else(|| "not finished".to_owned(), |at| format!("finished {at}"));
+    line(
+        out,
+        "Last failover",
+        &format!(
+            "{kind} {} → {} at epoch {}, started {}, {finished}",
+            last.from_pool, last.to_pool, last.epoch, last.started_at
+        ),
+    );
+    if let Some(seen) = &last.fault_seen_at {
+        line(out, "Fault seen", seen);
+    }
+    let mut steps = Table::new(["STEP", "DONE AT", "TOOK", "NOTE"]);
+    for step in &last.steps {
+        let mut note = step.note.clone().unwrap_or_default();
+        if step.handed_off {
+            note = format!("(handed off) {note}");
+        }
+        steps.row([
+            step.step.clone(),
+            step.at.clone(),
+            or_dash(step.milliseconds.map(|ms| seconds(ms as f64 / 1000.0))),
+            note,
+        ]);
+    }
+    out.push_str(&steps.render("  "));
 }
 
 /// Every stage in the order a replica goes through them: a cold start's, or a wake's, then the

@@ -229,23 +229,38 @@ impl Metrics {
     /// The `/metrics` page.
     pub fn render(&self) -> String {
         let mut out = String::with_capacity(24 * 1024);
+        self.render_gauges(&mut out);
+        self.render_counters(&mut out);
+        self.render_histograms(&mut out);
+        header(
+            &mut out,
+            "vllm:cache_config_info",
+            "Information of the LLMEngine CacheConfig",
+            "gauge",
+        );
+        let _ = writeln!(out, "vllm:cache_config_info{{{}}} 1.0", self.cache_config_labels);
+        out
+    }
+
+    /// The gauges: requests running and waiting, the sleep state, KV-cache usage.
+    fn render_gauges(&self, out: &mut String) {
         let l = &self.labels;
         gauge(
-            &mut out,
+            out,
             "vllm:num_requests_running",
             "Number of requests in model execution batches.",
             l,
             self.num_requests_running.get(),
         );
         gauge(
-            &mut out,
+            out,
             "vllm:num_requests_waiting",
             "Number of requests waiting to be processed.",
             l,
             self.num_requests_waiting.get(),
         );
         header(
-            &mut out,
+            out,
             "vllm:engine_sleep_state",
             "Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is awake; \
              weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep level 2.",
@@ -262,49 +277,54 @@ impl Metrics {
             );
         }
         gauge(
-            &mut out,
+            out,
             "vllm:kv_cache_usage_perc",
             "KV-cache usage. 1 means 100 percent usage.",
             l,
             self.kv_cache_usage_perc.get(),
         );
+    }
+
+    /// The counters: prefix cache, preemptions, tokens, and finished requests by reason.
+    fn render_counters(&self, out: &mut String) {
+        let l = &self.labels;
         counter(
-            &mut out,
+            out,
             "vllm:prefix_cache_queries",
             "Prefix cache queries, in terms of number of queried tokens.",
             l,
             &self.prefix_cache_queries,
         );
         counter(
-            &mut out,
+            out,
             "vllm:prefix_cache_hits",
             "Prefix cache hits, in terms of number of cached tokens.",
             l,
             &self.prefix_cache_hits,
         );
         counter(
-            &mut out,
+            out,
             "vllm:num_preemptions",
             "Cumulative number of preemption from the engine.",
             l,
             &self.num_preemptions,
         );
         counter(
-            &mut out,
+            out,
             "vllm:prompt_tokens",
             "Number of prefill tokens processed.",
             l,
             &self.prompt_tokens,
         );
         counter(
-            &mut out,
+            out,
             "vllm:generation_tokens",
             "Number of generation tokens processed.",
             l,
             &self.generation_tokens,
         );
         header(
-            &mut out,
+            out,
             "vllm:request_success_total",
             "Count of successfully processed requests.",
             "counter",
@@ -316,6 +336,11 @@ impl Metrics {
                 c.load(Ordering::Relaxed) as f64
             );
         }
+    }
+
+    /// The histograms: request sizes and parameters, and the latencies of each phase.
+    fn render_histograms(&self, out: &mut String) {
+        let l = &self.labels;
         let hists: [(&str, &str, &Histogram); 14] = [
             (
                 "vllm:request_prompt_tokens",
@@ -389,16 +414,8 @@ impl Metrics {
             ),
         ];
         for (name, help, h) in hists {
-            histogram(&mut out, name, help, l, h);
+            histogram(out, name, help, l, h);
         }
-        header(
-            &mut out,
-            "vllm:cache_config_info",
-            "Information of the LLMEngine CacheConfig",
-            "gauge",
-        );
-        let _ = writeln!(out, "vllm:cache_config_info{{{}}} 1.0", self.cache_config_labels);
-        out
     }
 }
 

@@ -115,8 +115,17 @@ pub async fn run(
     log: &Arc<Log>,
     bound: &OnceLock<SocketAddr>,
 ) -> Result<TcpListener, Error> {
+    announce(serve, facts, log);
+    let (socket, addr) = bind_refusing(serve, log, bound).await?;
+    let plan = StagePlan::new(serve, emu);
+    load_weights(serve, emu, facts, plan, log).await;
+    init_engine(emu, facts, plan, log).await;
+    start_api(serve, facts, plan, log, socket, addr).await
+}
+
+/// The API server's first lines: its version, its arguments, and what it warns about.
+fn announce(serve: &ServeArgs, facts: &StartupFacts, log: &Log) {
     let api = Proc::ApiServer;
-    let core = Proc::EngineCore;
     log.info(
         api,
         "api_server.py:1839",
@@ -144,6 +153,14 @@ pub async fn run(
             "SECURITY WARNING: Development endpoints are enabled! This should NOT be used in production!",
         );
     }
+}
+
+/// Binds the serving port without listening, and says at once which port it is.
+async fn bind_refusing(
+    serve: &ServeArgs,
+    log: &Log,
+    bound: &OnceLock<SocketAddr>,
+) -> Result<(TcpSocket, SocketAddr), Error> {
     let addr = resolve(serve.host.as_deref(), serve.port).await?;
     let socket = reserve(addr)?;
     let addr = socket.local_addr().map_err(|source| Error::Bind {
@@ -154,12 +171,22 @@ pub async fn run(
     // vLLM says where it serves only once ready; whoever started us with `--port 0` needs the
     // port while we still refuse (to see the refusal), so this line of our own says it now.
     log.info(
-        api,
+        Proc::ApiServer,
         "vllm_emulator.py:1",
         &format!("emulator API endpoint bound, refusing connections until ready, on http://{addr}"),
     );
-    let plan = StagePlan::new(serve, emu);
+    Ok((socket, addr))
+}
 
+/// The engine starts and loads the weights.
+async fn load_weights(
+    serve: &ServeArgs,
+    emu: &EmuSettings,
+    facts: &StartupFacts,
+    plan: StagePlan,
+    log: &Log,
+) {
+    let core = Proc::EngineCore;
     log.info(
         core,
         "core.py:77",
@@ -187,26 +214,14 @@ pub async fn run(
             emu.weights_gib
         ),
     );
+}
 
+/// The engine compiles, profiles memory, sizes the KV cache and captures CUDA graphs.
+async fn init_engine(emu: &EmuSettings, facts: &StartupFacts, plan: StagePlan, log: &Log) {
+    let core = Proc::EngineCore;
     let init_started = Instant::now();
     if let Some(compile) = plan.compile {
-        let dynamo = stage(compile.mul_f64(0.4)).await;
-        log.info(
-            core,
-            "backends.py:539",
-            &format!("Dynamo bytecode transform time: {dynamo:.2} s"),
-        );
-        let graph = stage(compile.mul_f64(0.6)).await;
-        log.info(
-            core,
-            "backends.py:194",
-            &format!("Compiling a graph for dynamic shape takes {graph:.2} s"),
-        );
-        log.info(
-            core,
-            "monitor.py:34",
-            &format!("torch.compile takes {:.2} s in total", dynamo + graph),
-        );
+        compile_graphs(compile, log).await;
     }
     let profile = stage(plan.profile).await;
     log.info(
@@ -253,6 +268,40 @@ pub async fn run(
             init_started.elapsed().as_secs_f64()
         ),
     );
+}
+
+/// torch.compile: Dynamo's bytecode transform, then the graph compile.
+async fn compile_graphs(compile: Duration, log: &Log) {
+    let core = Proc::EngineCore;
+    let dynamo = stage(compile.mul_f64(0.4)).await;
+    log.info(
+        core,
+        "backends.py:539",
+        &format!("Dynamo bytecode transform time: {dynamo:.2} s"),
+    );
+    let graph = stage(compile.mul_f64(0.6)).await;
+    log.info(
+        core,
+        "backends.py:194",
+        &format!("Compiling a graph for dynamic shape takes {graph:.2} s"),
+    );
+    log.info(
+        core,
+        "monitor.py:34",
+        &format!("torch.compile takes {:.2} s in total", dynamo + graph),
+    );
+}
+
+/// The API server builds its app and starts listening: from here connections are accepted.
+async fn start_api(
+    serve: &ServeArgs,
+    facts: &StartupFacts,
+    plan: StagePlan,
+    log: &Log,
+    socket: TcpSocket,
+    addr: SocketAddr,
+) -> Result<TcpListener, Error> {
+    let api = Proc::ApiServer;
     log.info(
         api,
         "loggers.py:147",
@@ -278,6 +327,20 @@ pub async fn run(
             addr.port()
         ),
     );
+    log_routes(log);
+    let listener = socket.listen(1024).map_err(|source| Error::Bind {
+        addr: addr.to_string(),
+        source,
+    })?;
+    log.uvicorn(&format!("Started server process [{}]", log.pid()));
+    log.uvicorn("Waiting for application startup.");
+    log.uvicorn("Application startup complete.");
+    Ok(listener)
+}
+
+/// The routes the API serves, as vLLM's launcher lists them.
+fn log_routes(log: &Log) {
+    let api = Proc::ApiServer;
     log.info(api, "launcher.py:34", "Available routes are:");
     for (route, methods) in [
         ("/health", "GET"),
@@ -296,14 +359,6 @@ pub async fn run(
             &format!("Route: {route}, Methods: {methods}"),
         );
     }
-    let listener = socket.listen(1024).map_err(|source| Error::Bind {
-        addr: addr.to_string(),
-        source,
-    })?;
-    log.uvicorn(&format!("Started server process [{}]", log.pid()));
-    log.uvicorn("Waiting for application startup.");
-    log.uvicorn("Application startup complete.");
-    Ok(listener)
 }
 
 /// `131072` → `131,072`, as vLLM prints token counts.

@@ -197,75 +197,25 @@ async fn main() -> anyhow::Result<()> {
         .init();
 
     // Before anything else, so that a router configuration that cannot work stops the start.
-    let routers_given = !args.router_admin.is_empty() || args.router_selector.is_some();
-    let router_token = match (routers_given, &args.router_token_file) {
-        (false, _) => None,
-        (true, None) => bail!(
-            "--router-admin or --router-selector needs --router-token-file (UNDERSTUDY_ROUTER_TOKEN_FILE)"
-        ),
-        (true, Some(path)) => Some(RouterToken::read(path)?),
-    };
-    let replica_token = match &args.replica_token_file {
-        None => None,
-        Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("--replica-token-file {}", path.display()))?;
-            let token = Bearer::new(&text);
-            Some(token.with_context(|| format!("--replica-token-file {}: empty", path.display()))?)
-        }
-    };
+    let router_token = router_token(&args)?;
+    let replica_token = replica_token(&args)?;
 
     let client = Client::try_default()
         .await
         .context("building the Kubernetes client")?;
-    let routers = match &args.router_selector {
-        None => Routers::At(args.router_admin.clone()),
-        Some(selector) => Routers::Labelled(LabelledPods {
-            client: client.clone(),
-            namespace: args
-                .router_namespace
-                .clone()
-                .or_else(|| std::env::var("POD_NAMESPACE").ok())
-                .unwrap_or_else(|| client.default_namespace().to_owned()),
-            selector: selector.clone(),
-            port: args.router_admin_port,
-        }),
-    };
+    let routers = routers(&args, &client);
     let metrics = Arc::new(Metrics::new());
     let readiness = Readiness::default();
     let watchdog = Watchdog::new(args.stall_after);
 
-    let listener = tokio::net::TcpListener::bind(args.admin_addr)
-        .await
-        .with_context(|| format!("binding the admin server to {}", args.admin_addr))?;
-    let admin = tokio::spawn(admin::serve(
-        listener,
-        admin::Limits::default(),
-        metrics.clone(),
-        readiness.clone(),
-        watchdog.clone(),
-    ));
+    let admin = serve_admin(args.admin_addr, &metrics, &readiness, &watchdog).await?;
 
-    let lease_namespace = args
-        .leader_lease_namespace
-        .clone()
-        .or_else(|| args.namespace.clone())
-        .unwrap_or_else(|| client.default_namespace().to_owned());
-    let lock = KubeLease::new(
-        Api::<Lease>::namespaced(client.clone(), &lease_namespace),
-        &args.leader_lease_name,
-    );
-    let leader_config = LeaderConfig::default();
-    let elector = LeaderElector::new(lock, &args.identity, leader_config)
-        .context("configuring leader election")?
-        .with_watchdog(watchdog.clone());
-    let mut leading = elector.is_leader();
-    let (stop_election, election_stopped) = tokio::sync::oneshot::channel::<()>();
-    let election = tokio::spawn(elector.run_until(async {
-        let _ = election_stopped.await;
-    }));
-    readiness.set(Role::StandingBy);
-    tracing::info!(identity = %args.identity, lease = %args.leader_lease_name, %lease_namespace, "contending for leadership");
+    let Election {
+        mut leading,
+        stop: stop_election,
+        task: election,
+        config: leader_config,
+    } = contend(&args, &client, &watchdog, &readiness)?;
 
     tokio::select! {
         elected = leading.wait_for(|leads| *leads) => { elected.context("the leader elector stopped")?; }
@@ -281,49 +231,24 @@ async fn main() -> anyhow::Result<()> {
 
     // Only the leader probes: its reconciles are the only ones that drain what the probes saw.
     let replicas = Arc::new(KubeReplicas::new(client.clone()).with_bearer(replica_token.clone()));
-    let mut observations = ProbingObservations::new(replicas.clone());
-    if let Some(token) = &router_token {
-        // What the routers' data path sees of the primary counts beside the probes.
-        observations = observations.with_router_signals(routers.clone(), token.clone());
-    }
-    if let Some(selector) = &args.gpu_agent_selector {
-        tracing::info!(%selector, namespace = %args.gpu_agent_namespace, "reading the GPU agents' verdicts");
-        observations = observations.with_gpu_agents(GpuAgents::Labelled(LabelledPods {
-            client: client.clone(),
-            namespace: args.gpu_agent_namespace.clone(),
-            selector: selector.clone(),
-            port: args.gpu_agent_port,
-        }));
-    }
-    let observations = Arc::new(observations);
+    let observations = Arc::new(observations(
+        &args,
+        &client,
+        &replicas,
+        &routers,
+        router_token.as_ref(),
+    ));
     let probing = tokio::spawn(observations.clone().run());
-    let mut steps: Arc<dyn StepExecutor> = Arc::new(HandOffToComponents);
-    if let Some(token) = &router_token {
-        tracing::info!(?routers, "pushing routes to the routers");
-        steps = Arc::new(RouterPush::new(routers.clone(), token.clone(), replicas.clone()));
-    }
-    // Same leader, same client: a game day only ever asks the policy controller to act.
-    let mut gamedays = gameday::controller::Context::new(client.clone(), Some(args.identity.clone()))
-        .with_watchdog(watchdog.clone())
-        .with_replica_token(replica_token);
-    if let Some(token) = &router_token {
-        // A run's record of loss and its stop conditions come from the routers' counters.
-        gamedays = gamedays.with_routers(routers.clone(), token.clone());
-    }
-    let gamedays = Arc::new(gamedays);
-    let ctx = Context::new(client, metrics, Some(args.identity.clone()))
-        .with_observations(observations.clone())
-        .with_findings(observations)
-        .with_steps(steps)
-        // It reaches the replicas itself: it keeps the standby in its shape, wakes the new
-        // primary's warm replicas, and counts a promoted pool's replicas that pass the probe.
-        .with_replicas(replicas)
-        .with_reserve(ReserveConfig {
-            image: args.reserve_image.clone(),
-            priority_class: args.reserve_priority_class.clone(),
-        })
-        .with_watchdog(watchdog);
-    let ctx = Arc::new(ctx);
+    let steps = steps(&routers, router_token.as_ref(), &replicas);
+    let gamedays = gamedays(
+        &args,
+        &client,
+        &watchdog,
+        replica_token,
+        &routers,
+        router_token.as_ref(),
+    );
+    let ctx = policies(&args, client, metrics, observations, steps, replicas, watchdog);
     readiness.set(Role::Leading);
     // The controllers stop on SIGTERM or ctrl-c themselves (`shutdown_on_signal`), which ends
     // the first branch; whichever branch ends, they are stopped before the Lease is released.
@@ -351,6 +276,200 @@ async fn main() -> anyhow::Result<()> {
     }
     tracing::info!("controller stopped");
     Ok(())
+}
+
+/// The routers' admin token, read when routers are given: without it they cannot be called.
+fn router_token(args: &Args) -> anyhow::Result<Option<RouterToken>> {
+    let routers_given = !args.router_admin.is_empty() || args.router_selector.is_some();
+    let router_token = match (routers_given, &args.router_token_file) {
+        (false, _) => None,
+        (true, None) => bail!(
+            "--router-admin or --router-selector needs --router-token-file (UNDERSTUDY_ROUTER_TOKEN_FILE)"
+        ),
+        (true, Some(path)) => Some(RouterToken::read(path)?),
+    };
+    Ok(router_token)
+}
+
+/// The fence sidecars' control token, which every call to a replica carries, when one is given.
+fn replica_token(args: &Args) -> anyhow::Result<Option<Bearer>> {
+    let replica_token = match &args.replica_token_file {
+        None => None,
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("--replica-token-file {}", path.display()))?;
+            let token = Bearer::new(&text);
+            Some(token.with_context(|| format!("--replica-token-file {}: empty", path.display()))?)
+        }
+    };
+    Ok(replica_token)
+}
+
+/// The routers: at the given admin URLs, or the pods that match the selector at each use.
+fn routers(args: &Args, client: &Client) -> Routers {
+    match &args.router_selector {
+        None => Routers::At(args.router_admin.clone()),
+        Some(selector) => Routers::Labelled(LabelledPods {
+            client: client.clone(),
+            namespace: args
+                .router_namespace
+                .clone()
+                .or_else(|| std::env::var("POD_NAMESPACE").ok())
+                .unwrap_or_else(|| client.default_namespace().to_owned()),
+            selector: selector.clone(),
+            port: args.router_admin_port,
+        }),
+    }
+}
+
+/// Serves `/live`, `/ready` and `/metrics` on the admin port, in a task of its own.
+async fn serve_admin(
+    addr: SocketAddr,
+    metrics: &Arc<Metrics>,
+    readiness: &Readiness,
+    watchdog: &Watchdog,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding the admin server to {addr}"))?;
+    Ok(tokio::spawn(admin::serve(
+        listener,
+        admin::Limits::default(),
+        metrics.clone(),
+        readiness.clone(),
+        watchdog.clone(),
+    )))
+}
+
+/// This replica's part in the leader election, run in a task of its own.
+struct Election {
+    /// Whether this replica leads now.
+    leading: tokio::sync::watch::Receiver<bool>,
+    /// Stops the elector, which then releases the Lease if it holds it.
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Release>,
+    config: LeaderConfig,
+}
+
+/// Starts contending for the leader Lease; this replica stands by until it wins.
+fn contend(
+    args: &Args,
+    client: &Client,
+    watchdog: &Watchdog,
+    readiness: &Readiness,
+) -> anyhow::Result<Election> {
+    let lease_namespace = args
+        .leader_lease_namespace
+        .clone()
+        .or_else(|| args.namespace.clone())
+        .unwrap_or_else(|| client.default_namespace().to_owned());
+    let lock = KubeLease::new(
+        Api::<Lease>::namespaced(client.clone(), &lease_namespace),
+        &args.leader_lease_name,
+    );
+    let leader_config = LeaderConfig::default();
+    let elector = LeaderElector::new(lock, &args.identity, leader_config)
+        .context("configuring leader election")?
+        .with_watchdog(watchdog.clone());
+    let leading = elector.is_leader();
+    let (stop_election, election_stopped) = tokio::sync::oneshot::channel::<()>();
+    let election = tokio::spawn(elector.run_until(async {
+        let _ = election_stopped.await;
+    }));
+    readiness.set(Role::StandingBy);
+    tracing::info!(identity = %args.identity, lease = %args.leader_lease_name, %lease_namespace, "contending for leadership");
+    Ok(Election {
+        leading,
+        stop: stop_election,
+        task: election,
+        config: leader_config,
+    })
+}
+
+/// What the leader observes the pools through: its probes, and where configured the routers'
+/// data path and the GPU agents' verdicts.
+fn observations(
+    args: &Args,
+    client: &Client,
+    replicas: &Arc<KubeReplicas>,
+    routers: &Routers,
+    router_token: Option<&RouterToken>,
+) -> ProbingObservations {
+    let mut observations = ProbingObservations::new(replicas.clone());
+    if let Some(token) = router_token {
+        // What the routers' data path sees of the primary counts beside the probes.
+        observations = observations.with_router_signals(routers.clone(), token.clone());
+    }
+    if let Some(selector) = &args.gpu_agent_selector {
+        tracing::info!(%selector, namespace = %args.gpu_agent_namespace, "reading the GPU agents' verdicts");
+        observations = observations.with_gpu_agents(GpuAgents::Labelled(LabelledPods {
+            client: client.clone(),
+            namespace: args.gpu_agent_namespace.clone(),
+            selector: selector.clone(),
+            port: args.gpu_agent_port,
+        }));
+    }
+    observations
+}
+
+/// How a promotion's routing steps are taken: pushed to the routers when there are any, else
+/// handed off to the components.
+fn steps(
+    routers: &Routers,
+    router_token: Option<&RouterToken>,
+    replicas: &Arc<KubeReplicas>,
+) -> Arc<dyn StepExecutor> {
+    let mut steps: Arc<dyn StepExecutor> = Arc::new(HandOffToComponents);
+    if let Some(token) = router_token {
+        tracing::info!(?routers, "pushing routes to the routers");
+        steps = Arc::new(RouterPush::new(routers.clone(), token.clone(), replicas.clone()));
+    }
+    steps
+}
+
+/// The GameDay controller's context.
+fn gamedays(
+    args: &Args,
+    client: &Client,
+    watchdog: &Watchdog,
+    replica_token: Option<Bearer>,
+    routers: &Routers,
+    router_token: Option<&RouterToken>,
+) -> Arc<gameday::controller::Context> {
+    // Same leader, same client: a game day only ever asks the policy controller to act.
+    let mut gamedays = gameday::controller::Context::new(client.clone(), Some(args.identity.clone()))
+        .with_watchdog(watchdog.clone())
+        .with_replica_token(replica_token);
+    if let Some(token) = router_token {
+        // A run's record of loss and its stop conditions come from the routers' counters.
+        gamedays = gamedays.with_routers(routers.clone(), token.clone());
+    }
+    Arc::new(gamedays)
+}
+
+/// The FailoverPolicy controller's context.
+fn policies(
+    args: &Args,
+    client: Client,
+    metrics: Arc<Metrics>,
+    observations: Arc<ProbingObservations>,
+    steps: Arc<dyn StepExecutor>,
+    replicas: Arc<KubeReplicas>,
+    watchdog: Watchdog,
+) -> Arc<Context> {
+    let ctx = Context::new(client, metrics, Some(args.identity.clone()))
+        .with_observations(observations.clone())
+        .with_findings(observations)
+        .with_steps(steps)
+        // It reaches the replicas itself: it keeps the standby in its shape, wakes the new
+        // primary's warm replicas, and counts a promoted pool's replicas that pass the probe.
+        .with_replicas(replicas)
+        .with_reserve(ReserveConfig {
+            image: args.reserve_image.clone(),
+            priority_class: args.reserve_priority_class.clone(),
+        })
+        .with_watchdog(watchdog);
+    Arc::new(ctx)
 }
 
 #[cfg(test)]

@@ -219,48 +219,12 @@ async fn fingerprints(
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
-        Command::Probe { probe: args, json } => {
-            let reports = probe::probe_round(&args.endpoints, &args.spec(), args.seed, 0, args.jitter).await;
-            let outcomes: Vec<_> = reports.iter().map(|r| r.outcome.clone()).collect();
-            let verdict = understudy_prober::report::describe(pool_verdict(&outcomes, args.min_serving));
-            if json {
-                let doc = serde_json::json!({"reports": reports, "pool": verdict});
-                println!("{}", serde_json::to_string_pretty(&doc)?);
-            } else {
-                print!("{}", probe::render_table(&reports));
-                println!("pool (min serving {}): {verdict}", args.min_serving);
-            }
-        }
+        Command::Probe { probe: args, json } => probe_once(&args, json).await?,
         Command::Watch {
             probe: args,
             interval,
             admin_addr,
-        } => {
-            anyhow::ensure!(!interval.is_zero(), "--interval must be more than 0s");
-            let listener = tokio::net::TcpListener::bind(admin_addr)
-                .await
-                .with_context(|| format!("binding the admin server to {admin_addr}"))?;
-            eprintln!("admin server on http://{}", listener.local_addr()?);
-            let published = Published::default();
-            let watch = Watch {
-                // One list of endpoints is one pool; it is labelled A.
-                pool: Pool::A,
-                spec: args.spec(),
-                endpoints: args.endpoints,
-                seed: args.seed,
-                max_jitter: args.jitter,
-                min_serving: args.min_serving,
-            };
-            // SIGTERM (a pod stopped) or Ctrl-C ends the watch cleanly: the prober serves no
-            // traffic, so there is nothing to drain.
-            let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-            tokio::select! {
-                () = admin::serve(listener, admin::Limits::default(), published.clone()) => anyhow::bail!("the admin server stopped"),
-                () = watch.run(interval, published) => {}
-                _ = tokio::signal::ctrl_c() => {}
-                _ = terminate.recv() => {}
-            }
-        }
+        } => watch_pool(args, interval, admin_addr).await?,
         Command::Coldstart {
             pod,
             namespace,
@@ -271,19 +235,7 @@ async fn main() -> anyhow::Result<()> {
             first_token,
             json,
         } => {
-            let recorded = match (pod, pod_file) {
-                (Some(name), _) => {
-                    let client = kube::Client::try_default()
-                        .await
-                        .context("connecting to Kubernetes")?;
-                    let namespace = namespace.unwrap_or_else(|| client.default_namespace().to_owned());
-                    Recorded::from_api(client, &namespace, &name, container).await?
-                }
-                (None, Some(path)) => {
-                    Recorded::from_files(&path, events.as_deref(), logs.as_deref(), container)?
-                }
-                (None, None) => anyhow::bail!("--pod or --pod-file is required"),
-            };
+            let recorded = recorded_cold_start(pod, namespace, pod_file, events, logs, container).await?;
             let timeline = recorded.timeline(first_token)?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&timeline)?);
@@ -297,60 +249,147 @@ async fn main() -> anyhow::Result<()> {
             interval,
             pod_resources_socket,
             resource,
-        } => {
-            anyhow::ensure!(!interval.is_zero(), "--interval must be more than 0s");
-            let listener = tokio::net::TcpListener::bind(admin_addr)
-                .await
-                .with_context(|| format!("binding the agent's port to {admin_addr}"))?;
-            let (inventory, no_nvml) = understudy_prober::gpu::open();
-            if let Some(why) = &no_nvml {
-                eprintln!("no GPUs found: {why}; serving all the same");
-            }
-            eprintln!("GPU agent for node {node} on http://{}", listener.local_addr()?);
-            let agent = agent::Agent {
-                node,
-                inventory,
-                no_nvml,
-                socket: pod_resources_socket,
-                resource,
-                limits: understudy_prober::gpu::Thresholds::default(),
-            };
-            let published = agent::Published::default();
-            let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-            tokio::select! {
-                () = agent::serve(listener, admin::Limits::default(), published.clone()) => anyhow::bail!("the agent's server stopped"),
-                () = agent::run(agent, interval, published) => {}
-                _ = tokio::signal::ctrl_c() => {}
-                _ = terminate.recv() => {}
-            }
-        }
+        } => serve_gpu_agent(node, admin_addr, interval, pod_resources_socket, resource).await?,
         Command::Parity {
             endpoint,
             model_dir,
             full,
             timeout,
             json,
-        } => {
-            let [a, b] = fingerprints(&endpoint, &model_dir, full, timeout).await?;
-            let compared =
-                a.0.keys()
-                    .chain(b.0.keys())
-                    .collect::<std::collections::BTreeSet<_>>()
-                    .len();
-            let report = a.drift(&b);
-            if json {
-                let doc = serde_json::json!({"compared": compared, "differences": report.differences});
-                println!("{}", serde_json::to_string_pretty(&doc)?);
-            } else if report.holds() {
-                println!("parity holds: {compared} keys compared, none differs");
-            } else {
-                print!("{}", report.render());
-                println!("{} of {compared} keys differ", report.differences.len());
-            }
-            if !report.holds() {
-                std::process::exit(1);
-            }
+        } => compare_parity(&endpoint, &model_dir, full, timeout, json).await?,
+    }
+    Ok(())
+}
+
+/// `probe`: one round over the endpoints, and the pool's verdict.
+async fn probe_once(args: &ProbeArgs, json: bool) -> anyhow::Result<()> {
+    let reports = probe::probe_round(&args.endpoints, &args.spec(), args.seed, 0, args.jitter).await;
+    let outcomes: Vec<_> = reports.iter().map(|r| r.outcome.clone()).collect();
+    let verdict = understudy_prober::report::describe(pool_verdict(&outcomes, args.min_serving));
+    if json {
+        let doc = serde_json::json!({"reports": reports, "pool": verdict});
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+    } else {
+        print!("{}", probe::render_table(&reports));
+        println!("pool (min serving {}): {verdict}", args.min_serving);
+    }
+    Ok(())
+}
+
+/// `watch`: rounds every interval, published on the admin port, until stopped.
+async fn watch_pool(args: ProbeArgs, interval: Duration, admin_addr: SocketAddr) -> anyhow::Result<()> {
+    anyhow::ensure!(!interval.is_zero(), "--interval must be more than 0s");
+    let listener = tokio::net::TcpListener::bind(admin_addr)
+        .await
+        .with_context(|| format!("binding the admin server to {admin_addr}"))?;
+    eprintln!("admin server on http://{}", listener.local_addr()?);
+    let published = Published::default();
+    let watch = Watch {
+        // One list of endpoints is one pool; it is labelled A.
+        pool: Pool::A,
+        spec: args.spec(),
+        endpoints: args.endpoints,
+        seed: args.seed,
+        max_jitter: args.jitter,
+        min_serving: args.min_serving,
+    };
+    // SIGTERM (a pod stopped) or Ctrl-C ends the watch cleanly: the prober serves no
+    // traffic, so there is nothing to drain.
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        () = admin::serve(listener, admin::Limits::default(), published.clone()) => anyhow::bail!("the admin server stopped"),
+        () = watch.run(interval, published) => {}
+        _ = tokio::signal::ctrl_c() => {}
+        _ = terminate.recv() => {}
+    }
+    Ok(())
+}
+
+/// `coldstart`'s inputs: from the API when a pod is named, else from the files kubectl wrote.
+async fn recorded_cold_start(
+    pod: Option<String>,
+    namespace: Option<String>,
+    pod_file: Option<PathBuf>,
+    events: Option<PathBuf>,
+    logs: Option<PathBuf>,
+    container: Option<String>,
+) -> anyhow::Result<Recorded> {
+    let recorded = match (pod, pod_file) {
+        (Some(name), _) => {
+            let client = kube::Client::try_default()
+                .await
+                .context("connecting to Kubernetes")?;
+            let namespace = namespace.unwrap_or_else(|| client.default_namespace().to_owned());
+            Recorded::from_api(client, &namespace, &name, container).await?
         }
+        (None, Some(path)) => Recorded::from_files(&path, events.as_deref(), logs.as_deref(), container)?,
+        (None, None) => anyhow::bail!("--pod or --pod-file is required"),
+    };
+    Ok(recorded)
+}
+
+/// `agent`: judges this node's GPUs every interval and serves the verdicts, until stopped.
+async fn serve_gpu_agent(
+    node: String,
+    admin_addr: SocketAddr,
+    interval: Duration,
+    pod_resources_socket: PathBuf,
+    resource: String,
+) -> anyhow::Result<()> {
+    anyhow::ensure!(!interval.is_zero(), "--interval must be more than 0s");
+    let listener = tokio::net::TcpListener::bind(admin_addr)
+        .await
+        .with_context(|| format!("binding the agent's port to {admin_addr}"))?;
+    let (inventory, no_nvml) = understudy_prober::gpu::open();
+    if let Some(why) = &no_nvml {
+        eprintln!("no GPUs found: {why}; serving all the same");
+    }
+    eprintln!("GPU agent for node {node} on http://{}", listener.local_addr()?);
+    let agent = agent::Agent {
+        node,
+        inventory,
+        no_nvml,
+        socket: pod_resources_socket,
+        resource,
+        limits: understudy_prober::gpu::Thresholds::default(),
+    };
+    let published = agent::Published::default();
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        () = agent::serve(listener, admin::Limits::default(), published.clone()) => anyhow::bail!("the agent's server stopped"),
+        () = agent::run(agent, interval, published) => {}
+        _ = tokio::signal::ctrl_c() => {}
+        _ = terminate.recv() => {}
+    }
+    Ok(())
+}
+
+/// `parity`: prints what differs between the two sides, and exits 1 when anything does.
+async fn compare_parity(
+    endpoints: &[Endpoint],
+    model_dirs: &[PathBuf],
+    full: bool,
+    timeout: Duration,
+    json: bool,
+) -> anyhow::Result<()> {
+    let [a, b] = fingerprints(endpoints, model_dirs, full, timeout).await?;
+    let compared =
+        a.0.keys()
+            .chain(b.0.keys())
+            .collect::<std::collections::BTreeSet<_>>()
+            .len();
+    let report = a.drift(&b);
+    if json {
+        let doc = serde_json::json!({"compared": compared, "differences": report.differences});
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+    } else if report.holds() {
+        println!("parity holds: {compared} keys compared, none differs");
+    } else {
+        print!("{}", report.render());
+        println!("{} of {compared} keys differ", report.differences.len());
+    }
+    if !report.holds() {
+        std::process::exit(1);
     }
     Ok(())
 }

@@ -23,7 +23,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use understudy_api::route::StreamContract;
 
-use crate::admission::{Ask, DEADLINE_HEADER, PRIORITY_HEADER, Priority, estimate_prompt_tokens};
+use crate::admission::{Ask, DEADLINE_HEADER, PRIORITY_HEADER, Permit, Priority, estimate_prompt_tokens};
 use crate::balance::{self, Tried};
 use crate::body::{Follow, InFlight, Proxied, Resend, RouterBody};
 use crate::continuation;
@@ -33,7 +33,7 @@ use crate::metrics::{Metrics, RequestOutcome};
 use crate::path::{PublicPath, classify};
 use crate::refusal::Refusal;
 use crate::retry::{RetryBudget, RetryLimits};
-use crate::table::RouteTable;
+use crate::table::{RouteTable, Routed};
 use crate::upstream::codec::is_hop_by_hop;
 use crate::upstream::{Outgoing, ResponseBody, SendError};
 use crate::waiting_room::{self, WaitingRoom, WaitingRoomConfig};
@@ -204,32 +204,7 @@ impl Gateway {
         priority: Priority,
         arrived: Instant,
     ) -> Result<Response<RouterBody>, Refusal> {
-        // Hashed at once: the key itself is never kept.
-        let tenant = req.headers().get(&self.config.tenant_header).map_or(0, |name| {
-            std::hash::BuildHasher::hash_one(&self.tenant_hasher, name.as_bytes())
-        });
-        let deadline_header = req.headers().get(DEADLINE_HEADER).map(|v| {
-            v.to_str()
-                .ok()
-                .and_then(|s| s.trim().parse::<u64>().ok())
-                .map(Duration::from_millis)
-        });
-        let deadline = match deadline_header {
-            Some(None) => {
-                return Err(Refusal::Malformed(
-                    "x-understudy-deadline-ms is not a number of milliseconds",
-                ));
-            }
-            Some(Some(d)) => Some(d),
-            None => None,
-        };
-        let (parts, body) = self.read_request(req).await?;
-        let ask = Ask {
-            tenant,
-            priority,
-            prompt_tokens: estimate_prompt_tokens(body.len()),
-            deadline: deadline.map(|d| d.saturating_sub(arrived.elapsed())),
-        };
+        let (parts, body, ask) = self.read_ask(req, priority, arrived).await?;
         self.budget.start();
         let mut held = Held {
             budget: &self.budget,
@@ -239,41 +214,26 @@ impl Gateway {
         let mut seat = None;
         let mut permit = None;
         let mut epoch = None;
-        let mut tried = Tried::default();
-        let mut attempts = 0u32;
-        let mut last_failure = "refused";
-        // Whether a try may have reached a replica (a reset): such a request is not held again.
-        let mut reached_a_replica = false;
+        let mut tries = Tries::new();
         loop {
             let routed = self.routes.current();
             let Some(state) = routed.as_ref() else {
-                if seat.is_none() {
-                    seat = Some(self.enter_room()?);
-                }
-                self.wait(None, None, leave_by).await?;
+                self.wait_for_a_route(&mut seat, leave_by).await?;
                 continue;
             };
             if epoch != Some(state.route.epoch) {
                 // A new epoch: a fresh start, not a retry, under the new route's admission.
                 epoch = Some(state.route.epoch);
-                tried = Tried::default();
-                attempts = 0;
+                tries.start_afresh();
                 permit = None;
             }
             let now = Instant::now();
             if permit.is_none() {
-                let p = state
-                    .admission
-                    .try_admit(ask, now)
-                    .map_err(|reason| Refusal::Shed {
-                        reason,
-                        retry_after_s: state.admission.retry_after_s(now),
-                    })?;
-                permit = Some(p);
+                permit = Some(Self::admit(state, ask, now)?);
             }
             let Some(i) = balance::pick(
                 &state.endpoints,
-                tried,
+                tries.tried,
                 now,
                 self.config.ejection.panic_below_percent,
             ) else {
@@ -282,30 +242,23 @@ impl Gateway {
                 // request sent nothing while it waited, so its tries start afresh, as under a new
                 // route; the ejection back-off, not the retry budget, paces how often a dead
                 // endpoint is tried.
-                tried = Tried::default();
-                attempts = 0;
+                tries.start_afresh();
                 continue;
             };
-            if attempts > 0 {
-                if !self.budget.try_retry() {
-                    self.metrics.retry_overflow();
-                    if !reached_a_replica {
-                        // Every try was refused, so nothing was sent anywhere: waiting for an
-                        // endpoint's return or a new route adds no load, where failing would
-                        // turn a dead pool's refusals into the client's errors. A request held
-                        // through a promotion wakes with every other one at each return, and
-                        // the budget must not fail them all.
-                        self.wait_for_an_endpoint(&mut seat, state, leave_by).await?;
-                        tried = Tried::default();
-                        attempts = 0;
-                        continue;
-                    }
-                    return Err(Refusal::UpstreamFailed(last_failure));
+            if tries.attempts > 0 && !self.take_retry(&mut held) {
+                if !tries.reached_a_replica {
+                    // Every try was refused, so nothing was sent anywhere: waiting for an
+                    // endpoint's return or a new route adds no load, where failing would turn a
+                    // dead pool's refusals into the client's errors. A request held through a
+                    // promotion wakes with every other one at each return, and the budget must
+                    // not fail them all.
+                    self.wait_for_an_endpoint(&mut seat, state, leave_by).await?;
+                    tries.start_afresh();
+                    continue;
                 }
-                held.retries += 1;
-                self.metrics.retry();
+                return Err(Refusal::UpstreamFailed(tries.last_failure));
             }
-            attempts += 1;
+            tries.attempts += 1;
             let endpoint = Outstanding::begin(&state.endpoints[i]);
             let upstream = Self::upstream_request(&parts, &body, endpoint.host());
             let sent_at = Instant::now();
@@ -314,93 +267,162 @@ impl Gateway {
             let failure = match answer {
                 // The fence answered for a replica that sent nothing: as the fence saw it.
                 Ok(Ok((ref head, _))) if let Some(mark) = head.headers.get(NOT_SERVED_HEADER) => {
-                    if mark.as_bytes() == b"reset" {
-                        Outcome::Reset
-                    } else {
-                        Outcome::Refused
-                    }
+                    not_served(mark)
                 }
-                Ok(Ok((mut head, incoming))) => {
+                Ok(Ok(answer)) => {
                     drop(seat.take());
-                    let upstream_time = sent_at.elapsed();
-                    let status = head.status;
-                    let outcome = if status.is_server_error() {
-                        Outcome::ServerError
-                    } else {
-                        Outcome::Ok
-                    };
-                    if endpoint.record(outcome, &self.config.ejection, Instant::now()) {
-                        self.metrics.ejection();
-                    }
-                    let metric = if status.is_server_error() {
-                        RequestOutcome::UpstreamError
-                    } else {
-                        RequestOutcome::Forwarded
-                    };
-                    self.metrics.request(metric, priority);
-                    let sse = head
-                        .headers
-                        .get(CONTENT_TYPE)
-                        .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
-                    let in_flight = InFlight {
+                    let handover = Handover {
                         endpoint,
                         permit: permit.take(),
-                        admission: Arc::clone(&state.admission),
-                        budget: Arc::clone(&self.budget),
-                        retries: std::mem::take(&mut held.retries),
-                        metrics: Arc::clone(&self.metrics),
-                        ejection: self.config.ejection,
+                        held,
                         sent_at,
-                        arrived: Some(arrived),
-                        stopping: self.stopping.clone(),
+                        arrived,
                     };
-                    std::mem::forget(held);
-                    let mut proxied = Proxied::new(incoming, in_flight, sse);
-                    if sse
-                        && status.is_success()
-                        && state.route.stream_contract == StreamContract::Continuation
-                        && let Ok(request) = serde_json::from_slice::<serde_json::Value>(&body)
-                        && continuation::continuable(parts.uri.path(), &request)
-                    {
-                        let gateway = Arc::clone(self);
-                        let resend: Resend = Box::new(move |body, avoid| {
-                            Box::pin(async move { gateway.follow_up(parts, body, avoid).await })
-                        });
-                        proxied = proxied.following(Follow::new(request, resend));
-                        // Re-stamped and followed events change the length; the stream is chunked.
-                        head.headers.remove(CONTENT_LENGTH);
-                    }
-                    let body = RouterBody::Proxied(Box::new(proxied));
-                    self.metrics
-                        .added_latency(arrived.elapsed().saturating_sub(upstream_time));
-                    return Ok(Response::from_parts(head, body));
+                    return Ok(self.respond(answer, handover, state, parts, &body, priority));
                 }
                 Ok(Err(SendError::Refused { .. })) => Outcome::Refused,
                 Ok(Err(SendError::Reset(_))) => Outcome::Reset,
                 Ok(Err(SendError::Malformed(m))) => {
                     // Not retried: the endpoint answered, and may have done the work.
-                    if endpoint.record(Outcome::ServerError, &self.config.ejection, Instant::now()) {
-                        self.metrics.ejection();
-                    }
+                    self.record(&endpoint, Outcome::ServerError);
                     return Err(Refusal::UpstreamMalformed(m.0));
                 }
                 Err(_elapsed) => Outcome::Timeout,
             };
             drop(endpoint);
-            if state.endpoints[i].record(failure, &self.config.ejection, Instant::now()) {
-                self.metrics.ejection();
-            }
+            self.record(&state.endpoints[i], failure);
             if failure == Outcome::Timeout {
                 return Err(Refusal::UpstreamTimeout);
             }
-            last_failure = if failure == Outcome::Refused {
-                "refused"
-            } else {
-                reached_a_replica = true;
-                "reset"
-            };
-            tried.insert(i);
+            tries.failed(i, failure);
         }
+    }
+
+    /// Reads the request, and what it asks of admission control.
+    async fn read_ask(
+        &self,
+        req: Request<Incoming>,
+        priority: Priority,
+        arrived: Instant,
+    ) -> Result<(Parts, Bytes, Ask), Refusal> {
+        let tenant = self.tenant_of(req.headers());
+        let deadline = deadline_of(req.headers())?;
+        let (parts, body) = self.read_request(req).await?;
+        let ask = Ask {
+            tenant,
+            priority,
+            prompt_tokens: estimate_prompt_tokens(body.len()),
+            deadline: deadline.map(|d| d.saturating_sub(arrived.elapsed())),
+        };
+        Ok((parts, body, ask))
+    }
+
+    /// The tenant a request counts against in admission control. Hashed at once: the key itself
+    /// is never kept.
+    fn tenant_of(&self, headers: &HeaderMap) -> u64 {
+        headers.get(&self.config.tenant_header).map_or(0, |name| {
+            std::hash::BuildHasher::hash_one(&self.tenant_hasher, name.as_bytes())
+        })
+    }
+
+    /// Admits the request under the route's admission control, or sheds it.
+    fn admit(state: &Routed, ask: Ask, now: Instant) -> Result<Permit, Refusal> {
+        state
+            .admission
+            .try_admit(ask, now)
+            .map_err(|reason| Refusal::Shed {
+                reason,
+                retry_after_s: state.admission.retry_after_s(now),
+            })
+    }
+
+    /// Takes a retry from the budget and counts it on the request; false when the budget is spent.
+    fn take_retry(&self, held: &mut Held<'_>) -> bool {
+        if !self.budget.try_retry() {
+            self.metrics.retry_overflow();
+            return false;
+        }
+        held.retries += 1;
+        self.metrics.retry();
+        true
+    }
+
+    /// Records how a try on `endpoint` went, counting the ejection it may cause.
+    fn record(&self, endpoint: &Endpoint, outcome: Outcome) {
+        if endpoint.record(outcome, &self.config.ejection, Instant::now()) {
+            self.metrics.ejection();
+        }
+    }
+
+    /// Streams the upstream's answer back to the client. What the request held goes over to the
+    /// response body, which gives it back when the stream ends; an event stream under a
+    /// continuation route is followed up on another endpoint if it is cut.
+    fn respond(
+        self: &Arc<Self>,
+        (mut head, incoming): (http::response::Parts, ResponseBody),
+        handover: Handover<'_>,
+        state: &Routed,
+        parts: Parts,
+        body: &Bytes,
+        priority: Priority,
+    ) -> Response<RouterBody> {
+        let Handover {
+            endpoint,
+            permit,
+            mut held,
+            sent_at,
+            arrived,
+        } = handover;
+        let upstream_time = sent_at.elapsed();
+        let status = head.status;
+        let outcome = if status.is_server_error() {
+            Outcome::ServerError
+        } else {
+            Outcome::Ok
+        };
+        self.record(&endpoint, outcome);
+        let metric = if status.is_server_error() {
+            RequestOutcome::UpstreamError
+        } else {
+            RequestOutcome::Forwarded
+        };
+        self.metrics.request(metric, priority);
+        let sse = head
+            .headers
+            .get(CONTENT_TYPE)
+            .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+        let in_flight = InFlight {
+            endpoint,
+            permit,
+            admission: Arc::clone(&state.admission),
+            budget: Arc::clone(&self.budget),
+            retries: std::mem::take(&mut held.retries),
+            metrics: Arc::clone(&self.metrics),
+            ejection: self.config.ejection,
+            sent_at,
+            arrived: Some(arrived),
+            stopping: self.stopping.clone(),
+        };
+        std::mem::forget(held);
+        let mut proxied = Proxied::new(incoming, in_flight, sse);
+        if sse
+            && status.is_success()
+            && state.route.stream_contract == StreamContract::Continuation
+            && let Ok(request) = serde_json::from_slice::<serde_json::Value>(body)
+            && continuation::continuable(parts.uri.path(), &request)
+        {
+            let gateway = Arc::clone(self);
+            let resend: Resend = Box::new(move |body, avoid| {
+                Box::pin(async move { gateway.follow_up(parts, body, avoid).await })
+            });
+            proxied = proxied.following(Follow::new(request, resend));
+            // Re-stamped and followed events change the length; the stream is chunked.
+            head.headers.remove(CONTENT_LENGTH);
+        }
+        let body = RouterBody::Proxied(Box::new(proxied));
+        self.metrics
+            .added_latency(arrived.elapsed().saturating_sub(upstream_time));
+        Response::from_parts(head, body)
     }
 
     /// Sends a continuation's follow-up to an endpoint of the current route other than `avoid`,
@@ -472,6 +494,19 @@ impl Gateway {
             .await
     }
 
+    /// Waits in the room, taking a seat the first time, until a route arrives or the request's
+    /// deadline.
+    async fn wait_for_a_route(
+        &self,
+        seat: &mut Option<waiting_room::Seat>,
+        leave_by: Instant,
+    ) -> Result<(), Refusal> {
+        if seat.is_none() {
+            *seat = Some(self.enter_room()?);
+        }
+        self.wait(None, None, leave_by).await
+    }
+
     /// Waits in the room, taking a seat the first time, until an endpoint of `routed` is back
     /// from ejection, a new route arrives, or the request's deadline.
     async fn wait_for_an_endpoint(
@@ -535,6 +570,82 @@ impl Drop for Held<'_> {
     fn drop(&mut self) {
         self.budget.finish(self.retries);
     }
+}
+
+/// The client's deadline, when it sent one.
+fn deadline_of(headers: &HeaderMap) -> Result<Option<Duration>, Refusal> {
+    let deadline_header = headers.get(DEADLINE_HEADER).map(|v| {
+        v.to_str()
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .map(Duration::from_millis)
+    });
+    match deadline_header {
+        Some(None) => Err(Refusal::Malformed(
+            "x-understudy-deadline-ms is not a number of milliseconds",
+        )),
+        Some(Some(d)) => Ok(Some(d)),
+        None => Ok(None),
+    }
+}
+
+/// How a try the fence answered for went, as the fence saw it: the replica sent nothing.
+fn not_served(mark: &http::HeaderValue) -> Outcome {
+    if mark.as_bytes() == b"reset" {
+        Outcome::Reset
+    } else {
+        Outcome::Refused
+    }
+}
+
+/// The tries one request has made on the current route.
+struct Tries {
+    /// The endpoints tried since the tries last started afresh.
+    tried: Tried,
+    /// How many tries since they last started afresh: any after the first is a retry.
+    attempts: u32,
+    /// How the last try failed, for the answer when the retry budget runs out.
+    last_failure: &'static str,
+    /// Whether a try may have reached a replica (a reset): such a request is not held again.
+    reached_a_replica: bool,
+}
+
+impl Tries {
+    fn new() -> Self {
+        Tries {
+            tried: Tried::default(),
+            attempts: 0,
+            last_failure: "refused",
+            reached_a_replica: false,
+        }
+    }
+
+    /// Every endpoint may be tried again, and the next try is not a retry; how earlier tries
+    /// failed is kept.
+    fn start_afresh(&mut self) {
+        self.tried = Tried::default();
+        self.attempts = 0;
+    }
+
+    /// A try on endpoint `i` failed before any response byte.
+    fn failed(&mut self, i: usize, failure: Outcome) {
+        self.last_failure = if failure == Outcome::Refused {
+            "refused"
+        } else {
+            self.reached_a_replica = true;
+            "reset"
+        };
+        self.tried.insert(i);
+    }
+}
+
+/// What a request holds when the upstream answers, handed over to its response body.
+struct Handover<'a> {
+    endpoint: Outstanding,
+    permit: Option<Permit>,
+    held: Held<'a>,
+    sent_at: Instant,
+    arrived: Instant,
 }
 
 #[cfg(test)]

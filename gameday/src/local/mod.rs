@@ -163,97 +163,8 @@ pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 /// Runs one scenario to its end (or to Ctrl-C) and reports what happened.
 pub async fn run(checked: &Checked, options: &RunOptions) -> Result<RunReport, RunError> {
     let scenario = &checked.scenario;
-    let config = failover_config(checked);
-    config.check()?;
+    let (logic, public) = set_up(checked, options).await?;
     let mut tasks = JoinSet::new();
-    let system = System::new(
-        options.router.clone(),
-        RunDir::create(options.seed).map_err(RunError::RunDir)?,
-    );
-    let mut replicas = Vec::new();
-    let mut pools = [PoolAddrs::default(), PoolAddrs::default()];
-    let lease = FileLease::new(system.lease_file());
-    lease.create(pool_name(Pool::A), Epoch(0)).await?;
-    let argv = [&scenario.pools.a, &scenario.pools.b].map(|shape| serve_argv(scenario, shape));
-    for (pool, shape) in [(Pool::A, &scenario.pools.a), (Pool::B, &scenario.pools.b)] {
-        // Active-active: every replica serves under pool a's lease, in one route; faults still
-        // strike the pool the scenario names.
-        let serving = match scenario.topology {
-            Topology::ActivePassive => pool,
-            Topology::ActiveActive => Pool::A,
-        };
-        let args = argv[pool.index()][2..].to_vec();
-        // The pilot light does not run until a promotion grows it.
-        for i in 0..shape.replicas - shape.pilot_light {
-            let name = format!("{}-{i}", pool_name(pool));
-            let replica = Replica::start(
-                &options.launcher,
-                &name,
-                pool,
-                &scenario.model,
-                &args,
-                Startup::Instant,
-                START_LIMIT,
-            )?;
-            let fence = system.fence(serving, replica.api).await?;
-            pools[serving.index()].replicas.push(replica.api);
-            pools[serving.index()].fences.push(fence);
-            replicas.push(replica);
-        }
-    }
-    let mut routers = Vec::new();
-    let mut public = Vec::new();
-    for i in 0..2 {
-        let router = system.router(i, checked).await?;
-        public.push(router.public);
-        routers.push(RouterAdmin {
-            addr: router.admin,
-            token: router.token,
-        });
-    }
-    let probe = golden_probe(checked, pools[Pool::A.index()].replicas[0]).await?;
-    put_warm_to_sleep(&scenario.pools.b, &pools[Pool::B.index()]).await?;
-    let logic = Arc::new(Logic {
-        shapes: [&scenario.pools.a, &scenario.pools.b].map(|shape| StandbyShape {
-            replicas: shape.replicas,
-            warm: shape.warm,
-            sleep_level: shape.sleep_level,
-            pilot_light: shape.pilot_light,
-            min_serving: None,
-        }),
-        config,
-        lease: LogicLease::new(lease),
-        argv: argv.clone(),
-        commands: Mutex::new(Vec::new()),
-        parity: Mutex::new(None),
-        pools: Mutex::new(pools),
-        replicas: Arc::new(Mutex::new(replicas)),
-        pilot: (scenario.pools.b.pilot_light > 0).then(|| PilotLight {
-            pool: Pool::B,
-            launcher: options.launcher.clone(),
-            model: scenario.model.clone(),
-            args: argv[Pool::B.index()][2..].to_vec(),
-        }),
-        system,
-        cold_starts: Mutex::new(Vec::new()),
-        routers,
-        probe,
-        admission: scenario
-            .router
-            .admission
-            .as_ref()
-            .map(scenario::LocalAdmission::spec),
-        interval: checked.interval,
-        state: Mutex::new(FailoverState::new()),
-        journal: Mutex::new(Journal::default()),
-    });
-    let mut first = executor_of(&logic).route_for(Pool::A, Epoch(0));
-    // Nothing is being promoted at the start: the first route opens no admission window.
-    first.admission = AdmissionSettings::default();
-    if let StepOutcome::NotYet(why) = executor_of(&logic).push(&first).await {
-        return Err(RunError::FirstRoute(why));
-    }
-
     let start = Instant::now();
     let records = Arc::new(Mutex::new(Vec::new()));
     let (stop, stopped) = watch::channel(false);
@@ -309,6 +220,124 @@ pub async fn run(checked: &Checked, options: &RunOptions) -> Result<RunReport, R
     report.memory_peak_mib = (peak > 0).then(|| (peak as f64 / 1024.0 * 10.0).round() / 10.0);
     report.records = records;
     Ok(report)
+}
+
+/// Starts the system the scenario describes (the lease, each pool's replicas behind their
+/// fences, the routers, the standby's warm replicas asleep) and pushes the first route. Returns
+/// what the failover logic shares, and the routers' public addresses for the load.
+async fn set_up(checked: &Checked, options: &RunOptions) -> Result<(Arc<Logic>, Vec<SocketAddr>), RunError> {
+    let scenario = &checked.scenario;
+    let config = failover_config(checked);
+    config.check()?;
+    let system = System::new(
+        options.router.clone(),
+        RunDir::create(options.seed).map_err(RunError::RunDir)?,
+    );
+    let lease = FileLease::new(system.lease_file());
+    lease.create(pool_name(Pool::A), Epoch(0)).await?;
+    let argv = [&scenario.pools.a, &scenario.pools.b].map(|shape| serve_argv(scenario, shape));
+    let (replicas, pools) = start_pools(scenario, options, &system, &argv).await?;
+    let (routers, public) = start_routers(&system, checked).await?;
+    let probe = golden_probe(checked, pools[Pool::A.index()].replicas[0]).await?;
+    put_warm_to_sleep(&scenario.pools.b, &pools[Pool::B.index()]).await?;
+    let logic = Arc::new(Logic {
+        shapes: [&scenario.pools.a, &scenario.pools.b].map(|shape| StandbyShape {
+            replicas: shape.replicas,
+            warm: shape.warm,
+            sleep_level: shape.sleep_level,
+            pilot_light: shape.pilot_light,
+            min_serving: None,
+        }),
+        config,
+        lease: LogicLease::new(lease),
+        argv: argv.clone(),
+        commands: Mutex::new(Vec::new()),
+        parity: Mutex::new(None),
+        pools: Mutex::new(pools),
+        replicas: Arc::new(Mutex::new(replicas)),
+        pilot: (scenario.pools.b.pilot_light > 0).then(|| PilotLight {
+            pool: Pool::B,
+            launcher: options.launcher.clone(),
+            model: scenario.model.clone(),
+            args: argv[Pool::B.index()][2..].to_vec(),
+        }),
+        system,
+        cold_starts: Mutex::new(Vec::new()),
+        routers,
+        probe,
+        admission: scenario
+            .router
+            .admission
+            .as_ref()
+            .map(scenario::LocalAdmission::spec),
+        interval: checked.interval,
+        state: Mutex::new(FailoverState::new()),
+        journal: Mutex::new(Journal::default()),
+    });
+    let mut first = executor_of(&logic).route_for(Pool::A, Epoch(0));
+    // Nothing is being promoted at the start: the first route opens no admission window.
+    first.admission = AdmissionSettings::default();
+    if let StepOutcome::NotYet(why) = executor_of(&logic).push(&first).await {
+        return Err(RunError::FirstRoute(why));
+    }
+    Ok((logic, public))
+}
+
+/// Starts each pool's replicas, each behind a fence of its own.
+async fn start_pools(
+    scenario: &scenario::Scenario,
+    options: &RunOptions,
+    system: &System,
+    argv: &[Vec<String>; 2],
+) -> Result<(Vec<Replica>, [PoolAddrs; 2]), RunError> {
+    let mut replicas = Vec::new();
+    let mut pools = [PoolAddrs::default(), PoolAddrs::default()];
+    for (pool, shape) in [(Pool::A, &scenario.pools.a), (Pool::B, &scenario.pools.b)] {
+        // Active-active: every replica serves under pool a's lease, in one route; faults still
+        // strike the pool the scenario names.
+        let serving = match scenario.topology {
+            Topology::ActivePassive => pool,
+            Topology::ActiveActive => Pool::A,
+        };
+        let args = argv[pool.index()][2..].to_vec();
+        // The pilot light does not run until a promotion grows it.
+        for i in 0..shape.replicas - shape.pilot_light {
+            let name = format!("{}-{i}", pool_name(pool));
+            let replica = Replica::start(
+                &options.launcher,
+                &name,
+                pool,
+                &scenario.model,
+                &args,
+                Startup::Instant,
+                START_LIMIT,
+            )?;
+            let fence = system.fence(serving, replica.api).await?;
+            pools[serving.index()].replicas.push(replica.api);
+            pools[serving.index()].fences.push(fence);
+            replicas.push(replica);
+        }
+    }
+    Ok((replicas, pools))
+}
+
+/// Starts the two routers: their admin addresses for the failover logic, their public ones for
+/// the load.
+async fn start_routers(
+    system: &System,
+    checked: &Checked,
+) -> Result<(Vec<RouterAdmin>, Vec<SocketAddr>), RunError> {
+    let mut routers = Vec::new();
+    let mut public = Vec::new();
+    for i in 0..2 {
+        let router = system.router(i, checked).await?;
+        public.push(router.public);
+        routers.push(RouterAdmin {
+            addr: router.admin,
+            token: router.token,
+        });
+    }
+    Ok((routers, public))
 }
 
 /// Puts the standby's warm replicas (its first `warm`) to sleep at the scenario's level, each
@@ -885,6 +914,8 @@ fn held_back(events: &[(Duration, Event)]) -> Vec<String> {
     lines
 }
 
+/// The run's report: what the clients saw, what the failover logic did, and the verdict on the
+/// scenario's expectations.
 fn build_report(
     checked: &Checked,
     logic: &Logic,
@@ -905,82 +936,18 @@ fn build_report(
         .find(|f| f.fault != FaultKind::LostLease)
         .map(|f| f.fault);
     let fault_at = first.map(|f| Duration::from_secs_f64(f.at_ms / 1e3));
-    let started = journal
-        .events
-        .iter()
-        .find(|(at, e)| matches!(e, Event::PromotionStarted { .. }) && fault_at.is_some_and(|f| *at >= f))
-        .map(|(at, _)| *at);
-    let routed = journal.transitions.first().and_then(|t| {
-        t.steps
-            .iter()
-            .find(|s| s.step == "Route")
-            .map(|s| Duration::from_secs_f64(s.ended_ms / 1e3))
-    });
+    let started = promotion_started(&journal.events, fault_at);
+    let routed = first_routed(&journal.transitions);
     let requests = report::count(records, retried);
-    let mut reasons = Vec::new();
-    let mut passed = true;
-    if let Some(expected) = scenario.expect.failovers {
-        let finished = journal.transitions.len() as u32;
-        let holds = finished == expected;
-        passed &= holds;
-        reasons.push(format!(
-            "{} promotion(s) finished, {expected} expected{}",
-            finished,
-            if holds { "" } else { ": FAILED" }
-        ));
-    }
-    let in_flight = fault_at.map_or(0, |at| {
-        records
-            .iter()
-            .filter(|r| r.outcome == RequestOutcome::Failed && r.sent < at)
-            .count() as u64
-    });
-    if let Some(most) = scenario.expect.max_failed_sent_after_fault {
-        let after = requests.failed - in_flight;
-        let holds = after <= most;
-        passed &= holds;
-        reasons.push(format!(
-            "{after} request(s) sent after the fault failed, at most {most} allowed{}",
-            if holds { "" } else { ": FAILED" }
-        ));
-    }
-    if let Some(most) = scenario.expect.max_failed {
-        let holds = requests.failed <= most;
-        passed &= holds;
-        reasons.push(format!(
-            "{} request(s) failed, at most {most} allowed{}",
-            requests.failed,
-            if holds { "" } else { ": FAILED" }
-        ));
-    }
-    if let Some(least) = scenario.expect.min_failed {
-        let holds = requests.failed >= least;
-        passed &= holds;
-        reasons.push(format!(
-            "{} request(s) failed, at least {least} expected of this baseline{}",
-            requests.failed,
-            if holds { "" } else { ": FAILED" }
-        ));
-    }
+    let in_flight = failed_in_flight(records, fault_at);
     let ttft_interactive = report::ttft(records, Some(Priority::Interactive), fault_at, routed, ended);
-    if let Some(ratio) = scenario.expect.interactive_storm_ttft_within {
-        let (holds, line) = match (ttft_interactive.storm_p99, ttft_interactive.steady_p99) {
-            (Some(storm), Some(steady)) => (
-                storm <= ratio * steady,
-                format!(
-                    "interactive p99 time to first token in the storm {storm:.0} ms, {:.2}x its steady {steady:.0} ms, at most {ratio}x allowed",
-                    storm / steady
-                ),
-            ),
-            _ => (
-                false,
-                "no interactive request succeeded before the fault or in the storm, so the storm could not be judged"
-                    .to_owned(),
-            ),
-        };
-        passed &= holds;
-        reasons.push(format!("{line}{}", if holds { "" } else { ": FAILED" }));
-    }
+    let (passed, reasons) = judge(
+        &scenario.expect,
+        journal.transitions.len() as u32,
+        &requests,
+        in_flight,
+        &ttft_interactive,
+    );
     let verdict = match (interrupted, passed) {
         (true, _) => Verdict::Interrupted,
         (false, true) => Verdict::Passed,
@@ -1041,4 +1008,100 @@ fn build_report(
         memory_peak_mib: None,
         records: Vec::new(),
     }
+}
+
+/// When the first promotion at or after the fault started.
+fn promotion_started(events: &[(Duration, Event)], fault_at: Option<Duration>) -> Option<Duration> {
+    events
+        .iter()
+        .find(|(at, e)| matches!(e, Event::PromotionStarted { .. }) && fault_at.is_some_and(|f| *at >= f))
+        .map(|(at, _)| *at)
+}
+
+/// When the first promotion's route was pushed.
+fn first_routed(transitions: &[Transition]) -> Option<Duration> {
+    transitions.first().and_then(|t| {
+        t.steps
+            .iter()
+            .find(|s| s.step == "Route")
+            .map(|s| Duration::from_secs_f64(s.ended_ms / 1e3))
+    })
+}
+
+/// How many of the requests that failed were sent before the fault: in flight when it struck.
+fn failed_in_flight(records: &[RequestRecord], fault_at: Option<Duration>) -> u64 {
+    fault_at.map_or(0, |at| {
+        records
+            .iter()
+            .filter(|r| r.outcome == RequestOutcome::Failed && r.sent < at)
+            .count() as u64
+    })
+}
+
+/// Judges the scenario's expectations against what the run measured: whether every one held,
+/// and a line for each.
+fn judge(
+    expect: &scenario::Expect,
+    finished: u32,
+    requests: &report::Requests,
+    in_flight: u64,
+    ttft_interactive: &report::Ttft,
+) -> (bool, Vec<String>) {
+    let mut reasons = Vec::new();
+    let mut passed = true;
+    if let Some(expected) = expect.failovers {
+        let holds = finished == expected;
+        passed &= holds;
+        reasons.push(format!(
+            "{} promotion(s) finished, {expected} expected{}",
+            finished,
+            if holds { "" } else { ": FAILED" }
+        ));
+    }
+    if let Some(most) = expect.max_failed_sent_after_fault {
+        let after = requests.failed - in_flight;
+        let holds = after <= most;
+        passed &= holds;
+        reasons.push(format!(
+            "{after} request(s) sent after the fault failed, at most {most} allowed{}",
+            if holds { "" } else { ": FAILED" }
+        ));
+    }
+    if let Some(most) = expect.max_failed {
+        let holds = requests.failed <= most;
+        passed &= holds;
+        reasons.push(format!(
+            "{} request(s) failed, at most {most} allowed{}",
+            requests.failed,
+            if holds { "" } else { ": FAILED" }
+        ));
+    }
+    if let Some(least) = expect.min_failed {
+        let holds = requests.failed >= least;
+        passed &= holds;
+        reasons.push(format!(
+            "{} request(s) failed, at least {least} expected of this baseline{}",
+            requests.failed,
+            if holds { "" } else { ": FAILED" }
+        ));
+    }
+    if let Some(ratio) = expect.interactive_storm_ttft_within {
+        let (holds, line) = match (ttft_interactive.storm_p99, ttft_interactive.steady_p99) {
+            (Some(storm), Some(steady)) => (
+                storm <= ratio * steady,
+                format!(
+                    "interactive p99 time to first token in the storm {storm:.0} ms, {:.2}x its steady {steady:.0} ms, at most {ratio}x allowed",
+                    storm / steady
+                ),
+            ),
+            _ => (
+                false,
+                "no interactive request succeeded before the fault or in the storm, so the storm could not be judged"
+                    .to_owned(),
+            ),
+        };
+        passed &= holds;
+        reasons.push(format!("{line}{}", if holds { "" } else { ": FAILED" }));
+    }
+    (passed, reasons)
 }

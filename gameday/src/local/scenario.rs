@@ -487,6 +487,44 @@ impl Scenario {
         if duration.is_zero() || duration > MAX_DURATION {
             return Err(invalid("duration", "must be more than 0s and at most 10m"));
         }
+        self.check_pools()?;
+        let interval = parse_duration("policy.interval", &self.policy.interval)?;
+        let timeout = parse_duration("policy.timeout", &self.policy.timeout)?;
+        if interval < Duration::from_millis(100) || timeout.is_zero() || timeout >= interval {
+            return Err(invalid(
+                "policy",
+                "interval must be at least 100ms and timeout shorter than it",
+            ));
+        }
+        check_load_mix(&self.load)?;
+        let eject_for = check_router(&self.router)?;
+        check_load_lengths(&self.load)?;
+        let (fault_times, fault_ends) = self.fault_times(duration)?;
+        let command_times = self
+            .commands
+            .iter()
+            .map(|c| within("commands[].at", &c.at, duration))
+            .collect::<Result<Vec<_>, _>>()?;
+        let min_dwell = parse_duration("policy.minDwell", &self.policy.min_dwell)?;
+        if let Failback::Automatic { healthy_checks: 0 } = self.policy.failback {
+            return Err(invalid("policy.failback.healthyChecks", "must be at least 1"));
+        }
+        Ok(Checked {
+            scenario: self,
+            duration,
+            interval,
+            timeout,
+            fault_times,
+            fault_ends,
+            command_times,
+            min_dwell,
+            eject_for,
+        })
+    }
+
+    /// Each pool's size, and the standby's tiers: only the standby sleeps or waits unstarted,
+    /// and only when its pool is a standby at all (active-passive).
+    fn check_pools(&self) -> Result<(), ScenarioError> {
         for (field, pool) in [
             ("pools.a.replicas", &self.pools.a),
             ("pools.b.replicas", &self.pools.b),
@@ -520,70 +558,18 @@ impl Scenario {
                 "at least one replica of the standby must run, so that it can be proven before a promotion",
             ));
         }
-        let interval = parse_duration("policy.interval", &self.policy.interval)?;
-        let timeout = parse_duration("policy.timeout", &self.policy.timeout)?;
-        if interval < Duration::from_millis(100) || timeout.is_zero() || timeout >= interval {
-            return Err(invalid(
-                "policy",
-                "interval must be at least 100ms and timeout shorter than it",
-            ));
-        }
-        let load = &self.load;
-        if !(load.rate > 0.0 && load.rate <= 2_000.0) {
-            return Err(invalid("load.rate", "must be more than 0 and at most 2000"));
-        }
-        for (field, share) in [
-            ("load.streamShare", load.stream_share),
-            ("load.sharedPrefixShare", load.shared_prefix_share),
-            ("load.priorities.interactive", load.priorities.interactive),
-            ("load.priorities.batch", load.priorities.batch),
-        ] {
-            if !(0.0..=1.0).contains(&share) {
-                return Err(invalid(field, "must be between 0 and 1"));
-            }
-        }
-        if load.priorities.interactive + load.priorities.batch > 1.0 {
-            return Err(invalid(
-                "load.priorities",
-                "interactive and batch together must be at most 1",
-            ));
-        }
-        let eject_for = match &self.router.eject_for {
-            Some(text) => Some(parse_duration("router.ejectFor", text)?),
-            None => None,
-        };
-        if let Some(admission) = &self.router.admission {
-            parse_duration("router.admission.window", &admission.window)?;
-            if admission.initial_concurrency == 0
-                || admission
-                    .max_concurrency
-                    .is_some_and(|m| m < admission.initial_concurrency)
-            {
-                return Err(invalid(
-                    "router.admission",
-                    "initialConcurrency must be at least 1 and maxConcurrency not below it",
-                ));
-            }
-        }
-        for (field, [low, high]) in [
-            ("load.maxTokens", load.max_tokens),
-            ("load.promptWords", load.prompt_words),
-        ] {
-            if low == 0 || low > high || high > 4_096 {
-                return Err(invalid(field, "must be [min, max] with 1 <= min <= max <= 4096"));
-            }
-        }
-        let within = |field: &'static str, text: &str| {
-            let at = parse_duration(field, text)?;
-            if at >= duration {
-                return Err(invalid(field, format!("{text} is not within the run's duration")));
-            }
-            Ok(at)
-        };
+        Ok(())
+    }
+
+    /// When each fault strikes, and when it ends where it does.
+    fn fault_times(
+        &self,
+        duration: Duration,
+    ) -> Result<(Vec<Duration>, Vec<Option<Duration>>), ScenarioError> {
         let mut fault_times = Vec::with_capacity(self.faults.len());
         let mut fault_ends = Vec::with_capacity(self.faults.len());
         for fault in &self.faults {
-            let at = within("faults[].at", &fault.at)?;
+            let at = within("faults[].at", &fault.at, duration)?;
             fault_times.push(at);
             let end = match &fault.lasts {
                 None => None,
@@ -597,27 +583,76 @@ impl Scenario {
             };
             fault_ends.push(end);
         }
-        let command_times = self
-            .commands
-            .iter()
-            .map(|c| within("commands[].at", &c.at))
-            .collect::<Result<Vec<_>, _>>()?;
-        let min_dwell = parse_duration("policy.minDwell", &self.policy.min_dwell)?;
-        if let Failback::Automatic { healthy_checks: 0 } = self.policy.failback {
-            return Err(invalid("policy.failback.healthyChecks", "must be at least 1"));
-        }
-        Ok(Checked {
-            scenario: self,
-            duration,
-            interval,
-            timeout,
-            fault_times,
-            fault_ends,
-            command_times,
-            min_dwell,
-            eject_for,
-        })
+        Ok((fault_times, fault_ends))
     }
+}
+
+/// The load's rate and shares: each share a fraction, the priorities' together too.
+fn check_load_mix(load: &Load) -> Result<(), ScenarioError> {
+    if !(load.rate > 0.0 && load.rate <= 2_000.0) {
+        return Err(invalid("load.rate", "must be more than 0 and at most 2000"));
+    }
+    for (field, share) in [
+        ("load.streamShare", load.stream_share),
+        ("load.sharedPrefixShare", load.shared_prefix_share),
+        ("load.priorities.interactive", load.priorities.interactive),
+        ("load.priorities.batch", load.priorities.batch),
+    ] {
+        if !(0.0..=1.0).contains(&share) {
+            return Err(invalid(field, "must be between 0 and 1"));
+        }
+    }
+    if load.priorities.interactive + load.priorities.batch > 1.0 {
+        return Err(invalid(
+            "load.priorities",
+            "interactive and batch together must be at most 1",
+        ));
+    }
+    Ok(())
+}
+
+/// The routers' settings; how long they leave a failed endpoint out, when the scenario says.
+fn check_router(router: &RouterShape) -> Result<Option<Duration>, ScenarioError> {
+    let eject_for = match &router.eject_for {
+        Some(text) => Some(parse_duration("router.ejectFor", text)?),
+        None => None,
+    };
+    if let Some(admission) = &router.admission {
+        parse_duration("router.admission.window", &admission.window)?;
+        if admission.initial_concurrency == 0
+            || admission
+                .max_concurrency
+                .is_some_and(|m| m < admission.initial_concurrency)
+        {
+            return Err(invalid(
+                "router.admission",
+                "initialConcurrency must be at least 1 and maxConcurrency not below it",
+            ));
+        }
+    }
+    Ok(eject_for)
+}
+
+/// The ranges the load draws its requests' lengths from.
+fn check_load_lengths(load: &Load) -> Result<(), ScenarioError> {
+    for (field, [low, high]) in [
+        ("load.maxTokens", load.max_tokens),
+        ("load.promptWords", load.prompt_words),
+    ] {
+        if low == 0 || low > high || high > 4_096 {
+            return Err(invalid(field, "must be [min, max] with 1 <= min <= max <= 4096"));
+        }
+    }
+    Ok(())
+}
+
+/// A time into the run, which must fall within its duration.
+fn within(field: &'static str, text: &str, duration: Duration) -> Result<Duration, ScenarioError> {
+    let at = parse_duration(field, text)?;
+    if at >= duration {
+        return Err(invalid(field, format!("{text} is not within the run's duration")));
+    }
+    Ok(at)
 }
 
 #[cfg(test)]

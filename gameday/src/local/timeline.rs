@@ -24,27 +24,10 @@ fn escape(text: &str) -> String {
 /// The SVG of `run`, drawn from `records`.
 #[must_use]
 pub fn svg(run: &RunReport, records: &[RequestRecord]) -> String {
-    let end_ms = run.duration_ms.max(1.0);
-    let x = |ms: f64| LEFT + (WIDTH - LEFT - RIGHT) * (ms / end_ms).clamp(0.0, 1.0);
-    let buckets = (end_ms / BUCKET.as_millis() as f64).ceil() as usize + 1;
-    let mut counts = vec![[0u32; 3]; buckets];
-    for r in records {
-        let i = (r.sent.as_millis() / BUCKET.as_millis()) as usize;
-        let k = match r.outcome {
-            RequestOutcome::Ok => 0,
-            RequestOutcome::Failed => 1,
-            RequestOutcome::Shed => 2,
-        };
-        if let Some(bucket) = counts.get_mut(i) {
-            bucket[k] += 1;
-        }
-    }
-    let most = counts
-        .iter()
-        .map(|c| c.iter().sum::<u32>())
-        .max()
-        .unwrap_or(1)
-        .max(1);
+    let axis = TimeAxis {
+        end_ms: run.duration_ms.max(1.0),
+    };
+    let seconds = (axis.end_ms / 1000.0).ceil() as usize;
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -57,7 +40,48 @@ pub fn svg(run: &RunReport, records: &[RequestRecord]) -> String {
         escape(&run.name),
         run.verdict
     );
-    // Requests by outcome: y from 40 to 200.
+    draw_requests(&mut out, axis, records);
+    draw_ttft(&mut out, axis, records, seconds);
+    // The fault, detection (predicted and measured) and the promotion's steps: y from 350.
+    let band = 350.0;
+    draw_faults(&mut out, axis, run);
+    draw_detection(&mut out, axis, run, band);
+    draw_promotion(&mut out, axis, run, band);
+    // The time axis.
+    for s in (0..=seconds).step_by(5) {
+        let _ = writeln!(
+            out,
+            r#"<text x="{:.1}" y="442" text-anchor="middle">{s} s</text>"#,
+            axis.x(s as f64 * 1000.0)
+        );
+    }
+    out.push_str("</svg>\n");
+    out
+}
+
+/// The run's time on the drawing's x axis, from its start to its end.
+#[derive(Clone, Copy)]
+struct TimeAxis {
+    end_ms: f64,
+}
+
+impl TimeAxis {
+    /// Where `ms` into the run falls; times outside the run are drawn at its edges.
+    fn x(self, ms: f64) -> f64 {
+        LEFT + (WIDTH - LEFT - RIGHT) * (ms / self.end_ms).clamp(0.0, 1.0)
+    }
+}
+
+/// Requests by outcome: y from 40 to 200.
+fn draw_requests(out: &mut String, axis: TimeAxis, records: &[RequestRecord]) {
+    let buckets = (axis.end_ms / BUCKET.as_millis() as f64).ceil() as usize + 1;
+    let counts = outcome_counts(records, buckets);
+    let most = counts
+        .iter()
+        .map(|c| c.iter().sum::<u32>())
+        .max()
+        .unwrap_or(1)
+        .max(1);
     let (top, height) = (40.0, 160.0);
     let bar = (WIDTH - LEFT - RIGHT) / buckets as f64;
     for (i, bucket) in counts.iter().enumerate() {
@@ -91,9 +115,28 @@ pub fn svg(run: &RunReport, records: &[RequestRecord]) -> String {
         LEFT + 80.0,
         top - 6.0
     );
-    // Time to first token p99 per second: y from 230 to 330.
+}
+
+/// How many requests sent in each bucket were ok, failed and shed.
+fn outcome_counts(records: &[RequestRecord], buckets: usize) -> Vec<[u32; 3]> {
+    let mut counts = vec![[0u32; 3]; buckets];
+    for r in records {
+        let i = (r.sent.as_millis() / BUCKET.as_millis()) as usize;
+        let k = match r.outcome {
+            RequestOutcome::Ok => 0,
+            RequestOutcome::Failed => 1,
+            RequestOutcome::Shed => 2,
+        };
+        if let Some(bucket) = counts.get_mut(i) {
+            bucket[k] += 1;
+        }
+    }
+    counts
+}
+
+/// Time to first token p99 per second: y from 230 to 330.
+fn draw_ttft(out: &mut String, axis: TimeAxis, records: &[RequestRecord], seconds: usize) {
     let (ttop, theight) = (230.0, 100.0);
-    let seconds = (end_ms / 1000.0).ceil() as usize;
     let p99s: Vec<Option<f64>> = (0..seconds)
         .map(|s| {
             let from = Duration::from_secs(s as u64);
@@ -108,7 +151,7 @@ pub fn svg(run: &RunReport, records: &[RequestRecord]) -> String {
             p.map(|p| {
                 format!(
                     "{:.1},{:.1}",
-                    x((s as f64 + 0.5) * 1000.0),
+                    axis.x((s as f64 + 0.5) * 1000.0),
                     ttop + theight * (1.0 - p / worst)
                 )
             })
@@ -125,9 +168,10 @@ pub fn svg(run: &RunReport, records: &[RequestRecord]) -> String {
         ttop + 12.0,
         ttop + 26.0
     );
-    // The fault, detection (predicted and measured) and the promotion's steps: y from 350.
-    let band = 350.0;
-    // Every fault: a line where it struck, a faint band while it lasted.
+}
+
+/// Every fault: a line where it struck, a faint band while it lasted.
+fn draw_faults(out: &mut String, axis: TimeAxis, run: &RunReport) {
     for (i, fault) in run.faults.iter().enumerate() {
         let label = if fault.replicas == 0 {
             fault.fault.clone()
@@ -138,8 +182,8 @@ pub fn svg(run: &RunReport, records: &[RequestRecord]) -> String {
         let _ = writeln!(
             out,
             "<line x1=\"{0:.1}\" y1=\"30\" x2=\"{0:.1}\" y2=\"400\" stroke=\"#e53935\" stroke-dasharray=\"4 3\"/><text x=\"{1:.1}\" y=\"{2}\" fill=\"#e53935\">{3}</text>",
-            x(fault.at_ms),
-            x(fault.at_ms) + 3.0,
+            axis.x(fault.at_ms),
+            axis.x(fault.at_ms) + 3.0,
             if i % 2 == 0 { 412 } else { 426 },
             escape(&label)
         );
@@ -147,33 +191,42 @@ pub fn svg(run: &RunReport, records: &[RequestRecord]) -> String {
             let _ = writeln!(
                 out,
                 "<rect x=\"{:.1}\" y=\"30\" width=\"{:.1}\" height=\"370\" fill=\"#e53935\" fill-opacity=\"0.06\"/>",
-                x(fault.at_ms),
-                (x(end) - x(fault.at_ms)).max(1.0)
+                axis.x(fault.at_ms),
+                (axis.x(end) - axis.x(fault.at_ms)).max(1.0)
             );
         }
     }
-    // Detection is counted from the first fault that struck replicas, as in the report.
-    if let Some(fault) = run.faults.iter().find(|f| f.replicas > 0) {
-        if let Some([low, high]) = run.predicted_detection_ms {
-            let _ = writeln!(
-                out,
-                "<rect x=\"{:.1}\" y=\"{band}\" width=\"{:.1}\" height=\"10\" fill=\"#bdbdbd\"/><text x=\"4\" y=\"{}\">predicted</text>",
-                x(fault.at_ms + low),
-                (x(fault.at_ms + high) - x(fault.at_ms + low)).max(1.0),
-                band + 9.0
-            );
-        }
-        if let Some(detection) = run.detection_ms {
-            let _ = writeln!(
-                out,
-                "<rect x=\"{:.1}\" y=\"{}\" width=\"{:.1}\" height=\"10\" fill=\"#757575\"/><text x=\"4\" y=\"{}\">detected</text>",
-                x(fault.at_ms),
-                band + 14.0,
-                (x(fault.at_ms + detection) - x(fault.at_ms)).max(1.0),
-                band + 23.0
-            );
-        }
+}
+
+/// The predicted window for detection beside the measured one. Detection is counted from the
+/// first fault that struck replicas, as in the report.
+fn draw_detection(out: &mut String, axis: TimeAxis, run: &RunReport, band: f64) {
+    let Some(fault) = run.faults.iter().find(|f| f.replicas > 0) else {
+        return;
+    };
+    if let Some([low, high]) = run.predicted_detection_ms {
+        let _ = writeln!(
+            out,
+            "<rect x=\"{:.1}\" y=\"{band}\" width=\"{:.1}\" height=\"10\" fill=\"#bdbdbd\"/><text x=\"4\" y=\"{}\">predicted</text>",
+            axis.x(fault.at_ms + low),
+            (axis.x(fault.at_ms + high) - axis.x(fault.at_ms + low)).max(1.0),
+            band + 9.0
+        );
     }
+    if let Some(detection) = run.detection_ms {
+        let _ = writeln!(
+            out,
+            "<rect x=\"{:.1}\" y=\"{}\" width=\"{:.1}\" height=\"10\" fill=\"#757575\"/><text x=\"4\" y=\"{}\">detected</text>",
+            axis.x(fault.at_ms),
+            band + 14.0,
+            (axis.x(fault.at_ms + detection) - axis.x(fault.at_ms)).max(1.0),
+            band + 23.0
+        );
+    }
+}
+
+/// The promotion's steps as bands, one colour each.
+fn draw_promotion(out: &mut String, axis: TimeAxis, run: &RunReport, band: f64) {
     for transition in &run.transitions {
         for (i, step) in transition.steps.iter().enumerate() {
             let colour = [
@@ -182,23 +235,13 @@ pub fn svg(run: &RunReport, records: &[RequestRecord]) -> String {
             let _ = writeln!(
                 out,
                 "<rect x=\"{:.1}\" y=\"{}\" width=\"{:.1}\" height=\"10\" fill=\"{colour}\"><title>{} {:.1} ms</title></rect>",
-                x(step.started_ms),
+                axis.x(step.started_ms),
                 band + 28.0,
-                (x(step.ended_ms) - x(step.started_ms)).max(2.0),
+                (axis.x(step.ended_ms) - axis.x(step.started_ms)).max(2.0),
                 escape(&step.step),
                 step.ended_ms - step.started_ms
             );
         }
         let _ = writeln!(out, "<text x=\"4\" y=\"{}\">promotion</text>", band + 37.0);
     }
-    // The time axis.
-    for s in (0..=seconds).step_by(5) {
-        let _ = writeln!(
-            out,
-            r#"<text x="{:.1}" y="442" text-anchor="middle">{s} s</text>"#,
-            x(s as f64 * 1000.0)
-        );
-    }
-    out.push_str("</svg>\n");
-    out
 }

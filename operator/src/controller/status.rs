@@ -270,10 +270,28 @@ fn conditions(
     cold_start: &[ColdStartBreakdown],
     proof: Option<&StandbyProofRecord>,
 ) -> BTreeMap<String, Condition> {
-    use ConditionStatus::{False, True, Unknown};
+    let ready = ready(spec, config, machine, lease_behind);
+    let standby_proven = standby_proven(spec, config, machine, proof);
+    let objective = objective_met(spec, machine.standby(), cold_start);
+    let probe = probe(probe_accepted);
+    BTreeMap::from([
+        (condition_type::READY.to_owned(), ready),
+        (condition_type::STANDBY_PROVEN.to_owned(), standby_proven),
+        (condition_type::OBJECTIVE_MET.to_owned(), objective),
+        (condition_type::PROBE_ACCEPTED.to_owned(), probe),
+    ])
+}
+
+/// `Ready`: whether control actions can be taken on a sound Lease, and then what the phase says.
+fn ready(
+    spec: &FailoverPolicySpec,
+    config: &FailoverConfig,
+    machine: &FailoverState,
+    lease_behind: Option<Epoch>,
+) -> Condition {
+    use ConditionStatus::False;
     let primary = pool_name(spec, machine.primary);
-    let standby = pool_name(spec, machine.standby());
-    let ready = if let Some(lease_epoch) = lease_behind {
+    if let Some(lease_epoch) = lease_behind {
         condition(
             False,
             "LeaseRegressed",
@@ -298,56 +316,75 @@ fn conditions(
             "a compare-and-set on the epoch Lease was lost; waiting to read it again".to_owned(),
         )
     } else {
-        match &machine.phase {
-            // Holding the Lease is all that is known: routes are pushed during a promotion only,
-            // so saying the pool serves would claim a route nobody checked.
-            Phase::Serving => condition(
-                True,
-                "LeaseHeld",
-                format!(
-                    "{primary} holds the epoch Lease at epoch {}; whether the routers route to it is not checked \
-                     here (routes are pushed only during a promotion, to the routers given with --router-admin){}",
-                    machine.epoch,
-                    if config.paused {
-                        "; spec.paused: nothing fails over on its own"
-                    } else {
-                        ""
-                    }
-                ),
+        phase_ready(spec, config, machine)
+    }
+}
+
+/// `Ready` on a Lease the operator knows: what the machine's phase says of the primary.
+fn phase_ready(spec: &FailoverPolicySpec, config: &FailoverConfig, machine: &FailoverState) -> Condition {
+    use ConditionStatus::{False, True};
+    let primary = pool_name(spec, machine.primary);
+    let standby = pool_name(spec, machine.standby());
+    match &machine.phase {
+        // Holding the Lease is all that is known: routes are pushed during a promotion only,
+        // so saying the pool serves would claim a route nobody checked.
+        Phase::Serving => condition(
+            True,
+            "LeaseHeld",
+            format!(
+                "{primary} holds the epoch Lease at epoch {}; whether the routers route to it is not checked \
+                 here (routes are pushed only during a promotion, to the routers given with --router-admin){}",
+                machine.epoch,
+                if config.paused {
+                    "; spec.paused: nothing fails over on its own"
+                } else {
+                    ""
+                }
             ),
-            Phase::Suspect => condition(
-                True,
-                "PrimarySuspect",
-                format!(
-                    "{primary} holds the epoch Lease at epoch {} but failed recent checks",
-                    machine.epoch
-                ),
+        ),
+        Phase::Suspect => condition(
+            True,
+            "PrimarySuspect",
+            format!(
+                "{primary} holds the epoch Lease at epoch {} but failed recent checks",
+                machine.epoch
             ),
-            Phase::Stranded if config.paused => condition(
-                False,
-                "Paused",
-                format!(
-                    "{primary} is failing and spec.paused holds {standby} back: nothing fails over \
-                     on its own while paused (the understudy.dev/command annotation still does)"
-                ),
+        ),
+        Phase::Stranded if config.paused => condition(
+            False,
+            "Paused",
+            format!(
+                "{primary} is failing and spec.paused holds {standby} back: nothing fails over \
+                 on its own while paused (the understudy.dev/command annotation still does)"
             ),
-            Phase::Stranded => condition(
-                False,
-                "Stranded",
-                format!("{primary} is failing and {standby} cannot be promoted now"),
+        ),
+        Phase::Stranded => condition(
+            False,
+            "Stranded",
+            format!("{primary} is failing and {standby} cannot be promoted now"),
+        ),
+        Phase::Promoting(p) => condition(
+            False,
+            "Promoting",
+            format!(
+                "promoting {} at epoch {}, at step {:?}",
+                pool_name(spec, p.to),
+                p.epoch,
+                p.step
             ),
-            Phase::Promoting(p) => condition(
-                False,
-                "Promoting",
-                format!(
-                    "promoting {} at epoch {}, at step {:?}",
-                    pool_name(spec, p.to),
-                    p.epoch,
-                    p.step
-                ),
-            ),
-        }
-    };
+        ),
+    }
+}
+
+/// `StandbyProven`: the standby's recent checks, and its last proof while asleep.
+fn standby_proven(
+    spec: &FailoverPolicySpec,
+    config: &FailoverConfig,
+    machine: &FailoverState,
+    proof: Option<&StandbyProofRecord>,
+) -> Condition {
+    use ConditionStatus::{False, True, Unknown};
+    let standby = pool_name(spec, machine.standby());
     let health = machine.health[machine.standby().index()];
     let standby_proven = if health.failures > 0 {
         condition(
@@ -372,7 +409,7 @@ fn conditions(
         )
     };
     // The last proof of a sleeping standby, when it was of this standby.
-    let standby_proven = match proof.filter(|p| p.pool == standby) {
+    match proof.filter(|p| p.pool == standby) {
         Some(p) => Condition {
             message: format!(
                 "{}; last proof {}{}: {} {}",
@@ -385,9 +422,13 @@ fn conditions(
             ..standby_proven
         },
         None => standby_proven,
-    };
-    let objective = objective_met(spec, machine.standby(), cold_start);
-    let probe = match probe_accepted {
+    }
+}
+
+/// `ProbeAccepted`: whether the replicas took the last round's probe.
+fn probe(probe_accepted: Option<Result<(), &str>>) -> Condition {
+    use ConditionStatus::{False, True, Unknown};
+    match probe_accepted {
         Some(Ok(())) => condition(True, "Answered", "the replicas answer the probe".to_owned()),
         Some(Err(why)) => condition(
             False,
@@ -398,13 +439,7 @@ fn conditions(
             ),
         ),
         None => condition(Unknown, "NotProbed", "no probe round has finished yet".to_owned()),
-    };
-    BTreeMap::from([
-        (condition_type::READY.to_owned(), ready),
-        (condition_type::STANDBY_PROVEN.to_owned(), standby_proven),
-        (condition_type::OBJECTIVE_MET.to_owned(), objective),
-        (condition_type::PROBE_ACCEPTED.to_owned(), probe),
-    ])
+    }
 }
 
 /// A finished transition's timeline in one line, for its Event: when the fault was first seen,

@@ -17,7 +17,7 @@ use std::time::Duration;
 use jiff::Timestamp;
 use serde::Serialize;
 
-use self::kube::{Event, EventDocument, Pod};
+use self::kube::{ContainerStatus, Event, EventDocument, Pod};
 use self::vllm_log::{StartupLog, duration_of};
 
 /// Why the inputs could not be read.
@@ -135,7 +135,7 @@ pub struct Timeline {
 
 impl Timeline {
     pub fn stage(&self, stage: ColdStartStage) -> &StageReport {
-        // `build` always pushes every stage, in order.
+        // `build` always lists every stage, in order.
         &self.stages[stage as usize]
     }
 
@@ -216,39 +216,97 @@ pub fn build(inputs: &ColdStartInputs<'_>) -> Timeline {
         .container
         .map(str::to_owned)
         .or_else(|| status.map(|s| s.name.clone()));
-    let mut events: Vec<&Event> = inputs.events.iter().filter(|e| e.is_about(pod)).collect();
-    events.sort_by_key(|e| e.time());
-    let pod_event = |reason: &str| events.iter().copied().find(|e| e.reason == reason);
-    let container_events = |reason: &str| -> Vec<&Event> {
-        events
+    let events = PodEvents::about(pod, inputs.events, container.as_deref());
+    let log = StartupLog::parse(inputs.log);
+    let created = pod.metadata.creation_timestamp;
+
+    let node = node_stage(pod, &events, created);
+    let image = image_stage(&events);
+    let container_start = container_start_stage(status, &events, image.finished);
+    let weight_load = weight_load_stage(&log);
+    let warmup = warmup_stage(&log, weight_load.finished);
+    let ready = ready_stage(pod, &log, created, warmup.finished);
+    let first_token = first_token_stage(ready.finished, inputs.first_token);
+    let stages = vec![
+        node,
+        image,
+        container_start,
+        weight_load,
+        warmup,
+        ready,
+        first_token,
+    ];
+
+    Timeline {
+        pod: pod.metadata.name.clone(),
+        namespace: pod.metadata.namespace.clone(),
+        container,
+        created,
+        stages,
+        to_first_token: known_or(
+            between(created, inputs.first_token),
+            "the pod's creationTimestamp and a successful generating probe",
+        ),
+    }
+}
+
+/// The events about one pod, oldest first, and the container whose events count.
+struct PodEvents<'a> {
+    events: Vec<&'a Event>,
+    container: Option<&'a str>,
+}
+
+impl<'a> PodEvents<'a> {
+    fn about(pod: &Pod, events: &'a [Event], container: Option<&'a str>) -> Self {
+        let mut events: Vec<&Event> = events.iter().filter(|e| e.is_about(pod)).collect();
+        events.sort_by_key(|e| e.time());
+        PodEvents { events, container }
+    }
+
+    /// The first event with this reason, whatever it is about in the pod.
+    fn pod_event(&self, reason: &str) -> Option<&'a Event> {
+        self.events.iter().copied().find(|e| e.reason == reason)
+    }
+
+    /// How many events have this reason, whatever they are about in the pod.
+    fn count(&self, reason: &str) -> usize {
+        self.events.iter().filter(|e| e.reason == reason).count()
+    }
+
+    /// The events with this reason about the serving container, or about no container in particular.
+    fn container_events(&self, reason: &str) -> Vec<&'a Event> {
+        self.events
             .iter()
             .copied()
             .filter(|e| {
                 e.reason == reason
-                    && (container.is_none()
+                    && (self.container.is_none()
                         || e.container().is_none()
-                        || e.container() == container.as_deref())
+                        || e.container() == self.container)
             })
             .collect()
-    };
-    let container_event = |reason: &str| container_events(reason).first().copied();
-    let log = StartupLog::parse(inputs.log);
-    let created = pod.metadata.creation_timestamp;
-    let mut stages = Vec::with_capacity(ColdStartStage::ALL.len());
+    }
 
-    // Node: created → scheduled. The Scheduled event carries microseconds; the condition whole seconds.
-    let scheduled_event = pod_event("Scheduled");
+    /// The oldest of those events.
+    fn container_event(&self, reason: &str) -> Option<&'a Event> {
+        self.container_events(reason).first().copied()
+    }
+}
+
+/// Node: created → scheduled. The Scheduled event carries microseconds; the condition whole seconds.
+fn node_stage(pod: &Pod, events: &PodEvents<'_>, created: Option<Timestamp>) -> StageReport {
+    let scheduled_event = events.pod_event("Scheduled");
     let scheduled = scheduled_event
         .and_then(Event::time)
         .or_else(|| pod.condition_true_at("PodScheduled"));
     let mut detail = Vec::new();
-    if let Some(e) = pod_event("TriggeredScaleUp") {
+    if let Some(e) = events.pod_event("TriggeredScaleUp") {
         detail.push(format!("cluster-autoscaler: {}", e.message));
     }
-    if let Some(e) = pod_event("Nominated") {
+    if let Some(e) = events.pod_event("Nominated") {
         detail.push(format!("karpenter: {}", e.message));
     }
-    let failed = events.iter().filter(|e| e.reason == "FailedScheduling").count();
+    let failed = events.count("FailedScheduling");
     if failed > 0 {
         detail.push(format!("{failed} FailedScheduling event(s)"));
     }
@@ -258,7 +316,7 @@ pub fn build(inputs: &ColdStartInputs<'_>) -> Timeline {
     {
         detail.push(format!("assigned to {node}"));
     }
-    stages.push(StageReport {
+    StageReport {
         stage: ColdStartStage::Node,
         duration: match (created, scheduled) {
             (None, _) => StageDuration::Unknown {
@@ -275,11 +333,13 @@ pub fn build(inputs: &ColdStartInputs<'_>) -> Timeline {
         started: created,
         finished: scheduled,
         detail,
-    });
+    }
+}
 
-    // Image: the kubelet's in-message pull time, or zero when the image was already there.
-    let pulling = container_event("Pulling");
-    let pulled = container_event("Pulled");
+/// Image: the kubelet's in-message pull time, or zero when the image was already there.
+fn image_stage(events: &PodEvents<'_>) -> StageReport {
+    let pulling = events.container_event("Pulling");
+    let pulled = events.container_event("Pulled");
     let pull = pulled.and_then(|e| image_pull(&e.message));
     let (image_duration, image_detail) = match &pull {
         Some(ImagePull::Cached) => (
@@ -302,20 +362,26 @@ pub fn build(inputs: &ColdStartInputs<'_>) -> Timeline {
         ),
     };
     let image_ready = pulled.and_then(Event::time);
-    stages.push(StageReport {
+    StageReport {
         stage: ColdStartStage::Image,
         duration: image_duration,
         started: pulling.and_then(Event::time).or(image_ready),
         finished: image_ready,
         detail: image_detail,
-    });
+    }
+}
 
-    // Container start: image ready → the process running.
+/// Container start: image ready → the process running.
+fn container_start_stage(
+    status: Option<&ContainerStatus>,
+    events: &PodEvents<'_>,
+    image_ready: Option<Timestamp>,
+) -> StageReport {
     let running = status
         .and_then(|s| s.state.as_ref())
         .and_then(|s| s.running.as_ref())
         .and_then(|r| r.started_at)
-        .or_else(|| container_event("Started").and_then(Event::time));
+        .or_else(|| events.container_event("Started").and_then(Event::time));
     let mut detail = Vec::new();
     let restarts = status.map_or(0, |s| s.restart_count);
     // After a restart the current run began at its own pull (the kubelet folds repeats into one
@@ -325,7 +391,7 @@ pub fn build(inputs: &ColdStartInputs<'_>) -> Timeline {
         image_ready
     } else {
         detail.push(format!("{restarts} restart(s): times are the current run's"));
-        let pulls = container_events("Pulled");
+        let pulls = events.container_events("Pulled");
         let seen: u32 = pulls.iter().map(|e| e.count.unwrap_or(1).max(1)).sum();
         if seen > restarts {
             pulls
@@ -337,7 +403,7 @@ pub fn build(inputs: &ColdStartInputs<'_>) -> Timeline {
             None
         }
     };
-    stages.push(StageReport {
+    StageReport {
         stage: ColdStartStage::ContainerStart,
         duration: match (run_pull, running) {
             (None, _) if image_ready.is_some() => StageDuration::Unknown {
@@ -354,16 +420,18 @@ pub fn build(inputs: &ColdStartInputs<'_>) -> Timeline {
         started: run_pull,
         finished: running,
         detail,
-    });
+    }
+}
 
-    // Weight load: the log's own span, else vLLM's printed seconds.
+/// Weight load: the log's own span, else vLLM's printed seconds.
+fn weight_load_stage(log: &StartupLog) -> StageReport {
     let load_start = log.load_started.and_then(|m| m.at);
     let load_end = log.load_finished.and_then(|m| m.at);
     let mut detail = Vec::new();
     if let Some(s) = log.load_seconds {
         detail.push(format!("vLLM: {s} s"));
     }
-    stages.push(StageReport {
+    StageReport {
         stage: ColdStartStage::WeightLoad,
         duration: known_or(
             between(load_start, load_end).or_else(|| log.load_seconds.and_then(duration_of)),
@@ -372,9 +440,11 @@ pub fn build(inputs: &ColdStartInputs<'_>) -> Timeline {
         started: load_start,
         finished: load_end,
         detail,
-    });
+    }
+}
 
-    // Warmup: weights loaded → engine initialised.
+/// Warmup: weights loaded → engine initialised.
+fn warmup_stage(log: &StartupLog, load_end: Option<Timestamp>) -> StageReport {
     let engine_ready = log.engine_ready.and_then(|m| m.at);
     let mut detail = Vec::new();
     if let Some(s) = log.compile_seconds {
@@ -391,7 +461,7 @@ pub fn build(inputs: &ColdStartInputs<'_>) -> Timeline {
     if let Some(s) = log.engine_init_seconds {
         detail.push(format!("engine init {s} s"));
     }
-    stages.push(StageReport {
+    StageReport {
         stage: ColdStartStage::Warmup,
         duration: known_or(
             between(load_end, engine_ready).or_else(|| log.engine_init_seconds.and_then(duration_of)),
@@ -400,9 +470,16 @@ pub fn build(inputs: &ColdStartInputs<'_>) -> Timeline {
         started: load_end,
         finished: engine_ready,
         detail,
-    });
+    }
+}
 
-    // Ready: engine initialised → the API answers.
+/// Ready: engine initialised → the API answers.
+fn ready_stage(
+    pod: &Pod,
+    log: &StartupLog,
+    created: Option<Timestamp>,
+    engine_ready: Option<Timestamp>,
+) -> StageReport {
     let ready_condition = pod.condition_true_at("Ready");
     let api_ready = log.api_ready.and_then(|m| m.at).or(ready_condition);
     let mut detail = Vec::new();
@@ -414,7 +491,7 @@ pub fn build(inputs: &ColdStartInputs<'_>) -> Timeline {
     if let Some(d) = between(created, ready_condition) {
         detail.push(format!("pod Ready at +{}", understudy_core::duration::format(d)));
     }
-    stages.push(StageReport {
+    StageReport {
         stage: ColdStartStage::Ready,
         duration: match (engine_ready, api_ready) {
             (None, _) => StageDuration::Unknown {
@@ -431,12 +508,14 @@ pub fn build(inputs: &ColdStartInputs<'_>) -> Timeline {
         started: engine_ready,
         finished: api_ready,
         detail,
-    });
+    }
+}
 
-    // First token: API ready → the first successful generating probe.
-    stages.push(StageReport {
+/// First token: API ready → the first successful generating probe.
+fn first_token_stage(api_ready: Option<Timestamp>, first_token: Option<Timestamp>) -> StageReport {
+    StageReport {
         stage: ColdStartStage::FirstToken,
-        duration: match (api_ready, inputs.first_token) {
+        duration: match (api_ready, first_token) {
             (_, None) => StageDuration::Unknown {
                 missing: "a successful generating probe",
             },
@@ -444,25 +523,13 @@ pub fn build(inputs: &ColdStartInputs<'_>) -> Timeline {
                 missing: "the API-ready time",
             },
             _ => known_or(
-                between(api_ready, inputs.first_token),
+                between(api_ready, first_token),
                 "first token before ready (clock skew)",
             ),
         },
         started: api_ready,
-        finished: inputs.first_token,
+        finished: first_token,
         detail: vec![],
-    });
-
-    Timeline {
-        pod: pod.metadata.name.clone(),
-        namespace: pod.metadata.namespace.clone(),
-        container,
-        created,
-        stages,
-        to_first_token: known_or(
-            between(created, inputs.first_token),
-            "the pod's creationTimestamp and a successful generating probe",
-        ),
     }
 }
 
