@@ -367,7 +367,7 @@ async fn with_both_pools_down_nothing_fails_over_and_clients_are_told_to_come_ba
     assert!(report.transitions.is_empty(), "{:?}", report.transitions);
     assert_eq!(report.faults.len(), 2);
     // What clients saw once both were down: the router's own 503 `unavailable` at once (it
-    // carries Retry-After: tests/tests/router_gateway.rs), not a hang.
+    // carries Retry-After: router/tests/gateway.rs), not a hang.
     assert!(
         report.failures.get("http 503 unavailable").copied().unwrap_or(0) > 0,
         "{:?}",

@@ -1,4 +1,4 @@
-//! The GameDay controller against a scripted API server, in the style of `controller_mock.rs`:
+//! The GameDay controller against a scripted API server, in the style of the `controller_*.rs` tests:
 //! each scenario lists the requests one reconcile makes, in order, and answers them; Events are
 //! collected on the side; [`ApiServer::expect_no_more`] proves nothing else was asked.
 //!

@@ -21,7 +21,7 @@ if ! command -v valgrind >/dev/null || ! command -v nginx >/dev/null; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q valgrind nginx-light >/dev/null 2>&1 ||
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q valgrind nginx >/dev/null
 fi
-cargo build --release -q -p understudy-router -p understudy-gameday --bin understudy-router --bin vllm-emulator
+cargo build --release -q -p understudy-router -p understudy-emulator --bin understudy-router --bin vllm-emulator
 
 BACKEND=18100 ROUTER=18180 ADMIN=18190 NGINX=18181
 T=$(mktemp -d)

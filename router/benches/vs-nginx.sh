@@ -24,7 +24,7 @@ if ! command -v nginx >/dev/null || ! command -v wrk >/dev/null; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q nginx-light wrk >/dev/null 2>&1 ||
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q nginx wrk >/dev/null
 fi
-cargo build --release -q -p understudy-router -p understudy-gameday --bin understudy-router --bin vllm-emulator
+cargo build --release -q -p understudy-router -p understudy-emulator --bin understudy-router --bin vllm-emulator
 OPEN_LOOP=$(cargo bench -q -p understudy-router --bench open_loop --no-run --message-format=json 2>/dev/null |
   sed -n 's/.*"executable":"\([^"]*open_loop[^"]*\)".*/\1/p' | tail -1)
 

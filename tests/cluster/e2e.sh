@@ -85,7 +85,7 @@ UNDERSTUDY_CLUSTER_CLI="$target/kubectl-understudy" \
 # default namespace: the operator's controllers in-process against the real server, and the
 # prober's cold-start reader on a pod that really started.
 KUBECONFIG="$run/kubeconfig" \
-  cargo test -q --locked -p understudy-operator --test controller_mock --test gameday_mock -- --ignored --test-threads=1
+  cargo test -q --locked -p understudy-operator --test controller_cluster --test gameday_mock -- --ignored --test-threads=1
 k create namespace e2e-coldstart >/dev/null
 k -n e2e-coldstart create deployment coldstart --image vllm/vllm-openai:v0.11.0 --port 8000 \
   -- vllm serve Qwen/Qwen3-0.6B --port 8000 >/dev/null
