@@ -32,6 +32,7 @@ use understudy_operator::metrics::Metrics;
 use understudy_operator::observe::ProbingObservations;
 use understudy_operator::peers::{LabelledPods, Routers};
 use understudy_operator::ports::{HandOffToComponents, StepExecutor};
+use understudy_operator::reconciler::WithShell;
 use understudy_operator::replicas::KubeReplicas;
 use understudy_operator::reserve::{self, ReserveConfig};
 use understudy_operator::route_push::RouterPush;

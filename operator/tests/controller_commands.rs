@@ -24,6 +24,7 @@ use understudy_core::{Epoch, Pool};
 use understudy_operator::controller::Context;
 use understudy_operator::crd::{FailoverPolicy, GoldenAnswer, ParityDrift, ParityStatus};
 use understudy_operator::ports::{Clock, Observation, ProbeFindings};
+use understudy_operator::reconciler::WithShell;
 
 mod support;
 use support::policy::*;

@@ -28,6 +28,7 @@ use understudy_operator::controller::{Context, error_policy, reconcile};
 use understudy_operator::crd::{FailoverPolicy, GoldenAnswer};
 use understudy_operator::metrics::Metrics;
 use understudy_operator::ports::ProbeFindings;
+use understudy_operator::reconciler::WithShell;
 use understudy_operator::watchdog::{Reconciler, Watchdog};
 
 mod support;

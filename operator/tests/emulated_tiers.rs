@@ -42,6 +42,7 @@ use understudy_operator::ports::{
     Clock, Observation, ObservationSource, ProbeFindings, StepExecutor, StepReport, StepRequest,
 };
 use understudy_operator::ports::{ReplicaEndpoints, ResolveError};
+use understudy_operator::reconciler::WithShell;
 use understudy_prober::probe::Endpoint;
 
 const NS: &str = "serving";

@@ -23,6 +23,7 @@ use understudy_operator::crd::GameDay;
 use understudy_operator::gameday::controller::{ACTIVE_REQUEUE, Context, Error, reconcile};
 use understudy_operator::peers::Routers;
 use understudy_operator::ports::Clock;
+use understudy_operator::reconciler::WithShell;
 use understudy_operator::router_admin::RouterToken;
 use understudy_operator::watchdog::{Reconciler, Watchdog};
 

@@ -36,10 +36,13 @@ pub(super) async fn apply(policy: &FailoverPolicy, ctx: &Context, namespace: &st
         Ok(validated) => validated,
         Err(error) => return report_invalid_spec(ctx, policy, namespace, &error.to_string()).await,
     };
-    let (mut run, recorded) = dereference(policy, &validated.failover, ctx.clock.now(), namespace);
+    let (mut run, recorded) = dereference(policy, &validated.failover, ctx.shell.clock.now(), namespace);
     run.parity = parity_now(ctx, policy);
     // No owner reference: the epoch Lease outlives its policy (see the module doc).
-    let lease = KubeLease::for_policy(Api::namespaced(ctx.client.clone(), namespace), &policy.name_any());
+    let lease = KubeLease::for_policy(
+        Api::namespaced(ctx.shell.client.clone(), namespace),
+        &policy.name_any(),
+    );
     let lease_now = observe(ctx, policy, namespace, &lease, &mut run, &recorded).await?;
     if lease_now.epoch < run.machine.epoch {
         // The machine ignores a lower epoch; without this, every promotion would lose its

@@ -7,7 +7,6 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use kube::Client;
-use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef;
 use understudy_prober::probe::Expectation;
 
@@ -15,12 +14,9 @@ use crate::crd::FailoverPolicy;
 use crate::judge::fixed_expectation;
 use crate::metrics::Metrics;
 use crate::ports::ReplicaEndpoints;
-use crate::ports::{
-    Clock, HandOffToComponents, NoObservations, ObservationSource, ProbeFindings, StepExecutor, SystemClock,
-};
-use crate::reconciler::{CONTROLLER_NAME, Shell};
+use crate::ports::{HandOffToComponents, NoObservations, ObservationSource, ProbeFindings, StepExecutor};
+use crate::reconciler::{Shell, WithShell};
 use crate::reserve::ReserveConfig;
-use crate::watchdog::Watchdog;
 
 /// The finalizer the controller puts on every FailoverPolicy it runs.
 pub const FINALIZER: &str = "understudy.dev/cleanup";
@@ -30,20 +26,15 @@ pub(super) const PROMOTING_REQUEUE: Duration = Duration::from_secs(2);
 
 /// What every reconcile shares.
 pub struct Context {
-    pub client: Client,
-    pub recorder: Recorder,
+    /// The client, the Event recorder, the clock, the write timeout and the watchdog.
+    pub shell: Shell,
     pub metrics: Arc<Metrics>,
     pub observations: Arc<dyn ObservationSource>,
     /// Without one, a golden answer in status is kept while it fits the probe.
     pub findings: Option<Arc<dyn ProbeFindings>>,
     pub steps: Arc<dyn StepExecutor>,
-    pub clock: Arc<dyn Clock>,
-    /// The longest a status patch or an Event may take.
-    pub write_timeout: Duration,
     /// How GPU reserves' placeholder pods run.
     pub reserve: ReserveConfig,
-    /// Where each reconcile records that it runs, so that a stuck one is noticed.
-    pub watchdog: Watchdog,
     /// How the pools' replicas are reached by the reconciles themselves: to keep the standby in
     /// its shape between promotions ([`crate::standby`]) and to count the promoted pool's
     /// replicas that pass the generating probe. Without it the standby is left as it runs and
@@ -58,11 +49,9 @@ impl fmt::Debug for Context {
         f.debug_struct("Context")
             .field("observations", &self.observations)
             .field("findings", &self.findings)
+            .field("shell", &self.shell)
             .field("steps", &self.steps)
-            .field("clock", &self.clock)
-            .field("write_timeout", &self.write_timeout)
             .field("reserve", &self.reserve)
-            .field("watchdog", &self.watchdog)
             .field("replicas", &self.replicas)
             .finish_non_exhaustive()
     }
@@ -72,21 +61,13 @@ impl Context {
     /// A context that observes nothing, hands steps to their components, and reads the wall clock.
     #[must_use]
     pub fn new(client: Client, metrics: Arc<Metrics>, instance: Option<String>) -> Self {
-        let reporter = Reporter {
-            controller: CONTROLLER_NAME.to_owned(),
-            instance,
-        };
         Context {
-            recorder: Recorder::new(client.clone(), reporter),
-            client,
+            shell: Shell::new(client, instance, "Reconcile"),
             metrics,
             observations: Arc::new(NoObservations),
             findings: None,
             steps: Arc::new(HandOffToComponents),
-            clock: Arc::new(SystemClock::new()),
-            write_timeout: Duration::from_secs(10),
             reserve: ReserveConfig::default(),
-            watchdog: Watchdog::default(),
             replicas: None,
             failures: Mutex::new(HashMap::new()),
         }
@@ -134,36 +115,14 @@ impl Context {
         self
     }
 
-    #[must_use]
-    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
-        self.clock = clock;
-        self
-    }
-
-    #[must_use]
-    pub fn with_watchdog(mut self, watchdog: Watchdog) -> Self {
-        self.watchdog = watchdog;
-        self
-    }
-
     pub(super) fn failures(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), u32>> {
         // A poisoned map only loses backoff counts; carry on with it.
         self.failures.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
-impl Shell for Context {
-    const ACTION: &'static str = "Reconcile";
-
-    fn client(&self) -> &Client {
-        &self.client
-    }
-
-    fn recorder(&self) -> &Recorder {
-        &self.recorder
-    }
-
-    fn write_timeout(&self) -> Duration {
-        self.write_timeout
+impl WithShell for Context {
+    fn shell_mut(&mut self) -> &mut Shell {
+        &mut self.shell
     }
 }

@@ -53,7 +53,7 @@ pub(super) async fn publish(
     notices: &[Notice],
 ) {
     for notice in notices {
-        send(ctx, reference, &describe(notice, spec)).await;
+        send(&ctx.shell, reference, &describe(notice, spec)).await;
     }
 }
 

@@ -94,7 +94,7 @@ pub(super) async fn execute(
                 // Told at once, not after the status write: nothing about it is recorded, and the
                 // next reconcile reads the Lease again before it tries once more.
                 tracing::warn!(%namespace, policy = %policy.name_any(), ?step, carried_by, %note, "step refused");
-                warn(ctx, &policy.object_ref(&()), reason, note).await;
+                warn(&ctx.shell, &policy.object_ref(&()), reason, note).await;
             }
             StepOutcome::NotYet(Waiting::Failed(error))
             | StepOutcome::Unreachable(Waiting::Failed(error)) => {

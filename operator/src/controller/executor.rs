@@ -79,7 +79,11 @@ impl<'a> KubeExecutor<'a> {
     }
 
     fn workload(&self, pool: Pool) -> Workload {
-        Workload::new(self.ctx.client.clone(), self.namespace, &self.pool(pool).workload)
+        Workload::new(
+            self.ctx.shell.client.clone(),
+            self.namespace,
+            &self.pool(pool).workload,
+        )
     }
 
     fn workload_error(&self, step: Step, pool: Pool, source: kube::Error) -> Outcome {
@@ -230,9 +234,14 @@ impl Executor for KubeExecutor<'_> {
         }
         if let Some(status) = self.write_ahead.take() {
             let name = self.policy.metadata.name.as_deref().unwrap_or_default();
-            if let Err(error) =
-                reconciler::apply_status::<FailoverPolicy, _>(self.ctx, self.namespace, name, None, &status)
-                    .await
+            if let Err(error) = reconciler::apply_status::<FailoverPolicy, _>(
+                &self.ctx.shell,
+                self.namespace,
+                name,
+                None,
+                &status,
+            )
+            .await
             {
                 return StepOutcome::NotYet(Waiting::Abort(error.into()));
             }

@@ -42,7 +42,7 @@ pub(super) async fn keep_reserve_where_the_lease_says(
     }
     let error = keep_reserve(ctx, run, policy, namespace, primary).await.err()?;
     warn(
-        ctx,
+        &ctx.shell,
         &policy.object_ref(&()),
         "GpuReserveFailed",
         error.to_string(),
@@ -72,7 +72,7 @@ pub(super) async fn keep_reserve(
 ) -> Result<(), Error> {
     let policy_name = policy.name_any();
     let policy_uid = policy.uid().ok_or(Error::MissingObjectKey("uid"))?;
-    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), namespace);
+    let deployments: Api<Deployment> = Api::namespaced(ctx.shell.client.clone(), namespace);
     let listed = deployments
         .list(&ListParams::default().labels(&reserve_selector(&policy_name)))
         .await
@@ -153,7 +153,7 @@ async fn wanted_reserve(
 ) -> Result<Option<(ReservePlan, WorkloadShape)>, Error> {
     if let Some(mut plan) = reserve_plan(policy_name, run.spec, primary) {
         let pool = run.pool_spec(plan.pool);
-        let workload = Workload::new(ctx.client.clone(), namespace, &pool.workload);
+        let workload = Workload::new(ctx.shell.client.clone(), namespace, &pool.workload);
         let object = workload.get().await.map_err(|source| Error::Reserve {
             object: format!("reading {:?} {}", pool.workload.kind, pool.workload.name),
             source,
@@ -196,7 +196,7 @@ async fn handing_over(
     if reserved == 0 {
         return Ok(false);
     }
-    let workload = Workload::new(ctx.client.clone(), namespace, &primary_spec.workload);
+    let workload = Workload::new(ctx.shell.client.clone(), namespace, &primary_spec.workload);
     let ready = workload.ready_replicas().await.map_err(|source| Error::Reserve {
         object: format!(
             "reading {:?} {}",

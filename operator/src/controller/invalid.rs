@@ -26,23 +26,23 @@ pub(super) async fn report_invalid(
 ) -> Result<Action, Error> {
     let name = meta.name.clone().ok_or(Error::MissingObjectKey("name"))?;
     tracing::warn!(%namespace, policy = %name, %message, "invalid FailoverPolicy");
-    let patch = invalid_spec_patch(meta.generation, message, previous_ready, ctx.clock.now());
+    let patch = invalid_spec_patch(meta.generation, message, previous_ready, ctx.shell.clock.now());
     let api = untyped_policies(ctx, namespace);
     let params = PatchParams {
         field_manager: Some(FIELD_MANAGER.to_owned()),
         ..PatchParams::default()
     };
     let written = match tokio::time::timeout(
-        ctx.write_timeout,
+        ctx.shell.write_timeout,
         api.patch_status(&name, &params, &Patch::Merge(&patch)),
     )
     .await
     {
         Ok(result) => result.map(drop).map_err(Error::StatusPatch),
-        Err(_) => Err(Error::StatusTimeout(ctx.write_timeout)),
+        Err(_) => Err(Error::StatusTimeout(ctx.shell.write_timeout)),
     };
     warn(
-        ctx,
+        &ctx.shell,
         &object_reference::<FailoverPolicy>(meta),
         "InvalidSpec",
         message.to_owned(),
@@ -69,7 +69,7 @@ pub(super) async fn report_invalid_spec(
 /// FailoverPolicies, untyped: an answer may be an object that does not deserialize.
 pub(super) fn untyped_policies(ctx: &Context, namespace: &str) -> Api<DynamicObject> {
     Api::namespaced_with(
-        ctx.client.clone(),
+        ctx.shell.client.clone(),
         namespace,
         &ApiResource::erase::<FailoverPolicy>(&()),
     )
@@ -80,7 +80,7 @@ pub(super) fn untyped_policies(ctx: &Context, namespace: &str) -> Api<DynamicObj
 pub(super) async fn stored_ready(ctx: &Context, meta: &ObjectMeta, namespace: &str) -> Option<Condition> {
     let name = meta.name.as_deref()?;
     let api = untyped_policies(ctx, namespace);
-    let object = match tokio::time::timeout(ctx.write_timeout, api.get(name)).await {
+    let object = match tokio::time::timeout(ctx.shell.write_timeout, api.get(name)).await {
         Ok(Ok(object)) => object,
         Ok(Err(error)) => {
             tracing::debug!(%namespace, policy = %name, %error, "could not read the stored Ready condition");
@@ -113,7 +113,7 @@ pub(super) async fn release_unreadable(
     let patch = serde_json::json!({
         "metadata": { "resourceVersion": meta.resource_version, "finalizers": remaining }
     });
-    let api: Api<FailoverPolicy> = Api::namespaced(ctx.client.clone(), namespace);
+    let api: Api<FailoverPolicy> = Api::namespaced(ctx.shell.client.clone(), namespace);
     let params = PatchParams {
         field_manager: Some(FIELD_MANAGER.to_owned()),
         ..PatchParams::default()

@@ -38,7 +38,7 @@ pub(super) async fn keep_route(
     // Told at once, as the route sync's back-off lets them be: nothing about the routers is
     // recorded in status.
     for (reason, note) in report.warnings {
-        warn(ctx, reference, reason, note).await;
+        warn(&ctx.shell, reference, reason, note).await;
     }
     report.view_stale
 }

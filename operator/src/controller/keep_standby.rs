@@ -80,7 +80,7 @@ async fn keep_standby(
         None => Sleep::Not("no golden answer is recorded yet to probe it against".to_owned()),
     };
     let probe = probe_spec(&policy.spec.probe, &validated.probe, Expectation::NonEmpty);
-    let workload = Workload::new(ctx.client.clone(), namespace, &pool.workload);
+    let workload = Workload::new(ctx.shell.client.clone(), namespace, &pool.workload);
     let kept = standby::keep(
         &workload,
         pool,
@@ -100,7 +100,7 @@ async fn keep_standby(
                 action: "Standby".to_owned(),
                 secondary: None,
             };
-            send(ctx, &policy.object_ref(&()), &event).await;
+            send(&ctx.shell, &policy.object_ref(&()), &event).await;
         }
         Ok(kept) if !kept.left_awake.is_empty() => {
             tracing::info!(%namespace, policy = %policy.name_any(), standby = %pool.name, %kept, "standby not in shape yet");
@@ -179,7 +179,7 @@ async fn prove_standby(
         action: "Prove".to_owned(),
         secondary: None,
     };
-    send(ctx, &policy.object_ref(&()), &event).await;
+    send(&ctx.shell, &policy.object_ref(&()), &event).await;
     run.standby_proof = Some(StandbyProofRecord {
         at: rfc3339(run.now),
         pool: pool.name.clone(),

@@ -90,6 +90,7 @@ pub async fn reconcile(
 ) -> Result<Action, Error> {
     let _timer = ctx.metrics.reconcile_started();
     let _reconciling = ctx
+        .shell
         .watchdog
         .reconciling(Reconciler::FailoverPolicy, object.meta());
     let result = reconcile_guarded(&object, &ctx).await;
@@ -127,7 +128,7 @@ async fn reconcile_guarded(
             .await;
         }
     };
-    let api: Api<FailoverPolicy> = Api::namespaced(ctx.client.clone(), &namespace);
+    let api: Api<FailoverPolicy> = Api::namespaced(ctx.shell.client.clone(), &namespace);
     finalizer(&api, FINALIZER, Arc::new(policy.clone()), |event| async {
         match event {
             FinalizerEvent::Apply(policy) => apply(&policy, ctx, &namespace).await,
@@ -189,7 +190,7 @@ pub fn retry_cap(object: &DeserializeGuard<FailoverPolicy>) -> Duration {
 pub async fn run(ctx: Arc<Context>, namespace: Option<&str>) {
     // The epoch Leases are not watched: a label-less watch on Leases would stream every node's
     // heartbeat. The requeue at the probe interval reads each Lease instead.
-    reconciler::run(ctx, namespace, reconcile, error_policy).await;
+    reconciler::run(ctx.shell.client.clone(), ctx, namespace, reconcile, error_policy).await;
 }
 
 /// A deleted policy leaves its pools as they are, and its epoch Lease too: serving must not stop

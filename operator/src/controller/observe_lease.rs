@@ -84,7 +84,7 @@ pub(super) async fn observe(
         Err(error) => {
             if let LeaseError::Malformed(why) = &error {
                 let note = format!("the epoch Lease is malformed and is left as it is: {why}");
-                warn(ctx, &reference, "LeaseMalformed", note).await;
+                warn(&ctx.shell, &reference, "LeaseMalformed", note).await;
             }
             return Err(Error::Lease(error));
         }
@@ -94,7 +94,7 @@ pub(super) async fn observe(
             "the epoch Lease names {:?}, which is neither of this policy's pools",
             lease_now.holder
         );
-        warn(ctx, &reference, "LeaseHolderUnknown", note).await;
+        warn(&ctx.shell, &reference, "LeaseHolderUnknown", note).await;
         return Err(Error::LeaseHolderUnknown {
             holder: lease_now.holder,
         });
@@ -135,7 +135,7 @@ pub(super) async fn report_lease_regressed(
              is taken until the Lease is back at epoch {} or higher",
             run.machine.epoch, run.machine.epoch
         );
-        warn(ctx, &reference, LEASE_REGRESSED, note).await;
+        warn(&ctx.shell, &reference, LEASE_REGRESSED, note).await;
     }
     publish(ctx, &reference, run.spec, &run.notices).await;
     Ok(())

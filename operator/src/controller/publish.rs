@@ -62,7 +62,7 @@ async fn report_drift(ctx: &Context, policy: &FailoverPolicy, run: &Run<'_>) {
         action: "Compare".to_owned(),
         secondary: None,
     };
-    send(ctx, &policy.object_ref(&()), &event).await;
+    send(&ctx.shell, &policy.object_ref(&()), &event).await;
 }
 
 /// Publishes the notices a status write has recorded, and counts the epoch and a finished
@@ -96,7 +96,7 @@ async fn publish_recorded(
                 action: "Promote".to_owned(),
                 secondary: None,
             };
-            send(ctx, &policy.object_ref(&()), &event).await;
+            send(&ctx.shell, &policy.object_ref(&()), &event).await;
         }
     }
 }

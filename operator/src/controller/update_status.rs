@@ -21,7 +21,8 @@ pub(super) async fn write_status(
     lease_behind: Option<Epoch>,
 ) -> Result<(), Error> {
     let status = status_of(ctx, policy, run, lease_behind)?;
-    reconciler::apply_status::<FailoverPolicy, _>(ctx, namespace, &policy.name_any(), None, &status).await?;
+    reconciler::apply_status::<FailoverPolicy, _>(&ctx.shell, namespace, &policy.name_any(), None, &status)
+        .await?;
     ctx.metrics
         .set_conditions(namespace, &policy.name_any(), &status.conditions);
     Ok(())

@@ -18,6 +18,7 @@ use understudy_operator::controller::{Context, HandedOffStep, OperatorRecord, re
 use understudy_operator::crd::{FailoverPolicy, GoldenAnswer};
 use understudy_operator::metrics::Metrics;
 use understudy_operator::ports::{Clock, Observation, ObservationSource};
+use understudy_operator::reconciler::WithShell;
 
 use super::{ApiServer, Call, NS, Published};
 

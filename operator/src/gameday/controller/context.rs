@@ -2,19 +2,16 @@
 //! the write timeout, and how soon a game day is looked at again.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use kube::Client;
-use kube::runtime::events::{Recorder, Reporter};
 use understudy_prober::probe::Bearer;
 
 use crate::gameday::load;
 use crate::peers::Routers;
-use crate::ports::{Clock, SystemClock};
-use crate::reconciler::{CONTROLLER_NAME, Shell};
+use crate::reconciler::{Shell, WithShell};
 use crate::router_admin::RouterToken;
-use crate::watchdog::Watchdog;
 
 /// How soon a game day with a run under way is looked at again.
 pub const ACTIVE_REQUEUE: Duration = Duration::from_secs(5);
@@ -29,13 +26,8 @@ pub const STARTING_DEADLINE: Duration = Duration::from_secs(600);
 
 /// What every GameDay reconcile shares.
 pub struct Context {
-    pub client: Client,
-    pub recorder: Recorder,
-    pub clock: Arc<dyn Clock>,
-    /// The longest a write may take.
-    pub write_timeout: Duration,
-    /// Where each reconcile records that it runs, so that a stuck one is noticed.
-    pub watchdog: Watchdog,
+    /// The client, the Event recorder, the clock, the write timeout and the watchdog.
+    pub shell: Shell,
     /// The routers whose counters are a run's record of loss and its stop conditions' evidence,
     /// and their admin token; without them a run records no loss and stops on nothing it sees.
     pub routers: Option<(Routers, RouterToken)>,
@@ -50,9 +42,7 @@ pub struct Context {
 impl std::fmt::Debug for Context {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Context")
-            .field("clock", &self.clock)
-            .field("write_timeout", &self.write_timeout)
-            .field("watchdog", &self.watchdog)
+            .field("shell", &self.shell)
             .finish_non_exhaustive()
     }
 }
@@ -60,16 +50,8 @@ impl std::fmt::Debug for Context {
 impl Context {
     #[must_use]
     pub fn new(client: Client, instance: Option<String>) -> Self {
-        let reporter = Reporter {
-            controller: CONTROLLER_NAME.to_owned(),
-            instance,
-        };
         Context {
-            recorder: Recorder::new(client.clone(), reporter),
-            client,
-            clock: Arc::new(SystemClock::new()),
-            write_timeout: Duration::from_secs(10),
-            watchdog: Watchdog::default(),
+            shell: Shell::new(client, instance, "GameDay"),
             routers: None,
             replica_token: None,
             samples: Mutex::new(HashMap::new()),
@@ -97,32 +79,10 @@ impl Context {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
-
-    #[must_use]
-    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
-        self.clock = clock;
-        self
-    }
-
-    #[must_use]
-    pub fn with_watchdog(mut self, watchdog: Watchdog) -> Self {
-        self.watchdog = watchdog;
-        self
-    }
 }
 
-impl Shell for Context {
-    const ACTION: &'static str = "GameDay";
-
-    fn client(&self) -> &Client {
-        &self.client
-    }
-
-    fn recorder(&self) -> &Recorder {
-        &self.recorder
-    }
-
-    fn write_timeout(&self) -> Duration {
-        self.write_timeout
+impl WithShell for Context {
+    fn shell_mut(&mut self) -> &mut Shell {
+        &mut self.shell
     }
 }

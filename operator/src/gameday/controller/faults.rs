@@ -29,7 +29,7 @@ pub(super) async fn crash(
     let Some((_, pods)) = pool_pods(ctx, namespace, policy, pool).await? else {
         return Ok(Vec::new());
     };
-    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
+    let api: Api<Pod> = Api::namespaced(ctx.shell.client.clone(), namespace);
     let now = DeleteParams {
         grace_period_seconds: Some(0),
         ..DeleteParams::default()
@@ -68,7 +68,7 @@ pub(super) async fn set_drift(
             None => Ok(()),
         };
     }
-    let api: Api<Deployment> = Api::namespaced(ctx.client.clone(), namespace);
+    let api: Api<Deployment> = Api::namespaced(ctx.shell.client.clone(), namespace);
     let name = &spec.workload.name;
     let deployment = api
         .get(name)
@@ -112,7 +112,7 @@ pub(super) async fn pool_pods<'a>(
     let Some(spec) = policy.spec.pools.iter().find(|p| p.name == pool) else {
         return Ok(None);
     };
-    let pods = KubeReplicas::new(ctx.client.clone())
+    let pods = KubeReplicas::new(ctx.shell.client.clone())
         .pods(namespace, spec)
         .await
         .map_err(|error| Error::Inject(error.to_string()))?;
@@ -152,7 +152,7 @@ pub(super) async fn set_fence_fault(
             bearer: ctx.replica_token.as_ref().map(Bearer::secret),
             json: Some(body.clone()),
         });
-        let answer = tokio::time::timeout(ctx.write_timeout, call).await;
+        let answer = tokio::time::timeout(ctx.shell.write_timeout, call).await;
         let why = match answer {
             Ok(Ok((status, _))) if status.is_success() => {
                 told.push(name);
@@ -171,7 +171,7 @@ pub(super) async fn set_fence_fault(
                 )
             }
             Ok(Err(why)) => why,
-            Err(_) => format!("no answer within {:?}", ctx.write_timeout),
+            Err(_) => format!("no answer within {:?}", ctx.shell.write_timeout),
         };
         return Err(Error::Inject(format!(
             "the fence of pod {name} at {endpoint}: {why}"

@@ -49,7 +49,7 @@ use self::policy::release;
 pub async fn run(ctx: Arc<Context>, namespace: Option<&str>) {
     // Policies are not watched: a run under way is looked at every few seconds, and its
     // measurements come from the timestamps in the policy's status, not from when we look.
-    reconciler::run(ctx, namespace, reconcile, error_policy).await;
+    reconciler::run(ctx.shell.client.clone(), ctx, namespace, reconcile, error_policy).await;
 }
 
 /// Retries a failed reconcile soon: a run under way is timed by the policy's clock, not ours.
@@ -60,12 +60,12 @@ pub fn error_policy(object: Arc<DeserializeGuard<GameDay>>, error: &Error, _: Ar
 
 /// Reconciles one GameDay, including one that does not deserialize.
 pub async fn reconcile(object: Arc<DeserializeGuard<GameDay>>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let _reconciling = ctx.watchdog.reconciling(Reconciler::GameDay, object.meta());
+    let _reconciling = ctx.shell.watchdog.reconciling(Reconciler::GameDay, object.meta());
     match &object.0 {
         Ok(gameday) => reconcile_game_day(gameday, &ctx).await,
         Err(invalid) => {
             let reference = object_reference::<GameDay>(&invalid.metadata);
-            warn(ctx.as_ref(), &reference, "InvalidSpec", invalid.error.clone()).await;
+            warn(&ctx.shell, &reference, "InvalidSpec", invalid.error.clone()).await;
             Ok(Action::await_change())
         }
     }
@@ -76,7 +76,7 @@ pub async fn reconcile(object: Arc<DeserializeGuard<GameDay>>, ctx: Arc<Context>
 /// finished run → take a fault back → write the status ahead → give the policy its command →
 /// release the policy → publish → requeue.
 pub(super) async fn reconcile_game_day(gameday: &GameDay, ctx: &Context) -> Result<Action, Error> {
-    let mut pass = Pass::begin(gameday, ctx.clock.now())?;
+    let mut pass = Pass::begin(gameday, ctx.shell.clock.now())?;
     let spec = SpecRead::of(gameday);
     pass.report_spec(&spec, gameday);
     let run_now = pass.handle_command(gameday, spec.error.is_some());
@@ -97,8 +97,14 @@ pub(super) async fn reconcile_game_day(gameday: &GameDay, ctx: &Context) -> Resu
         // Conditional on the resourceVersion the reconcile read: a reconcile that ran on a stale
         // cached copy (one that had not yet seen a run start) gets a 409 and is retried, instead
         // of starting the same run again over the live one.
-        reconciler::apply_status::<GameDay, _>(ctx, &pass.namespace, &pass.name, read_at, &pass.status)
-            .await?;
+        reconciler::apply_status::<GameDay, _>(
+            &ctx.shell,
+            &pass.namespace,
+            &pass.name,
+            read_at,
+            &pass.status,
+        )
+        .await?;
     }
     if let (Some(command), Some(policy)) = (&command, &policy) {
         pass.give(ctx, policy, command).await?;
@@ -108,7 +114,7 @@ pub(super) async fn reconcile_game_day(gameday: &GameDay, ctx: &Context) -> Resu
     }
     let reference = gameday.object_ref(&());
     for notice in &pass.notices {
-        send(ctx, &reference, &describe(notice)).await;
+        send(&ctx.shell, &reference, &describe(notice)).await;
     }
     Ok(pass.requeue())
 }

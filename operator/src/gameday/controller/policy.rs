@@ -19,7 +19,7 @@ pub(super) async fn read_policy(
     namespace: &str,
     name: &str,
 ) -> Result<Option<FailoverPolicy>, Error> {
-    let api: Api<FailoverPolicy> = Api::namespaced(ctx.client.clone(), namespace);
+    let api: Api<FailoverPolicy> = Api::namespaced(ctx.shell.client.clone(), namespace);
     api.get_opt(name).await.map_err(|source| Error::Read {
         object: format!("FailoverPolicy {name}"),
         source,
@@ -40,7 +40,7 @@ pub(super) async fn holder(
     if other == me {
         return Ok(None);
     }
-    let api: Api<GameDay> = Api::namespaced(ctx.client.clone(), namespace);
+    let api: Api<GameDay> = Api::namespaced(ctx.shell.client.clone(), namespace);
     let found = api.get_opt(other).await.map_err(|source| Error::Read {
         object: format!("GameDay {other}"),
         source,
@@ -61,7 +61,7 @@ pub(super) async fn give_command(
     gameday: &str,
     command: &PolicyCommand,
 ) -> Result<(), Error> {
-    let api: Api<FailoverPolicy> = Api::namespaced(ctx.client.clone(), namespace);
+    let api: Api<FailoverPolicy> = Api::namespaced(ctx.shell.client.clone(), namespace);
     // A fault that is not a command only claims the policy.
     let mut annotations = serde_json::json!({ GAME_DAY_ANNOTATION: gameday });
     if let Some(value) = command.value() {
@@ -78,7 +78,7 @@ pub(super) async fn give_command(
         ..PatchParams::default()
     };
     match tokio::time::timeout(
-        ctx.write_timeout,
+        ctx.shell.write_timeout,
         api.patch_metadata(&policy.name_any(), &params, &Patch::Merge(&patch)),
     )
     .await
@@ -86,7 +86,7 @@ pub(super) async fn give_command(
         Ok(Ok(_)) => Ok(()),
         Ok(Err(kube::Error::Api(status))) if status.code == 409 => Err(Error::PolicyChanged),
         Ok(Err(error)) => Err(Error::Command(error)),
-        Err(_) => Err(Error::StatusTimeout(ctx.write_timeout)),
+        Err(_) => Err(Error::StatusTimeout(ctx.shell.write_timeout)),
     }
 }
 
@@ -97,7 +97,7 @@ pub(super) async fn release(ctx: &Context, namespace: &str, policy: &FailoverPol
     if policy.annotations().get(GAME_DAY_ANNOTATION).map(String::as_str) != Some(gameday) {
         return;
     }
-    let api: Api<FailoverPolicy> = Api::namespaced(ctx.client.clone(), namespace);
+    let api: Api<FailoverPolicy> = Api::namespaced(ctx.shell.client.clone(), namespace);
     let patch = serde_json::json!({
         "metadata": {
             "resourceVersion": policy.metadata.resource_version,
@@ -109,7 +109,7 @@ pub(super) async fn release(ctx: &Context, namespace: &str, policy: &FailoverPol
         ..PatchParams::default()
     };
     let released = tokio::time::timeout(
-        ctx.write_timeout,
+        ctx.shell.write_timeout,
         api.patch_metadata(&policy.name_any(), &params, &Patch::Merge(&patch)),
     )
     .await;
