@@ -4,8 +4,9 @@
 //! [`crate::replicas`], the routers in [`crate::route_push`]), so that the controllers sit on top
 //! and every import runs downward.
 //!
-//! What this module must never do: call anything. It holds contracts and the two implementations
-//! that do nothing on purpose ([`NoObservations`], [`HandOffToComponents`]).
+//! What this module must never do: call anything. It holds contracts, the wall clock
+//! ([`SystemClock`]), and the two implementations that do nothing on purpose ([`NoObservations`],
+//! [`HandOffToComponents`]).
 
 use std::fmt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
