@@ -232,14 +232,7 @@ async fn force_failover_promotes_a_standby_nothing_vouches_for() {
             assert_eq!(put.body["spec"]["holderIdentity"], "us-west");
             assert_eq!(put.body["metadata"]["annotations"]["understudy.dev/epoch"], "1");
             put.answer(200, &lease("us-west", 1, "42"));
-            server
-                .expect("GET", &format!("{WEST_PATH}/scale"))
-                .await
-                .answer(200, &west_scale(4));
-            server
-                .expect("GET", WEST_PATH)
-                .await
-                .answer(200, &west_deployment(4));
+            answer_west_at_four(&mut server, 4).await;
             let applied = answer_status(server.expect("PATCH", STATUS_PATH).await, &stored);
             assert_eq!(applied["epoch"], 1);
             assert_eq!(applied["primaryPool"], "us-west");
@@ -387,14 +380,7 @@ async fn a_failover_command_still_switches_a_paused_policy_over_to_its_proven_st
             assert_eq!(put.body["spec"]["holderIdentity"], "us-west");
             assert_eq!(put.body["metadata"]["annotations"]["understudy.dev/epoch"], "4");
             put.answer(200, &lease("us-west", 4, "42"));
-            server
-                .expect("GET", &format!("{WEST_PATH}/scale"))
-                .await
-                .answer(200, &west_scale(4));
-            server
-                .expect("GET", WEST_PATH)
-                .await
-                .answer(200, &west_deployment(4));
+            answer_west_at_four(&mut server, 4).await;
             let applied = answer_status(server.expect("PATCH", STATUS_PATH).await, &stored);
             assert_eq!(applied["epoch"], 4);
             assert_eq!(applied["primaryPool"], "us-west");
@@ -603,14 +589,7 @@ async fn force_failover_promotes_a_drifted_standby_and_records_what_it_overrode(
                 .expect("PUT", LEASE_PATH)
                 .await
                 .answer(200, &lease("us-west", 1, "42"));
-            server
-                .expect("GET", &format!("{WEST_PATH}/scale"))
-                .await
-                .answer(200, &west_scale(4));
-            server
-                .expect("GET", WEST_PATH)
-                .await
-                .answer(200, &west_deployment(4));
+            answer_west_at_four(&mut server, 4).await;
             let applied = answer_status(server.expect("PATCH", STATUS_PATH).await, &stored);
             assert_eq!(applied["primaryPool"], "us-west");
             let claimed = &applied["lastFailover"]["steps"][0];

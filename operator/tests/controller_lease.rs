@@ -289,14 +289,7 @@ async fn operator_restarted_after_its_lease_write_resumes_without_a_second_compa
                 .await
                 .answer(200, &lease("us-west", 3, "58"));
             // No PUT to the Lease: the next request is the workload, not a compare-and-set.
-            server
-                .expect("GET", &format!("{WEST_PATH}/scale"))
-                .await
-                .answer(200, &west_scale(4));
-            server
-                .expect("GET", WEST_PATH)
-                .await
-                .answer(200, &west_deployment(4));
+            answer_west_at_four(&mut server, 4).await;
             let applied = answer_status(server.expect("PATCH", STATUS_PATH).await, &stored);
             assert_eq!(applied["epoch"], 3);
             assert_eq!(applied["primaryPool"], "us-west");
@@ -413,14 +406,7 @@ async fn a_recreated_policy_adopts_its_surviving_lease_and_reruns_the_steps_afte
                 .await
                 .answer(200, &lease("us-west", 4, "90"));
             // No new Lease and no compare-and-set: the steps after the lease write, for its holder.
-            server
-                .expect("GET", &format!("{WEST_PATH}/scale"))
-                .await
-                .answer(200, &west_scale(4));
-            server
-                .expect("GET", WEST_PATH)
-                .await
-                .answer(200, &west_deployment(4));
+            answer_west_at_four(&mut server, 4).await;
             let applied = answer_status(server.expect("PATCH", STATUS_PATH).await, &stored);
             assert_eq!(applied["epoch"], 4);
             assert_eq!(applied["primaryPool"], "us-west");

@@ -261,14 +261,7 @@ async fn after_a_failover_the_new_primarys_reserve_stays_until_its_replicas_are_
                 .expect("PUT", LEASE_PATH)
                 .await
                 .answer(200, &lease("us-west", 1, "42"));
-            server
-                .expect("GET", &format!("{WEST_PATH}/scale"))
-                .await
-                .answer(200, &west_scale(4));
-            server
-                .expect("GET", WEST_PATH)
-                .await
-                .answer(200, &west_deployment(2));
+            answer_west_at_four(&mut server, 2).await;
             expect_reserve_list(&mut server, vec![stored_reserve("us-west", UID)]).await;
             // us-east, the new standby, gets a reserve for the pilot-light replicas it does not
             // run.

@@ -74,14 +74,7 @@ where
                 .expect("GET", LEASE_PATH)
                 .await
                 .answer(200, &lease("us-west", 2, "57"));
-            server
-                .expect("GET", &format!("{WEST_PATH}/scale"))
-                .await
-                .answer(200, &west_scale(4));
-            server
-                .expect("GET", WEST_PATH)
-                .await
-                .answer(200, &west_deployment(3));
+            answer_west_at_four(&mut server, 3).await;
             scenario(server, stored).await
         },
         server,

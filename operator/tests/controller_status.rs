@@ -81,14 +81,7 @@ async fn a_failed_final_status_write_tells_and_counts_nothing_that_will_run_agai
                 .expect("GET", LEASE_PATH)
                 .await
                 .answer(200, &lease("us-west", 2, "57"));
-            server
-                .expect("GET", &format!("{WEST_PATH}/scale"))
-                .await
-                .answer(200, &west_scale(4));
-            server
-                .expect("GET", WEST_PATH)
-                .await
-                .answer(200, &west_deployment(4));
+            answer_west_at_four(&mut server, 4).await;
             // The promotion finished, but the status that records it is refused.
             server.expect("PATCH", STATUS_PATH).await.answer(
                 500,

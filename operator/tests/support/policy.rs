@@ -141,6 +141,19 @@ pub fn west_deployment(ready: u32) -> Value {
     })
 }
 
+/// Answers the two reads a promotion to us-west makes once it is scaled: the Scale step finds four
+/// replicas desired already (nothing to write), and AwaitServing finds `ready` of them ready.
+pub async fn answer_west_at_four(server: &mut ApiServer, ready: u32) {
+    server
+        .expect("GET", &format!("{WEST_PATH}/scale"))
+        .await
+        .answer(200, &west_scale(4));
+    server
+        .expect("GET", WEST_PATH)
+        .await
+        .answer(200, &west_deployment(ready));
+}
+
 /// The names of a timeline's steps, each with whether it was handed off.
 pub fn steps_of(timeline: &Value) -> Vec<(String, bool)> {
     timeline["steps"]
