@@ -1,5 +1,5 @@
 //! Picking an endpoint: power of two choices by least outstanding requests, among endpoints that
-//! are neither ejected nor already tried by this request; in panic (too few endpoints left that
+//! are neither ejected, held back by their fence, nor already tried by this request; in panic (too few endpoints left that
 //! are not ejected, see [`crate::endpoint::EjectionPolicy::panic_below_percent`]), among all
 //! that this request has not tried.
 //!
@@ -49,7 +49,12 @@ pub fn pick(
         panic.set(Some(known));
         known
     };
-    let eligible = |i: usize| !tried.contains(i) && (!endpoints[i].is_ejected(now) || panicking());
+    // A held-back endpoint is never picked, panic or not: its fence would refuse the request.
+    let eligible = |i: usize| {
+        !tried.contains(i)
+            && !endpoints[i].is_held_back(now)
+            && (!endpoints[i].is_ejected(now) || panicking())
+    };
     let n = endpoints.len();
     if n == 0 {
         return None;
@@ -80,14 +85,14 @@ fn in_panic(endpoints: &[Arc<Endpoint>], now: Instant, panic_below_percent: u32)
     serving > 0 && serving * 100 < panic_below_percent as usize * endpoints.len()
 }
 
-/// The earliest moment an ejected, untried endpoint comes back, if any.
+/// The earliest moment an ejected or held-back, untried endpoint comes back, if any.
 #[must_use]
 pub fn next_return(endpoints: &[Arc<Endpoint>], tried: Tried, now: Instant) -> Option<Instant> {
     endpoints
         .iter()
         .enumerate()
         .filter(|(i, _)| !tried.contains(*i))
-        .filter_map(|(_, e)| e.ejected_until(now))
+        .filter_map(|(_, e)| e.back_at(now))
         .min()
 }
 

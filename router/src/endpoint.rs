@@ -1,5 +1,11 @@
 //! One upstream endpoint of the current route: how many requests it has outstanding, what
-//! happened to the last ones (the passive signals), and whether it is ejected for now.
+//! happened to the last ones (the passive signals), and whether it is ejected or held back for
+//! now.
+//!
+//! An ejection answers failures, and grows per burst of them: the failures of requests that were
+//! already on their way when the endpoint was ejected belong to the burst that ejected it, so 30
+//! requests refused together eject it once, not 30 times. A hold-back answers a fence that says
+//! its replica may not serve yet (it has not read the new epoch): not a failure, and short.
 //!
 //! Everything here is an atomic, because every request touches it. This module must never take a
 //! lock, allocate, or decide anything about a whole pool (that is [`crate::signals`]). The
@@ -81,6 +87,13 @@ impl Default for EjectionPolicy {
     }
 }
 
+/// The first hold-back after a fence's "not yet": a fence reads its epoch every 100 ms in a
+/// local game day and every second by default in a cluster, so waiting requests try again a few
+/// times within one read, never many.
+pub const HOLD_BACK_FIRST: Duration = Duration::from_millis(10);
+/// The longest hold-back.
+pub const HOLD_BACK_MAX: Duration = Duration::from_millis(100);
+
 impl EjectionPolicy {
     /// How long the `n`-th consecutive ejection lasts, before jitter. Pure.
     #[must_use]
@@ -106,6 +119,8 @@ pub struct EndpointSnapshot {
     pub reset: u64,
     /// First-token timeouts.
     pub timeouts: u64,
+    /// Answers from its fence that it may not serve yet (not failures).
+    pub held_back: u64,
     /// 5xx answers.
     pub server_errors: u64,
     /// Streams cut after bytes went out.
@@ -124,6 +139,12 @@ pub struct Endpoint {
     outstanding: AtomicU32,
     /// Microseconds after `born` until which the endpoint is ejected.
     ejected_until_us: AtomicU64,
+    /// Microseconds after `born` until which its fence asked not to be sent work.
+    held_until_us: AtomicU64,
+    /// Hold-backs since the last answer served: each one twice as long as the last, up to
+    /// [`HOLD_BACK_MAX`].
+    holds: AtomicU32,
+    held_back: AtomicU64,
     consecutive_failures: AtomicU32,
     ejections: AtomicU32,
     last: AtomicU8,
@@ -148,6 +169,9 @@ impl Endpoint {
             born: Instant::now(),
             outstanding: AtomicU32::new(0),
             ejected_until_us: AtomicU64::new(0),
+            held_until_us: AtomicU64::new(0),
+            holds: AtomicU32::new(0),
+            held_back: AtomicU64::new(0),
             consecutive_failures: AtomicU32::new(0),
             ejections: AtomicU32::new(0),
             last: AtomicU8::new(0),
@@ -194,11 +218,35 @@ impl Endpoint {
         self.micros(now) < self.ejected_until_us.load(Relaxed)
     }
 
-    /// When the ejection ends, if ejected.
+    /// True while its fence has asked not to be sent work.
     #[must_use]
-    pub fn ejected_until(&self, now: Instant) -> Option<Instant> {
-        let until = self.ejected_until_us.load(Relaxed);
+    pub fn is_held_back(&self, now: Instant) -> bool {
+        self.micros(now) < self.held_until_us.load(Relaxed)
+    }
+
+    /// When it may take requests again, if it is ejected or held back now.
+    #[must_use]
+    pub fn back_at(&self, now: Instant) -> Option<Instant> {
+        let until = self
+            .ejected_until_us
+            .load(Relaxed)
+            .max(self.held_until_us.load(Relaxed));
         (self.micros(now) < until).then(|| self.born + Duration::from_micros(until))
+    }
+
+    /// Its fence answered that its replica may not serve yet: sends to it pause for a moment,
+    /// doubling from [`HOLD_BACK_FIRST`] to [`HOLD_BACK_MAX`] while the fence keeps saying so,
+    /// so that requests waiting for it find it within a moment of its fence reading the epoch.
+    /// Not a failure: nothing counts towards an ejection. A refusal from a request sent before
+    /// the hold-back began belongs to it, and does not lengthen it.
+    pub fn hold_back(&self, now: Instant) {
+        self.held_back.fetch_add(1, Relaxed);
+        if self.is_held_back(now) {
+            return;
+        }
+        let n = self.holds.fetch_add(1, Relaxed).min(8);
+        let pause = HOLD_BACK_FIRST.saturating_mul(1 << n).min(HOLD_BACK_MAX);
+        self.held_until_us.store(self.micros(now + pause), Relaxed);
     }
 
     /// Records an outcome; returns `true` when it ejected the endpoint.
@@ -208,6 +256,7 @@ impl Endpoint {
             Outcome::Ok => {
                 self.consecutive_failures.store(0, Relaxed);
                 self.ejections.store(0, Relaxed);
+                self.holds.store(0, Relaxed);
                 return false;
             }
             Outcome::Refused => &self.refused,
@@ -217,6 +266,10 @@ impl Endpoint {
             Outcome::Cut => &self.cut,
         };
         counter.fetch_add(1, Relaxed);
+        if self.is_ejected(now) {
+            // Sent before the ejection: part of the burst that caused it.
+            return false;
+        }
         let consecutive = self.consecutive_failures.fetch_add(1, Relaxed) + 1;
         let eject_now = match outcome {
             Outcome::Refused | Outcome::Reset | Outcome::Cut => true,
@@ -264,6 +317,7 @@ impl Endpoint {
             refused: self.refused.load(Relaxed),
             reset: self.reset.load(Relaxed),
             timeouts: self.timeouts.load(Relaxed),
+            held_back: self.held_back.load(Relaxed),
             server_errors: self.server_errors.load(Relaxed),
             cut: self.cut.load(Relaxed),
             ttft_ms: self.ttft_ewma_us.load(Relaxed) as f64 / 1000.0,
@@ -327,9 +381,12 @@ mod tests {
         let e = ep();
         let policy = EjectionPolicy::default();
         for _ in 0..3 {
-            e.record(Outcome::Refused, &policy, Instant::now());
+            assert!(e.record(Outcome::Refused, &policy, Instant::now()));
+            let back = e.back_at(Instant::now()).unwrap();
+            tokio::time::advance(back - Instant::now()).await;
         }
-        // The third ejection lasts 3 s ± 15 %: still ejected after 2.5 s.
+        e.record(Outcome::Refused, &policy, Instant::now());
+        // The fourth ejection lasts 4 s ± 15 %: still ejected after 2.5 s.
         tokio::time::advance(Duration::from_millis(2500)).await;
         assert!(e.is_ejected(Instant::now()));
         assert_eq!(policy.backoff(100), policy.max);
@@ -352,5 +409,49 @@ mod tests {
             (s.server_errors, s.timeouts, s.last),
             (4, 5, Some(Outcome::Timeout))
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn thirty_refusals_in_one_burst_eject_once_for_the_first_back_off() {
+        let e = ep();
+        let policy = EjectionPolicy::default();
+        let ejected = (0..30)
+            .filter(|_| e.record(Outcome::Refused, &policy, Instant::now()))
+            .count();
+        assert_eq!(ejected, 1, "the other 29 were sent before the ejection");
+        assert_eq!(e.snapshot(Instant::now()).refused, 30, "each one is still counted");
+        tokio::time::advance(Duration::from_millis(1200)).await;
+        assert!(!e.is_ejected(Instant::now()), "one base, not 30");
+        // The next burst is the second: twice the base.
+        assert!(e.record(Outcome::Refused, &policy, Instant::now()));
+        tokio::time::advance(Duration::from_millis(1500)).await;
+        assert!(e.is_ejected(Instant::now()));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_fence_not_yet_serving_holds_back_briefly_and_never_ejects() {
+        let e = ep();
+        let policy = EjectionPolicy::default();
+        for _ in 0..60 {
+            e.hold_back(Instant::now());
+        }
+        assert!(!e.is_ejected(Instant::now()));
+        assert!(e.is_held_back(Instant::now()));
+        assert_eq!(e.back_at(Instant::now()), Some(Instant::now() + HOLD_BACK_FIRST));
+        // Each hold-back after the last one ended is twice as long, up to the cap.
+        let mut pauses = Vec::new();
+        for _ in 0..6 {
+            let until = e.back_at(Instant::now()).unwrap();
+            pauses.push((until - Instant::now()).as_millis());
+            tokio::time::advance(until - Instant::now()).await;
+            e.hold_back(Instant::now());
+        }
+        assert_eq!(pauses, [10, 20, 40, 80, 100, 100]);
+        // A served answer starts the doubling over.
+        tokio::time::advance(HOLD_BACK_MAX).await;
+        e.record(Outcome::Ok, &policy, Instant::now());
+        e.hold_back(Instant::now());
+        assert_eq!(e.back_at(Instant::now()), Some(Instant::now() + HOLD_BACK_FIRST));
+        assert_eq!(e.snapshot(Instant::now()).held_back, 67);
     }
 }

@@ -3,10 +3,18 @@
 //! byte on another endpoint within the retry budget, wait in the waiting room when nothing can
 //! take the request, and stream the answer back as it arrives.
 //!
+//! When the route moves to another pool, a request still waiting for its first byte from the old
+//! pool is sent to the new one: the old pool is fenced, and a generation that has not started has
+//! no effect but its cost. A hung replica therefore loses nothing it took once the failover
+//! routes around it. Moving is not retrying: the retry budget limits retries within a pool, and a
+//! request it stops waits for the next route instead of failing. A fence that answers "not
+//! served, fenced" has not read the new epoch yet: its endpoint is held back for a moment, never
+//! ejected, and the try does not count.
+//!
 //! What this path must never do: forward a control endpoint; retry once a response byte went to
-//! the client, or retry a request that timed out (the replica may be working on it); keep the
-//! request body past the moment its response headers arrive; hold a lock across an await, or wait
-//! on anything but the upstream and the waiting room.
+//! the client, or retry on the same route a request that timed out (the replica may be working on
+//! it); keep the request body past the moment its response headers arrive; hold a lock across an
+//! await, or wait on anything but the upstream, the route and the waiting room.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -222,9 +230,10 @@ impl Gateway {
                 continue;
             };
             if epoch != Some(state.route.epoch) {
-                // A new epoch: a fresh start, not a retry, under the new route's admission.
+                // A new epoch: a fresh start, not a retry, under the new route's admission. What
+                // happened on the old pool says nothing of this one.
                 epoch = Some(state.route.epoch);
-                tries.start_afresh();
+                tries = Tries::new();
                 permit = None;
             }
             let now = Instant::now();
@@ -256,20 +265,37 @@ impl Gateway {
                     tries.start_afresh();
                     continue;
                 }
-                return Err(Refusal::UpstreamFailed(tries.last_failure));
+                // A replica may have taken it and died: no more tries on this pool beyond the
+                // budget, but the move to a new one is no retry. Wait for the next route.
+                self.wait_for_a_new_route(&mut seat, state, leave_by)
+                    .await
+                    .map_err(|_| Refusal::UpstreamFailed(tries.last_failure))?;
+                continue;
             }
             tries.attempts += 1;
             let endpoint = Outstanding::begin(&state.endpoints[i]);
             let upstream = Self::upstream_request(&parts, &body, endpoint.host());
             let sent_at = Instant::now();
-            let answer =
-                tokio::time::timeout(self.config.first_byte_timeout, self.send(&endpoint, &upstream)).await;
-            let failure = match answer {
-                // The fence answered for a replica that sent nothing: as the fence saw it.
-                Ok(Ok((ref head, _))) if let Some(mark) = head.headers.get(NOT_SERVED_HEADER) => {
-                    not_served(mark)
+            let failure = match self.send_unless_moved(&endpoint, &upstream, state).await {
+                Sent::Moved => {
+                    // Nothing came back from the old pool, which is fenced now: the request goes
+                    // to the new route, afresh.
+                    self.metrics.moved();
+                    continue;
                 }
-                Ok(Ok(answer)) => {
+                // The fence answered for a replica that sent nothing: as the fence saw it.
+                Sent::Answer(Ok((ref head, _))) if let Some(mark) = head.headers.get(NOT_SERVED_HEADER) => {
+                    match not_served(mark) {
+                        Some(failure) => failure,
+                        None => {
+                            endpoint.hold_back(Instant::now());
+                            self.metrics.fence_hold();
+                            tries.attempts -= 1;
+                            continue;
+                        }
+                    }
+                }
+                Sent::Answer(Ok(answer)) => {
                     drop(seat.take());
                     let handover = Handover {
                         endpoint,
@@ -280,14 +306,14 @@ impl Gateway {
                     };
                     return Ok(self.respond(answer, handover, state, parts, &body, priority));
                 }
-                Ok(Err(SendError::Refused { .. })) => Outcome::Refused,
-                Ok(Err(SendError::Reset(_))) => Outcome::Reset,
-                Ok(Err(SendError::Malformed(m))) => {
+                Sent::Answer(Err(SendError::Refused { .. })) => Outcome::Refused,
+                Sent::Answer(Err(SendError::Reset(_))) => Outcome::Reset,
+                Sent::Answer(Err(SendError::Malformed(m))) => {
                     // Not retried: the endpoint answered, and may have done the work.
                     self.record(&endpoint, Outcome::ServerError);
                     return Err(Refusal::UpstreamMalformed(m.0));
                 }
-                Err(_elapsed) => Outcome::Timeout,
+                Sent::TimedOut => Outcome::Timeout,
             };
             drop(endpoint);
             self.record(&state.endpoints[i], failure);
@@ -472,6 +498,16 @@ impl Gateway {
                     endpoint.record(Outcome::Ok, &self.config.ejection, Instant::now());
                     return Some((body, in_flight));
                 }
+                Ok(Ok((ref head, _))) if let Some(mark) = head.headers.get(NOT_SERVED_HEADER) => {
+                    match not_served(mark) {
+                        Some(failure) => failure,
+                        None => {
+                            endpoint.hold_back(Instant::now());
+                            self.metrics.fence_hold();
+                            continue;
+                        }
+                    }
+                }
                 Ok(Ok(_) | Err(SendError::Malformed(_))) => Outcome::ServerError,
                 Ok(Err(SendError::Refused { .. })) => Outcome::Refused,
                 Ok(Err(SendError::Reset(_))) => Outcome::Reset,
@@ -479,6 +515,36 @@ impl Gateway {
             };
             if endpoint.record(outcome, &self.config.ejection, Instant::now()) {
                 self.metrics.ejection();
+            }
+        }
+    }
+
+    /// Sends `upstream` to `endpoint` and waits for its answer's head, up to the first-byte
+    /// timeout, unless the route moves away from the endpoint first.
+    async fn send_unless_moved(&self, endpoint: &Endpoint, upstream: &Outgoing, routed: &Routed) -> Sent {
+        let send = tokio::time::timeout(self.config.first_byte_timeout, self.send(endpoint, upstream));
+        tokio::select! {
+            biased;
+            answer = send => answer.map_or(Sent::TimedOut, Sent::Answer),
+            () = self.moved_away(routed, endpoint.addr()) => Sent::Moved,
+        }
+    }
+
+    /// Resolves once the route served is at another epoch than `routed` and no longer lists
+    /// `addr`: the pool that holds a request has lost the route. A route re-taken at a new epoch
+    /// by the same endpoints keeps its requests.
+    async fn moved_away(&self, routed: &Routed, addr: std::net::SocketAddr) {
+        let mut routes = self.routes.subscribe();
+        loop {
+            let moved = routes.borrow_and_update().as_ref().is_some_and(|now| {
+                now.route.epoch != routed.route.epoch && !now.route.endpoints.contains(&addr)
+            });
+            if moved {
+                return;
+            }
+            if routes.changed().await.is_err() {
+                // The table is gone with the router: the answer decides.
+                std::future::pending::<()>().await;
             }
         }
     }
@@ -520,6 +586,20 @@ impl Gateway {
         }
         let wake_at = balance::next_return(&routed.endpoints, Tried::default(), Instant::now());
         self.wait(Some(routed), wake_at, leave_by).await
+    }
+
+    /// Waits in the room, taking a seat the first time, until the route changes from `routed`
+    /// or the request's deadline.
+    async fn wait_for_a_new_route(
+        &self,
+        seat: &mut Option<waiting_room::Seat>,
+        routed: &Arc<crate::table::Routed>,
+        leave_by: Instant,
+    ) -> Result<(), Refusal> {
+        if seat.is_none() {
+            *seat = Some(self.enter_room()?);
+        }
+        self.wait(Some(routed), None, leave_by).await
     }
 
     fn enter_room(&self) -> Result<waiting_room::Seat, Refusal> {
@@ -589,13 +669,25 @@ fn deadline_of(headers: &HeaderMap) -> Result<Option<Duration>, Refusal> {
     }
 }
 
-/// How a try the fence answered for went, as the fence saw it: the replica sent nothing.
-fn not_served(mark: &http::HeaderValue) -> Outcome {
-    if mark.as_bytes() == b"reset" {
-        Outcome::Reset
-    } else {
-        Outcome::Refused
+/// How a try the fence answered for went, as the fence saw it: the replica sent nothing. `None`
+/// for `fenced`: the fence has not read the epoch this route is at (or its pool lost it, and a
+/// new route is on its way), which is no failure of the endpoint.
+fn not_served(mark: &http::HeaderValue) -> Option<Outcome> {
+    match mark.as_bytes() {
+        b"fenced" => None,
+        b"reset" => Some(Outcome::Reset),
+        _ => Some(Outcome::Refused),
     }
+}
+
+/// How one send went.
+enum Sent {
+    /// The upstream answered, or failed to, before the first-byte timeout.
+    Answer(Result<(http::response::Parts, ResponseBody), SendError>),
+    /// No response head within the first-byte timeout.
+    TimedOut,
+    /// The route moved to another pool before the first byte.
+    Moved,
 }
 
 /// The tries one request has made on the current route.

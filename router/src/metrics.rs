@@ -115,6 +115,8 @@ pub struct Metrics {
     streams_cut: AtomicU64,
     continuations: AtomicU64,
     stale_routes: AtomicU64,
+    moved: AtomicU64,
+    fence_holds: AtomicU64,
 }
 
 impl Default for Metrics {
@@ -132,6 +134,8 @@ impl Default for Metrics {
             streams_cut: AtomicU64::new(0),
             continuations: AtomicU64::new(0),
             stale_routes: AtomicU64::new(0),
+            moved: AtomicU64::new(0),
+            fence_holds: AtomicU64::new(0),
         }
     }
 }
@@ -184,6 +188,14 @@ impl Metrics {
     /// A cut stream carried on by a continuation.
     pub fn continuation(&self) {
         self.continuations.fetch_add(1, Relaxed);
+    }
+    /// A request sent to a pool that lost the route before its first byte, sent to the new route.
+    pub fn moved(&self) {
+        self.moved.fetch_add(1, Relaxed);
+    }
+    /// A fence answered that its replica may not serve yet: its endpoint was held back.
+    pub fn fence_hold(&self) {
+        self.fence_holds.fetch_add(1, Relaxed);
     }
     /// A route update refused as stale.
     pub fn stale_route(&self) {
@@ -239,6 +251,8 @@ impl Metrics {
             ("understudy_router_streams_cut_total", &self.streams_cut),
             ("understudy_router_continuations_total", &self.continuations),
             ("understudy_router_stale_routes_total", &self.stale_routes),
+            ("understudy_router_requests_moved_total", &self.moved),
+            ("understudy_router_fence_holds_total", &self.fence_holds),
         ] {
             let _ = writeln!(out, "# TYPE {name} counter\n{name} {}", v.load(Relaxed));
         }

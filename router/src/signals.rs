@@ -50,6 +50,7 @@ mod tests {
             refused: 0,
             reset: 0,
             timeouts: 0,
+            held_back: 0,
             server_errors: 0,
             cut: 0,
             ttft_ms: 0.0,

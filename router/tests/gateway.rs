@@ -15,7 +15,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::time::Duration;
 
-use support::{Emulator, Router, completion, read_until, request, route, send, streamed_text};
+use support::{
+    Emulator, Router, completion, counting_silent_endpoint, read_head, read_until, request, route, send,
+    streamed_text,
+};
 use understudy_emulator::local::ClosedPort;
 use understudy_router::gateway::GatewayConfig;
 use understudy_router::retry::RetryLimits;
@@ -45,15 +48,6 @@ fn a_stream_passes_through_intact_and_ends_with_done() {
             .as_str()
             .is_some_and(|s| !s.is_empty())
     );
-}
-
-/// Reads a request's head off `s`, a byte at a time, up to its blank line (or the end).
-fn read_head(s: &mut std::net::TcpStream) {
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") && s.read(&mut byte).is_ok_and(|n| n == 1) {
-        head.push(byte[0]);
-    }
 }
 
 /// An endpoint that reads each request's head and answers with something that is not HTTP;
@@ -101,23 +95,6 @@ fn silent_endpoint() -> SocketAddr {
         }
     });
     addr
-}
-
-/// An endpoint that reads each request's head, counts it, and never answers.
-fn counting_silent_endpoint() -> (SocketAddr, Arc<AtomicUsize>) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    let requests = Arc::new(AtomicUsize::new(0));
-    let count = Arc::clone(&requests);
-    std::thread::spawn(move || {
-        let mut held = Vec::new();
-        for mut s in listener.incoming().map_while(Result::ok) {
-            read_head(&mut s);
-            count.fetch_add(1, SeqCst);
-            held.push(s);
-        }
-    });
-    (addr, requests)
 }
 
 #[test]

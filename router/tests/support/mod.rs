@@ -7,6 +7,7 @@
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::time::{Duration, Instant};
 
 use understudy_emulator::local::LocalEmulator;
@@ -366,4 +367,30 @@ pub fn completion(max_tokens: u32, stream: bool) -> String {
         "temperature": 0, "stream": stream, "ignore_eos": true
     })
     .to_string()
+}
+
+/// Reads a request's head off `s`, a byte at a time, up to its blank line (or the end).
+pub fn read_head(s: &mut std::net::TcpStream) {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") && s.read(&mut byte).is_ok_and(|n| n == 1) {
+        head.push(byte[0]);
+    }
+}
+
+/// An endpoint that reads each request's head, counts it, and never answers.
+pub fn counting_silent_endpoint() -> (SocketAddr, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let requests = Arc::new(AtomicUsize::new(0));
+    let count = Arc::clone(&requests);
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for mut s in listener.incoming().map_while(Result::ok) {
+            read_head(&mut s);
+            count.fetch_add(1, SeqCst);
+            held.push(s);
+        }
+    });
+    (addr, requests)
 }
