@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand};
 use understudy_api::crd::FailoverPolicy;
 use understudy_core::recovery::StageTimes;
 use understudy_gameday::local::replicas::Launcher;
+use understudy_gameday::local::report::Verdict;
 use understudy_gameday::local::scenario::{self, Scenario};
 use understudy_gameday::local::{self, Progress, RunOptions};
 use understudy_gameday::plan;
@@ -27,6 +28,9 @@ struct Cli {
 enum Command {
     /// Run a local game day: emulated pools as real processes behind fences and two routers, the
     /// failover logic the operator runs, open-loop load and the scenario's faults; then report.
+    /// Exits 0 when every run passed, 1 when one failed, and 3 when none failed but one could
+    /// not be judged because the machine was too loaded (its report says how late its timers
+    /// fired).
     Run {
         /// The scenario (see examples/gamedays/local/); the default crashes a primary with a hot
         /// standby.
@@ -344,15 +348,22 @@ fn run_game_day(path: Option<&Path>, out: Option<PathBuf>, seed: u64, seeds: u64
         runs => print!("{}", local::report::side_by_side(runs)),
     }
     println!("report: {}", out.display());
-    let failed = report
-        .runs
-        .iter()
-        .any(|r| r.verdict != local::report::Verdict::Passed);
-    if failed {
+    let verdicts = || report.runs.iter().map(|r| r.verdict);
+    if verdicts().any(|v| !matches!(v, Verdict::Passed | Verdict::Inconclusive)) {
         anyhow::bail!("the game day did not pass");
+    }
+    if verdicts().any(|v| v == Verdict::Inconclusive) {
+        eprintln!(
+            "the game day is inconclusive: the machine was too loaded to judge a run by (see its \
+             scheduling lag); run it again on a quieter machine"
+        );
+        std::process::exit(INCONCLUSIVE);
     }
     Ok(())
 }
+
+/// The exit status of a game day that could not be judged: neither passed (0) nor failed (1).
+const INCONCLUSIVE: i32 = 3;
 
 /// A run's name as part of a file name: letters, digits and `-` only.
 fn file_safe(name: &str) -> String {

@@ -13,6 +13,7 @@
 
 pub mod executor;
 pub mod http;
+pub mod lag;
 pub mod load;
 pub mod pilot;
 pub mod process;
@@ -52,7 +53,7 @@ use self::executor::{Growth, LogicLease, PoolAddrs, ProcessExecutor, RouterAdmin
 use self::load::{RequestOutcome, RequestRecord};
 use self::pilot::{ColdStart, PilotLight};
 use self::replicas::{Launcher, Replica, ReplicaError, Startup};
-use self::report::{AppliedFault, RunReport, StepSpan, Transition, Verdict};
+use self::report::{AppliedFault, RouterCounts, RunReport, StepSpan, Transition, Verdict};
 use self::scenario::{Checked, FaultKind, PoolName, Topology};
 use self::system::{RunDir, System};
 
@@ -181,6 +182,8 @@ pub async fn run(checked: &Checked, options: &RunOptions) -> Result<RunReport, R
     ));
     let memory = Arc::new(AtomicU64::new(0));
     tasks.spawn(sample_memory(Arc::clone(&logic), Arc::clone(&memory)));
+    let lateness = Arc::new(Mutex::new(Vec::new()));
+    tasks.spawn(lag::watch(start, Arc::clone(&lateness)));
     let faults = apply_faults(checked, &logic, start);
     let load = load::run(
         &scenario.load,
@@ -205,16 +208,18 @@ pub async fn run(checked: &Checked, options: &RunOptions) -> Result<RunReport, R
         eprintln!();
     }
     let applied = applied?;
-    let mut retried = 0;
+    let mut routed = RouterCounts::default();
     for router in &logic.routers {
-        retried += retries(router).await;
+        routed.add(router_counts(router).await);
     }
     let records = lock(&records).clone();
     tasks.abort_all();
     // Kills every router, fence and replica still running.
     logic.system.stop();
     lock(&logic.replicas).clear();
-    let mut report = build_report(checked, &logic, &records, applied, retried, ended, interrupted);
+    let lag = lag::SchedulingLag::from_samples(&lock(&lateness));
+    let mut report = build_report(checked, &logic, &records, applied, routed, ended, interrupted);
+    report.judge_with(lag);
     report.seed = options.seed;
     let peak = memory.load(Ordering::Relaxed);
     report.memory_peak_mib = (peak > 0).then(|| (peak as f64 / 1024.0 * 10.0).round() / 10.0);
@@ -807,8 +812,9 @@ async fn inject(control: SocketAddr, fault: &str) -> Result<(), RunError> {
     }
 }
 
-/// A router's retries, from its own counters (`GET /metrics` on its admin port).
-async fn retries(router: &RouterAdmin) -> u64 {
+/// A router's retries and moves, from its own counters (`GET /metrics` on its admin port); none when it
+/// cannot be read.
+async fn router_counts(router: &RouterAdmin) -> RouterCounts {
     let answer = http::exchange(
         router.addr,
         "GET",
@@ -818,12 +824,19 @@ async fn retries(router: &RouterAdmin) -> u64 {
         Duration::from_secs(5),
     )
     .await;
-    let Ok(answer) = answer else { return 0 };
-    String::from_utf8_lossy(&answer.body)
-        .lines()
-        .find_map(|line| line.strip_prefix("understudy_router_retries_total "))
-        .and_then(|n| n.trim().parse().ok())
-        .unwrap_or(0)
+    let Ok(answer) = answer else {
+        return RouterCounts::default();
+    };
+    let text = String::from_utf8_lossy(&answer.body);
+    let counter = |name: &str| {
+        text.lines()
+            .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    RouterCounts {
+        retried: counter("understudy_router_retries_total"),
+        moved: counter("understudy_router_requests_moved_total"),
+    }
 }
 
 /// A status line: elapsed, requests by outcome, primary, epoch, phase.
@@ -844,7 +857,7 @@ async fn show_progress(
             _ = ticks.tick() => {}
             _ = stopped.changed() => return,
         }
-        let counts = report::count(&lock(&records), 0);
+        let counts = report::count(&lock(&records), RouterCounts::default());
         let state = lock(&logic.state).clone();
         let phase = match &state.phase {
             Phase::Promoting(p) => format!("promoting to {} ({:?})", pool_name(p.to), p.step),
@@ -921,7 +934,7 @@ fn build_report(
     logic: &Logic,
     records: &[RequestRecord],
     faults: Vec<AppliedFault>,
-    retried: u64,
+    routed_by: RouterCounts,
     ended: Duration,
     interrupted: bool,
 ) -> RunReport {
@@ -938,7 +951,7 @@ fn build_report(
     let fault_at = first.map(|f| Duration::from_secs_f64(f.at_ms / 1e3));
     let started = promotion_started(&journal.events, fault_at);
     let routed = first_routed(&journal.transitions);
-    let requests = report::count(records, retried);
+    let requests = report::count(records, routed_by);
     let in_flight = failed_in_flight(records, fault_at);
     let ttft_interactive = report::ttft(records, Some(Priority::Interactive), fault_at, routed, ended);
     let (passed, reasons) = judge(
@@ -1006,6 +1019,7 @@ fn build_report(
                 .to_owned(),
         ],
         memory_peak_mib: None,
+        scheduling_lag: lag::SchedulingLag::default(),
         records: Vec::new(),
     }
 }

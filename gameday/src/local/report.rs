@@ -12,6 +12,7 @@ use serde::Serialize;
 
 use understudy_router::admission::Priority;
 
+use super::lag::SchedulingLag;
 use super::load::{RequestOutcome, RequestRecord};
 use super::pilot::ColdStart;
 
@@ -24,6 +25,26 @@ pub struct Requests {
     pub shed: u64,
     /// Tries the routers made again on another endpoint before the first byte.
     pub retried: u64,
+    /// Requests the routers had sent to a pool that then lost the route, with no first byte
+    /// yet, and sent to the new primary.
+    pub moved: u64,
+}
+
+/// What the routers' own counters say they did for the requests.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RouterCounts {
+    /// Tries made again on another endpoint.
+    pub retried: u64,
+    /// Requests moved to a new route.
+    pub moved: u64,
+}
+
+impl RouterCounts {
+    /// Adds another router's counts.
+    pub fn add(&mut self, other: RouterCounts) {
+        self.retried += other.retried;
+        self.moved += other.moved;
+    }
 }
 
 /// Percentiles of time to first token, in milliseconds.
@@ -141,6 +162,8 @@ pub struct RunReport {
     /// The peak memory of the run's own process, its replicas, routers and fences together, sampled every half
     /// second, in MiB.
     pub memory_peak_mib: Option<f64>,
+    /// How late this process's timers fired during the run: how loaded the machine was.
+    pub scheduling_lag: SchedulingLag,
     /// Every request's record, for the timeline; not in `report.json`.
     #[serde(skip)]
     pub records: Vec<RequestRecord>,
@@ -153,6 +176,24 @@ pub enum Verdict {
     Failed,
     /// Stopped before its end (Ctrl-C): what it had is reported, and nothing is judged.
     Interrupted,
+    /// Its expectations did not hold while the machine was too loaded for its figures to be
+    /// trusted ([`SchedulingLag::too_loaded`]): reported, not judged. A run that held its
+    /// expectations under load passed.
+    Inconclusive,
+}
+
+impl RunReport {
+    /// Weighs the verdict against how loaded the machine was: a failure under too much lag is
+    /// inconclusive, with the reason first among the verdict's reasons.
+    pub fn judge_with(&mut self, lag: SchedulingLag) {
+        if self.verdict == Verdict::Failed
+            && let Some(why) = lag.too_loaded()
+        {
+            self.verdict = Verdict::Inconclusive;
+            self.verdict_reasons.insert(0, why);
+        }
+        self.scheduling_lag = lag;
+    }
 }
 
 /// The whole document.
@@ -171,14 +212,15 @@ fn ms(d: Duration) -> f64 {
 
 /// Counts the requests by outcome.
 #[must_use]
-pub fn count(records: &[RequestRecord], retried: u64) -> Requests {
+pub fn count(records: &[RequestRecord], routed_by: RouterCounts) -> Requests {
     let of = |o: RequestOutcome| records.iter().filter(|r| r.outcome == o).count() as u64;
     Requests {
         sent: records.len() as u64,
         ok: of(RequestOutcome::Ok),
         failed: of(RequestOutcome::Failed),
         shed: of(RequestOutcome::Shed),
-        retried,
+        retried: routed_by.retried,
+        moved: routed_by.moved,
     }
 }
 
@@ -389,8 +431,8 @@ pub fn summary(run: &RunReport) -> String {
     }
     let _ = writeln!(
         out,
-        "requests: {} sent, {} ok, {} failed ({} before reaching a replica), {} shed, {} retried by the routers",
-        r.sent, r.ok, r.failed, run.failed_before_reaching_a_replica, r.shed, r.retried
+        "requests: {} sent, {} ok, {} failed ({} before reaching a replica), {} shed, {} retried by the routers, {} moved to the new primary",
+        r.sent, r.ok, r.failed, run.failed_before_reaching_a_replica, r.shed, r.retried, r.moved
     );
     if run.requests.failed > 0 {
         let _ = writeln!(
@@ -445,6 +487,14 @@ pub fn summary(run: &RunReport) -> String {
                 cell(t.after_p99)
             );
         }
+    }
+    let lag = &run.scheduling_lag;
+    if lag.ticks > 0 {
+        let _ = writeln!(
+            out,
+            "scheduling lag: {:.0} ms at the 99th percentile, {:.0} ms at the most, of this process's timers",
+            lag.p99_ms, lag.max_ms
+        );
     }
     if let Some(mib) = run.memory_peak_mib {
         let _ = writeln!(
@@ -553,7 +603,7 @@ fn spread(mut values: Vec<f64>) -> String {
 #[must_use]
 pub fn side_by_side(runs: &[RunReport]) -> String {
     let mut out = format!(
-        "{:<28} {:>5} {:<8} {:>5} {:>6} {:>6} {:>6} {:>6} {:>9} {:>6} {:>6} {:>6}\n",
+        "{:<28} {:>5} {:<12} {:>5} {:>6} {:>6} {:>6} {:>6} {:>9} {:>6} {:>6} {:>6} {:>6}\n",
         "run",
         "seed",
         "verdict",
@@ -565,13 +615,14 @@ pub fn side_by_side(runs: &[RunReport]) -> String {
         "detection",
         "p95<",
         "p95 1s",
-        "p95>"
+        "p95>",
+        "lag"
     );
     for run in runs {
         let l = &run.latency_ms;
         let _ = writeln!(
             out,
-            "{:<28} {:>5} {:<8} {:>5} {:>6} {:>6} {:>6} {:>6} {:>9} {:>6} {:>6} {:>6}",
+            "{:<28} {:>5} {:<12} {:>5} {:>6} {:>6} {:>6} {:>6} {:>9} {:>6} {:>6} {:>6} {:>6}",
             run.name,
             run.seed,
             format!("{:?}", run.verdict),
@@ -583,7 +634,17 @@ pub fn side_by_side(runs: &[RunReport]) -> String {
             cell(run.detection_ms),
             cell(l.p95_before),
             cell(l.p95_first_second_after),
-            cell(l.p95_steady_after)
+            cell(l.p95_steady_after),
+            cell((run.scheduling_lag.ticks > 0).then_some(run.scheduling_lag.max_ms))
+        );
+    }
+    for run in runs.iter().filter(|r| r.verdict == Verdict::Inconclusive) {
+        let _ = writeln!(
+            out,
+            "{} (seed {}) is inconclusive: {}",
+            run.name,
+            run.seed,
+            run.verdict_reasons.first().map_or("", String::as_str)
         );
     }
     let mut names: Vec<&str> = Vec::new();
@@ -714,13 +775,14 @@ mod tests {
             record(0, 1, RequestOutcome::Ok),
         ];
         assert_eq!(
-            count(&records, 3),
+            count(&records, RouterCounts { retried: 3, moved: 2 }),
             Requests {
                 sent: 4,
                 ok: 2,
                 failed: 1,
                 shed: 1,
-                retried: 3
+                retried: 3,
+                moved: 2,
             }
         );
     }
