@@ -665,9 +665,11 @@ pub struct ParitySpec {
     )]
     pub ignore_flags: Vec<String>,
 
-    /// How the model artifact is fingerprinted.
-    #[serde(default)]
-    pub artifact_digest: ArtifactDigest,
+    /// How the model artifact is to be fingerprinted. Not compared yet: parity compares flags,
+    /// image, `VLLM_*` environment, runtime version and tokenizer digests, not the weights, and a
+    /// policy that sets this gets the `ArtifactDigestCompared` condition, `False`, saying so.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub artifact_digest: Option<ArtifactDigest>,
 
     /// Fingerprint keys allowed to differ between the pools by design, e.g.
     /// `env.VLLM_LOGGING_LEVEL`; a key ending in `*` allows every key it begins, e.g. `env.*`.
@@ -681,13 +683,14 @@ impl Default for ParitySpec {
         ParitySpec {
             enabled: true,
             ignore_flags: default_ignore_flags(),
-            artifact_digest: ArtifactDigest::default(),
+            artifact_digest: None,
             allow_drift: Vec::new(),
         }
     }
 }
 
-/// How the model artifact is fingerprinted for parity.
+// How the model artifact is fingerprinted for parity. (No doc comment: the schema would take it
+// over the field's own description, which says the digest is not compared yet.)
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[serde(rename_all = "camelCase")]
 pub enum ArtifactDigest {
@@ -728,7 +731,8 @@ pub struct AdmissionSpec {
     #[schemars(range(min = 1))]
     pub initial_prefill_tokens: Option<u32>,
 
-    /// The request header that carries a request's priority.
+    /// The request header that carries a request's priority: `interactive` and `batch` name
+    /// their classes (batch is shed first, interactive last), any other value the default class.
     #[serde(default = "default_priority_header")]
     #[schemars(length(min = 1, max = 128))]
     #[x_kube(
@@ -737,7 +741,8 @@ pub struct AdmissionSpec {
     )]
     pub priority_header: String,
 
-    /// Priorities refused outright during the window.
+    /// Priority values (as the header carries them, e.g. `low`) refused outright, 429 with
+    /// Retry-After, while the window is open.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 16), inner(length(min = 1, max = 63)))]
     pub shed_priorities: Option<Vec<String>>,
@@ -814,7 +819,7 @@ fn default_initial_concurrency() -> u32 {
     4
 }
 fn default_priority_header() -> String {
-    "x-understudy-priority".to_owned()
+    crate::route::DEFAULT_PRIORITY_HEADER.to_owned()
 }
 
 /// The condition types a FailoverPolicy reports, the keys of [`FailoverPolicyStatus::conditions`].
@@ -830,8 +835,19 @@ pub mod condition_type {
     /// The replicas accept the policy's probe; `False` when they refuse the probe itself (an
     /// unknown model, a bad request, a missing key), which leaves both pools unjudged.
     pub const PROBE_ACCEPTED: &str = "ProbeAccepted";
+    /// Whether the pools' model artifacts are compared as `spec.parity.artifactDigest` asks;
+    /// present only when the policy sets it, and `False` (`NotYetCompared`) until weight digests
+    /// are built.
+    pub const ARTIFACT_DIGEST_COMPARED: &str = "ArtifactDigestCompared";
     /// Every type above.
-    pub const ALL: [&str; 5] = [READY, STANDBY_PROVEN, PARITY_HOLDS, OBJECTIVE_MET, PROBE_ACCEPTED];
+    pub const ALL: [&str; 6] = [
+        READY,
+        STANDBY_PROVEN,
+        PARITY_HOLDS,
+        OBJECTIVE_MET,
+        PROBE_ACCEPTED,
+        ARTIFACT_DIGEST_COMPARED,
+    ];
 }
 
 /// What the operator observed and did.

@@ -103,7 +103,15 @@ pub struct AdmissionSettings {
     /// Added to the lowest first-token latency seen before a slower average counts as queueing
     /// (Envoy's gradient controller's buffer).
     pub ttft_buffer: f64,
+    /// The request header that carries a request's priority: `interactive` and `batch` name
+    /// their classes, any other value is the default class.
+    pub priority_header: String,
+    /// Priority values (as the header carries them) refused outright while the window is open.
+    pub shed_priorities: Vec<String>,
 }
+
+/// The header a request's priority is read from when a policy names none.
+pub const DEFAULT_PRIORITY_HEADER: &str = "x-understudy-priority";
 
 impl Default for AdmissionSettings {
     fn default() -> Self {
@@ -114,6 +122,8 @@ impl Default for AdmissionSettings {
             initial_prefill_tokens: 16_384,
             max_prefill_tokens: 1_048_576,
             ttft_buffer: 0.25,
+            priority_header: DEFAULT_PRIORITY_HEADER.to_owned(),
+            shed_priorities: Vec::new(),
         }
     }
 }
@@ -148,6 +158,8 @@ impl AdmissionSettings {
             initial_prefill_tokens,
             max_prefill_tokens,
             ttft_buffer: per_replica.ttft_buffer,
+            priority_header: spec.priority_header.clone(),
+            shed_priorities: spec.shed_priorities.clone().unwrap_or_default(),
         }
     }
 
@@ -173,6 +185,18 @@ impl AdmissionSettings {
         }
         if !self.ttft_buffer.is_finite() || self.ttft_buffer < 0.0 {
             return Err(InvalidRoute::Admission("ttft_buffer must be 0 or more"));
+        }
+        if http::HeaderName::from_bytes(self.priority_header.as_bytes()).is_err() {
+            return Err(InvalidRoute::Admission(
+                "priority_header must be an HTTP header name",
+            ));
+        }
+        if self.shed_priorities.len() > 16
+            || self.shed_priorities.iter().any(|p| p.is_empty() || p.len() > 63)
+        {
+            return Err(InvalidRoute::Admission(
+                "shed_priorities must list at most 16 values of 1 to 63 bytes",
+            ));
         }
         Ok(())
     }
@@ -272,6 +296,28 @@ mod tests {
             r#"{"pool":"b","endpoints":["127.0.0.1:8000"],"epoch":3,"epcoh":4}"#,
         );
         assert!(r.is_err());
+    }
+
+    #[test]
+    fn the_policys_priority_header_and_shed_priorities_travel_in_the_route() {
+        let spec = AdmissionSpec {
+            priority_header: "x-tier".to_owned(),
+            shed_priorities: Some(vec!["low".to_owned(), "batch".to_owned()]),
+            ..AdmissionSpec::default()
+        };
+        let admission = AdmissionSettings::for_replicas(&spec, 2);
+        assert_eq!(admission.priority_header, "x-tier");
+        assert_eq!(admission.shed_priorities, ["low", "batch"]);
+        let defaults = AdmissionSettings::for_replicas(&AdmissionSpec::default(), 2);
+        assert_eq!(defaults.priority_header, DEFAULT_PRIORITY_HEADER);
+        assert!(defaults.shed_priorities.is_empty());
+        let mut r: Route =
+            serde_json::from_str(r#"{"pool":"b","endpoints":["127.0.0.1:8000"],"epoch":3}"#).unwrap();
+        r.admission.priority_header = "not a header".to_owned();
+        assert!(matches!(r.validate(), Err(InvalidRoute::Admission(_))));
+        r.admission.priority_header = DEFAULT_PRIORITY_HEADER.to_owned();
+        r.admission.shed_priorities = vec![String::new()];
+        assert!(matches!(r.validate(), Err(InvalidRoute::Admission(_))));
     }
 
     #[test]

@@ -24,8 +24,9 @@ use serde::Serialize;
 use tokio::time::Instant;
 use understudy_api::route::AdmissionSettings;
 
-/// The header that carries a request's priority class.
-pub const PRIORITY_HEADER: &str = "x-understudy-priority";
+/// The header that carries a request's priority when its route names none (a route carries the
+/// policy's `spec.admission.priorityHeader`).
+pub const PRIORITY_HEADER: &str = understudy_api::route::DEFAULT_PRIORITY_HEADER;
 /// The header that carries how many milliseconds the client will wait for a first token.
 pub const DEADLINE_HEADER: &str = "x-understudy-deadline-ms";
 
@@ -136,15 +137,19 @@ pub enum Shed {
     Deadline,
     /// Its tenant already holds its even part of the budget while other tenants are asking.
     TenantShare,
+    /// Its priority is one the policy sheds outright while the window is open
+    /// (`spec.admission.shedPriorities`).
+    Priority,
 }
 
 impl Shed {
     /// Every reason, in metrics order (each one's discriminant is its index).
-    pub const ALL: [Shed; 4] = [
+    pub const ALL: [Shed; 5] = [
         Shed::Concurrency,
         Shed::PrefillTokens,
         Shed::Deadline,
         Shed::TenantShare,
+        Shed::Priority,
     ];
 }
 
@@ -157,6 +162,7 @@ impl Shed {
             Shed::PrefillTokens => "prefill_tokens",
             Shed::Deadline => "deadline",
             Shed::TenantShare => "tenant_share",
+            Shed::Priority => "priority",
         }
     }
 }
@@ -179,6 +185,8 @@ pub struct Ask {
     pub deadline: Option<Duration>,
     /// Its tenant.
     pub tenant: Tenant,
+    /// Its priority value is one its route sheds while the window is open.
+    pub shed_listed: bool,
 }
 
 /// One tenant's place in the budget when it asks.
@@ -215,6 +223,9 @@ pub fn decide(
     ask: Ask,
     fastest_ttft: Duration,
 ) -> Result<(), Shed> {
+    if ask.shed_listed && budget.is_some() {
+        return Err(Shed::Priority);
+    }
     if let Some(deadline) = ask.deadline
         && deadline < fastest_ttft
     {
@@ -416,6 +427,7 @@ mod tests {
             initial_prefill_tokens: 10_000,
             max_prefill_tokens: 100_000,
             ttft_buffer: 0.25,
+            ..AdmissionSettings::default()
         }
     }
 
@@ -425,6 +437,7 @@ mod tests {
             prompt_tokens: 10,
             deadline: None,
             tenant: 0,
+            shed_listed: false,
         }
     }
 
@@ -481,6 +494,19 @@ mod tests {
             decide(None, 10_000, 0, ask(Priority::Batch), Duration::ZERO),
             Ok(())
         );
+    }
+
+    #[test]
+    fn a_priority_the_policy_sheds_is_refused_in_the_window_and_only_then() {
+        let s = settings();
+        let b = budget(&s, Duration::ZERO, TtftSeen::default());
+        let listed = Ask {
+            shed_listed: true,
+            ..ask(Priority::Default)
+        };
+        assert_eq!(decide(b, 0, 0, listed, Duration::ZERO), Err(Shed::Priority));
+        assert_eq!(decide(None, 0, 0, listed, Duration::ZERO), Ok(()));
+        assert_eq!(decide(b, 0, 0, ask(Priority::Default), Duration::ZERO), Ok(()));
     }
 
     #[test]

@@ -419,7 +419,11 @@ mod tests {
             .filter(|_| e.record(Outcome::Refused, &policy, Instant::now()))
             .count();
         assert_eq!(ejected, 1, "the other 29 were sent before the ejection");
-        assert_eq!(e.snapshot(Instant::now()).refused, 30, "each one is still counted");
+        assert_eq!(
+            e.snapshot(Instant::now()).refused,
+            30,
+            "each one is still counted"
+        );
         tokio::time::advance(Duration::from_millis(1200)).await;
         assert!(!e.is_ejected(Instant::now()), "one base, not 30");
         // The next burst is the second: twice the base.

@@ -145,8 +145,12 @@ impl Gateway {
     /// Handles one public request; never fails, refusals are answers.
     pub async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<RouterBody> {
         let arrived = Instant::now();
-        let priority = Priority::from_header(req.headers().get(PRIORITY_HEADER).map(|v| v.as_bytes()));
-        match self.forward(req, priority, arrived).await {
+        // Classed by the route it arrives under, and again by each new route it is sent under.
+        let mut priority = self.routes.current().map_or_else(
+            || Priority::from_header(req.headers().get(PRIORITY_HEADER).map(|v| v.as_bytes())),
+            |routed| routed.priority_of(req.headers()).0,
+        );
+        match self.forward(req, &mut priority, arrived).await {
             Ok(resp) => resp,
             Err(refusal) => {
                 self.metrics.request(refusal.outcome(), priority);
@@ -209,10 +213,10 @@ impl Gateway {
     async fn forward(
         self: &Arc<Self>,
         req: Request<Incoming>,
-        priority: Priority,
+        priority: &mut Priority,
         arrived: Instant,
     ) -> Result<Response<RouterBody>, Refusal> {
-        let (parts, body, ask) = self.read_ask(req, priority, arrived).await?;
+        let (parts, body, mut ask) = self.read_ask(req, *priority, arrived).await?;
         self.budget.start();
         let mut held = Held {
             budget: &self.budget,
@@ -235,6 +239,8 @@ impl Gateway {
                 epoch = Some(state.route.epoch);
                 tries = Tries::new();
                 permit = None;
+                (ask.priority, ask.shed_listed) = state.priority_of(&parts.headers);
+                *priority = ask.priority;
             }
             let now = Instant::now();
             if permit.is_none() {
@@ -304,7 +310,7 @@ impl Gateway {
                         sent_at,
                         arrived,
                     };
-                    return Ok(self.respond(answer, handover, state, parts, &body, priority));
+                    return Ok(self.respond(answer, handover, state, parts, &body, *priority));
                 }
                 Sent::Answer(Err(SendError::Refused { .. })) => Outcome::Refused,
                 Sent::Answer(Err(SendError::Reset(_))) => Outcome::Reset,
@@ -339,6 +345,7 @@ impl Gateway {
             priority,
             prompt_tokens: estimate_prompt_tokens(body.len()),
             deadline: deadline.map(|d| d.saturating_sub(arrived.elapsed())),
+            shed_listed: false,
         };
         Ok((parts, body, ask))
     }
@@ -680,7 +687,9 @@ fn not_served(mark: &http::HeaderValue) -> Option<Outcome> {
     }
 }
 
-/// How one send went.
+/// How one send went. Returned once per try and matched at once: boxing the answer would cost an
+/// allocation per request for nothing.
+#[allow(clippy::large_enum_variant)]
 enum Sent {
     /// The upstream answered, or failed to, before the first-byte timeout.
     Answer(Result<(http::response::Parts, ResponseBody), SendError>),

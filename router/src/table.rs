@@ -1,5 +1,6 @@
 //! The route table: the one route the gateway serves now, swapped whole when a newer epoch
-//! arrives, and the fencing record that decides whether an update is newer.
+//! arrives, and the fencing record that decides whether an update is newer. A route also says
+//! how its requests' priority is read (the policy's header, and the values shed in its window).
 //!
 //! Readers on the hot path take the current route as one `Arc` clone from a `watch` channel (a
 //! read lock held for that clone only, never contended but by a route update), and waiters in the
@@ -12,7 +13,9 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use understudy_api::route::{HeldEpoch, InvalidRoute, Route};
 
-use crate::admission::Admission;
+use http::{HeaderMap, HeaderName, HeaderValue};
+
+use crate::admission::{Admission, PRIORITY_HEADER, Priority};
 use crate::endpoint::Endpoint;
 use crate::highest_epoch::{DEFAULT_MAX_EPOCH_JUMP, StateFile, StateFileError, Verdict, judge};
 
@@ -25,6 +28,37 @@ pub struct Routed {
     pub endpoints: Vec<Arc<Endpoint>>,
     /// Admission control since the route arrived.
     pub admission: Arc<Admission>,
+    /// The header its requests' priority is read from.
+    priority_header: HeaderName,
+}
+
+impl Routed {
+    fn new(route: Route, endpoints: Vec<Arc<Endpoint>>, admission: Arc<Admission>) -> Self {
+        // Validated with the route; the default only if that check and this one ever disagree.
+        let priority_header = HeaderName::from_bytes(route.admission.priority_header.as_bytes())
+            .unwrap_or(HeaderName::from_static(PRIORITY_HEADER));
+        Routed {
+            route,
+            endpoints,
+            admission,
+            priority_header,
+        }
+    }
+
+    /// A request's class by this route's priority header, and whether its value is one the
+    /// route sheds while its admission window is open.
+    #[must_use]
+    pub fn priority_of(&self, headers: &HeaderMap) -> (Priority, bool) {
+        let value = headers.get(&self.priority_header).map(HeaderValue::as_bytes);
+        let listed = value.is_some_and(|v| {
+            self.route
+                .admission
+                .shed_priorities
+                .iter()
+                .any(|p| p.as_bytes() == v)
+        });
+        (Priority::from_header(value), listed)
+    }
 }
 
 /// How an accepted update changed the table.
@@ -167,11 +201,8 @@ impl RouteTable {
                     .map(|a| Arc::new(Endpoint::new(*a)))
                     .collect();
                 let admission = Arc::new(Admission::new(route.admission.clone(), Instant::now()));
-                self.current.send_replace(Some(Arc::new(Routed {
-                    route,
-                    endpoints,
-                    admission,
-                })));
+                self.current
+                    .send_replace(Some(Arc::new(Routed::new(route, endpoints, admission))));
                 Ok(Applied::NewEpoch)
             }
             Verdict::SameEpoch => {
@@ -190,11 +221,8 @@ impl RouteTable {
                     Some(o) if o.route.admission == route.admission => Arc::clone(&o.admission),
                     _ => Arc::new(Admission::new(route.admission.clone(), Instant::now())),
                 };
-                self.current.send_replace(Some(Arc::new(Routed {
-                    route,
-                    endpoints,
-                    admission,
-                })));
+                self.current
+                    .send_replace(Some(Arc::new(Routed::new(route, endpoints, admission))));
                 Ok(Applied::SameEpoch)
             }
         }
@@ -212,6 +240,39 @@ mod tests {
             "pool": pool, "endpoints": [format!("127.0.0.1:{port}")], "epoch": epoch
         }))
         .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_request_is_classed_by_the_routes_priority_header_and_its_shed_values() {
+        let t = RouteTable::new(None).unwrap();
+        let mut r = route("b", 1, 1);
+        r.admission.priority_header = "x-tier".to_owned();
+        r.admission.shed_priorities = vec!["low".to_owned(), "batch".to_owned()];
+        t.update(r).unwrap();
+        let routed = t.current().unwrap();
+        let headers = |pairs: &[(&'static str, &'static str)]| {
+            pairs
+                .iter()
+                .map(|(k, v)| (HeaderName::from_static(k), HeaderValue::from_static(v)))
+                .collect::<HeaderMap>()
+        };
+        assert_eq!(
+            routed.priority_of(&headers(&[("x-tier", "interactive")])),
+            (Priority::Interactive, false)
+        );
+        assert_eq!(
+            routed.priority_of(&headers(&[("x-tier", "low")])),
+            (Priority::Default, true)
+        );
+        assert_eq!(
+            routed.priority_of(&headers(&[("x-tier", "batch")])),
+            (Priority::Batch, true)
+        );
+        // The default header means nothing to a route that names another.
+        assert_eq!(
+            routed.priority_of(&headers(&[(PRIORITY_HEADER, "batch")])),
+            (Priority::Default, false)
+        );
     }
 
     #[tokio::test]

@@ -605,3 +605,42 @@ fn after_a_promotion_one_tenants_burst_cannot_keep_another_tenant_out() {
         m.contains("understudy_router_shed_total{reason=\"tenant_share\",priority=\"interactive\"} 1")
     });
 }
+
+#[test]
+fn the_policys_priority_header_and_shed_priorities_decide_who_is_refused_in_the_window() {
+    let e = Emulator::fast();
+    let r = Router::start(GatewayConfig::default(), None);
+    let mut with_admission = route("b", 3, &[e.addr()]);
+    with_admission["admission"] = serde_json::json!({
+        "window_s": 600.0, "priority_header": "x-tier", "shed_priorities": ["low"]
+    });
+    assert_eq!(r.put_route(&with_admission).status, 200);
+    let shed = r.complete(&completion(4, false), &[("x-tier", "low")]);
+    assert_eq!(shed.status, 429, "{}", shed.text());
+    assert!(shed.header("retry-after").is_some());
+    // Another value, or the value under the default header, is admitted.
+    assert_eq!(
+        r.complete(&completion(4, false), &[("x-tier", "interactive")])
+            .status,
+        200
+    );
+    assert_eq!(
+        r.complete(&completion(4, false), &[("x-understudy-priority", "low")])
+            .status,
+        200
+    );
+    r.wait_for_metrics("shed for its priority", |m| {
+        m.contains("understudy_router_shed_total{reason=\"priority\",priority=\"default\"} 1")
+            && m.contains(
+                "understudy_router_requests_total{outcome=\"forwarded\",priority=\"interactive\"} 1",
+            )
+    });
+    // Without a window nothing is shed for its priority.
+    with_admission["epoch"] = serde_json::json!(4);
+    with_admission["admission"]["window_s"] = serde_json::json!(0.0);
+    assert_eq!(r.put_route(&with_admission).status, 200);
+    assert_eq!(
+        r.complete(&completion(4, false), &[("x-tier", "low")]).status,
+        200
+    );
+}

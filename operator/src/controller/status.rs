@@ -18,7 +18,7 @@ use understudy_core::{Epoch, Pool};
 use crate::coldstart;
 use crate::command::HandledCommand;
 use crate::crd::{
-    ColdStartBreakdown, Condition, ConditionStatus, FailoverPolicySpec, FailoverPolicyStatus,
+    ArtifactDigest, ColdStartBreakdown, Condition, ConditionStatus, FailoverPolicySpec, FailoverPolicyStatus,
     FailoverTimeline, GoldenAnswer, GpuReserve, ParityStatus, StandbyProofRecord, TimelineStep,
     TransitionKind, condition_type,
 };
@@ -210,6 +210,12 @@ pub fn desired_status(facts: &StatusFacts<'_>) -> Result<FailoverPolicyStatus, s
         condition_type::PARITY_HOLDS.to_owned(),
         parity_holds(facts.spec, machine, parity.as_ref()),
     );
+    if let Some(digest) = facts.spec.parity.artifact_digest {
+        conditions.insert(
+            condition_type::ARTIFACT_DIGEST_COMPARED.to_owned(),
+            artifact_digest_not_compared(digest),
+        );
+    }
     Ok(FailoverPolicyStatus {
         primary_pool: Some(pool_name(facts.spec, machine.primary).to_owned()),
         epoch: Some(machine.epoch.0),
@@ -249,6 +255,23 @@ fn recorded(golden: &GoldenAnswer, previous: Option<&GoldenAnswer>, now: Duratio
         recorded_at: Some(recorded_at),
         ..golden.clone()
     }
+}
+
+/// `ArtifactDigestCompared` for a policy that sets `spec.parity.artifactDigest`: not yet, and
+/// what parity does compare meanwhile.
+fn artifact_digest_not_compared(digest: ArtifactDigest) -> Condition {
+    let how = serde_json::to_value(digest)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default();
+    condition(
+        ConditionStatus::False,
+        "NotYetCompared",
+        format!(
+            "spec.parity.artifactDigest ({how}) is not compared yet: parity compares serving flags, \
+             image, VLLM_* environment, runtime version and tokenizer digests, not the weights"
+        ),
+    )
 }
 
 fn condition(status: ConditionStatus, reason: &str, message: String) -> Condition {
@@ -786,6 +809,48 @@ mod tests {
             handled_command: None,
             handed_off: Vec::new(),
         }
+    }
+
+    #[test]
+    fn a_policy_that_asks_for_artifact_digests_is_told_they_are_not_compared_yet() {
+        let machine = record(FailoverState::new());
+        let status = status_of(&machine, None);
+        assert!(
+            !status
+                .conditions
+                .contains_key(condition_type::ARTIFACT_DIGEST_COMPARED),
+            "absent when the policy does not ask"
+        );
+        let mut spec = spec();
+        spec.parity.artifact_digest = Some(ArtifactDigest::Headers);
+        let config = failover_config(&spec).unwrap();
+        let status = desired_status(&StatusFacts {
+            spec: &spec,
+            config: &config,
+            generation: Some(3),
+            previous: None,
+            record: &machine,
+            finished: None,
+            lease_behind: None,
+            gpu_reserve: None,
+            golden_answer: None,
+            probe_accepted: None,
+            cold_start: None,
+            standby_proof: None,
+            parity: None,
+            now: NOW,
+        })
+        .unwrap();
+        let compared = &status.conditions[condition_type::ARTIFACT_DIGEST_COMPARED];
+        assert_eq!(
+            (compared.status, compared.reason.as_str()),
+            (ConditionStatus::False, "NotYetCompared")
+        );
+        assert!(
+            compared.message.contains("(headers) is not compared yet"),
+            "{}",
+            compared.message
+        );
     }
 
     #[test]
