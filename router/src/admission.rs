@@ -140,16 +140,20 @@ pub enum Shed {
     /// Its priority is one the policy sheds outright while the window is open
     /// (`spec.admission.shedPriorities`).
     Priority,
+    /// Nothing could take it now and the waiting room holds its class's share already: shed
+    /// rather than queued.
+    WaitingRoom,
 }
 
 impl Shed {
     /// Every reason, in metrics order (each one's discriminant is its index).
-    pub const ALL: [Shed; 5] = [
+    pub const ALL: [Shed; 6] = [
         Shed::Concurrency,
         Shed::PrefillTokens,
         Shed::Deadline,
         Shed::TenantShare,
         Shed::Priority,
+        Shed::WaitingRoom,
     ];
 }
 
@@ -163,6 +167,7 @@ impl Shed {
             Shed::Deadline => "deadline",
             Shed::TenantShare => "tenant_share",
             Shed::Priority => "priority",
+            Shed::WaitingRoom => "waiting_room",
         }
     }
 }

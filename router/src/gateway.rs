@@ -31,7 +31,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use understudy_api::route::StreamContract;
 
-use crate::admission::{Ask, DEADLINE_HEADER, PRIORITY_HEADER, Permit, Priority, estimate_prompt_tokens};
+use crate::admission::{
+    Ask, DEADLINE_HEADER, PRIORITY_HEADER, Permit, Priority, Shed, estimate_prompt_tokens,
+};
 use crate::balance::{self, Tried};
 use crate::body::{Follow, InFlight, Proxied, Resend, RouterBody};
 use crate::continuation;
@@ -222,15 +224,22 @@ impl Gateway {
             budget: &self.budget,
             retries: 0,
         };
-        let leave_by = self.room.deadline(arrived);
-        let mut seat = None;
+        // A request leaves the room at the room's deadline, or its client's when that is sooner.
+        let room_deadline = self.room.deadline(arrived);
+        let mut stay = Stay {
+            seat: None,
+            leave_by: ask
+                .deadline
+                .map_or(room_deadline, |d| room_deadline.min(Instant::now() + d)),
+            priority: ask.priority,
+        };
         let mut permit = None;
         let mut epoch = None;
         let mut tries = Tries::new();
         loop {
             let routed = self.routes.current();
             let Some(state) = routed.as_ref() else {
-                self.wait_for_a_route(&mut seat, leave_by).await?;
+                self.wait_in_room(&mut stay, None, Until::ANewRoute).await?;
                 continue;
             };
             if epoch != Some(state.route.epoch) {
@@ -241,6 +250,7 @@ impl Gateway {
                 permit = None;
                 (ask.priority, ask.shed_listed) = state.priority_of(&parts.headers);
                 *priority = ask.priority;
+                stay.priority = ask.priority;
             }
             let now = Instant::now();
             if permit.is_none() {
@@ -252,7 +262,8 @@ impl Gateway {
                 now,
                 self.config.ejection.panic_below_percent,
             ) else {
-                self.wait_for_an_endpoint(&mut seat, state, leave_by).await?;
+                self.wait_in_room(&mut stay, Some(state), Until::AnEndpoint)
+                    .await?;
                 // Endpoints back from ejection may be tried again. Waiting is not retrying: the
                 // request sent nothing while it waited, so its tries start afresh, as under a new
                 // route; the ejection back-off, not the retry budget, paces how often a dead
@@ -267,13 +278,14 @@ impl Gateway {
                     // dead pool's refusals into the client's errors. A request held through a
                     // promotion wakes with every other one at each return, and the budget must
                     // not fail them all.
-                    self.wait_for_an_endpoint(&mut seat, state, leave_by).await?;
+                    self.wait_in_room(&mut stay, Some(state), Until::AnEndpoint)
+                        .await?;
                     tries.start_afresh();
                     continue;
                 }
                 // A replica may have taken it and died: no more tries on this pool beyond the
                 // budget, but the move to a new one is no retry. Wait for the next route.
-                self.wait_for_a_new_route(&mut seat, state, leave_by)
+                self.wait_in_room(&mut stay, Some(state), Until::ANewRoute)
                     .await
                     .map_err(|_| Refusal::UpstreamFailed(tries.last_failure))?;
                 continue;
@@ -302,7 +314,7 @@ impl Gateway {
                     }
                 }
                 Sent::Answer(Ok(answer)) => {
-                    drop(seat.take());
+                    drop(stay.seat.take());
                     let handover = Handover {
                         endpoint,
                         permit: permit.take(),
@@ -567,64 +579,32 @@ impl Gateway {
             .await
     }
 
-    /// Waits in the room, taking a seat the first time, until a route arrives or the request's
-    /// deadline.
-    async fn wait_for_a_route(
+    /// Waits in the room, taking a seat the first time, until the route is no longer `routed`
+    /// (a route arrives, or a new one), until `until` says an endpoint of it may take the
+    /// request again, or until the request's deadline.
+    async fn wait_in_room(
         &self,
-        seat: &mut Option<waiting_room::Seat>,
-        leave_by: Instant,
+        stay: &mut Stay,
+        routed: Option<&Arc<Routed>>,
+        until: Until,
     ) -> Result<(), Refusal> {
-        if seat.is_none() {
-            *seat = Some(self.enter_room()?);
+        if stay.seat.is_none() {
+            let seat = self
+                .room
+                .enter(stay.priority, &self.metrics)
+                .map_err(|_| Refusal::Shed {
+                    reason: Shed::WaitingRoom,
+                    retry_after_s: SHED_RETRY_AFTER_S,
+                })?;
+            stay.seat = Some(seat);
         }
-        self.wait(None, None, leave_by).await
-    }
-
-    /// Waits in the room, taking a seat the first time, until an endpoint of `routed` is back
-    /// from ejection, a new route arrives, or the request's deadline.
-    async fn wait_for_an_endpoint(
-        &self,
-        seat: &mut Option<waiting_room::Seat>,
-        routed: &Arc<crate::table::Routed>,
-        leave_by: Instant,
-    ) -> Result<(), Refusal> {
-        if seat.is_none() {
-            *seat = Some(self.enter_room()?);
-        }
-        let wake_at = balance::next_return(&routed.endpoints, Tried::default(), Instant::now());
-        self.wait(Some(routed), wake_at, leave_by).await
-    }
-
-    /// Waits in the room, taking a seat the first time, until the route changes from `routed`
-    /// or the request's deadline.
-    async fn wait_for_a_new_route(
-        &self,
-        seat: &mut Option<waiting_room::Seat>,
-        routed: &Arc<crate::table::Routed>,
-        leave_by: Instant,
-    ) -> Result<(), Refusal> {
-        if seat.is_none() {
-            *seat = Some(self.enter_room()?);
-        }
-        self.wait(Some(routed), None, leave_by).await
-    }
-
-    fn enter_room(&self) -> Result<waiting_room::Seat, Refusal> {
-        self.room
-            .enter(&self.metrics)
-            .map_err(|reason| Refusal::Unavailable {
-                reason,
-                retry_after_s: self.config.waiting_room.deadline.as_secs().clamp(1, 30),
-            })
-    }
-
-    async fn wait(
-        &self,
-        seen: Option<&Arc<crate::table::Routed>>,
-        wake_at: Option<Instant>,
-        leave_by: Instant,
-    ) -> Result<(), Refusal> {
-        waiting_room::wait(self.routes.subscribe(), seen, wake_at, leave_by)
+        let wake_at = match (until, routed) {
+            (Until::AnEndpoint, Some(routed)) => {
+                balance::next_return(&routed.endpoints, Tried::default(), Instant::now())
+            }
+            _ => None,
+        };
+        waiting_room::wait(self.routes.subscribe(), routed, wake_at, stay.leave_by)
             .await
             .map_err(|reason| Refusal::Unavailable {
                 reason,
@@ -632,6 +612,27 @@ impl Gateway {
             })
     }
 }
+
+/// What a request in the waiting room waits for, besides a new route.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Until {
+    /// An endpoint of the route back from ejection or its fence's hold-back.
+    AnEndpoint,
+    /// Nothing else: only a new route (or the deadline) ends the wait.
+    ANewRoute,
+}
+
+/// A request's place in the waiting room: its seat once it took one, when it must leave, and the
+/// class its seat is counted in.
+struct Stay {
+    seat: Option<waiting_room::Seat>,
+    leave_by: Instant,
+    priority: Priority,
+}
+
+/// The `Retry-After` of a request shed because the waiting room holds its class's share: a
+/// promotion routes within seconds.
+const SHED_RETRY_AFTER_S: u64 = 2;
 
 /// Runs for as long as `gateway` serves: every half second, closes the idle upstream connections
 /// past their timeout. It also keeps a timer due within a second at all times: tokio wakes its

@@ -3,8 +3,14 @@
 //! in a bounded room and up to a deadline, for a new route or an endpoint's return, instead of
 //! failing.
 //!
+//! Each priority class may fill its share of the room ([`Priority::share`]: all of it for
+//! interactive, three quarters for the default class, two fifths for batch), so that while a
+//! promotion holds requests, batch work is shed (429, to be retried) before it can keep an
+//! interactive request out. A request also leaves at its client's deadline when it sent one
+//! (`x-understudy-deadline-ms`): waiting past it serves nobody.
+//!
 //! This module only counts and waits. It must never pick an endpoint, and never let more than
-//! its bound wait: the one past the bound is refused at once.
+//! its bound wait: the one past the bound (or its class's share of it) is refused at once.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
@@ -13,6 +19,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::admission::Priority;
 use crate::metrics::Metrics;
 use crate::table::Routed;
 
@@ -90,10 +97,11 @@ impl WaitingRoom {
         self.waiting.load(Relaxed)
     }
 
-    /// Takes a seat, or refuses when the room is full.
-    pub fn enter(self: &Arc<Self>, metrics: &Arc<Metrics>) -> Result<Seat, Turnaway> {
+    /// Takes a seat, or refuses when the room holds its class's share of the bound already.
+    pub fn enter(self: &Arc<Self>, priority: Priority, metrics: &Arc<Metrics>) -> Result<Seat, Turnaway> {
+        let share = ((self.config.bound as f64 * priority.share()) as usize).max(1);
         self.waiting
-            .fetch_update(Relaxed, Relaxed, |n| (n < self.config.bound).then_some(n + 1))
+            .fetch_update(Relaxed, Relaxed, |n| (n < share).then_some(n + 1))
             .map_err(|_| Turnaway::Full)?;
         metrics.queue_depth(1);
         Ok(Seat {
@@ -183,11 +191,27 @@ mod tests {
             deadline: Duration::from_secs(1),
         }));
         let m = Arc::new(Metrics::default());
-        let a = room.enter(&m).unwrap();
-        let _b = room.enter(&m).unwrap();
-        assert_eq!(room.enter(&m).unwrap_err(), Turnaway::Full);
+        let a = room.enter(Priority::Interactive, &m).unwrap();
+        let _b = room.enter(Priority::Interactive, &m).unwrap();
+        assert_eq!(room.enter(Priority::Interactive, &m).unwrap_err(), Turnaway::Full);
         drop(a);
         assert_eq!(room.waiting(), 1);
-        assert!(room.enter(&m).is_ok());
+        assert!(room.enter(Priority::Interactive, &m).is_ok());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn batch_is_turned_away_first_and_interactive_last() {
+        let room = Arc::new(WaitingRoom::new(WaitingRoomConfig {
+            bound: 10,
+            deadline: Duration::from_secs(1),
+        }));
+        let m = Arc::new(Metrics::default());
+        let seated = |priority| std::iter::from_fn(|| room.enter(priority, &m).ok()).collect::<Vec<_>>();
+        // Batch fills two fifths of the room, the default class up to three quarters, and
+        // interactive the rest.
+        let batch = seated(Priority::Batch);
+        let default = seated(Priority::Default);
+        let interactive = seated(Priority::Interactive);
+        assert_eq!((batch.len(), default.len(), interactive.len()), (4, 3, 3));
     }
 }

@@ -644,3 +644,47 @@ fn the_policys_priority_header_and_shed_priorities_decide_who_is_refused_in_the_
         200
     );
 }
+
+#[test]
+fn while_nothing_can_take_requests_batch_is_shed_from_the_waiting_room_first_and_a_client_deadline_is_kept() {
+    let config = GatewayConfig {
+        waiting_room: WaitingRoomConfig {
+            bound: 5,
+            deadline: Duration::from_secs(30),
+        },
+        ..GatewayConfig::default()
+    };
+    let r = Arc::new(Router::start(config, None));
+    let dead = ClosedPort::bind();
+    assert_eq!(r.put_route(&route("a", 1, &[dead.addr()])).status, 200);
+    let batch = [("x-understudy-priority", "batch")];
+    // Batch may hold two of the five seats (two fifths); the third batch request is shed.
+    let waiting: Vec<_> = (0..2)
+        .map(|_| {
+            let r = Arc::clone(&r);
+            std::thread::spawn(move || r.complete(&completion(4, false), &batch).status)
+        })
+        .collect();
+    r.wait_for_metrics("two waiting", |m| m.contains("understudy_router_queue_depth 2\n"));
+    let shed = r.complete(&completion(4, false), &batch);
+    assert_eq!(shed.status, 429, "{}", shed.text());
+    assert!(shed.header("retry-after").is_some());
+    r.wait_for_metrics("shed from the room", |m| {
+        m.contains("understudy_router_shed_total{reason=\"waiting_room\",priority=\"batch\"} 1")
+    });
+    // A client that said it waits 300 ms is answered then, not after the room's 30 s.
+    let impatient = r.complete(
+        &completion(4, false),
+        &[
+            ("x-understudy-priority", "interactive"),
+            ("x-understudy-deadline-ms", "300"),
+        ],
+    );
+    assert_eq!(impatient.status, 503, "{}", impatient.text());
+    // The pool comes back: the batch requests that got a seat are served.
+    let alive = Emulator::fast();
+    assert_eq!(r.put_route(&route("b", 2, &[alive.addr()])).status, 200);
+    for w in waiting {
+        assert_eq!(w.join().unwrap(), 200);
+    }
+}
