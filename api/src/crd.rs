@@ -839,15 +839,10 @@ pub mod condition_type {
     /// present only when the policy sets it, and `False` (`NotYetCompared`) until weight digests
     /// are built.
     pub const ARTIFACT_DIGEST_COMPARED: &str = "ArtifactDigestCompared";
-    /// Every type above.
-    pub const ALL: [&str; 6] = [
-        READY,
-        STANDBY_PROVEN,
-        PARITY_HOLDS,
-        OBJECTIVE_MET,
-        PROBE_ACCEPTED,
-        ARTIFACT_DIGEST_COMPARED,
-    ];
+    /// Every type a policy always reports.
+    pub const ALL: [&str; 5] = [READY, STANDBY_PROVEN, PARITY_HOLDS, OBJECTIVE_MET, PROBE_ACCEPTED];
+    /// The types a policy reports only when its spec asks for what they describe.
+    pub const WHEN_ASKED: [&str; 1] = [ARTIFACT_DIGEST_COMPARED];
 }
 
 /// What the operator observed and did.

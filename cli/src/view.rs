@@ -193,11 +193,15 @@ fn describe_pools(out: &mut String, policy: &FailoverPolicy) {
     out.push_str(&pools.render("  "));
 }
 
-/// Every condition type, in a fixed order, whether or not status has it yet.
+/// Every condition type a policy always reports, in a fixed order, whether or not status has it
+/// yet; then those it reports only when asked, when it has them.
 fn describe_conditions(out: &mut String, status: &FailoverPolicyStatus) {
     out.push_str("Conditions:\n");
     let mut conditions = Table::new(["TYPE", "STATUS", "REASON", "MESSAGE"]);
-    for kind in condition_type::ALL {
+    let asked = condition_type::WHEN_ASKED
+        .into_iter()
+        .filter(|kind| status.conditions.contains_key(*kind));
+    for kind in condition_type::ALL.into_iter().chain(asked) {
         let found = status.conditions.get(kind);
         conditions.row([
             kind.to_owned(),

@@ -111,4 +111,30 @@ mod tests {
         };
         assert!(judge(&bad, None).is_err());
     }
+
+    #[test]
+    fn the_probe_is_timed_by_the_policys_timeout_and_budgets_and_stalls_after_the_first_token_budget() {
+        let spec: crate::crd::FailoverPolicySpec = serde_yaml::from_str(
+            "
+recoveryObjective: 5m
+pools:
+  - {name: east, workload: {kind: Deployment, name: llm-east}, replicas: 2}
+  - {name: west, workload: {kind: Deployment, name: llm-west}, replicas: 2}
+probe: {interval: 20s, timeout: 9s, budgets: {firstToken: 3s, total: 7s}}
+",
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let policy = crate::policy::validate(&spec).unwrap_or_else(|e| panic!("{e}"));
+        let probe = probe_spec(&spec.probe, &policy.probe, Expectation::NonEmpty);
+        let seconds = std::time::Duration::from_secs;
+        assert_eq!(
+            probe.budget,
+            Budget {
+                first_token: seconds(3),
+                total: seconds(7),
+            }
+        );
+        assert_eq!(probe.timeout, seconds(9));
+        assert_eq!(probe.stall_after, seconds(3));
+    }
 }

@@ -233,7 +233,7 @@ impl Metrics {
             namespace: namespace.to_owned(),
             policy: policy.to_owned(),
         });
-        for condition in condition_type::ALL {
+        for condition in condition_type::ALL.into_iter().chain(condition_type::WHEN_ASKED) {
             for status in [
                 ConditionStatus::True,
                 ConditionStatus::False,

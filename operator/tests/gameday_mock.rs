@@ -380,6 +380,34 @@ async fn a_promotion_done_within_max_recovery_is_recorded_passed_with_its_timeli
 }
 
 #[tokio::test]
+async fn a_finished_run_is_filed_newest_first_and_runs_beyond_the_history_limit_are_dropped() {
+    let mut object = running(95);
+    object["spec"]["historyLimit"] = json!(2);
+    let earlier = |id: &str| json!({"id": id, "trigger": "schedule", "phase": "Done", "verdict": "Passed"});
+    object["status"]["lastRuns"] = json!([earlier("20240528-100000"), earlier("20240521-100000")]);
+    let stored = object.clone();
+    let (result, _) = run_scenario(&object, |mut server| async move {
+        let policy = policy_after_command(93, Some(5));
+        server.expect("GET", POLICY_PATH).await.answer(200, &policy);
+        let applied = server
+            .expect("PATCH", GAMEDAY_STATUS_PATH)
+            .await
+            .answer_status(&stored);
+        let kept: Vec<&str> = applied["lastRuns"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|run| run["id"].as_str().unwrap())
+            .collect();
+        assert_eq!(kept, ["20240604-100000", "20240528-100000"]);
+        server.expect("PATCH", POLICY_PATH).await.answer(200, &policy);
+        server.expect_no_more().await
+    })
+    .await;
+    result.unwrap();
+}
+
+#[tokio::test]
 async fn a_promotion_not_done_by_max_recovery_is_recorded_failed() {
     // Commanded 130 s ago (maxRecovery 2m); the policy is still promoting.
     let object = running(130);

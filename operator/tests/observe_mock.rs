@@ -138,6 +138,33 @@ async fn a_deployments_running_pods_with_an_ip_are_the_pools_endpoints() {
 }
 
 #[tokio::test]
+async fn a_pools_replicas_are_probed_at_the_port_its_spec_names() {
+    let pool: PoolSpec = serde_yaml::from_str(
+        "{name: east, workload: {kind: Deployment, name: vllm-east}, replicas: 4, port: 8443}",
+    )
+    .unwrap();
+    let resolved = resolve(pool, |mut server| async move {
+        server.expect("GET", DEPLOYMENT_PATH).await.answer(
+            200,
+            &deployment(&json!({"matchLabels": {"app": "vllm", "pool": "east"}})),
+        );
+        server.expect("GET", PODS_PATH).await.answer(
+            200,
+            &pod_list(vec![
+                pod("vllm-east-0", "Running", Some("10.0.0.1")),
+                pod("vllm-east-1", "Running", Some("fd00::2")),
+            ]),
+        );
+        server.expect_no_more().await;
+    })
+    .await;
+    assert_eq!(
+        resolved.unwrap(),
+        vec![Endpoint::new("10.0.0.1", 8443), Endpoint::new("fd00::2", 8443)]
+    );
+}
+
+#[tokio::test]
 async fn a_statefulset_selects_its_pods_with_match_expressions_as_well() {
     let resolved = resolve(pool("StatefulSet"), |mut server| async move {
         let mut set = deployment(&json!({

@@ -1311,4 +1311,59 @@ mod tests {
             "2024-06-01T12:00:00Z"
         );
     }
+
+    #[test]
+    fn with_parity_disabled_a_drift_found_is_neither_shown_nor_held_against_the_standby() {
+        let drifted = ParityStatus {
+            checked_at: "2024-06-01T11:59:00Z".to_owned(),
+            compared: 12,
+            drift: vec![crate::crd::ParityDrift {
+                key: "flag.max-model-len".to_owned(),
+                primary: Some("8192".to_owned()),
+                standby: Some("4096".to_owned()),
+            }],
+            ..ParityStatus::default()
+        };
+        let machine = record(FailoverState::new());
+        let status_for = |spec: &FailoverPolicySpec, previous: Option<&FailoverPolicyStatus>| {
+            let config = failover_config(spec).unwrap();
+            desired_status(&StatusFacts {
+                spec,
+                config: &config,
+                generation: Some(3),
+                previous,
+                record: &machine,
+                finished: None,
+                lease_behind: None,
+                gpu_reserve: None,
+                golden_answer: None,
+                probe_accepted: None,
+                cold_start: None,
+                standby_proof: None,
+                parity: Some(&drifted),
+                now: NOW,
+            })
+            .unwrap()
+        };
+        let enabled = status_for(&spec(), None);
+        let holds = &enabled.conditions[condition_type::PARITY_HOLDS];
+        assert_eq!(
+            (holds.status, holds.reason.as_str()),
+            (ConditionStatus::False, "Drift")
+        );
+        assert_eq!(enabled.parity.as_ref(), Some(&drifted));
+
+        let mut off = spec();
+        off.parity.enabled = false;
+        let disabled = status_for(&off, Some(&enabled));
+        let holds = &disabled.conditions[condition_type::PARITY_HOLDS];
+        assert_eq!(
+            (holds.status, holds.reason.as_str()),
+            (ConditionStatus::Unknown, "Disabled")
+        );
+        assert_eq!(
+            disabled.parity, None,
+            "neither this comparison nor the previous status's is shown"
+        );
+    }
 }

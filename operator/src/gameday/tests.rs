@@ -786,6 +786,69 @@ fn a_stop_condition_fires_on_the_windows_error_rate_or_first_token_time_and_not_
 }
 
 #[test]
+fn the_run_config_takes_the_fault_failback_ready_for_and_stop_conditions_from_the_spec() {
+    let spec: GameDaySpec = serde_yaml::from_str(
+        "
+policyRef: {name: llama}
+fault: crash
+steadyState: {readyFor: 30m}
+maxRecovery: 3m
+failback: {mode: after, after: 10m}
+stopConditions: {maxTtftP99: 3s, window: 30s, minRequests: 50}
+",
+    )
+    .unwrap();
+    let config = RunConfig::from_spec(&spec).unwrap();
+    assert_eq!(
+        config,
+        RunConfig {
+            fault: Fault::Crash,
+            max_recovery: Duration::from_secs(180),
+            failback_after: Some(Duration::from_secs(600)),
+            ready_for: Some(Duration::from_secs(1800)),
+            stop: Some(StopLimits {
+                max_error_rate: None,
+                max_ttft_p99: Some(Duration::from_secs(3)),
+                window: Duration::from_secs(30),
+                min_requests: 50,
+            }),
+        }
+    );
+    // The limits as read: forty slow requests are below minRequests, a hundred fire over the
+    // spec's window and limit.
+    let stop = config.stop.unwrap();
+    let slow = [(500_000, 50), (5_000_000, 100), (u64::MAX, 100)];
+    assert_eq!(stop.fired(&counted(40, 0, &slow)), None);
+    assert_eq!(
+        stop.fired(&counted(100, 0, &slow)).as_deref(),
+        Some(
+            "stop condition: the last 30s's 99th percentile time to first token was 5s, above maxTtftP99 (3s)"
+        )
+    );
+
+    let defaults: GameDaySpec = serde_yaml::from_str("{policyRef: {name: llama}, maxRecovery: 3m}").unwrap();
+    assert_eq!(
+        RunConfig::from_spec(&defaults),
+        Ok(RunConfig {
+            fault: Fault::Failover,
+            max_recovery: Duration::from_secs(180),
+            failback_after: None,
+            ready_for: None,
+            stop: None,
+        })
+    );
+    let manual: GameDaySpec = serde_yaml::from_str(
+        "{policyRef: {name: llama}, maxRecovery: 3m, failback: {mode: manual, after: 10m}}",
+    )
+    .unwrap();
+    assert_eq!(
+        RunConfig::from_spec(&manual).map(|c| c.failback_after),
+        Ok(None),
+        "a manual failback is never given by the run"
+    );
+}
+
+#[test]
 fn a_stop_condition_during_the_failover_fails_the_run_and_with_failback_after_fails_back_at_once() {
     let mut run = injected(&config(None));
     run.stop_condition = Some("stop condition: 40.0% failed".to_owned());
