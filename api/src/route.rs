@@ -1,8 +1,12 @@
-//! The route contract between the operator and the routers. A [`Route`] says which pool serves
-//! user traffic, at which endpoints, under which fencing epoch, and how carefully it is admitted
-//! after the switch: it is the body of the router admin API's `PUT /route`, which the operator
-//! builds from a policy ([`Route::for_pool`]) and the router reads. [`RouterHolds`] is the answer
-//! to `GET /route`: the route a router serves and the highest epoch it has taken.
+//! The route contract between the operator and the routers. A [`Route`] says, for one policy,
+//! which pool serves user traffic, at which endpoints, under which fencing epoch, and how
+//! carefully it is admitted after the switch: it is the body of the router admin API's
+//! `PUT /route`, which the operator builds from a policy ([`Route::for_pool`]) and the router
+//! reads. [`RouterHolds`] is the answer to `GET /route?policy=...`: the route a router serves for
+//! that policy and the highest epoch it has taken for it.
+//!
+//! One router set may serve several policies: each policy's route has its own epoch, and a
+//! request takes the route whose `models` name the model it asks for.
 //!
 //! One type for both sides of the socket, so that what the operator sends is by construction what
 //! the router takes. This module only describes and validates a route; it must never decide
@@ -22,6 +26,15 @@ use crate::crd::{AdmissionSpec, FailoverPolicySpec};
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Route {
+    /// The policy the route is for, `namespace/name`; routes of different policies never touch
+    /// each other. Empty for a route a person writes for a router that serves one policy.
+    #[serde(default)]
+    pub policy: String,
+    /// The model names requests ask for (the `model` field) that this route takes; empty takes
+    /// any model. With several routes, a request goes to the route that names its model, or else
+    /// to the one that names none.
+    #[serde(default)]
+    pub models: Vec<String>,
     /// The pool's name, as the Lease's holder names it.
     pub pool: String,
     /// The pool's serving endpoints (fence sidecars in a cluster), `ip:port`.
@@ -42,6 +55,9 @@ pub enum InvalidRoute {
     /// A route must name its pool.
     #[error("a route must name its pool")]
     EmptyPool,
+    /// A model name must name a model.
+    #[error("a route's models must not be empty names")]
+    EmptyModel,
     /// A route with no endpoints would send everything to the waiting room.
     #[error("a route must list at least one endpoint")]
     NoEndpoints,
@@ -54,11 +70,21 @@ pub enum InvalidRoute {
 }
 
 impl Route {
-    /// The route that makes `pool` primary at `epoch`, served at `endpoints`, with the policy's
-    /// admission settings scaled to those endpoints and its stream contract.
+    /// The route that makes `pool` primary at `epoch` for `policy`, served at `endpoints`, taking
+    /// requests for `models`, with the policy's admission settings scaled to those endpoints and
+    /// its stream contract.
     #[must_use]
-    pub fn for_pool(spec: &FailoverPolicySpec, pool: &str, endpoints: Vec<SocketAddr>, epoch: Epoch) -> Self {
+    pub fn for_pool(
+        policy: &str,
+        spec: &FailoverPolicySpec,
+        pool: &str,
+        models: Vec<String>,
+        endpoints: Vec<SocketAddr>,
+        epoch: Epoch,
+    ) -> Self {
         Route {
+            policy: policy.to_owned(),
+            models,
             pool: pool.to_owned(),
             admission: AdmissionSettings::for_replicas(&spec.admission, endpoints.len()),
             endpoints,
@@ -71,6 +97,9 @@ impl Route {
     pub fn validate(&self) -> Result<(), InvalidRoute> {
         if self.pool.trim().is_empty() {
             return Err(InvalidRoute::EmptyPool);
+        }
+        if self.models.iter().any(|m| m.is_empty()) {
+            return Err(InvalidRoute::EmptyModel);
         }
         if self.endpoints.is_empty() {
             return Err(InvalidRoute::NoEndpoints);
@@ -217,18 +246,23 @@ pub enum StreamContract {
     Continuation,
 }
 
-/// The highest epoch a router has taken, and the pool it took at that epoch. The router keeps it
-/// in its state file, so that it survives a restart, and shows it in [`RouterHolds`].
+/// The highest epoch a router has taken for a policy, and the pool it took at that epoch. The
+/// router keeps one per policy in its state file, so that they survive a restart, and shows the
+/// asked policy's in [`RouterHolds`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HeldEpoch {
+    /// The policy (empty for the unnamed one).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub policy: String,
     /// The highest epoch taken.
     pub epoch: Epoch,
     /// The pool taken at that epoch.
     pub pool: String,
 }
 
-/// What a router says it holds (`GET /route`): the route it serves, and the highest epoch it has
-/// taken, which a router restarted with its state file knows before it has a route again.
+/// What a router says it holds for one policy (`GET /route?policy=...`): the route it serves, and
+/// the highest epoch it has taken, which a router restarted with its state file knows before it
+/// has a route again.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct RouterHolds {
     /// The route served now; `None` before the first route since the router started.
@@ -328,5 +362,17 @@ mod tests {
         assert_eq!(admission.initial_concurrency, 12);
         assert_eq!(admission.max_concurrency, 3 * 256);
         assert!(admission.initial_prefill_tokens <= admission.max_prefill_tokens);
+    }
+
+    #[test]
+    fn the_policys_initial_prefill_tokens_are_per_replica_and_start_the_routes_prefill_budget() {
+        let spec = AdmissionSpec {
+            initial_prefill_tokens: Some(100),
+            ..AdmissionSpec::default()
+        };
+        let admission = AdmissionSettings::for_replicas(&spec, 3);
+        assert_eq!(admission.initial_prefill_tokens, 300);
+        let defaults = AdmissionSettings::for_replicas(&AdmissionSpec::default(), 3);
+        assert_eq!(defaults.initial_prefill_tokens, 3 * 16_384);
     }
 }

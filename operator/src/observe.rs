@@ -43,7 +43,7 @@ use crate::peers::Routers;
 use crate::policy::{self, ProbeTiming, pool_by_name};
 use crate::ports::ReplicaEndpoints;
 use crate::ports::{ObservationSource, ProbeFindings};
-use crate::router_admin::{RouterToken, get_signals};
+use crate::router_admin::{RouterToken, get_signals, policy_key};
 
 pub use understudy_prober::probe::GOLDEN_PREFIX_CHARS;
 
@@ -598,6 +598,7 @@ impl ProbingObservations {
         let primary = primary_pool(&plan.policy);
         let name = &plan.policy.spec.pools.get(primary.index())?.name;
         let epoch = plan.policy.status.as_ref().and_then(|s| s.epoch).unwrap_or(0);
+        let key = policy_key(&plan.policy);
         let routers = match routers.resolve().await {
             Ok(routers) => routers,
             Err(why) => {
@@ -615,7 +616,7 @@ impl ProbingObservations {
             .into_iter()
             .filter_map(|read| read.ok()?.ok())
             .flatten()
-            .filter(|routed| routed.pool == *name && routed.epoch == epoch)
+            .filter(|routed| routed.policy == key && routed.pool == *name && routed.epoch == epoch)
             .map(|routed| routed.signal)
             .collect();
         passive_signal(&seen).map(|signal| Observation::Passive {

@@ -56,6 +56,33 @@ impl ServingConfig {
     pub fn model(&self) -> Option<String> {
         canonical_flags(&self.argv, &FlagPolicy::default()).remove("model")
     }
+
+    /// The names clients ask for it by: every `--served-model-name` (it takes one or more), or
+    /// else the model itself, as vLLM answers `/v1/models`.
+    #[must_use]
+    pub fn served_models(&self) -> Vec<String> {
+        let mut names = Vec::new();
+        let mut args = self.argv.iter();
+        while let Some(arg) = args.next() {
+            if let Some(name) = arg.strip_prefix("--served-model-name=") {
+                names.push(name.to_owned());
+            } else if arg == "--served-model-name" {
+                let given: Vec<String> = args
+                    .clone()
+                    .take_while(|a| !a.starts_with('-'))
+                    .cloned()
+                    .collect();
+                for _ in &given {
+                    args.next();
+                }
+                names.extend(given);
+            }
+        }
+        if names.is_empty() {
+            names.extend(self.model());
+        }
+        names
+    }
 }
 
 /// The serving container of `template`: the first that runs vLLM ([`runs_vllm`]) and names a
@@ -242,6 +269,26 @@ mod tests {
         }
         side.read = read.iter().copied().collect();
         side
+    }
+
+    #[test]
+    fn the_served_model_names_are_the_flags_or_else_the_model() {
+        let config = |argv: &str| ServingConfig {
+            argv: argv.split(' ').map(str::to_owned).collect(),
+            ..ServingConfig::default()
+        };
+        assert_eq!(
+            config("vllm serve meta/llama --port 8000").served_models(),
+            ["meta/llama"]
+        );
+        assert_eq!(
+            config("vllm serve meta/llama --served-model-name llama chat --port 8000").served_models(),
+            ["llama", "chat"]
+        );
+        assert_eq!(
+            config("vllm serve --model meta/llama --served-model-name=llama").served_models(),
+            ["llama"]
+        );
     }
 
     #[test]

@@ -34,7 +34,7 @@ use crate::ports::ReplicaEndpoints;
 use crate::ports::{
     HandOffToComponents, RouteSyncReport, RouteSyncRequest, StepExecutor, StepReport, StepRequest,
 };
-use crate::router_admin::{RouterAdminUrl, RouterAnswer, RouterToken, get_route, put_route};
+use crate::router_admin::{RouterAdminUrl, RouterAnswer, RouterToken, get_route, policy_key, put_route};
 
 /// Who carries the route and admission steps when routers are configured.
 pub const CARRIED_BY: &str = "router";
@@ -135,7 +135,20 @@ impl RouterPush {
         if endpoints.is_empty() {
             return Err(format!("{name} has no running replica to route to yet"));
         }
-        Ok(Route::for_pool(&policy.spec, name, endpoints, epoch))
+        // The names the pool answers to; unknown while its template cannot be told (a rollout
+        // under way), when the route takes any model.
+        let models = match self.replicas.serving_config(&namespace, pool).await {
+            Ok(Some(config)) => config.served_models(),
+            Ok(None) | Err(_) => Vec::new(),
+        };
+        Ok(Route::for_pool(
+            &policy_key(policy),
+            &policy.spec,
+            name,
+            models,
+            endpoints,
+            epoch,
+        ))
     }
 
     async fn route(&self, request: StepRequest<'_>) -> StepReport {
@@ -158,7 +171,7 @@ impl RouterPush {
     /// Runs `f` on `policy`'s Warning back-off; a policy whose routers all agree again is
     /// forgotten, so that nothing is kept for it.
     fn with_warnings<T>(&self, policy: &FailoverPolicy, f: impl FnOnce(&mut WarningBackoff) -> T) -> T {
-        let key = format!("{}/{}", policy.namespace().unwrap_or_default(), policy.name_any());
+        let key = policy_key(policy);
         let mut all = self.warnings.lock().unwrap_or_else(PoisonError::into_inner);
         let warnings = all.entry(key.clone()).or_default();
         let out = f(warnings);
@@ -210,15 +223,16 @@ impl RouterPush {
 
     /// Asks `router` what it holds, and pushes `route` when that is not it.
     async fn keep_on(&self, router: &RouterAdminUrl, route: &Route) -> RouterSync {
-        let held = match tokio::time::timeout(self.timeout, get_route(router, &self.token)).await {
-            Ok(Ok(held)) => held,
-            Ok(Err(answer)) => return RouterSync::Failed(answer),
-            Err(_) => {
-                return RouterSync::Failed(RouterAnswer::Unavailable {
-                    why: format!("no answer within {:?}", self.timeout),
-                });
-            }
-        };
+        let held =
+            match tokio::time::timeout(self.timeout, get_route(router, &self.token, &route.policy)).await {
+                Ok(Ok(held)) => held,
+                Ok(Err(answer)) => return RouterSync::Failed(answer),
+                Err(_) => {
+                    return RouterSync::Failed(RouterAnswer::Unavailable {
+                        why: format!("no answer within {:?}", self.timeout),
+                    });
+                }
+            };
         let body = match plan(&held, route) {
             Plan::InPlace => return RouterSync::InPlace,
             Plan::Ahead { epoch, pool } => return RouterSync::Ahead { epoch, pool },
@@ -922,7 +936,10 @@ spec:
         let report = keep(&push_to(vec![router]), 0).await;
         assert_eq!(report, RouteSyncReport::default());
         let requests = requests(&mut got).await;
-        assert_eq!(lines(&requests), ["GET /route HTTP/1.1", "PUT /route HTTP/1.1"]);
+        assert_eq!(
+            lines(&requests),
+            ["GET /route?policy=serving%2Fchat HTTP/1.1", "PUT /route HTTP/1.1"]
+        );
         assert_eq!(requests[0].header("authorization"), Some("Bearer s3cret"));
         let body = &requests[1].body;
         assert_eq!((&body["pool"], &body["epoch"]), (&"west".into(), &0.into()));
@@ -938,7 +955,10 @@ spec:
         let (router, mut got) = router_holding(HOLDS_WEST_AT_3).await;
         let report = keep(&push_to(vec![router]), 3).await;
         assert_eq!(report, RouteSyncReport::default());
-        assert_eq!(lines(&requests(&mut got).await), ["GET /route HTTP/1.1"]);
+        assert_eq!(
+            lines(&requests(&mut got).await),
+            ["GET /route?policy=serving%2Fchat HTTP/1.1"]
+        );
     }
 
     #[tokio::test]
@@ -947,7 +967,10 @@ spec:
         let report = keep(&push_to(vec![router]), 4).await;
         assert_eq!(report, RouteSyncReport::default());
         let requests = requests(&mut got).await;
-        assert_eq!(lines(&requests), ["GET /route HTTP/1.1", "PUT /route HTTP/1.1"]);
+        assert_eq!(
+            lines(&requests),
+            ["GET /route?policy=serving%2Fchat HTTP/1.1", "PUT /route HTTP/1.1"]
+        );
         assert_eq!(requests[1].body["epoch"], 4);
         // A new epoch opens a new window, with the policy's settings.
         assert_eq!(requests[1].body["admission"]["initial_concurrency"], 6);
@@ -967,7 +990,10 @@ spec:
         );
         assert_eq!(keep(&push, 3).await, RouteSyncReport::default());
         let requests = requests(&mut got).await;
-        assert_eq!(lines(&requests), ["GET /route HTTP/1.1", "PUT /route HTTP/1.1"]);
+        assert_eq!(
+            lines(&requests),
+            ["GET /route?policy=serving%2Fchat HTTP/1.1", "PUT /route HTTP/1.1"]
+        );
         let body = &requests[1].body;
         assert_eq!(
             body["endpoints"],
@@ -990,7 +1016,10 @@ spec:
         assert_eq!(*reason, "RouterAhead");
         assert!(note.contains(&shown), "{note}");
         assert!(note.contains("epoch 3 (pool west); ours is 2 for west"), "{note}");
-        assert_eq!(lines(&requests(&mut got).await), ["GET /route HTTP/1.1"]);
+        assert_eq!(
+            lines(&requests(&mut got).await),
+            ["GET /route?policy=serving%2Fchat HTTP/1.1"]
+        );
     }
 
     #[tokio::test]
@@ -999,7 +1028,10 @@ spec:
         let report = keep(&push_to(vec![nobody().await, up]), 1).await;
         assert_eq!(report, RouteSyncReport::default());
         let requests = requests(&mut got).await;
-        assert_eq!(lines(&requests), ["GET /route HTTP/1.1", "PUT /route HTTP/1.1"]);
+        assert_eq!(
+            lines(&requests),
+            ["GET /route?policy=serving%2Fchat HTTP/1.1", "PUT /route HTTP/1.1"]
+        );
         assert_eq!(requests[1].body["epoch"], 1);
     }
 
@@ -1019,7 +1051,14 @@ spec:
 
     fn west_at(epoch: u64) -> Route {
         let endpoints = vec![SocketAddr::from(([10, 0, 0, 1], 8000))];
-        Route::for_pool(&policy().spec, "west", endpoints, Epoch(epoch))
+        Route::for_pool(
+            "serving/chat",
+            &policy().spec,
+            "west",
+            Vec::new(),
+            endpoints,
+            Epoch(epoch),
+        )
     }
 
     fn admin(name: &str) -> RouterAdminUrl {
@@ -1260,14 +1299,17 @@ spec:
     #[test]
     fn a_router_restarted_with_its_epoch_but_no_route_is_sent_it_and_another_pool_at_ours_is_ahead() {
         let route = Route::for_pool(
+            "serving/chat",
             &policy().spec,
             "west",
+            Vec::new(),
             vec![SocketAddr::from(([10, 0, 0, 1], 8000))],
             Epoch(3),
         );
         let restarted = RouterHolds {
             route: None,
             highest: Some(HeldEpoch {
+                policy: "serving/chat".into(),
                 epoch: Epoch(3),
                 pool: "west".into(),
             }),
@@ -1276,6 +1318,7 @@ spec:
         let other_pool = RouterHolds {
             route: None,
             highest: Some(HeldEpoch {
+                policy: "serving/chat".into(),
                 epoch: Epoch(3),
                 pool: "east".into(),
             }),

@@ -144,6 +144,13 @@ pub enum RouterAnswer {
     Unavailable { why: String },
 }
 
+/// How routers know `policy`: `namespace/name`, the key of its route and of its epochs.
+#[must_use]
+pub fn policy_key(policy: &crate::crd::FailoverPolicy) -> String {
+    use kube::ResourceExt;
+    format!("{}/{}", policy.namespace().unwrap_or_default(), policy.name_any())
+}
+
 /// One `PUT <prefix>/route` on a fresh connection; no timeout here, the caller bounds it.
 pub(crate) async fn put_route(router: &RouterAdminUrl, token: &RouterToken, body: Bytes) -> RouterAnswer {
     match exchange(router, token, http::Method::PUT, Some(body)).await {
@@ -152,13 +159,16 @@ pub(crate) async fn put_route(router: &RouterAdminUrl, token: &RouterToken, body
     }
 }
 
-/// One `GET <prefix>/route` on a fresh connection: what the router holds, or the answer that says
-/// why it did not tell. No timeout here, the caller bounds it.
+/// One `GET <prefix>/route?policy=<policy>` on a fresh connection: what the router holds for
+/// `policy`, or the answer that says why it did not tell. No timeout here, the caller bounds it.
 pub(crate) async fn get_route(
     router: &RouterAdminUrl,
     token: &RouterToken,
+    policy: &str,
 ) -> Result<RouterHolds, RouterAnswer> {
-    let (status, body) = exchange(router, token, http::Method::GET, None)
+    // A policy key is a namespace and a name, DNS labels both: only the slash needs encoding.
+    let path = format!("route?policy={}", policy.replace('/', "%2F"));
+    let (status, body) = exchange_at(router, token, &path, http::Method::GET, None)
         .await
         .map_err(|why| RouterAnswer::Unavailable { why })?;
     if status != http::StatusCode::OK {
@@ -190,6 +200,9 @@ async fn exchange(
 /// What a router's data path says of the pool it routes (`GET /signals`).
 #[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
 pub struct RoutedSignal {
+    /// The policy whose route it is (`namespace/name`; empty for a route a person wrote).
+    #[serde(default)]
+    pub policy: String,
     /// The pool's name.
     pub pool: String,
     /// The epoch it is routed under.

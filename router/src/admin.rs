@@ -1,7 +1,8 @@
-//! The gateway's admin API, on its own port: `PUT /route` (epoch-fenced; `?force=true` lets a
-//! person take an epoch far above the highest seen), `GET /route`,
-//! `GET /signals` (passive signals for the operator), `GET /metrics`, and `/live`, `/ready`.
-//! Everything except the probes and metrics needs `Authorization: Bearer <token>`.
+//! The gateway's admin API, on its own port: `PUT /route` (epoch-fenced per policy; `?force=true`
+//! lets a person take an epoch far above the highest seen), `GET /route?policy=<ns/name>` (what the
+//! router holds for one policy; no `policy` asks for the unnamed one), `GET /signals` (passive
+//! signals for the operator, one entry per policy's route), `GET /metrics`, and `/live`,
+//! `/ready`. Everything except the probes and metrics needs `Authorization: Bearer <token>`.
 //!
 //! This module must never take a route without the token, answer a stale route with anything
 //! but 409, or be served on the public port.
@@ -18,7 +19,7 @@ use tokio::time::Instant;
 use understudy_api::route::{Route, RouterHolds};
 
 use crate::body::RouterBody;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, Routing};
 use crate::signals::{PoolSignals, pool_signal};
 use crate::table::{Applied, RouteError, RouteTable};
 
@@ -108,16 +109,24 @@ impl Admin {
                         "draining: the router is stopping",
                     );
                 }
-                return match self.routes.current() {
-                    Some(_) => Response::new(RouterBody::from(Bytes::from_static(b"ok\n"))),
-                    None => error(StatusCode::SERVICE_UNAVAILABLE, "no route yet"),
+                return if self.routes.routes().is_empty() {
+                    error(StatusCode::SERVICE_UNAVAILABLE, "no route yet")
+                } else {
+                    Response::new(RouterBody::from(Bytes::from_static(b"ok\n")))
                 };
             }
             (&Method::GET, "/metrics") => {
-                let routed = self.routes.current();
-                let text = self
-                    .metrics
-                    .render(routed.as_ref().map(|r| (r.route.pool.as_str(), r.route.epoch.0)));
+                let set = self.routes.routes();
+                let routed: Vec<Routing<'_>> = set
+                    .routes()
+                    .iter()
+                    .map(|r| Routing {
+                        policy: &r.route.policy,
+                        pool: &r.route.pool,
+                        epoch: r.route.epoch.0,
+                    })
+                    .collect();
+                let text = self.metrics.render(&routed);
                 let mut resp = Response::new(RouterBody::from(text));
                 resp.headers_mut().insert(
                     CONTENT_TYPE,
@@ -135,7 +144,7 @@ impl Admin {
         }
         match (req.method(), path.as_str()) {
             (&Method::PUT, "/route") => self.put_route(req).await,
-            (&Method::GET, "/route") => self.get_route(),
+            (&Method::GET, "/route") => self.get_route(req.uri().query()),
             (&Method::GET, "/signals") => self.signals(),
             (_, "/route" | "/signals") => error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed"),
             _ => error(StatusCode::NOT_FOUND, "no such admin route"),
@@ -201,34 +210,70 @@ impl Admin {
         }
     }
 
-    fn get_route(&self) -> Response<RouterBody> {
+    fn get_route(&self, query: Option<&str>) -> Response<RouterBody> {
+        let policy = match policy_of(query) {
+            Ok(policy) => policy,
+            Err(why) => return error(StatusCode::BAD_REQUEST, why),
+        };
         let holds = RouterHolds {
-            route: self.routes.current().map(|r| r.route.clone()),
-            highest: self.routes.highest(),
+            route: self.routes.routes().of_policy(&policy).map(|r| r.route.clone()),
+            highest: self.routes.highest(&policy),
         };
         json(StatusCode::OK, &serde_json::json!(holds))
     }
 
     fn signals(&self) -> Response<RouterBody> {
-        let Some(routed) = self.routes.current() else {
-            return json(StatusCode::OK, &serde_json::json!({ "pools": [] }));
-        };
         let now = Instant::now();
-        let endpoints: Vec<_> = routed.endpoints.iter().map(|e| e.snapshot(now)).collect();
-        let pool = PoolSignals {
-            pool: routed.route.pool.clone(),
-            epoch: routed.route.epoch,
-            signal: pool_signal(&endpoints),
-            endpoints,
-        };
-        json(StatusCode::OK, &serde_json::json!({ "pools": [pool] }))
+        let pools: Vec<PoolSignals> = self
+            .routes
+            .routes()
+            .routes()
+            .iter()
+            .map(|routed| {
+                let endpoints: Vec<_> = routed.endpoints.iter().map(|e| e.snapshot(now)).collect();
+                PoolSignals {
+                    policy: routed.route.policy.clone(),
+                    pool: routed.route.pool.clone(),
+                    epoch: routed.route.epoch,
+                    signal: pool_signal(&endpoints),
+                    endpoints,
+                }
+            })
+            .collect();
+        json(StatusCode::OK, &serde_json::json!({ "pools": pools }))
     }
+}
+
+/// The `policy` a `GET /route` asks about: `policy=<namespace>/<name>`, percent-encoded or not;
+/// none is the unnamed policy (`""`).
+fn policy_of(query: Option<&str>) -> Result<String, &'static str> {
+    let Some(value) = query
+        .into_iter()
+        .flat_map(|q| q.split('&'))
+        .find_map(|pair| pair.strip_prefix("policy="))
+    else {
+        return Ok(String::new());
+    };
+    let decoded = value.replace("%2F", "/").replace("%2f", "/");
+    if decoded.contains('%') || decoded.contains('+') {
+        return Err("policy must be namespace/name, with the slash as '/' or %2F");
+    }
+    Ok(decoded)
 }
 
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn the_policy_asked_about_is_read_from_the_query() {
+        assert_eq!(policy_of(None), Ok(String::new()));
+        assert_eq!(policy_of(Some("force=true")), Ok(String::new()));
+        assert_eq!(policy_of(Some("policy=ns/chat")), Ok("ns/chat".to_owned()));
+        assert_eq!(policy_of(Some("a=1&policy=ns%2Fchat")), Ok("ns/chat".to_owned()));
+        assert!(policy_of(Some("policy=ns%20chat")).is_err());
+    }
 
     #[test]
     fn the_token_admits_only_its_exact_bearer_header() {

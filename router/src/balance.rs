@@ -51,9 +51,11 @@ pub fn pick(
     };
     // A held-back endpoint is never picked, panic or not: its fence would refuse the request.
     let eligible = |i: usize| {
-        !tried.contains(i)
-            && !endpoints[i].is_held_back(now)
-            && (!endpoints[i].is_ejected(now) || panicking())
+        if tried.contains(i) {
+            return false;
+        }
+        let (ejected, held) = endpoints[i].standing(now);
+        !held && (!ejected || panicking())
     };
     let n = endpoints.len();
     if n == 0 {

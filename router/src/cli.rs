@@ -251,8 +251,8 @@ async fn gateway(args: GatewayArgs) -> anyhow::Result<()> {
     let routes = Arc::new(
         RouteTable::new(args.state_file.map(StateFile::new))?.with_max_epoch_jump(args.max_epoch_jump),
     );
-    if let Some(h) = routes.highest() {
-        tracing::info!(epoch = %h.epoch, pool = %h.pool, "highest epoch read back from the state file");
+    for h in routes.highest_of_all() {
+        tracing::info!(policy = %h.policy, epoch = %h.epoch, pool = %h.pool, "highest epoch read back from the state file");
     }
     let metrics = Arc::new(Metrics::default());
     let config = GatewayConfig {

@@ -218,6 +218,17 @@ impl Endpoint {
         self.micros(now) < self.ejected_until_us.load(Relaxed)
     }
 
+    /// Whether it is ejected and whether it is held back, at `now`: one reading of the clock for
+    /// both, for the picker.
+    #[must_use]
+    pub fn standing(&self, now: Instant) -> (bool, bool) {
+        let at = self.micros(now);
+        (
+            at < self.ejected_until_us.load(Relaxed),
+            at < self.held_until_us.load(Relaxed),
+        )
+    }
+
     /// True while its fence has asked not to be sent work.
     #[must_use]
     pub fn is_held_back(&self, now: Instant) -> bool {

@@ -46,7 +46,7 @@ use crate::retry::{RetryBudget, RetryLimits};
 use crate::table::{RouteTable, Routed};
 use crate::upstream::codec::is_hop_by_hop;
 use crate::upstream::{Outgoing, ResponseBody, SendError};
-use crate::waiting_room::{self, WaitingRoom, WaitingRoomConfig};
+use crate::waiting_room::{self, Turnaway, WaitingRoom, WaitingRoomConfig};
 
 /// How the gateway behaves.
 #[derive(Clone, Debug)]
@@ -137,7 +137,7 @@ impl Gateway {
     /// Closes the current route's idle upstream connections that have waited past their
     /// timeout. Run now and then ([`housekeeping`]).
     pub fn close_expired_connections(&self) {
-        if let Some(routed) = self.routes.current() {
+        for routed in self.routes.routes().routes() {
             for e in &routed.endpoints {
                 e.connections().close_expired();
             }
@@ -148,7 +148,7 @@ impl Gateway {
     pub async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<RouterBody> {
         let arrived = Instant::now();
         // Classed by the route it arrives under, and again by each new route it is sent under.
-        let mut priority = self.routes.current().map_or_else(
+        let mut priority = self.routes.current_for(None).map_or_else(
             || Priority::from_header(req.headers().get(PRIORITY_HEADER).map(|v| v.as_bytes())),
             |routed| routed.priority_of(req.headers()).0,
         );
@@ -164,7 +164,9 @@ impl Gateway {
         }
     }
 
-    async fn read_request(&self, req: Request<Incoming>) -> Result<(Parts, Bytes), Refusal> {
+    /// Reads the request, checks what can be checked before it is sent, and says which model it
+    /// asks for when that decides its route (this router serves several policies).
+    async fn read_request(&self, req: Request<Incoming>) -> Result<(Parts, Bytes, Option<String>), Refusal> {
         match classify(req.uri().path()) {
             PublicPath::Api => {}
             PublicPath::Control => return Err(Refusal::ControlEndpoint),
@@ -198,12 +200,23 @@ impl Gateway {
             Ok(Err(_)) => return Err(Refusal::Malformed("the request body could not be read")),
             Err(_) => return Err(Refusal::BodyTimeout(self.config.body_read_timeout)),
         };
-        if parts.method == Method::POST
-            && (body.is_empty() || serde_json::from_slice::<serde::de::IgnoredAny>(&body).is_err())
-        {
-            return Err(Refusal::Malformed("the request body is not JSON"));
+        let not_json = || Refusal::Malformed("the request body is not JSON");
+        if parts.method != Method::POST {
+            return Ok((parts, body, None));
         }
-        Ok((parts, body))
+        if body.is_empty() {
+            return Err(not_json());
+        }
+        if !self.routes.routes().several() {
+            serde_json::from_slice::<serde::de::IgnoredAny>(&body).map_err(|_| not_json())?;
+            return Ok((parts, body, None));
+        }
+        #[derive(serde::Deserialize)]
+        struct Named {
+            model: Option<String>,
+        }
+        let named = serde_json::from_slice::<Named>(&body).map_err(|_| not_json())?;
+        Ok((parts, body, named.model))
     }
 
     fn upstream_request(parts: &Parts, body: &Bytes, host: &http::HeaderValue) -> Outgoing {
@@ -218,7 +231,7 @@ impl Gateway {
         priority: &mut Priority,
         arrived: Instant,
     ) -> Result<Response<RouterBody>, Refusal> {
-        let (parts, body, mut ask) = self.read_ask(req, *priority, arrived).await?;
+        let (parts, body, mut ask, model) = self.read_ask(req, *priority, arrived).await?;
         self.budget.start();
         let mut held = Held {
             budget: &self.budget,
@@ -237,11 +250,16 @@ impl Gateway {
         let mut epoch = None;
         let mut tries = Tries::new();
         loop {
-            let routed = self.routes.current();
-            let Some(state) = routed.as_ref() else {
-                self.wait_in_room(&mut stay, None, Until::ANewRoute).await?;
+            let set = self.routes.routes();
+            let Some(state) = set.for_model(model.as_deref()) else {
+                if !set.is_empty() {
+                    return Err(Refusal::NoRouteForModel(model));
+                }
+                self.wait_in_room(&mut stay, model.as_deref(), None, Until::ANewRoute)
+                    .await?;
                 continue;
             };
+            let state = &Arc::clone(state);
             if epoch != Some(state.route.epoch) {
                 // A new epoch: a fresh start, not a retry, under the new route's admission. What
                 // happened on the old pool says nothing of this one.
@@ -262,7 +280,7 @@ impl Gateway {
                 now,
                 self.config.ejection.panic_below_percent,
             ) else {
-                self.wait_in_room(&mut stay, Some(state), Until::AnEndpoint)
+                self.wait_in_room(&mut stay, model.as_deref(), Some(state), Until::AnEndpoint)
                     .await?;
                 // Endpoints back from ejection may be tried again. Waiting is not retrying: the
                 // request sent nothing while it waited, so its tries start afresh, as under a new
@@ -278,14 +296,14 @@ impl Gateway {
                     // dead pool's refusals into the client's errors. A request held through a
                     // promotion wakes with every other one at each return, and the budget must
                     // not fail them all.
-                    self.wait_in_room(&mut stay, Some(state), Until::AnEndpoint)
+                    self.wait_in_room(&mut stay, model.as_deref(), Some(state), Until::AnEndpoint)
                         .await?;
                     tries.start_afresh();
                     continue;
                 }
                 // A replica may have taken it and died: no more tries on this pool beyond the
                 // budget, but the move to a new one is no retry. Wait for the next route.
-                self.wait_in_room(&mut stay, Some(state), Until::ANewRoute)
+                self.wait_in_room(&mut stay, model.as_deref(), Some(state), Until::ANewRoute)
                     .await
                     .map_err(|_| Refusal::UpstreamFailed(tries.last_failure))?;
                 continue;
@@ -348,10 +366,10 @@ impl Gateway {
         req: Request<Incoming>,
         priority: Priority,
         arrived: Instant,
-    ) -> Result<(Parts, Bytes, Ask), Refusal> {
+    ) -> Result<(Parts, Bytes, Ask, Option<String>), Refusal> {
         let tenant = self.tenant_of(req.headers());
         let deadline = deadline_of(req.headers())?;
-        let (parts, body) = self.read_request(req).await?;
+        let (parts, body, model) = self.read_request(req).await?;
         let ask = Ask {
             tenant,
             priority,
@@ -359,7 +377,7 @@ impl Gateway {
             deadline: deadline.map(|d| d.saturating_sub(arrived.elapsed())),
             shed_listed: false,
         };
-        Ok((parts, body, ask))
+        Ok((parts, body, ask, model))
     }
 
     /// The tenant a request counts against in admission control. Hashed at once: the key itself
@@ -457,8 +475,9 @@ impl Gateway {
             && continuation::continuable(parts.uri.path(), &request)
         {
             let gateway = Arc::clone(self);
+            let policy = state.route.policy.clone();
             let resend: Resend = Box::new(move |body, avoid| {
-                Box::pin(async move { gateway.follow_up(parts, body, avoid).await })
+                Box::pin(async move { gateway.follow_up(&policy, parts, body, avoid).await })
             });
             proxied = proxied.following(Follow::new(request, resend));
             // Re-stamped and followed events change the length; the stream is chunked.
@@ -470,16 +489,17 @@ impl Gateway {
         Response::from_parts(head, body)
     }
 
-    /// Sends a continuation's follow-up to an endpoint of the current route other than `avoid`,
+    /// Sends a continuation's follow-up to an endpoint of `policy`'s current route other than `avoid`,
     /// trying each at most once; `None` when none answered 2xx in time. Not admitted anew: it
     /// carries on a request that was.
     async fn follow_up(
         self: Arc<Self>,
+        policy: &str,
         parts: Parts,
         body: Bytes,
         avoid: std::net::SocketAddr,
     ) -> Option<(ResponseBody, InFlight)> {
-        let state = self.routes.current()?;
+        let state = Arc::clone(self.routes.routes().of_policy(policy)?);
         let mut tried = Tried::default();
         for (i, e) in state.endpoints.iter().enumerate() {
             if e.addr() == avoid {
@@ -549,15 +569,18 @@ impl Gateway {
         }
     }
 
-    /// Resolves once the route served is at another epoch than `routed` and no longer lists
-    /// `addr`: the pool that holds a request has lost the route. A route re-taken at a new epoch
-    /// by the same endpoints keeps its requests.
+    /// Resolves once the route served for `routed`'s policy is at another epoch and no longer
+    /// lists `addr`: the pool that holds a request has lost the route. A route re-taken at a new
+    /// epoch by the same endpoints keeps its requests.
     async fn moved_away(&self, routed: &Routed, addr: std::net::SocketAddr) {
         let mut routes = self.routes.subscribe();
         loop {
-            let moved = routes.borrow_and_update().as_ref().is_some_and(|now| {
-                now.route.epoch != routed.route.epoch && !now.route.endpoints.contains(&addr)
-            });
+            let moved = routes
+                .borrow_and_update()
+                .of_policy(&routed.route.policy)
+                .is_some_and(|now| {
+                    now.route.epoch != routed.route.epoch && !now.route.endpoints.contains(&addr)
+                });
             if moved {
                 return;
             }
@@ -579,12 +602,13 @@ impl Gateway {
             .await
     }
 
-    /// Waits in the room, taking a seat the first time, until the route is no longer `routed`
+    /// Waits in the room, taking a seat the first time, until the route for `model` is no longer `routed`
     /// (a route arrives, or a new one), until `until` says an endpoint of it may take the
     /// request again, or until the request's deadline.
     async fn wait_in_room(
         &self,
         stay: &mut Stay,
+        model: Option<&str>,
         routed: Option<&Arc<Routed>>,
         until: Until,
     ) -> Result<(), Refusal> {
@@ -592,9 +616,15 @@ impl Gateway {
             let seat = self
                 .room
                 .enter(stay.priority, &self.metrics)
-                .map_err(|_| Refusal::Shed {
-                    reason: Shed::WaitingRoom,
-                    retry_after_s: SHED_RETRY_AFTER_S,
+                .map_err(|reason| match reason {
+                    Turnaway::Full => Refusal::Shed {
+                        reason: Shed::WaitingRoom,
+                        retry_after_s: SHED_RETRY_AFTER_S,
+                    },
+                    Turnaway::Closed | Turnaway::Deadline => Refusal::Unavailable {
+                        reason,
+                        retry_after_s: self.config.waiting_room.deadline.as_secs().clamp(1, 30),
+                    },
                 })?;
             stay.seat = Some(seat);
         }
@@ -604,7 +634,7 @@ impl Gateway {
             }
             _ => None,
         };
-        waiting_room::wait(self.routes.subscribe(), routed, wake_at, stay.leave_by)
+        waiting_room::wait(self.routes.subscribe(), model, routed, wake_at, stay.leave_by)
             .await
             .map_err(|reason| Refusal::Unavailable {
                 reason,

@@ -1,8 +1,9 @@
-//! The highest epoch this router has taken, persisted in its state file, and the judgement of a
-//! route update against it: anything older is refused, and so is anything far above it unless
-//! forced. The highest epoch is written to the state
-//! file (write to a temporary file, fsync, rename) before a route is taken, so it survives a
-//! restart.
+//! The highest epoch this router has taken for each policy, persisted in its state file, and the
+//! judgement of a route update against its policy's: anything older is refused, and so is
+//! anything far above it unless forced. The highest epochs are written to the state file (write to
+//! a temporary file, fsync, rename) before a route is taken, so they survive a restart. The file
+//! holds a list of records, one per policy; a file from a router that served one unnamed policy
+//! (one record, not a list) reads as that policy's.
 //!
 //! What this module must never do: take a route whose epoch is lower than the highest seen, or
 //! take a different pool at the same epoch (two primaries for one epoch); let the in-memory epoch
@@ -102,24 +103,37 @@ impl StateFile {
         StateFile { path: path.into() }
     }
 
-    /// The record, or `None` when the file does not exist.
-    pub fn load(&self) -> Result<Option<HeldEpoch>, StateFileError> {
+    /// The records, one per policy; none when the file does not exist.
+    pub fn load(&self) -> Result<Vec<HeldEpoch>, StateFileError> {
+        #[derive(serde::Deserialize)]
+        #[serde(untagged)]
+        enum OnDisk {
+            Policies(Vec<HeldEpoch>),
+            One(HeldEpoch),
+        }
         match std::fs::read(&self.path) {
-            Ok(bytes) => serde_json::from_slice(&bytes)
-                .map(Some)
-                .map_err(|source| StateFileError::Garbled {
-                    path: self.path.clone(),
-                    source,
-                }),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Ok(bytes) => match serde_json::from_slice::<OnDisk>(&bytes) {
+                Ok(OnDisk::Policies(records)) => Ok(records),
+                Ok(OnDisk::One(record)) => Ok(vec![record]),
+                // Parsed again as a list, for the parser's own words on what is wrong.
+                Err(_) => match serde_json::from_slice::<Vec<HeldEpoch>>(&bytes) {
+                    Ok(records) => Ok(records),
+                    Err(source) => Err(StateFileError::Garbled {
+                        path: self.path.clone(),
+                        source,
+                    }),
+                },
+            },
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
             Err(source) => Err(self.io(source)),
         }
     }
 
-    /// Writes the record atomically: a reader sees the old one or the new one, never half.
-    pub fn store(&self, record: &HeldEpoch) -> Result<(), StateFileError> {
+    /// Writes the records atomically: a reader sees the old ones or the new ones, never half.
+    pub fn store<'a>(&self, records: impl IntoIterator<Item = &'a HeldEpoch>) -> Result<(), StateFileError> {
         let tmp = tmp_path(&self.path);
-        let bytes = serde_json::to_vec(record).unwrap_or_default();
+        let records: Vec<&HeldEpoch> = records.into_iter().collect();
+        let bytes = serde_json::to_vec(&records).unwrap_or_default();
         let write = || -> std::io::Result<()> {
             let mut f = std::fs::File::create(&tmp)?;
             f.write_all(&bytes)?;
@@ -157,6 +171,7 @@ mod tests {
 
     fn seen(epoch: u64, pool: &str) -> HeldEpoch {
         HeldEpoch {
+            policy: String::new(),
             epoch: Epoch(epoch),
             pool: pool.into(),
         }
@@ -216,15 +231,27 @@ mod tests {
     fn the_state_file_round_trips_and_leaves_no_temporary_file() {
         let dir = tempfile::tempdir().unwrap();
         let file = StateFile::new(dir.path().join("fence.json"));
-        assert_eq!(file.load().unwrap(), None);
-        file.store(&seen(7, "b")).unwrap();
-        file.store(&seen(8, "a")).unwrap();
-        assert_eq!(file.load().unwrap(), Some(seen(8, "a")));
+        assert_eq!(file.load().unwrap(), Vec::new());
+        file.store([&seen(7, "b")]).unwrap();
+        let other = HeldEpoch {
+            policy: "ns/other".to_owned(),
+            ..seen(2, "x")
+        };
+        file.store([&seen(8, "a"), &other]).unwrap();
+        assert_eq!(file.load().unwrap(), vec![seen(8, "a"), other]);
         let names: Vec<_> = std::fs::read_dir(dir.path())
             .unwrap()
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(names, vec![std::ffi::OsString::from("fence.json")]);
+    }
+
+    #[test]
+    fn a_state_file_from_a_router_of_one_policy_reads_as_the_unnamed_policys() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fence.json");
+        std::fs::write(&path, br#"{"epoch":7,"pool":"b"}"#).unwrap();
+        assert_eq!(StateFile::new(path).load().unwrap(), vec![seen(7, "b")]);
     }
 
     #[test]

@@ -202,9 +202,9 @@ impl Metrics {
         self.stale_routes.fetch_add(1, Relaxed);
     }
 
-    /// The Prometheus text exposition, with the routed pool and epoch.
+    /// The Prometheus text exposition, with each policy's routed pool and epoch.
     #[must_use]
-    pub fn render(&self, routed: Option<(&str, u64)>) -> String {
+    pub fn render(&self, routed: &[Routing<'_>]) -> String {
         let mut out = String::with_capacity(4096);
         out.push_str("# TYPE understudy_router_requests_total counter\n");
         for o in RequestOutcome::ALL {
@@ -258,16 +258,28 @@ impl Metrics {
         }
         out.push_str("# TYPE understudy_router_epoch gauge\n");
         out.push_str("# TYPE understudy_router_route_info gauge\n");
-        if let Some((pool, epoch)) = routed {
-            let _ = writeln!(out, "understudy_router_epoch {epoch}");
+        for r in routed {
+            let policy = r.policy.replace(['"', '\\', '\n'], "");
+            let _ = writeln!(out, "understudy_router_epoch{{policy=\"{policy}\"}} {}", r.epoch);
             let _ = writeln!(
                 out,
-                "understudy_router_route_info{{pool=\"{}\"}} 1",
-                pool.replace('"', "")
+                "understudy_router_route_info{{policy=\"{policy}\",pool=\"{}\"}} 1",
+                r.pool.replace(['"', '\\', '\n'], "")
             );
         }
         out
     }
+}
+
+/// One policy's route, as the metrics show it.
+#[derive(Clone, Copy, Debug)]
+pub struct Routing<'a> {
+    /// The policy (empty for the unnamed one).
+    pub policy: &'a str,
+    /// The pool routed to.
+    pub pool: &'a str,
+    /// The epoch it is routed under.
+    pub epoch: u64,
 }
 
 #[cfg(test)]
@@ -281,14 +293,26 @@ mod tests {
         m.shed(Shed::Concurrency, Priority::Batch);
         m.added_latency(Duration::from_micros(40));
         m.ttft(Duration::from_millis(300));
-        let text = m.render(Some(("pool-b", 4)));
+        let text = m.render(&[
+            Routing {
+                policy: "ns/chat",
+                pool: "pool-b",
+                epoch: 4,
+            },
+            Routing {
+                policy: "ns/code",
+                pool: "pool-a",
+                epoch: 9,
+            },
+        ]);
         assert!(text.contains("understudy_router_ttft_seconds_bucket{le=\"0.25\"} 0\n"));
         assert!(text.contains("understudy_router_ttft_seconds_bucket{le=\"0.5\"} 1\n"));
         assert!(text.contains("understudy_router_ttft_seconds_count 1\n"));
         assert!(text.contains("understudy_router_requests_total{outcome=\"shed\",priority=\"batch\"} 1"));
         assert!(text.contains("understudy_router_shed_total{reason=\"concurrency\",priority=\"batch\"} 1"));
         assert!(text.contains("understudy_router_added_latency_seconds_bucket{le=\"0.00005\"} 1"));
-        assert!(text.contains("understudy_router_epoch 4\n"));
-        assert!(text.contains("understudy_router_route_info{pool=\"pool-b\"} 1"));
+        assert!(text.contains("understudy_router_epoch{policy=\"ns/chat\"} 4\n"));
+        assert!(text.contains("understudy_router_epoch{policy=\"ns/code\"} 9\n"));
+        assert!(text.contains("understudy_router_route_info{policy=\"ns/chat\",pool=\"pool-b\"} 1"));
     }
 }

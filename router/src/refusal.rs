@@ -20,6 +20,9 @@ pub enum Refusal {
     /// Not a path the public port serves.
     #[error("no such route")]
     NotFound,
+    /// This router serves several policies and none of their routes takes the model asked for.
+    #[error("no route here serves model {0:?}; name a model one of its policies serves")]
+    NoRouteForModel(Option<String>),
     /// A vLLM control or development endpoint: never reachable through the public port.
     #[error("control endpoints are not served on the public port")]
     ControlEndpoint,
@@ -71,7 +74,7 @@ impl Refusal {
     #[must_use]
     pub fn status(&self) -> StatusCode {
         match self {
-            Refusal::NotFound => StatusCode::NOT_FOUND,
+            Refusal::NotFound | Refusal::NoRouteForModel(_) => StatusCode::NOT_FOUND,
             Refusal::ControlEndpoint => StatusCode::FORBIDDEN,
             Refusal::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Refusal::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
@@ -89,6 +92,7 @@ impl Refusal {
     pub fn outcome(&self) -> RequestOutcome {
         match self {
             Refusal::NotFound
+            | Refusal::NoRouteForModel(_)
             | Refusal::ControlEndpoint
             | Refusal::MethodNotAllowed
             | Refusal::TooLarge { .. }
@@ -105,6 +109,7 @@ impl Refusal {
     fn kind(&self) -> &'static str {
         match self {
             Refusal::NotFound => "not_found",
+            Refusal::NoRouteForModel(_) => "model_not_found",
             Refusal::ControlEndpoint => "control_endpoint",
             Refusal::MethodNotAllowed => "method_not_allowed",
             Refusal::TooLarge { .. } => "request_too_large",

@@ -13,6 +13,8 @@ use crate::endpoint::{EndpointSnapshot, Outcome};
 /// What `GET /signals` answers for the routed pool.
 #[derive(Clone, Debug, Serialize)]
 pub struct PoolSignals {
+    /// The policy whose route it is (empty for the unnamed one).
+    pub policy: String,
     /// The pool's name.
     pub pool: String,
     /// The epoch it is routed under.

@@ -1,25 +1,29 @@
-//! The route table: the one route the gateway serves now, swapped whole when a newer epoch
-//! arrives, and the fencing record that decides whether an update is newer. A route also says
-//! how its requests' priority is read (the policy's header, and the values shed in its window).
+//! The route table: the route of each policy the gateway serves now, each swapped whole when a
+//! newer epoch of it arrives, and the fencing record, per policy, that decides whether an update
+//! is newer. Policies behind one router set never touch each other: each has its own epoch, and a
+//! request takes the route whose models name the model it asks for ([`RouteSet::for_model`]).
+//! A route also says how its requests' priority is read (the policy's header, and the values shed
+//! in its window).
 //!
-//! Readers on the hot path take the current route as one `Arc` clone from a `watch` channel (a
-//! read lock held for that clone only, never contended but by a route update), and waiters in the
-//! waiting room are woken by the same channel. What this module must never do:
-//! publish a route before its epoch is on disk, or publish anything for a stale update.
+//! Readers on the hot path take the route set as one `Arc` clone from a `watch` channel (a read
+//! lock held for that clone only, never contended but by a route update), and waiters in the
+//! waiting room are woken by the same channel. What this module must never do: publish a route
+//! before its epoch is on disk, publish anything for a stale update, or let one policy's update
+//! change another's route or epoch.
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
+use http::{HeaderMap, HeaderName, HeaderValue};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use understudy_api::route::{HeldEpoch, InvalidRoute, Route};
-
-use http::{HeaderMap, HeaderName, HeaderValue};
 
 use crate::admission::{Admission, PRIORITY_HEADER, Priority};
 use crate::endpoint::Endpoint;
 use crate::highest_epoch::{DEFAULT_MAX_EPOCH_JUMP, StateFile, StateFileError, Verdict, judge};
 
-/// The route served now, with its live endpoints and admission.
+/// One policy's route as served now, with its live endpoints and admission.
 #[derive(Debug)]
 pub struct Routed {
     /// The route as pushed.
@@ -61,6 +65,63 @@ impl Routed {
     }
 }
 
+/// Every route served now, one per policy, ordered by policy.
+#[derive(Debug, Default)]
+pub struct RouteSet {
+    routes: Vec<Arc<Routed>>,
+}
+
+impl RouteSet {
+    /// Every route, ordered by policy.
+    #[must_use]
+    pub fn routes(&self) -> &[Arc<Routed>] {
+        &self.routes
+    }
+
+    /// True before the first route.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.routes.is_empty()
+    }
+
+    /// True when more than one policy is served: requests are told apart by their model.
+    #[must_use]
+    pub fn several(&self) -> bool {
+        self.routes.len() > 1
+    }
+
+    /// `policy`'s route, if it has one.
+    #[must_use]
+    pub fn of_policy(&self, policy: &str) -> Option<&Arc<Routed>> {
+        self.routes.iter().find(|r| r.route.policy == policy)
+    }
+
+    /// The route a request for `model` takes: the only one when there is one; otherwise the one
+    /// whose models name it, else the one that names no model; `None` when none takes it.
+    #[must_use]
+    pub fn for_model(&self, model: Option<&str>) -> Option<&Arc<Routed>> {
+        if let [only] = self.routes.as_slice() {
+            return Some(only);
+        }
+        model
+            .and_then(|m| self.routes.iter().find(|r| r.route.models.iter().any(|x| x == m)))
+            .or_else(|| self.routes.iter().find(|r| r.route.models.is_empty()))
+    }
+
+    /// This set with `routed` in place of its policy's route.
+    fn with(&self, routed: Arc<Routed>) -> RouteSet {
+        let mut routes: Vec<Arc<Routed>> = self
+            .routes
+            .iter()
+            .filter(|r| r.route.policy != routed.route.policy)
+            .cloned()
+            .collect();
+        routes.push(routed);
+        routes.sort_by(|a, b| a.route.policy.cmp(&b.route.policy));
+        RouteSet { routes }
+    }
+}
+
 /// How an accepted update changed the table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Applied {
@@ -76,7 +137,7 @@ pub enum RouteError {
     /// The route itself is wrong.
     #[error("invalid route: {0}")]
     Invalid(#[from] InvalidRoute),
-    /// Older than the highest epoch seen, or another pool at that epoch.
+    /// Older than the highest epoch seen for its policy, or another pool at that epoch.
     #[error("stale route: epoch {highest} (pool {pool}) has been seen")]
     Stale {
         /// The highest epoch seen.
@@ -84,7 +145,7 @@ pub enum RouteError {
         /// The pool at it.
         pool: String,
     },
-    /// Further above the highest epoch seen than the table allows without force.
+    /// Further above the highest epoch seen for its policy than the table allows without force.
     #[error(
         "epoch {epoch} is more than {limit} above the highest epoch seen ({}); a person can force it \
          with PUT /route?force=true",
@@ -106,28 +167,29 @@ pub enum RouteError {
 /// The route table.
 #[derive(Debug)]
 pub struct RouteTable {
-    current: watch::Sender<Option<Arc<Routed>>>,
+    current: watch::Sender<Arc<RouteSet>>,
     fence: Mutex<FenceBook>,
 }
 
 #[derive(Debug)]
 struct FenceBook {
-    highest: Option<HeldEpoch>,
+    /// The highest epoch taken, by policy.
+    highest: BTreeMap<String, HeldEpoch>,
     file: Option<StateFile>,
     max_jump: u64,
 }
 
 impl RouteTable {
-    /// An empty table that remembers its highest epoch in `file` (if any), read back now.
+    /// An empty table that remembers its highest epochs in `file` (if any), read back now.
     pub fn new(file: Option<StateFile>) -> Result<Self, StateFileError> {
         let highest = match &file {
             Some(f) => f.load()?,
-            None => None,
+            None => Vec::new(),
         };
         Ok(RouteTable {
-            current: watch::Sender::new(None),
+            current: watch::Sender::new(Arc::default()),
             fence: Mutex::new(FenceBook {
-                highest,
+                highest: highest.into_iter().map(|h| (h.policy.clone(), h)).collect(),
                 file,
                 max_jump: DEFAULT_MAX_EPOCH_JUMP,
             }),
@@ -141,26 +203,38 @@ impl RouteTable {
         self
     }
 
-    /// The route now.
+    /// Every route now.
     #[must_use]
-    pub fn current(&self) -> Option<Arc<Routed>> {
-        self.current.borrow().clone()
+    pub fn routes(&self) -> Arc<RouteSet> {
+        Arc::clone(&self.current.borrow())
     }
 
-    /// A receiver that wakes when the route changes.
+    /// The route a request for `model` takes now ([`RouteSet::for_model`]).
     #[must_use]
-    pub fn subscribe(&self) -> watch::Receiver<Option<Arc<Routed>>> {
+    pub fn current_for(&self, model: Option<&str>) -> Option<Arc<Routed>> {
+        self.current.borrow().for_model(model).cloned()
+    }
+
+    /// A receiver that wakes when any route changes.
+    #[must_use]
+    pub fn subscribe(&self) -> watch::Receiver<Arc<RouteSet>> {
         self.current.subscribe()
     }
 
-    /// The highest epoch seen and its pool.
+    /// The highest epoch seen for `policy`, and its pool.
     #[must_use]
-    pub fn highest(&self) -> Option<HeldEpoch> {
-        self.fence
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .highest
-            .clone()
+    pub fn highest(&self, policy: &str) -> Option<HeldEpoch> {
+        self.book().highest.get(policy).cloned()
+    }
+
+    /// The highest epoch seen for every policy.
+    #[must_use]
+    pub fn highest_of_all(&self) -> Vec<HeldEpoch> {
+        self.book().highest.values().cloned().collect()
+    }
+
+    fn book(&self) -> std::sync::MutexGuard<'_, FenceBook> {
+        self.fence.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Takes an update if its epoch allows it.
@@ -176,10 +250,11 @@ impl RouteTable {
 
     fn apply(&self, route: Route, force: bool) -> Result<Applied, RouteError> {
         route.validate()?;
-        // Held across the file write so that two updates cannot interleave their checks.
-        let mut book = self.fence.lock().unwrap_or_else(PoisonError::into_inner);
+        // Held across the file write and the publication, so that two updates cannot interleave
+        // their checks, and each publishes over the set the other published.
+        let mut book = self.book();
         let limit = (!force).then_some(book.max_jump);
-        match judge(book.highest.as_ref(), route.epoch, &route.pool, limit) {
+        match judge(book.highest.get(&route.policy), route.epoch, &route.pool, limit) {
             Verdict::Stale { highest, pool } => Err(RouteError::Stale { highest, pool }),
             Verdict::TooFar { highest, limit } => Err(RouteError::TooFar {
                 epoch: route.epoch,
@@ -188,44 +263,50 @@ impl RouteTable {
             }),
             Verdict::Newer => {
                 let record = HeldEpoch {
+                    policy: route.policy.clone(),
                     epoch: route.epoch,
                     pool: route.pool.clone(),
                 };
                 if let Some(file) = &book.file {
-                    file.store(&record)?;
+                    let others = book.highest.values().filter(|h| h.policy != record.policy);
+                    file.store(others.chain([&record]))?;
                 }
-                book.highest = Some(record);
+                book.highest.insert(record.policy.clone(), record);
                 let endpoints = route
                     .endpoints
                     .iter()
                     .map(|a| Arc::new(Endpoint::new(*a)))
                     .collect();
                 let admission = Arc::new(Admission::new(route.admission.clone(), Instant::now()));
-                self.current
-                    .send_replace(Some(Arc::new(Routed::new(route, endpoints, admission))));
+                self.publish(Routed::new(route, endpoints, admission));
                 Ok(Applied::NewEpoch)
             }
             Verdict::SameEpoch => {
-                let old = self.current();
+                let set = self.routes();
+                let old = set.of_policy(&route.policy);
                 // Endpoints kept by the refresh keep their counters and ejections.
                 let endpoints = route
                     .endpoints
                     .iter()
                     .map(|a| {
-                        old.as_ref()
-                            .and_then(|o| o.endpoints.iter().find(|e| e.addr() == *a).cloned())
+                        old.and_then(|o| o.endpoints.iter().find(|e| e.addr() == *a).cloned())
                             .unwrap_or_else(|| Arc::new(Endpoint::new(*a)))
                     })
                     .collect();
-                let admission = match &old {
+                let admission = match old {
                     Some(o) if o.route.admission == route.admission => Arc::clone(&o.admission),
                     _ => Arc::new(Admission::new(route.admission.clone(), Instant::now())),
                 };
-                self.current
-                    .send_replace(Some(Arc::new(Routed::new(route, endpoints, admission))));
+                self.publish(Routed::new(route, endpoints, admission));
                 Ok(Applied::SameEpoch)
             }
         }
+    }
+
+    /// Publishes `routed` in place of its policy's route. Called with the fence book held.
+    fn publish(&self, routed: Routed) {
+        let next = self.routes().with(Arc::new(routed));
+        self.current.send_replace(Arc::new(next));
     }
 }
 
@@ -249,7 +330,7 @@ mod tests {
         r.admission.priority_header = "x-tier".to_owned();
         r.admission.shed_priorities = vec!["low".to_owned(), "batch".to_owned()];
         t.update(r).unwrap();
-        let routed = t.current().unwrap();
+        let routed = t.current_for(None).unwrap();
         let headers = |pairs: &[(&'static str, &'static str)]| {
             pairs
                 .iter()
@@ -275,6 +356,64 @@ mod tests {
         );
     }
 
+    fn of_policy(policy: &str, models: &[&str], pool: &str, epoch: u64, port: u16) -> Route {
+        Route {
+            policy: policy.to_owned(),
+            models: models.iter().map(|m| (*m).to_owned()).collect(),
+            ..route(pool, epoch, port)
+        }
+    }
+
+    #[tokio::test]
+    async fn two_policies_keep_their_own_epochs_and_requests_find_theirs_by_model() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fence.json");
+        let t = RouteTable::new(Some(StateFile::new(&path))).unwrap();
+        t.update(of_policy("ns/chat", &["llama"], "east", 7, 1)).unwrap();
+        // Another policy at a lower epoch is not stale: its epochs are its own.
+        t.update(of_policy("ns/code", &["coder"], "west", 2, 2)).unwrap();
+        let port = |model| t.current_for(model).map(|r| r.endpoints[0].addr().port());
+        assert_eq!(port(Some("llama")), Some(1));
+        assert_eq!(port(Some("coder")), Some(2));
+        assert_eq!(
+            port(Some("other")),
+            None,
+            "no route names it and none takes any model"
+        );
+        assert_eq!(port(None), None);
+        // One policy's promotion leaves the other's route and its endpoints' state alone.
+        let code_before = Arc::clone(t.routes().of_policy("ns/code").unwrap());
+        t.update(of_policy("ns/chat", &["llama"], "west-chat", 8, 3))
+            .unwrap();
+        assert!(Arc::ptr_eq(
+            t.routes().of_policy("ns/code").unwrap(),
+            &code_before
+        ));
+        assert!(matches!(
+            t.update(of_policy("ns/chat", &["llama"], "east", 7, 1)),
+            Err(RouteError::Stale { .. })
+        ));
+        // A route that names no model takes the requests no other route names.
+        t.update(of_policy("ns/any", &[], "any", 1, 4)).unwrap();
+        assert_eq!(port(Some("other")), Some(4));
+        // Every policy's epoch survives a restart.
+        drop(t);
+        let restarted = RouteTable::new(Some(StateFile::new(&path))).unwrap();
+        let highest: Vec<(String, u64)> = restarted
+            .highest_of_all()
+            .into_iter()
+            .map(|h| (h.policy, h.epoch.0))
+            .collect();
+        assert_eq!(
+            highest,
+            [
+                ("ns/any".to_owned(), 1),
+                ("ns/chat".to_owned(), 8),
+                ("ns/code".to_owned(), 2)
+            ]
+        );
+    }
+
     #[tokio::test]
     async fn a_stale_update_changes_nothing() {
         let t = RouteTable::new(None).unwrap();
@@ -287,7 +426,7 @@ mod tests {
             t.update(route("a", 5, 2)),
             Err(RouteError::Stale { .. })
         ));
-        let now = t.current().unwrap();
+        let now = t.current_for(None).unwrap();
         assert_eq!((now.route.pool.as_str(), now.route.epoch), ("b", Epoch(5)));
         assert_eq!(now.endpoints[0].addr().port(), 1);
     }
@@ -299,7 +438,7 @@ mod tests {
         let refused = t.update(route("b", 8, 2)).unwrap_err();
         assert!(matches!(refused, RouteError::TooFar { limit: 5, .. }));
         assert!(refused.to_string().contains("force=true"), "{refused}");
-        assert_eq!(t.highest().unwrap().epoch, Epoch(2), "nothing changed");
+        assert_eq!(t.highest("").unwrap().epoch, Epoch(2), "nothing changed");
         assert_eq!(t.force_update(route("b", 8, 2)).unwrap(), Applied::NewEpoch);
         // Then the usual jump is counted from the forced epoch.
         t.update(route("a", 13, 3)).unwrap();
@@ -309,7 +448,7 @@ mod tests {
                 Err(RouteError::Invalid(InvalidRoute::LastEpoch(_)))
             ));
         }
-        assert_eq!(t.current().unwrap().route.epoch, Epoch(13));
+        assert_eq!(t.current_for(None).unwrap().route.epoch, Epoch(13));
     }
 
     #[tokio::test]
@@ -321,7 +460,7 @@ mod tests {
         drop(t);
         let restarted = RouteTable::new(Some(StateFile::new(&path))).unwrap();
         assert!(
-            restarted.current().is_none(),
+            restarted.current_for(None).is_none(),
             "endpoints come from the operator again"
         );
         assert!(matches!(
@@ -336,7 +475,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let t = RouteTable::new(Some(StateFile::new(dir.path().join("missing-dir/fence.json")))).unwrap();
         assert!(matches!(t.update(route("b", 1, 1)), Err(RouteError::Persist(_))));
-        assert!(t.current().is_none());
-        assert!(t.highest().is_none());
+        assert!(t.current_for(None).is_none());
+        assert!(t.highest("").is_none());
     }
 }

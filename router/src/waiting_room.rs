@@ -21,7 +21,7 @@ use tokio::time::Instant;
 
 use crate::admission::Priority;
 use crate::metrics::Metrics;
-use crate::table::Routed;
+use crate::table::{RouteSet, Routed};
 
 /// How many may wait and for how long.
 #[derive(Clone, Copy, Debug)]
@@ -44,9 +44,12 @@ impl Default for WaitingRoomConfig {
 /// Why a request left the waiting room without a route.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum Turnaway {
-    /// The room was full.
+    /// The room held its class's share of requests already.
     #[error("the waiting room is full")]
     Full,
+    /// The room is closed (`--queue-bound 0`): this router holds no request.
+    #[error("this router holds no request (its waiting room is off)")]
+    Closed,
     /// The deadline passed with no endpoint to take the request.
     #[error("no endpoint could take the request before the waiting room's deadline")]
     Deadline,
@@ -99,6 +102,9 @@ impl WaitingRoom {
 
     /// Takes a seat, or refuses when the room holds its class's share of the bound already.
     pub fn enter(self: &Arc<Self>, priority: Priority, metrics: &Arc<Metrics>) -> Result<Seat, Turnaway> {
+        if self.config.bound == 0 {
+            return Err(Turnaway::Closed);
+        }
         let share = ((self.config.bound as f64 * priority.share()) as usize).max(1);
         self.waiting
             .fetch_update(Relaxed, Relaxed, |n| (n < share).then_some(n + 1))
@@ -112,15 +118,17 @@ impl WaitingRoom {
     }
 }
 
-/// Waits until the route is no longer `seen`, or until `wake_at` (an endpoint's return), or the
-/// deadline, whichever is first; the deadline alone is a [`Turnaway::Deadline`].
+/// Waits until the route a request for `model` takes is no longer `seen`, or until `wake_at` (an
+/// endpoint's return), or the deadline, whichever is first; the deadline alone is a
+/// [`Turnaway::Deadline`]. A change to another policy's route does not wake it.
 pub async fn wait(
-    mut routes: watch::Receiver<Option<Arc<Routed>>>,
+    mut routes: watch::Receiver<Arc<RouteSet>>,
+    model: Option<&str>,
     seen: Option<&Arc<Routed>>,
     wake_at: Option<Instant>,
     deadline: Instant,
 ) -> Result<(), Turnaway> {
-    let changed = |r: &Option<Arc<Routed>>| match (r, seen) {
+    let changed = |set: &RouteSet| match (set.for_model(model), seen) {
         (Some(a), Some(b)) => !Arc::ptr_eq(a, b),
         (None, None) => false,
         _ => true,
@@ -130,17 +138,21 @@ pub async fn wait(
         return Ok(());
     }
     let until = wake_at.map_or(deadline, |w| w.min(deadline));
-    tokio::select! {
-        r = routes.changed() => {
-            if r.is_err() {
-                // The table is gone: nothing will ever come.
-                tokio::time::sleep_until(deadline).await;
-                return Err(Turnaway::Deadline);
+    loop {
+        tokio::select! {
+            r = routes.changed() => {
+                if r.is_err() {
+                    // The table is gone: nothing will ever come.
+                    tokio::time::sleep_until(deadline).await;
+                    return Err(Turnaway::Deadline);
+                }
+                if changed(&routes.borrow_and_update()) {
+                    return Ok(());
+                }
             }
-            Ok(())
-        }
-        () = tokio::time::sleep_until(until) => {
-            if until >= deadline { Err(Turnaway::Deadline) } else { Ok(()) }
+            () = tokio::time::sleep_until(until) => {
+                return if until >= deadline { Err(Turnaway::Deadline) } else { Ok(()) };
+            }
         }
     }
 }
@@ -167,8 +179,8 @@ mod tests {
             tokio::time::sleep(Duration::from_secs(3)).await;
             t.update(route(1)).unwrap();
         });
-        wait(table.subscribe(), None, None, deadline).await.unwrap();
-        assert!(table.current().is_some());
+        wait(table.subscribe(), None, None, None, deadline).await.unwrap();
+        assert!(table.current_for(None).is_some());
         assert!(Instant::now() < deadline);
         pusher.await.unwrap();
     }
@@ -178,10 +190,41 @@ mod tests {
         let table = RouteTable::new(None).unwrap();
         let deadline = Instant::now() + Duration::from_secs(10);
         assert_eq!(
-            wait(table.subscribe(), None, None, deadline).await,
+            wait(table.subscribe(), None, None, None, deadline).await,
             Err(Turnaway::Deadline)
         );
         assert_eq!(Instant::now(), deadline);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn another_policys_new_route_does_not_wake_a_waiter() {
+        let table = Arc::new(RouteTable::new(None).unwrap());
+        let of = |policy: &str, model: &str, epoch| understudy_api::route::Route {
+            policy: policy.to_owned(),
+            models: vec![model.to_owned()],
+            ..route(epoch)
+        };
+        table.update(of("ns/chat", "llama", 1)).unwrap();
+        table.update(of("ns/code", "coder", 1)).unwrap();
+        let seen = table.current_for(Some("llama"));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let t = Arc::clone(&table);
+        let pusher = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            t.update(of("ns/code", "coder", 2)).unwrap();
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            t.update(of("ns/chat", "llama", 2)).unwrap();
+        });
+        let start = Instant::now();
+        wait(table.subscribe(), Some("llama"), seen.as_ref(), None, deadline)
+            .await
+            .unwrap();
+        assert_eq!(
+            start.elapsed(),
+            Duration::from_secs(3),
+            "woken by its own policy's route"
+        );
+        pusher.await.unwrap();
     }
 
     #[tokio::test(start_paused = true)]

@@ -361,7 +361,7 @@ fn the_admin_api_rejects_a_missing_or_wrong_token() {
         401
     );
     assert_eq!(request(r.admin, "GET", "/signals", &[], "").status, 401);
-    assert!(r.routes.current().is_none());
+    assert!(r.routes.routes().is_empty());
 }
 
 #[test]
@@ -687,4 +687,78 @@ fn while_nothing_can_take_requests_batch_is_shed_from_the_waiting_room_first_and
     for w in waiting {
         assert_eq!(w.join().unwrap(), 200);
     }
+}
+
+#[test]
+fn two_policies_behind_one_router_take_their_own_models_and_fail_over_apart() {
+    let serving = |name: &str| Emulator::start(&["--emu-zero-cost", "--served-model-name", name], &[]);
+    let (chat_east, chat_west, code) = (serving("chat"), serving("chat"), serving("code"));
+    let r = Router::start(GatewayConfig::default(), None);
+    let of = |policy: &str, model: &str, pool: &str, epoch: u64, at: SocketAddr| {
+        let mut route = route(pool, epoch, &[at]);
+        route["policy"] = policy.into();
+        route["models"] = serde_json::json!([model]);
+        route
+    };
+    assert_eq!(
+        r.put_route(&of("ns/chat", "chat", "east", 3, chat_east.addr()))
+            .status,
+        200
+    );
+    // Another policy's epochs are its own: 1 is not stale beside chat's 3.
+    assert_eq!(
+        r.put_route(&of("ns/code", "code", "x", 1, code.addr())).status,
+        200
+    );
+    let ask = |model: &str| {
+        let body = serde_json::json!({"model": model, "prompt": "hi", "max_tokens": 2}).to_string();
+        r.complete(&body, &[])
+    };
+    assert_eq!(ask("chat").status, 200);
+    assert_eq!(ask("code").status, 200);
+    let unknown = ask("other");
+    assert_eq!(unknown.status, 404, "{}", unknown.text());
+    assert_eq!(unknown.json()["error"]["type"], "model_not_found");
+    // Chat fails over; code is not touched.
+    drop(chat_east);
+    assert_eq!(
+        r.put_route(&of("ns/chat", "chat", "west", 4, chat_west.addr()))
+            .status,
+        200
+    );
+    for _ in 0..5 {
+        assert_eq!(ask("chat").status, 200);
+        assert_eq!(ask("code").status, 200);
+    }
+    let held = |policy: &str| r.admin_get(&format!("/route?policy={policy}")).json();
+    assert_eq!(
+        (
+            held("ns/chat")["route"]["pool"].clone(),
+            held("ns/chat")["route"]["epoch"].clone()
+        ),
+        ("west".into(), 4.into())
+    );
+    assert_eq!(held("ns/code")["route"]["epoch"], 1);
+    assert_eq!(held("ns/code")["highest"]["epoch"], 1);
+    // Each policy's own epochs decide what is stale.
+    assert_eq!(
+        r.put_route(&of("ns/chat", "chat", "east", 2, code.addr())).status,
+        409
+    );
+    assert_eq!(
+        r.put_route(&of("ns/code", "code", "y", 2, code.addr())).status,
+        200
+    );
+    let m = r.admin_get("/metrics").text();
+    assert!(
+        m.contains("understudy_router_epoch{policy=\"ns/chat\"} 4\n"),
+        "{m}"
+    );
+    assert!(
+        m.contains("understudy_router_epoch{policy=\"ns/code\"} 2\n"),
+        "{m}"
+    );
+    let signals = r.admin_get("/signals").json();
+    assert_eq!(signals["pools"][0]["policy"], "ns/chat", "{signals}");
+    assert_eq!(signals["pools"][1]["policy"], "ns/code", "{signals}");
 }

@@ -653,7 +653,8 @@ impl TwoPools {
         let what = format!("the router holding {pool} at epoch {epoch}");
         eventually(Duration::from_secs(60), &what, || async {
             let auth = format!("Bearer {ADMIN_TOKEN}");
-            let (status, body) = http(self.admin, "GET", "/route", &[("authorization", &auth)], "");
+            let path = format!("/route?policy={}/chat", self.ns);
+            let (status, body) = http(self.admin, "GET", &path, &[("authorization", &auth)], "");
             let holds: serde_json::Value = serde_json::from_str(&body).ok()?;
             (status == 200 && holds["route"]["pool"] == pool && holds["route"]["epoch"] == epoch)
                 .then_some(holds)
@@ -1052,7 +1053,8 @@ async fn an_operator_lost_between_the_lease_write_and_the_route_push_is_succeede
     // router took the route.
     drop(first);
     let auth = format!("Bearer {ADMIN_TOKEN}");
-    let (_, body) = http(pools.admin, "GET", "/route", &[("authorization", &auth)], "");
+    let path = format!("/route?policy={}/chat", pools.ns);
+    let (_, body) = http(pools.admin, "GET", &path, &[("authorization", &auth)], "");
     assert!(
         !body.contains("\"west\""),
         "the route moved without a token: {body}"

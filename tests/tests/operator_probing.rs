@@ -296,12 +296,11 @@ fn gateway_that_sees_east_refuse() -> (router_support::Router, understudy_emulat
         ..GatewayConfig::default()
     };
     let router = router_support::Router::start(config, None);
-    assert_eq!(
-        router
-            .put_route(&router_support::route("east", 0, &[addr]))
-            .status,
-        200
-    );
+    // The route the operator would have pushed for the policy `serving/llama`: its signals are
+    // the ones the operator reads.
+    let mut route = router_support::route("east", 0, &[addr]);
+    route["policy"] = "serving/llama".into();
+    assert_eq!(router.put_route(&route).status, 200);
     let answer = router.complete(&router_support::completion(4, false), &[]);
     assert_ne!(answer.status, 200, "{}", answer.text());
     (router, gone)

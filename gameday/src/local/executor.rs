@@ -30,6 +30,9 @@ use super::{START_LIMIT, lock};
 /// Who the timeline names for a step this executor carried out.
 pub const CARRIED_BY: &str = "local game day";
 
+/// The policy a local game day's routes are for, as the routers key them.
+pub const LOCAL_POLICY: &str = "local/game-day";
+
 /// The lease holder's name for a pool, as fences and routers know it.
 #[must_use]
 pub fn pool_name(pool: Pool) -> &'static str {
@@ -177,6 +180,9 @@ impl ProcessExecutor<'_> {
     pub fn route_for(&self, pool: Pool, epoch: Epoch) -> Route {
         let endpoints = self.pool(pool).fences;
         Route {
+            // One policy per run, so one route: it takes every model.
+            policy: LOCAL_POLICY.to_owned(),
+            models: Vec::new(),
             pool: pool_name(pool).to_owned(),
             admission: self.admission_for(endpoints.len()),
             endpoints,
