@@ -574,19 +574,7 @@ impl TwoPools {
         let west = ready_pods(&pods, "chat-west", standby.running as usize).await;
 
         let dir = tempfile::tempdir().unwrap();
-        let token_file = dir.path().join("router-token");
-        std::fs::write(&token_file, ADMIN_TOKEN).unwrap();
-        let router = Process::start(Command::new(ROUTER).args([
-            "gateway",
-            "--listen",
-            "127.0.0.1:0",
-            "--admin-listen",
-            "127.0.0.1:0",
-            "--admin-token-file",
-            token_file.to_str().unwrap(),
-        ]));
-        let admin = router.announced("understudy-router admin listening on http://");
-        let gateway = router.announced("understudy-router gateway listening on http://");
+        let (router, admin, gateway) = router_process(dir.path());
 
         let mut spec_trigger = json!({
             "suspectAfter": 1, "promoteAfter": 3, "hardFailure": {"promoteAfter": 2}, "standbyReadyAfter": 2,
@@ -1406,4 +1394,184 @@ async fn an_operator_whose_leader_lease_another_replica_took_stops_leading_and_e
     let now = leases.get("understudy-operator").await.unwrap();
     assert_eq!(holder(&now).as_deref(), Some("e2e-other"));
     delete_namespace(&client, NS).await;
+}
+
+/// One router process for every policy of a test; its admin and gateway addresses.
+fn router_process(dir: &std::path::Path) -> (Process, SocketAddr, SocketAddr) {
+    let token_file = dir.join("router-token");
+    std::fs::write(&token_file, ADMIN_TOKEN).unwrap();
+    let router = Process::start(Command::new(ROUTER).args([
+        "gateway",
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
+        "127.0.0.1:0",
+        "--admin-token-file",
+        token_file.to_str().unwrap(),
+    ]));
+    let admin = router.announced("understudy-router admin listening on http://");
+    let gateway = router.announced("understudy-router gateway listening on http://");
+    (router, admin, gateway)
+}
+
+/// The policy `name` in `ns`: pools `{name}-east` (the home primary) and `{name}-west` of one
+/// replica each, serving `model` (`--served-model-name`); the pods of each.
+async fn policy_serving(client: &Client, ns: &str, name: &str, model: &str) -> (Vec<Pod>, Vec<Pod>) {
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    for pool in ["east", "west"] {
+        let mut deployment = serde_json::to_value(vllm_deployment(&format!("{name}-{pool}"), 1)).unwrap();
+        deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+            .as_array_mut()
+            .unwrap()
+            .extend([json!("--served-model-name"), json!(model)]);
+        let deployment: Deployment = serde_json::from_value(deployment).unwrap();
+        deployments
+            .create(&PostParams::default(), &deployment)
+            .await
+            .unwrap();
+    }
+    let east = ready_pods(&pods, &format!("{name}-east"), 1).await;
+    let west = ready_pods(&pods, &format!("{name}-west"), 1).await;
+    let policies: Api<FailoverPolicy> = Api::namespaced(client.clone(), ns);
+    let pool = |pool: &str| json!({"name": pool, "workload": {"kind": "Deployment", "name": format!("{name}-{pool}")}, "replicas": 1});
+    let policy = serde_json::from_value(json!({
+        "apiVersion": "understudy.dev/v1alpha1",
+        "kind": "FailoverPolicy",
+        "metadata": {"name": name},
+        "spec": {
+            "pools": [pool("east"), pool("west")],
+            "recoveryObjective": "1m",
+            "probe": {"interval": "1s", "timeout": "800ms", "budgets": {"firstToken": "500ms", "total": "800ms"}},
+            "trigger": {"suspectAfter": 1, "promoteAfter": 3, "hardFailure": {"promoteAfter": 2}, "standbyReadyAfter": 2},
+        },
+    }))
+    .unwrap();
+    policies.create(&PostParams::default(), &policy).await.unwrap();
+    (east, west)
+}
+
+/// What the router at `admin` holds for `policy`, once it holds `pool` at `epoch`.
+async fn routed_for(admin: SocketAddr, policy: &str, pool: &str, epoch: u64) -> serde_json::Value {
+    let what = format!("the router holding {pool} at epoch {epoch} for {policy}");
+    eventually(Duration::from_secs(60), &what, || async {
+        let auth = format!("Bearer {ADMIN_TOKEN}");
+        let path = format!("/route?policy={policy}");
+        let (status, body) = http(admin, "GET", &path, &[("authorization", &auth)], "");
+        let holds: serde_json::Value = serde_json::from_str(&body).ok()?;
+        (status == 200 && holds["route"]["pool"] == pool && holds["route"]["epoch"] == epoch).then_some(holds)
+    })
+    .await
+}
+
+/// One request's model, when it was sent, and the status it got.
+type Sent = (&'static str, Instant, u16);
+
+/// Sends a completion for each of `models` in turn through `gateway`, about 20 a second, until
+/// `stop` is set; what each got.
+fn load(
+    gateway: SocketAddr,
+    models: [&'static str; 2],
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<Vec<Sent>> {
+    std::thread::spawn(move || {
+        let mut sent = Vec::new();
+        let mut turn = 0;
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            let model = models[turn % 2];
+            turn += 1;
+            let body = json!({"model": model, "prompt": "hi", "max_tokens": 2}).to_string();
+            let at = Instant::now();
+            let (status, _) = http(
+                gateway,
+                "POST",
+                "/v1/completions",
+                &[("content-type", "application/json")],
+                &body,
+            );
+            sent.push((model, at, status));
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        sent
+    })
+}
+
+#[tokio::test]
+async fn two_policies_behind_one_router_set_fail_over_apart_under_load() {
+    let Some(client) = cluster().await else { return };
+    let ns = "e2e-two-policies";
+    namespace(&client, ns).await;
+    let (chat_east, chat_west) = policy_serving(&client, ns, "chat", "chat-model").await;
+    let (code_east, code_west) = policy_serving(&client, ns, "code", "code-model").await;
+    let dir = tempfile::tempdir().unwrap();
+    let (_router, admin, gateway) = router_process(dir.path());
+    let router = format!("http://{admin}");
+    let token_file = dir.path().join("router-token");
+    let operator = operator_process(
+        "e2e-operator-two-policies",
+        ns,
+        &[
+            "--router-admin",
+            &router,
+            "--router-token-file",
+            token_file.to_str().unwrap(),
+        ],
+    );
+    let (chat, code) = (format!("{ns}/chat"), format!("{ns}/code"));
+    // One operator keeps both policies' home routes on the one router, each with its model.
+    let home = routed_for(admin, &chat, "east", 0).await;
+    assert_eq!(home["route"]["models"], json!(["chat-model"]));
+    assert_eq!(endpoints_held(&home), endpoints_of(&chat_east));
+    let home = routed_for(admin, &code, "east", 0).await;
+    assert_eq!(home["route"]["models"], json!(["code-model"]));
+
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let clients = load(gateway, ["chat-model", "code-model"], Arc::clone(&stop));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Chat's primary dies: chat fails over, code's route and epoch stay as they were.
+    let chat_crash = Instant::now();
+    for pod in &chat_east {
+        sigkill(container_pid(pod));
+    }
+    let routed = routed_for(admin, &chat, "west", 1).await;
+    assert_eq!(endpoints_held(&routed), endpoints_of(&chat_west));
+    let code_held = routed_for(admin, &code, "east", 0).await;
+    assert_eq!(endpoints_held(&code_held), endpoints_of(&code_east));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Then code's: it fails over on its own, to its own epoch 1.
+    let code_crash = Instant::now();
+    for pod in &code_east {
+        sigkill(container_pid(pod));
+    }
+    let routed = routed_for(admin, &code, "west", 1).await;
+    assert_eq!(endpoints_held(&routed), endpoints_of(&code_west));
+    routed_for(admin, &chat, "west", 1).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let sent = clients.join().unwrap();
+
+    // Counted by the load: code's requests were never touched by chat's failover, and neither
+    // policy lost a request to its own (held by the router, then served by the new primary).
+    let failed =
+        |model: &str| -> Vec<&Sent> { sent.iter().filter(|(m, _, s)| *m == model && *s != 200).collect() };
+    let of = |model: &str| sent.iter().filter(|(m, _, _)| *m == model).count();
+    let code_during_chats = sent
+        .iter()
+        .filter(|(m, at, _)| *m == "code-model" && *at >= chat_crash && *at < code_crash)
+        .count();
+    assert!(
+        code_during_chats > 10,
+        "the load ran through chat's failover: {code_during_chats}"
+    );
+    assert!(
+        of("chat-model") > 40 && of("code-model") > 40,
+        "{} and {}",
+        of("chat-model"),
+        of("code-model")
+    );
+    assert_eq!(failed("code-model"), Vec::<&Sent>::new());
+    assert_eq!(failed("chat-model"), Vec::<&Sent>::new());
+    // The GPUs go to the tests after this one; the operator takes its finalizers off meanwhile.
+    delete_namespace(&client, ns).await;
+    drop(operator);
 }

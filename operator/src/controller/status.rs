@@ -803,6 +803,33 @@ mod tests {
         .unwrap()
     }
 
+    /// The status for `record` under `spec`, with nothing observed but `parity`.
+    fn status_under(
+        spec: &FailoverPolicySpec,
+        record: &OperatorRecord,
+        previous: Option<&FailoverPolicyStatus>,
+        parity: Option<&ParityStatus>,
+    ) -> FailoverPolicyStatus {
+        let config = failover_config(spec).unwrap();
+        desired_status(&StatusFacts {
+            spec,
+            config: &config,
+            generation: Some(3),
+            previous,
+            record,
+            finished: None,
+            lease_behind: None,
+            gpu_reserve: None,
+            golden_answer: None,
+            probe_accepted: None,
+            cold_start: None,
+            standby_proof: None,
+            parity,
+            now: NOW,
+        })
+        .unwrap()
+    }
+
     fn record(machine: FailoverState) -> OperatorRecord {
         OperatorRecord {
             machine,
@@ -823,24 +850,7 @@ mod tests {
         );
         let mut spec = spec();
         spec.parity.artifact_digest = Some(ArtifactDigest::Headers);
-        let config = failover_config(&spec).unwrap();
-        let status = desired_status(&StatusFacts {
-            spec: &spec,
-            config: &config,
-            generation: Some(3),
-            previous: None,
-            record: &machine,
-            finished: None,
-            lease_behind: None,
-            gpu_reserve: None,
-            golden_answer: None,
-            probe_accepted: None,
-            cold_start: None,
-            standby_proof: None,
-            parity: None,
-            now: NOW,
-        })
-        .unwrap();
+        let status = status_under(&spec, &machine, None, None);
         let compared = &status.conditions[condition_type::ARTIFACT_DIGEST_COMPARED];
         assert_eq!(
             (compared.status, compared.reason.as_str()),
@@ -1326,24 +1336,7 @@ mod tests {
         };
         let machine = record(FailoverState::new());
         let status_for = |spec: &FailoverPolicySpec, previous: Option<&FailoverPolicyStatus>| {
-            let config = failover_config(spec).unwrap();
-            desired_status(&StatusFacts {
-                spec,
-                config: &config,
-                generation: Some(3),
-                previous,
-                record: &machine,
-                finished: None,
-                lease_behind: None,
-                gpu_reserve: None,
-                golden_answer: None,
-                probe_accepted: None,
-                cold_start: None,
-                standby_proof: None,
-                parity: Some(&drifted),
-                now: NOW,
-            })
-            .unwrap()
+            status_under(spec, &machine, previous, Some(&drifted))
         };
         let enabled = status_for(&spec(), None);
         let holds = &enabled.conditions[condition_type::PARITY_HOLDS];
