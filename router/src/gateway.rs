@@ -32,7 +32,7 @@ use tokio_util::sync::CancellationToken;
 use understudy_api::route::StreamContract;
 
 use crate::admission::{
-    Ask, DEADLINE_HEADER, PRIORITY_HEADER, Permit, Priority, Shed, estimate_prompt_tokens,
+    Admission, Ask, DEADLINE_HEADER, PRIORITY_HEADER, Permit, Priority, Shed, estimate_prompt_tokens,
 };
 use crate::balance::{self, Tried};
 use crate::body::{Follow, InFlight, Proxied, Resend, RouterBody};
@@ -211,12 +211,8 @@ impl Gateway {
             serde_json::from_slice::<serde::de::IgnoredAny>(&body).map_err(|_| not_json())?;
             return Ok((parts, body, None));
         }
-        #[derive(serde::Deserialize)]
-        struct Named {
-            model: Option<String>,
-        }
-        let named = serde_json::from_slice::<Named>(&body).map_err(|_| not_json())?;
-        Ok((parts, body, named.model))
+        let model = model_of(&body).map_err(|_| not_json())?;
+        Ok((parts, body, model))
     }
 
     fn upstream_request(parts: &Parts, body: &Bytes, host: &http::HeaderValue) -> Outgoing {
@@ -231,7 +227,7 @@ impl Gateway {
         priority: &mut Priority,
         arrived: Instant,
     ) -> Result<Response<RouterBody>, Refusal> {
-        let (parts, body, mut ask, model) = self.read_ask(req, *priority, arrived).await?;
+        let (parts, body, mut ask, mut model) = self.read_ask(req, *priority, arrived).await?;
         self.budget.start();
         let mut held = Held {
             budget: &self.budget,
@@ -247,10 +243,15 @@ impl Gateway {
             priority: ask.priority,
         };
         let mut permit = None;
-        let mut epoch = None;
+        let mut admitted_by: Option<Arc<Admission>> = None;
         let mut tries = Tries::new();
         loop {
             let set = self.routes.routes();
+            if model.is_none() && set.several() && parts.method == Method::POST {
+                // The router came to serve several policies while the request waited: its model
+                // says which route is its own now.
+                model = model_of(&body).ok().flatten();
+            }
             let Some(state) = set.for_model(model.as_deref()) else {
                 if !set.is_empty() {
                     return Err(Refusal::NoRouteForModel(model));
@@ -260,10 +261,14 @@ impl Gateway {
                 continue;
             };
             let state = &Arc::clone(state);
-            if epoch != Some(state.route.epoch) {
-                // A new epoch: a fresh start, not a retry, under the new route's admission. What
-                // happened on the old pool says nothing of this one.
-                epoch = Some(state.route.epoch);
+            if !admitted_by
+                .as_ref()
+                .is_some_and(|a| Arc::ptr_eq(a, &state.admission))
+            {
+                // A new route (a new epoch, or new admission settings): a fresh start, not a
+                // retry, under its admission. What happened on the old pool says nothing of this
+                // one.
+                admitted_by = Some(Arc::clone(&state.admission));
                 tries = Tries::new();
                 permit = None;
                 (ask.priority, ask.shed_listed) = state.priority_of(&parts.headers);
@@ -688,6 +693,19 @@ impl Drop for Held<'_> {
     fn drop(&mut self) {
         self.budget.finish(self.retries);
     }
+}
+
+/// The model a request's JSON body asks for, if it names one as a string; `Err` when the body is
+/// not JSON.
+fn model_of(body: &[u8]) -> Result<Option<String>, serde_json::Error> {
+    #[derive(serde::Deserialize)]
+    struct Named {
+        model: Option<serde_json::Value>,
+    }
+    serde_json::from_slice::<Named>(body).map(|named| match named.model {
+        Some(serde_json::Value::String(model)) => Some(model),
+        _ => None,
+    })
 }
 
 /// The client's deadline, when it sent one.

@@ -762,3 +762,31 @@ fn two_policies_behind_one_router_take_their_own_models_and_fail_over_apart() {
     assert_eq!(signals["pools"][0]["policy"], "ns/chat", "{signals}");
     assert_eq!(signals["pools"][1]["policy"], "ns/code", "{signals}");
 }
+
+#[test]
+fn a_request_waiting_when_a_second_policy_arrives_takes_the_route_of_its_model() {
+    let code = Emulator::start(&["--emu-zero-cost", "--served-model-name", "code"], &[]);
+    let dead = ClosedPort::bind();
+    let r = Arc::new(Router::start(GatewayConfig::default(), None));
+    let of = |policy: &str, model: &str, epoch: u64, at: SocketAddr| {
+        let mut route = route("pool", epoch, &[at]);
+        route["policy"] = policy.into();
+        route["models"] = serde_json::json!([model]);
+        route
+    };
+    // One policy, whose only replica is down: a request for the other model waits with it,
+    // read before the router knew it would serve two.
+    assert_eq!(r.put_route(&of("ns/chat", "chat", 1, dead.addr())).status, 200);
+    let waiting = {
+        let r = Arc::clone(&r);
+        std::thread::spawn(move || {
+            let body = serde_json::json!({"model": "code", "prompt": "hi", "max_tokens": 2}).to_string();
+            r.complete(&body, &[]).status
+        })
+    };
+    r.wait_for_metrics("the request waiting", |m| {
+        m.contains("understudy_router_queue_depth 1\n")
+    });
+    assert_eq!(r.put_route(&of("ns/code", "code", 1, code.addr())).status, 200);
+    assert_eq!(waiting.join().unwrap(), 200, "served by the route of its model");
+}
