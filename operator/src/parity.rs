@@ -57,31 +57,16 @@ impl ServingConfig {
         canonical_flags(&self.argv, &FlagPolicy::default()).remove("model")
     }
 
-    /// The names clients ask for it by: every `--served-model-name` (it takes one or more), or
-    /// else the model itself, as vLLM answers `/v1/models`.
+    /// The names clients ask for it by: the `--served-model-name` values (it takes one or more;
+    /// the last time it is given counts, `--served_model_name` too, as vLLM reads it), or else
+    /// the model itself, as vLLM answers `/v1/models`.
     #[must_use]
     pub fn served_models(&self) -> Vec<String> {
-        let mut names = Vec::new();
-        let mut args = self.argv.iter();
-        while let Some(arg) = args.next() {
-            if let Some(name) = arg.strip_prefix("--served-model-name=") {
-                names.push(name.to_owned());
-            } else if arg == "--served-model-name" {
-                let given: Vec<String> = args
-                    .clone()
-                    .take_while(|a| !a.starts_with('-'))
-                    .cloned()
-                    .collect();
-                for _ in &given {
-                    args.next();
-                }
-                names.extend(given);
-            }
+        let mut flags = canonical_flags(&self.argv, &FlagPolicy::default());
+        match flags.remove("served-model-name") {
+            Some(names) => names.split_whitespace().map(str::to_owned).collect(),
+            None => flags.remove("model").into_iter().collect(),
         }
-        if names.is_empty() {
-            names.extend(self.model());
-        }
-        names
     }
 }
 
@@ -288,6 +273,11 @@ mod tests {
         assert_eq!(
             config("vllm serve --model meta/llama --served-model-name=llama").served_models(),
             ["llama"]
+        );
+        assert_eq!(
+            config("vllm serve m --served_model_name a --served-model-name b").served_models(),
+            ["b"],
+            "the last one given, however it is spelt"
         );
     }
 

@@ -24,7 +24,7 @@ use bytes::Bytes;
 use futures::future::{BoxFuture, join_all};
 use kube::ResourceExt;
 use tokio::time::Instant;
-use understudy_api::route::{Route, RouterHolds};
+use understudy_api::route::{AdmissionSettings, Route, RouterHolds};
 use understudy_core::Epoch;
 use understudy_core::failover::Step;
 
@@ -58,6 +58,8 @@ pub struct RouterPush {
     /// The Warnings told about the routers, by policy (`namespace/name`): one policy's are never
     /// held back by another's.
     warnings: Mutex<HashMap<String, WarningBackoff>>,
+    /// The model names each pool (`namespace/pool`) was last read to serve.
+    models: Mutex<HashMap<String, Vec<String>>>,
 }
 
 impl fmt::Debug for RouterPush {
@@ -79,6 +81,7 @@ impl RouterPush {
             replicas,
             timeout: DEFAULT_PUSH_TIMEOUT,
             warnings: Mutex::default(),
+            models: Mutex::default(),
         }
     }
 
@@ -135,12 +138,7 @@ impl RouterPush {
         if endpoints.is_empty() {
             return Err(format!("{name} has no running replica to route to yet"));
         }
-        // The names the pool answers to; unknown while its template cannot be told (a rollout
-        // under way), when the route takes any model.
-        let models = match self.replicas.serving_config(&namespace, pool).await {
-            Ok(Some(config)) => config.served_models(),
-            Ok(None) | Err(_) => Vec::new(),
-        };
+        let models = self.served_models(&namespace, pool).await;
         Ok(Route::for_pool(
             &policy_key(policy),
             &policy.spec,
@@ -149,6 +147,23 @@ impl RouterPush {
             endpoints,
             epoch,
         ))
+    }
+
+    /// The names `pool` answers to, from its template; while the template cannot be told (a
+    /// rollout under way, a read that fails or takes longer than a push may), the names last
+    /// read, or none (the route then takes any model) when there never were any.
+    async fn served_models(&self, namespace: &str, pool: &PoolSpec) -> Vec<String> {
+        let key = format!("{namespace}/{}", pool.name);
+        let read = tokio::time::timeout(self.timeout, self.replicas.serving_config(namespace, pool)).await;
+        let mut known = self.models.lock().unwrap_or_else(PoisonError::into_inner);
+        match read {
+            Ok(Ok(Some(config))) => {
+                let models = config.served_models();
+                known.insert(key, models.clone());
+                models
+            }
+            _ => known.get(&key).cloned().unwrap_or_default(),
+        }
     }
 
     async fn route(&self, request: StepRequest<'_>) -> StepReport {
@@ -328,11 +343,20 @@ pub fn plan(held: &RouterHolds, route: &Route) -> Plan {
     let endpoints = |e: &[SocketAddr]| e.iter().copied().collect::<BTreeSet<_>>();
     let same_endpoints = endpoints(&current.endpoints) == endpoints(&route.endpoints);
     let same_contract = current.stream_contract == route.stream_contract;
-    if same_endpoints && same_contract {
+    let same_models = current.models == route.models;
+    // How requests are classed holds all the time, not only in the window: kept current.
+    let same_classes = current.admission.priority_header == route.admission.priority_header
+        && current.admission.shed_priorities == route.admission.shed_priorities;
+    if same_endpoints && same_contract && same_models && same_classes {
         return Plan::InPlace;
     }
     let mut refreshed = route.clone();
-    refreshed.admission = current.admission.clone();
+    // The budgets the router holds stay: a router started its window with them.
+    refreshed.admission = AdmissionSettings {
+        priority_header: route.admission.priority_header.clone(),
+        shed_priorities: route.admission.shed_priorities.clone(),
+        ..current.admission.clone()
+    };
     Plan::Push(refreshed)
 }
 
@@ -1294,6 +1318,41 @@ spec:
         };
         let theirs = push.carry_out(request).await;
         assert!(matches!(theirs, StepReport::Refused { .. }), "{theirs:?}");
+    }
+
+    #[test]
+    fn a_route_held_with_other_models_or_priority_classes_is_refreshed_keeping_the_routers_budgets() {
+        let ours = Route {
+            models: vec!["llama".to_owned()],
+            ..west_at(3)
+        };
+        let mut held_route = ours.clone();
+        held_route.admission.initial_concurrency = 99;
+        let holds = |route: &Route| RouterHolds {
+            route: Some(route.clone()),
+            highest: None,
+        };
+        assert_eq!(
+            plan(&holds(&held_route), &ours),
+            Plan::InPlace,
+            "only the budgets differ"
+        );
+        held_route.models = Vec::new();
+        let Plan::Push(pushed) = plan(&holds(&held_route), &ours) else {
+            panic!("other models were not refreshed");
+        };
+        assert_eq!(pushed.models, ["llama"]);
+        assert_eq!(
+            pushed.admission.initial_concurrency, 99,
+            "the router's window keeps its budgets"
+        );
+        held_route.models = ours.models.clone();
+        held_route.admission.shed_priorities = vec!["low".to_owned()];
+        let Plan::Push(pushed) = plan(&holds(&held_route), &ours) else {
+            panic!("other priority classes were not refreshed");
+        };
+        assert!(pushed.admission.shed_priorities.is_empty());
+        assert_eq!(pushed.admission.initial_concurrency, 99);
     }
 
     #[test]

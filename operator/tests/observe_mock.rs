@@ -138,7 +138,7 @@ async fn a_deployments_running_pods_with_an_ip_are_the_pools_endpoints() {
 }
 
 #[tokio::test]
-async fn a_pools_replicas_are_probed_at_the_port_its_spec_names() {
+async fn a_pools_replicas_resolve_to_the_port_its_spec_names() {
     let pool: PoolSpec = serde_yaml::from_str(
         "{name: east, workload: {kind: Deployment, name: vllm-east}, replicas: 4, port: 8443}",
     )

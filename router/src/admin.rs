@@ -199,6 +199,10 @@ impl Admin {
                 )
             }
             Err(e @ RouteError::Invalid(_)) => error(StatusCode::BAD_REQUEST, &e.to_string()),
+            Err(e @ RouteError::Overlap { .. }) => {
+                tracing::warn!(error = %e, "route refused");
+                error(StatusCode::UNPROCESSABLE_ENTITY, &e.to_string())
+            }
             Err(e @ RouteError::TooFar { .. }) => {
                 tracing::warn!(error = %e, "route refused");
                 error(StatusCode::UNPROCESSABLE_ENTITY, &e.to_string())

@@ -314,6 +314,12 @@ impl Admission {
         )
     }
 
+    /// When the window began: when the route's epoch arrived.
+    #[must_use]
+    pub fn start(&self) -> Instant {
+        self.start
+    }
+
     /// True while the window is open.
     #[must_use]
     pub fn in_window(&self, now: Instant) -> bool {

@@ -93,6 +93,9 @@ impl Default for EjectionPolicy {
 pub const HOLD_BACK_FIRST: Duration = Duration::from_millis(10);
 /// The longest hold-back.
 pub const HOLD_BACK_MAX: Duration = Duration::from_millis(100);
+/// How long a fence may keep answering "fenced" before it counts as a refusal: three of a
+/// cluster fence's Lease reads.
+pub const HOLD_BACK_PATIENCE: Duration = Duration::from_secs(3);
 
 impl EjectionPolicy {
     /// How long the `n`-th consecutive ejection lasts, before jitter. Pure.
@@ -144,6 +147,8 @@ pub struct Endpoint {
     /// Hold-backs since the last answer served: each one twice as long as the last, up to
     /// [`HOLD_BACK_MAX`].
     holds: AtomicU32,
+    /// Microseconds after `born` when the hold-backs since the last answer served began.
+    held_since_us: AtomicU64,
     held_back: AtomicU64,
     consecutive_failures: AtomicU32,
     ejections: AtomicU32,
@@ -171,6 +176,7 @@ impl Endpoint {
             ejected_until_us: AtomicU64::new(0),
             held_until_us: AtomicU64::new(0),
             holds: AtomicU32::new(0),
+            held_since_us: AtomicU64::new(0),
             held_back: AtomicU64::new(0),
             consecutive_failures: AtomicU32::new(0),
             ejections: AtomicU32::new(0),
@@ -250,14 +256,28 @@ impl Endpoint {
     /// so that requests waiting for it find it within a moment of its fence reading the epoch.
     /// Not a failure: nothing counts towards an ejection. A refusal from a request sent before
     /// the hold-back began belongs to it, and does not lengthen it.
-    pub fn hold_back(&self, now: Instant) {
+    ///
+    /// A fence that keeps saying so for longer than [`HOLD_BACK_PATIENCE`] is not behind but stuck
+    /// (it cannot read the Lease, or its pool lost it and no new route came): `false`, and the
+    /// caller counts the answer as a refusal, which ejects the endpoint and shows in the pool's
+    /// passive signals.
+    pub fn hold_back(&self, now: Instant) -> bool {
         self.held_back.fetch_add(1, Relaxed);
+        let at = self.micros(now);
+        if self.holds.load(Relaxed) == 0 {
+            self.held_since_us.store(at, Relaxed);
+        }
+        let patience = u64::try_from(HOLD_BACK_PATIENCE.as_micros()).unwrap_or(u64::MAX);
+        if at.saturating_sub(self.held_since_us.load(Relaxed)) > patience {
+            return false;
+        }
         if self.is_held_back(now) {
-            return;
+            return true;
         }
         let n = self.holds.fetch_add(1, Relaxed).min(8);
         let pause = HOLD_BACK_FIRST.saturating_mul(1 << n).min(HOLD_BACK_MAX);
         self.held_until_us.store(self.micros(now + pause), Relaxed);
+        true
     }
 
     /// Records an outcome; returns `true` when it ejected the endpoint.
@@ -448,7 +468,7 @@ mod tests {
         let e = ep();
         let policy = EjectionPolicy::default();
         for _ in 0..60 {
-            e.hold_back(Instant::now());
+            assert!(e.hold_back(Instant::now()));
         }
         assert!(!e.is_ejected(Instant::now()));
         assert!(e.is_held_back(Instant::now()));
@@ -468,5 +488,25 @@ mod tests {
         e.hold_back(Instant::now());
         assert_eq!(e.back_at(Instant::now()), Some(Instant::now() + HOLD_BACK_FIRST));
         assert_eq!(e.snapshot(Instant::now()).held_back, 67);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_fence_that_keeps_refusing_past_its_patience_counts_as_refusing() {
+        let e = ep();
+        let start = Instant::now();
+        while Instant::now() - start <= HOLD_BACK_PATIENCE {
+            assert!(
+                e.hold_back(Instant::now()),
+                "held back, not failed, within its patience"
+            );
+            tokio::time::advance(HOLD_BACK_MAX).await;
+        }
+        assert!(
+            !e.hold_back(Instant::now()),
+            "stuck: the caller counts it as a refusal"
+        );
+        // A served answer ends the streak.
+        e.record(Outcome::Ok, &EjectionPolicy::default(), Instant::now());
+        assert!(e.hold_back(Instant::now()));
     }
 }

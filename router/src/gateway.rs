@@ -4,12 +4,13 @@
 //! take the request, and stream the answer back as it arrives.
 //!
 //! When the route moves to another pool, a request still waiting for its first byte from the old
-//! pool is sent to the new one: the old pool is fenced, and a generation that has not started has
-//! no effect but its cost. A hung replica therefore loses nothing it took once the failover
-//! routes around it. Moving is not retrying: the retry budget limits retries within a pool, and a
-//! request it stops waits for the next route instead of failing. A fence that answers "not
-//! served, fenced" has not read the new epoch yet: its endpoint is held back for a moment, never
-//! ejected, and the try does not count.
+//! pool is sent to the new one: the old pool is fenced, and a generation has no effect but its
+//! cost (spent twice when the old pool was working on it). A hung replica therefore loses nothing
+//! it took once the failover routes around it. Moving is not retrying: the retry budget limits
+//! retries within a pool, and a request it stops waits for the next route instead of failing. A
+//! fence that answers "not served, fenced" has not read the new epoch yet: its endpoint is held
+//! back for a moment, not ejected, and the try does not count (unless the fence keeps saying so
+//! past its patience, when it is stuck and refuses).
 //!
 //! What this path must never do: forward a control endpoint; retry once a response byte went to
 //! the client, or retry on the same route a request that timed out (the replica may be working on
@@ -228,6 +229,9 @@ impl Gateway {
         arrived: Instant,
     ) -> Result<Response<RouterBody>, Refusal> {
         let (parts, body, mut ask, mut model) = self.read_ask(req, *priority, arrived).await?;
+        // Read with the body when the router served several policies then; read once more, in
+        // the loop, if it comes to serve several while the request is here.
+        let mut model_read = model.is_some();
         self.budget.start();
         let mut held = Held {
             budget: &self.budget,
@@ -247,13 +251,14 @@ impl Gateway {
         let mut tries = Tries::new();
         loop {
             let set = self.routes.routes();
-            if model.is_none() && set.several() && parts.method == Method::POST {
+            if !model_read && set.several() && parts.method == Method::POST {
                 // The router came to serve several policies while the request waited: its model
                 // says which route is its own now.
                 model = model_of(&body).ok().flatten();
+                model_read = true;
             }
             let Some(state) = set.for_model(model.as_deref()) else {
-                if !set.is_empty() {
+                if !set.is_empty() && !set.awaits_a_route() {
                     return Err(Refusal::NoRouteForModel(model));
                 }
                 self.wait_in_room(&mut stay, model.as_deref(), None, Until::ANewRoute)
@@ -313,6 +318,7 @@ impl Gateway {
                     .map_err(|_| Refusal::UpstreamFailed(tries.last_failure))?;
                 continue;
             }
+            let retry = tries.attempts > 0;
             tries.attempts += 1;
             let endpoint = Outstanding::begin(&state.endpoints[i]);
             let upstream = Self::upstream_request(&parts, &body, endpoint.host());
@@ -326,12 +332,16 @@ impl Gateway {
                 }
                 // The fence answered for a replica that sent nothing: as the fence saw it.
                 Sent::Answer(Ok((ref head, _))) if let Some(mark) = head.headers.get(NOT_SERVED_HEADER) => {
-                    match not_served(mark) {
+                    match self.not_served(&endpoint, mark) {
                         Some(failure) => failure,
                         None => {
-                            endpoint.hold_back(Instant::now());
-                            self.metrics.fence_hold();
+                            // No try at all: the fence sent nothing on. A retry taken for it
+                            // goes back to the budget.
                             tries.attempts -= 1;
+                            if retry {
+                                self.budget.give_back();
+                                held.retries -= 1;
+                            }
                             continue;
                         }
                     }
@@ -543,13 +553,9 @@ impl Gateway {
                     return Some((body, in_flight));
                 }
                 Ok(Ok((ref head, _))) if let Some(mark) = head.headers.get(NOT_SERVED_HEADER) => {
-                    match not_served(mark) {
+                    match self.not_served(&endpoint, mark) {
                         Some(failure) => failure,
-                        None => {
-                            endpoint.hold_back(Instant::now());
-                            self.metrics.fence_hold();
-                            continue;
-                        }
+                        None => continue,
                     }
                 }
                 Ok(Ok(_) | Err(SendError::Malformed(_))) => Outcome::ServerError,
@@ -560,6 +566,22 @@ impl Gateway {
             if endpoint.record(outcome, &self.config.ejection, Instant::now()) {
                 self.metrics.ejection();
             }
+        }
+    }
+
+    /// How a try the fence answered for went, as the fence saw it: the replica sent nothing.
+    /// `None` for `fenced` while the endpoint's patience lasts: the fence has not read the epoch
+    /// this route is at (or its pool lost it, and a new route is on its way), which is no failure
+    /// of the endpoint; it is held back for a moment. Past its patience a fence that still says
+    /// so is stuck, and refuses.
+    fn not_served(&self, endpoint: &Endpoint, mark: &http::HeaderValue) -> Option<Outcome> {
+        match mark.as_bytes() {
+            b"fenced" if endpoint.hold_back(Instant::now()) => {
+                self.metrics.fence_hold();
+                None
+            }
+            b"reset" => Some(Outcome::Reset),
+            _ => Some(Outcome::Refused),
         }
     }
 
@@ -658,7 +680,7 @@ enum Until {
 }
 
 /// A request's place in the waiting room: its seat once it took one, when it must leave, and the
-/// class its seat is counted in.
+/// class whose share of the room it may take a seat within.
 struct Stay {
     seat: Option<waiting_room::Seat>,
     leave_by: Instant,
@@ -722,17 +744,6 @@ fn deadline_of(headers: &HeaderMap) -> Result<Option<Duration>, Refusal> {
         )),
         Some(Some(d)) => Ok(Some(d)),
         None => Ok(None),
-    }
-}
-
-/// How a try the fence answered for went, as the fence saw it: the replica sent nothing. `None`
-/// for `fenced`: the fence has not read the epoch this route is at (or its pool lost it, and a
-/// new route is on its way), which is no failure of the endpoint.
-fn not_served(mark: &http::HeaderValue) -> Option<Outcome> {
-    match mark.as_bytes() {
-        b"fenced" => None,
-        b"reset" => Some(Outcome::Reset),
-        _ => Some(Outcome::Refused),
     }
 }
 

@@ -21,7 +21,10 @@ pub enum Refusal {
     #[error("no such route")]
     NotFound,
     /// This router serves several policies and none of their routes takes the model asked for.
-    #[error("no route here serves model {0:?}; name a model one of its policies serves")]
+    #[error(
+        "no route here serves {}; name a model one of its policies serves",
+        .0.as_ref().map_or_else(|| "a request that names no model".to_owned(), |m| format!("model {m}"))
+    )]
     NoRouteForModel(Option<String>),
     /// A vLLM control or development endpoint: never reachable through the public port.
     #[error("control endpoints are not served on the public port")]

@@ -68,6 +68,12 @@ impl RetryBudget {
         }
     }
 
+    /// Gives back one retry taken for a try that turned out not to be one (its fence had not
+    /// read the epoch: nothing was sent).
+    pub fn give_back(&self) {
+        self.retries.fetch_sub(1, Relaxed);
+    }
+
     /// Takes one retry if the budget allows it.
     #[must_use]
     pub fn try_retry(&self) -> bool {

@@ -69,6 +69,9 @@ impl Routed {
 #[derive(Debug, Default)]
 pub struct RouteSet {
     routes: Vec<Arc<Routed>>,
+    /// Policies this router has taken a route for (its state file says so) that have none yet:
+    /// after a restart, until the operator gives each its route again.
+    awaited: usize,
 }
 
 impl RouteSet {
@@ -84,10 +87,18 @@ impl RouteSet {
         self.routes.is_empty()
     }
 
-    /// True when more than one policy is served: requests are told apart by their model.
+    /// True when more than one policy is served, or awaited: requests are told apart by their
+    /// model.
     #[must_use]
     pub fn several(&self) -> bool {
-        self.routes.len() > 1
+        self.routes.len() + self.awaited > 1
+    }
+
+    /// True while a policy this router served has no route again yet: a request no route takes
+    /// may be that policy's, and waits for it.
+    #[must_use]
+    pub fn awaits_a_route(&self) -> bool {
+        self.awaited > 0
     }
 
     /// `policy`'s route, if it has one.
@@ -96,11 +107,12 @@ impl RouteSet {
         self.routes.iter().find(|r| r.route.policy == policy)
     }
 
-    /// The route a request for `model` takes: the only one when there is one; otherwise the one
-    /// whose models name it, else the one that names no model; `None` when none takes it.
+    /// The route a request for `model` takes: the only one when one policy is served (vLLM
+    /// answers a model it does not serve); otherwise the one whose models name it, else the one
+    /// that names no model; `None` when none takes it.
     #[must_use]
     pub fn for_model(&self, model: Option<&str>) -> Option<&Arc<Routed>> {
-        if let [only] = self.routes.as_slice() {
+        if let ([only], 0) = (self.routes.as_slice(), self.awaited) {
             return Some(only);
         }
         model
@@ -108,8 +120,9 @@ impl RouteSet {
             .or_else(|| self.routes.iter().find(|r| r.route.models.is_empty()))
     }
 
-    /// This set with `routed` in place of its policy's route.
-    fn with(&self, routed: Arc<Routed>) -> RouteSet {
+    /// This set with `routed` in place of its policy's route, awaiting the policies of `known`
+    /// that have none.
+    fn with(&self, routed: Arc<Routed>, known: &BTreeMap<String, HeldEpoch>) -> RouteSet {
         let mut routes: Vec<Arc<Routed>> = self
             .routes
             .iter()
@@ -118,7 +131,31 @@ impl RouteSet {
             .collect();
         routes.push(routed);
         routes.sort_by(|a, b| a.route.policy.cmp(&b.route.policy));
-        RouteSet { routes }
+        let awaited = known
+            .keys()
+            .filter(|policy| !routes.iter().any(|r| r.route.policy == **policy))
+            .count();
+        RouteSet { routes, awaited }
+    }
+
+    /// Another policy's route that takes a request `route` would take too: one naming a model it
+    /// names, or, when it names none, one that names none either.
+    fn overlap(&self, route: &Route) -> Option<RouteError> {
+        for other in self.routes.iter().filter(|r| r.route.policy != route.policy) {
+            if route.models.is_empty() && other.route.models.is_empty() {
+                return Some(RouteError::Overlap {
+                    policy: other.route.policy.clone(),
+                    model: None,
+                });
+            }
+            if let Some(model) = route.models.iter().find(|m| other.route.models.contains(m)) {
+                return Some(RouteError::Overlap {
+                    policy: other.route.policy.clone(),
+                    model: Some(model.clone()),
+                });
+            }
+        }
+        None
     }
 }
 
@@ -159,6 +196,19 @@ pub enum RouteError {
         /// How far above it an update may go.
         limit: u64,
     },
+    /// Another policy's route takes the same requests: two policies behind one router set must
+    /// serve different models, and at most one may take every model.
+    #[error(
+        "{}: policy {policy:?} routes it already; policies behind one router set must serve models of \
+         their own",
+        .model.as_ref().map_or_else(|| "a route that names no model takes every request".to_owned(), |m| format!("model {m:?} is taken")),
+    )]
+    Overlap {
+        /// The other policy.
+        policy: String,
+        /// The model both name, or `None` when neither names one.
+        model: Option<String>,
+    },
     /// The epoch could not be made durable, so it was not taken.
     #[error(transparent)]
     Persist(#[from] StateFileError),
@@ -187,7 +237,10 @@ impl RouteTable {
             None => Vec::new(),
         };
         Ok(RouteTable {
-            current: watch::Sender::new(Arc::default()),
+            current: watch::Sender::new(Arc::new(RouteSet {
+                routes: Vec::new(),
+                awaited: highest.len(),
+            })),
             fence: Mutex::new(FenceBook {
                 highest: highest.into_iter().map(|h| (h.policy.clone(), h)).collect(),
                 file,
@@ -253,8 +306,11 @@ impl RouteTable {
         // Held across the file write and the publication, so that two updates cannot interleave
         // their checks, and each publishes over the set the other published.
         let mut book = self.book();
+        if let Some(overlap) = self.routes().overlap(&route) {
+            return Err(overlap);
+        }
         let limit = (!force).then_some(book.max_jump);
-        match judge(book.highest.get(&route.policy), route.epoch, &route.pool, limit) {
+        match judge(book.held_for(&route.policy), route.epoch, &route.pool, limit) {
             Verdict::Stale { highest, pool } => Err(RouteError::Stale { highest, pool }),
             Verdict::TooFar { highest, limit } => Err(RouteError::TooFar {
                 epoch: route.epoch,
@@ -262,26 +318,21 @@ impl RouteTable {
                 limit,
             }),
             Verdict::Newer => {
-                let record = HeldEpoch {
-                    policy: route.policy.clone(),
-                    epoch: route.epoch,
-                    pool: route.pool.clone(),
-                };
-                if let Some(file) = &book.file {
-                    let others = book.highest.values().filter(|h| h.policy != record.policy);
-                    file.store(others.chain([&record]))?;
-                }
-                book.highest.insert(record.policy.clone(), record);
+                book.take(&route)?;
                 let endpoints = route
                     .endpoints
                     .iter()
                     .map(|a| Arc::new(Endpoint::new(*a)))
                     .collect();
                 let admission = Arc::new(Admission::new(route.admission.clone(), Instant::now()));
-                self.publish(Routed::new(route, endpoints, admission));
+                self.publish(Routed::new(route, endpoints, admission), &book.highest);
                 Ok(Applied::NewEpoch)
             }
             Verdict::SameEpoch => {
+                if !book.highest.contains_key(&route.policy) {
+                    // Judged against the unnamed record it takes over.
+                    book.take(&route)?;
+                }
                 let set = self.routes();
                 let old = set.of_policy(&route.policy);
                 // Endpoints kept by the refresh keep their counters and ejections.
@@ -293,20 +344,59 @@ impl RouteTable {
                             .unwrap_or_else(|| Arc::new(Endpoint::new(*a)))
                     })
                     .collect();
+                // The window is the route's: new settings at the same epoch keep its start.
                 let admission = match old {
                     Some(o) if o.route.admission == route.admission => Arc::clone(&o.admission),
-                    _ => Arc::new(Admission::new(route.admission.clone(), Instant::now())),
+                    Some(o) => Arc::new(Admission::new(route.admission.clone(), o.admission.start())),
+                    None => Arc::new(Admission::new(route.admission.clone(), Instant::now())),
                 };
-                self.publish(Routed::new(route, endpoints, admission));
+                self.publish(Routed::new(route, endpoints, admission), &book.highest);
                 Ok(Applied::SameEpoch)
             }
         }
     }
 
     /// Publishes `routed` in place of its policy's route. Called with the fence book held.
-    fn publish(&self, routed: Routed) {
-        let next = self.routes().with(Arc::new(routed));
+    fn publish(&self, routed: Routed, known: &BTreeMap<String, HeldEpoch>) {
+        let next = self.routes().with(Arc::new(routed), known);
         self.current.send_replace(Arc::new(next));
+    }
+}
+
+impl FenceBook {
+    /// Records `route`'s epoch as its policy's highest, on disk first. The unnamed record a
+    /// router of one policy kept, which [`Self::held_for`] judged it against, was this policy's:
+    /// taken over, not kept beside it.
+    fn take(&mut self, route: &Route) -> Result<(), StateFileError> {
+        let record = HeldEpoch {
+            policy: route.policy.clone(),
+            epoch: route.epoch,
+            pool: route.pool.clone(),
+        };
+        let adopts =
+            self.held_for(&record.policy).is_some_and(|h| h.policy.is_empty()) && !record.policy.is_empty();
+        if let Some(file) = &self.file {
+            let others = self
+                .highest
+                .values()
+                .filter(|h| h.policy != record.policy && !(adopts && h.policy.is_empty()));
+            file.store(others.chain([&record]))?;
+        }
+        if adopts {
+            self.highest.remove("");
+        }
+        self.highest.insert(record.policy.clone(), record);
+        Ok(())
+    }
+
+    /// The highest epoch `policy` has taken; for a named policy that has none, the record of the
+    /// unnamed one when that is the only record there is: the file a router of one policy wrote
+    /// before routes named their policy, whose epoch a named route must not go below.
+    fn held_for(&self, policy: &str) -> Option<&HeldEpoch> {
+        self.highest.get(policy).or_else(|| match self.highest.len() {
+            1 if !policy.is_empty() => self.highest.get(""),
+            _ => None,
+        })
     }
 }
 
@@ -412,6 +502,86 @@ mod tests {
                 ("ns/code".to_owned(), 2)
             ]
         );
+    }
+
+    #[tokio::test]
+    async fn a_route_that_would_take_another_policys_requests_is_refused() {
+        let t = RouteTable::new(None).unwrap();
+        t.update(of_policy("ns/chat", &["llama", "chat"], "east", 1, 1))
+            .unwrap();
+        let same_model = t.update(of_policy("ns/other", &["chat"], "x", 1, 2)).unwrap_err();
+        assert!(
+            matches!(same_model, RouteError::Overlap { ref policy, model: Some(ref m) } if policy == "ns/chat" && m == "chat")
+        );
+        assert!(
+            same_model.to_string().contains("model \"chat\" is taken"),
+            "{same_model}"
+        );
+        // One route may take every model; a second may not.
+        t.update(of_policy("ns/any", &[], "y", 1, 3)).unwrap();
+        assert!(matches!(
+            t.update(of_policy("ns/also-any", &[], "z", 1, 4)),
+            Err(RouteError::Overlap { model: None, .. })
+        ));
+        // A policy's own route never overlaps itself.
+        t.update(of_policy("ns/chat", &["llama", "chat"], "west", 2, 5))
+            .unwrap();
+        assert_eq!(t.routes().routes().len(), 2);
+    }
+
+    #[tokio::test]
+    async fn after_a_restart_a_policy_without_its_route_yet_is_awaited_not_given_the_others_requests() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fence.json");
+        let t = RouteTable::new(Some(StateFile::new(&path))).unwrap();
+        t.update(of_policy("ns/chat", &["chat"], "east", 3, 1)).unwrap();
+        t.update(of_policy("ns/code", &["code"], "east", 5, 2)).unwrap();
+        drop(t);
+        let restarted = RouteTable::new(Some(StateFile::new(&path))).unwrap();
+        assert!(
+            restarted.routes().several(),
+            "two policies known before any route"
+        );
+        restarted
+            .update(of_policy("ns/chat", &["chat"], "east", 3, 1))
+            .unwrap();
+        let set = restarted.routes();
+        assert!(set.awaits_a_route());
+        assert!(set.for_model(Some("chat")).is_some());
+        assert!(
+            set.for_model(Some("code")).is_none(),
+            "code's requests wait for code's route"
+        );
+        restarted
+            .update(of_policy("ns/code", &["code"], "east", 5, 2))
+            .unwrap();
+        assert!(!restarted.routes().awaits_a_route());
+    }
+
+    #[tokio::test]
+    async fn a_named_route_after_a_one_policy_state_file_is_judged_against_its_epoch() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fence.json");
+        // What a router of one policy wrote before routes named their policy.
+        std::fs::write(&path, br#"{"epoch":7,"pool":"b"}"#).unwrap();
+        let t = RouteTable::new(Some(StateFile::new(&path))).unwrap();
+        assert!(matches!(
+            t.update(of_policy("ns/chat", &[], "a", 6, 1)),
+            Err(RouteError::Stale { .. })
+        ));
+        // The same epoch and pool, as the operator's route sync sends after an upgrade: taken over
+        // at once, so nothing waits for an unnamed policy that will never come back.
+        t.update(of_policy("ns/chat", &[], "b", 7, 1)).unwrap();
+        assert!(!t.routes().awaits_a_route());
+        t.update(of_policy("ns/chat", &[], "a", 8, 1)).unwrap();
+        // The unnamed record was the policy's: taken over, not kept beside it.
+        let held: Vec<(String, u64)> = t
+            .highest_of_all()
+            .into_iter()
+            .map(|h| (h.policy, h.epoch.0))
+            .collect();
+        assert_eq!(held, [("ns/chat".to_owned(), 8)]);
+        assert_eq!(StateFile::new(&path).load().unwrap().len(), 1);
     }
 
     #[tokio::test]

@@ -1467,19 +1467,16 @@ async fn routed_for(admin: SocketAddr, policy: &str, pool: &str, epoch: u64) -> 
 /// One request's model, when it was sent, and the status it got.
 type Sent = (&'static str, Instant, u16);
 
-/// Sends a completion for each of `models` in turn through `gateway`, about 20 a second, until
+/// Sends completions for `model` through `gateway`, about 20 a second, one after another, until
 /// `stop` is set; what each got.
 fn load(
     gateway: SocketAddr,
-    models: [&'static str; 2],
+    model: &'static str,
     stop: Arc<std::sync::atomic::AtomicBool>,
 ) -> std::thread::JoinHandle<Vec<Sent>> {
     std::thread::spawn(move || {
         let mut sent = Vec::new();
-        let mut turn = 0;
         while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-            let model = models[turn % 2];
-            turn += 1;
             let body = json!({"model": model, "prompt": "hi", "max_tokens": 2}).to_string();
             let at = Instant::now();
             let (status, _) = http(
@@ -1526,7 +1523,11 @@ async fn two_policies_behind_one_router_set_fail_over_apart_under_load() {
     assert_eq!(home["route"]["models"], json!(["code-model"]));
 
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let clients = load(gateway, ["chat-model", "code-model"], Arc::clone(&stop));
+    // A client per model, so that one policy's held requests never hold the other's up.
+    let clients = [
+        load(gateway, "chat-model", Arc::clone(&stop)),
+        load(gateway, "code-model", Arc::clone(&stop)),
+    ];
     tokio::time::sleep(Duration::from_secs(2)).await;
     // Chat's primary dies: chat fails over, code's route and epoch stay as they were.
     let chat_crash = Instant::now();
@@ -1548,7 +1549,7 @@ async fn two_policies_behind_one_router_set_fail_over_apart_under_load() {
     routed_for(admin, &chat, "west", 1).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let sent = clients.join().unwrap();
+    let sent: Vec<Sent> = clients.into_iter().flat_map(|c| c.join().unwrap()).collect();
 
     // Counted by the load: code's requests were never touched by chat's failover, and neither
     // policy lost a request to its own (held by the router, then served by the new primary).
