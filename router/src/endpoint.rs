@@ -5,7 +5,8 @@
 //! An ejection answers failures, and grows per burst of them: the failures of requests that were
 //! already on their way when the endpoint was ejected belong to the burst that ejected it, so 30
 //! requests refused together eject it once, not 30 times. A hold-back answers a fence that says
-//! its replica may not serve yet (it has not read the new epoch): not a failure, and short.
+//! its replica may not serve yet (it has not read the new epoch): not a failure, and short, unless
+//! the fence keeps saying so past [`HOLD_BACK_PATIENCE`], when it is stuck and refuses.
 //!
 //! Everything here is an atomic, because every request touches it. This module must never take a
 //! lock, allocate, or decide anything about a whole pool (that is [`crate::signals`]). The
