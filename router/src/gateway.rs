@@ -44,7 +44,7 @@ use crate::metrics::{Metrics, RequestOutcome};
 use crate::path::{PublicPath, classify};
 use crate::refusal::Refusal;
 use crate::retry::{RetryBudget, RetryLimits};
-use crate::table::{RouteTable, Routed};
+use crate::table::{RouteSet, RouteTable, Routed};
 use crate::upstream::codec::is_hop_by_hop;
 use crate::upstream::{Outgoing, ResponseBody, SendError};
 use crate::waiting_room::{self, Turnaway, WaitingRoom, WaitingRoomConfig};
@@ -148,12 +148,14 @@ impl Gateway {
     /// Handles one public request; never fails, refusals are answers.
     pub async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<RouterBody> {
         let arrived = Instant::now();
+        // The routes as the request arrives: read once here, and again only after it waited.
+        let routes = self.routes.routes();
         // Classed by the route it arrives under, and again by each new route it is sent under.
-        let mut priority = self.routes.current_for(None).map_or_else(
+        let mut priority = routes.for_model(None).map_or_else(
             || Priority::from_header(req.headers().get(PRIORITY_HEADER).map(|v| v.as_bytes())),
             |routed| routed.priority_of(req.headers()).0,
         );
-        match self.forward(req, &mut priority, arrived).await {
+        match self.forward(req, routes, &mut priority, arrived).await {
             Ok(resp) => resp,
             Err(refusal) => {
                 self.metrics.request(refusal.outcome(), priority);
@@ -167,7 +169,11 @@ impl Gateway {
 
     /// Reads the request, checks what can be checked before it is sent, and says which model it
     /// asks for when that decides its route (this router serves several policies).
-    async fn read_request(&self, req: Request<Incoming>) -> Result<(Parts, Bytes, Option<String>), Refusal> {
+    async fn read_request(
+        &self,
+        req: Request<Incoming>,
+        several: bool,
+    ) -> Result<(Parts, Bytes, Option<String>), Refusal> {
         match classify(req.uri().path()) {
             PublicPath::Api => {}
             PublicPath::Control => return Err(Refusal::ControlEndpoint),
@@ -208,7 +214,7 @@ impl Gateway {
         if body.is_empty() {
             return Err(not_json());
         }
-        if !self.routes.routes().several() {
+        if !several {
             serde_json::from_slice::<serde::de::IgnoredAny>(&body).map_err(|_| not_json())?;
             return Ok((parts, body, None));
         }
@@ -225,10 +231,14 @@ impl Gateway {
     async fn forward(
         self: &Arc<Self>,
         req: Request<Incoming>,
+        arrived_under: Arc<RouteSet>,
         priority: &mut Priority,
         arrived: Instant,
     ) -> Result<Response<RouterBody>, Refusal> {
-        let (parts, body, mut ask, mut model) = self.read_ask(req, *priority, arrived).await?;
+        let (parts, body, mut ask, mut model) = self
+            .read_ask(req, arrived_under.several(), *priority, arrived)
+            .await?;
+        let mut arrived_under = Some(arrived_under);
         // Read with the body when the router served several policies then; read once more, in
         // the loop, if it comes to serve several while the request is here.
         let mut model_read = model.is_some();
@@ -250,7 +260,8 @@ impl Gateway {
         let mut admitted_by: Option<Arc<Admission>> = None;
         let mut tries = Tries::new();
         loop {
-            let set = self.routes.routes();
+            // The routes it arrived under on the first pass; the routes now after any wait.
+            let set = arrived_under.take().unwrap_or_else(|| self.routes.routes());
             if !model_read && set.several() && parts.method == Method::POST {
                 // The router came to serve several policies while the request waited: its model
                 // says which route is its own now.
@@ -379,12 +390,13 @@ impl Gateway {
     async fn read_ask(
         &self,
         req: Request<Incoming>,
+        several: bool,
         priority: Priority,
         arrived: Instant,
     ) -> Result<(Parts, Bytes, Ask, Option<String>), Refusal> {
         let tenant = self.tenant_of(req.headers());
         let deadline = deadline_of(req.headers())?;
-        let (parts, body, model) = self.read_request(req).await?;
+        let (parts, body, model) = self.read_request(req, several).await?;
         let ask = Ask {
             tenant,
             priority,

@@ -16,8 +16,8 @@ use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::time::Duration;
 
 use support::{
-    Emulator, Router, completion, counting_silent_endpoint, read_head, read_until, request, route, send,
-    streamed_text,
+    Emulator, Router, completion, completion_of, counting_silent_endpoint, policy_route, read_head,
+    read_until, request, route, send, streamed_text,
 };
 use understudy_emulator::local::ClosedPort;
 use understudy_router::gateway::GatewayConfig;
@@ -696,10 +696,7 @@ fn two_policies_behind_one_router_take_their_own_models_and_fail_over_apart() {
     let (chat_east, chat_west, code) = (serving("chat"), serving("chat"), serving("code"));
     let r = Router::start(GatewayConfig::default(), None);
     let of = |policy: &str, model: &str, pool: &str, epoch: u64, at: SocketAddr| {
-        let mut route = route(pool, epoch, &[at]);
-        route["policy"] = policy.into();
-        route["models"] = serde_json::json!([model]);
-        route
+        policy_route(policy, model, pool, epoch, &[at])
     };
     assert_eq!(
         r.put_route(&of("ns/chat", "chat", "east", 3, chat_east.addr()))
@@ -711,10 +708,7 @@ fn two_policies_behind_one_router_take_their_own_models_and_fail_over_apart() {
         r.put_route(&of("ns/code", "code", "x", 1, code.addr())).status,
         200
     );
-    let ask = |model: &str| {
-        let body = serde_json::json!({"model": model, "prompt": "hi", "max_tokens": 2}).to_string();
-        r.complete(&body, &[])
-    };
+    let ask = |model: &str| r.complete(&completion_of(model), &[]);
     assert_eq!(ask("chat").status, 200);
     assert_eq!(ask("code").status, 200);
     let unknown = ask("other");
@@ -770,20 +764,14 @@ fn a_request_waiting_when_a_second_policy_arrives_takes_the_route_of_its_model()
     let dead = ClosedPort::bind();
     let r = Arc::new(Router::start(GatewayConfig::default(), None));
     let of = |policy: &str, model: &str, epoch: u64, at: SocketAddr| {
-        let mut route = route("pool", epoch, &[at]);
-        route["policy"] = policy.into();
-        route["models"] = serde_json::json!([model]);
-        route
+        policy_route(policy, model, "pool", epoch, &[at])
     };
     // One policy, whose only replica is down: a request for the other model waits with it,
     // read before the router knew it would serve two.
     assert_eq!(r.put_route(&of("ns/chat", "chat", 1, dead.addr())).status, 200);
     let waiting = {
         let r = Arc::clone(&r);
-        std::thread::spawn(move || {
-            let body = serde_json::json!({"model": "code", "prompt": "hi", "max_tokens": 2}).to_string();
-            r.complete(&body, &[]).status
-        })
+        std::thread::spawn(move || r.complete(&completion_of("code"), &[]).status)
     };
     r.wait_for_metrics("the request waiting", |m| {
         m.contains("understudy_router_queue_depth 1\n")

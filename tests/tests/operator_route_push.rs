@@ -11,7 +11,7 @@ mod router_support;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use router_support::{Emulator, Router, TOKEN, completion, route};
+use router_support::{Emulator, Router, TOKEN, completion, completion_of, route};
 use understudy_api::route::{Route, RouterHolds};
 use understudy_core::Epoch;
 use understudy_core::failover::Step;
@@ -270,10 +270,7 @@ spec:
     );
     assert_eq!(keep_route_of(&chat, &push, 0, 0), RouteSyncReport::default());
     assert_eq!(keep_route_of(&code, &push, 0, 0), RouteSyncReport::default());
-    let ask = |model: &str| {
-        let body = serde_json::json!({"model": model, "prompt": "hi", "max_tokens": 2}).to_string();
-        r.complete(&body, &[]).status
-    };
+    let ask = |model: &str| r.complete(&completion_of(model), &[]).status;
     assert_eq!((ask("chat"), ask("code")), (200, 200));
     let held = |policy: &str| r.admin_get(&format!("/route?policy=serving/{policy}")).json();
     assert_eq!(held("chat")["route"]["models"], serde_json::json!(["chat"]));

@@ -361,6 +361,25 @@ pub fn route(pool: &str, epoch: u64, endpoints: &[SocketAddr]) -> serde_json::Va
     serde_json::json!({ "pool": pool, "epoch": epoch, "endpoints": endpoints })
 }
 
+/// [`route`] for `policy`, taking the requests that ask for `model`.
+pub fn policy_route(
+    policy: &str,
+    model: &str,
+    pool: &str,
+    epoch: u64,
+    endpoints: &[SocketAddr],
+) -> serde_json::Value {
+    let mut route = route(pool, epoch, endpoints);
+    route["policy"] = policy.into();
+    route["models"] = serde_json::json!([model]);
+    route
+}
+
+/// A short plain completion asking for `model` by name.
+pub fn completion_of(model: &str) -> String {
+    serde_json::json!({"model": model, "prompt": "hi", "max_tokens": 2}).to_string()
+}
+
 pub fn completion(max_tokens: u32, stream: bool) -> String {
     serde_json::json!({
         "model": MODEL, "prompt": "The capital of France is", "max_tokens": max_tokens,
