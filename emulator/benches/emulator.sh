@@ -34,7 +34,7 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 # start PORT PIN [emulator args...]: starts a replica (PIN: "taskset -c N" or "") and waits until it listens.
 start() {
   local port=$1 pin=$2; shift 2
-  $pin "$EMU" serve Qwen/Qwen3-0.6B --host 127.0.0.1 --port "$port" --emu-instant "$@" >/dev/null &
+  $pin "$EMU" serve Qwen/Qwen3-0.6B --host 127.0.0.1 --port "$port" --emu-instant --disable-uvicorn-access-log "$@" >/dev/null &
   PIDS+=($!)
   for _ in $(seq 200); do
     if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then return 0; fi

@@ -24,9 +24,12 @@ use futures::FutureExt;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use understudy_listener::Peer;
+
 use super::args::ServeArgs;
 use super::engine::{Engine, Event, FinishReason, GenerationError, GenerationRequest, SleepError};
 use super::generate::{Sampling, tokenize};
+use super::log::Log;
 use super::sleep::{PauseMode, SleepLevel};
 use super::sse::{self, Api, Envelope, Usage};
 
@@ -47,14 +50,18 @@ pub struct AppState {
     pub engine: Arc<Engine>,
     pub info: ServerInfo,
     request_counter: AtomicU64,
+    /// Where uvicorn's access lines go; `None` with `--disable-uvicorn-access-log`.
+    access_log: Option<Arc<Log>>,
 }
 
 impl AppState {
-    pub fn new(engine: Arc<Engine>, info: ServerInfo) -> AppState {
+    pub fn new(engine: Arc<Engine>, info: ServerInfo, log: Arc<Log>) -> AppState {
+        let access_log = (!info.serve.disable_uvicorn_access_log).then_some(log);
         AppState {
             engine,
             info,
             request_counter: AtomicU64::new(0),
+            access_log,
         }
     }
 
@@ -104,7 +111,34 @@ pub fn router(state: Arc<AppState>) -> Router {
     }
     app.fallback(not_found)
         .layer(middleware::from_fn_with_state(Arc::clone(&state), gatekeeper))
+        .layer(middleware::from_fn_with_state(Arc::clone(&state), access_log))
         .with_state(state)
+}
+
+/// uvicorn's access line, as vLLM's server logs one for every request unless
+/// `--disable-uvicorn-access-log`: `127.0.0.1:51234 - "POST /v1/completions HTTP/1.1" 200 OK`,
+/// written when the response starts (a stream's when its head is sent; a hung request's never).
+async fn access_log(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    let Some(log) = state.access_log.clone() else {
+        return next.run(request).await;
+    };
+    let client = request
+        .extensions()
+        .get::<Peer>()
+        .map_or_else(|| "-".to_string(), |Peer(addr)| addr.to_string());
+    let target = request
+        .uri()
+        .path_and_query()
+        .map_or_else(|| request.uri().path().to_string(), ToString::to_string);
+    let line = format!("{client} - \"{} {target} HTTP/1.1\"", request.method());
+    let response = next.run(request).await;
+    let status = response.status();
+    log.uvicorn(&format!(
+        "{line} {} {}",
+        status.as_u16(),
+        status.canonical_reason().unwrap_or_default()
+    ));
+    response
 }
 
 /// Hang faults and `--api-key`, before any route.

@@ -84,6 +84,8 @@ pub struct ServeArgs {
     pub seed: i64,
     pub enable_force_include_usage: bool,
     pub api_key: Option<String>,
+    /// `--disable-uvicorn-access-log`: no line per request.
+    pub disable_uvicorn_access_log: bool,
     /// Every flag given, in order, as vLLM's `non-default args` line prints it.
     pub non_default: Vec<(String, ArgValue)>,
     /// Flags the emulator accepted but does not model (reported at startup).
@@ -111,6 +113,7 @@ impl ServeArgs {
             seed: 0,
             enable_force_include_usage: false,
             api_key: None,
+            disable_uvicorn_access_log: false,
             non_default: Vec::new(),
             unmodelled: Vec::new(),
         }
@@ -338,6 +341,10 @@ fn apply_flag(serve: &mut ServeArgs, name: &str, value: Option<String>) -> Resul
         "enable-force-include-usage" => {
             serve.enable_force_include_usage = bool_value(name, value)?;
             ArgValue::Bool(serve.enable_force_include_usage)
+        }
+        "disable-uvicorn-access-log" => {
+            serve.disable_uvicorn_access_log = bool_value(name, value)?;
+            ArgValue::Bool(serve.disable_uvicorn_access_log)
         }
         "api-key" => {
             serve.api_key = Some(required(name, value)?);

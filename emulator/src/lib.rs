@@ -324,7 +324,7 @@ pub async fn run_reporting(
                 vllm_env: config.vllm_env.clone(),
                 serve: config.serve.clone(),
             };
-            let app = api::router(Arc::new(AppState::new(engine, info)));
+            let app = api::router(Arc::new(AppState::new(engine, info, Arc::clone(&log))));
             // Like uvicorn under vLLM's launcher: on SIGTERM no new connection is taken and the
             // requests in flight (streams included) are answered before the process exits. The
             // listener sets TCP_NODELAY (streamed tokens are small writes), and closes a

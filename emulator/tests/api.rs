@@ -295,3 +295,28 @@ fn a_client_that_sends_half_a_head_is_disconnected_like_uvicorn_does() {
     // The server itself is fine.
     assert_eq!(e.get("/health").status, 200);
 }
+
+#[test]
+fn every_answered_request_gets_uvicorns_access_line_unless_vllms_flag_turns_it_off() {
+    let mut e = Emulator::ready(&[], &[]);
+    assert_eq!(e.get("/v1/models").status, 200);
+    assert_eq!(e.post("/v1/completions", "{").status, 400);
+    let models = e.wait_for_line("\"GET /v1/models HTTP/1.1\"");
+    let bad = e.wait_for_line("\"POST /v1/completions HTTP/1.1\"");
+    // `(APIServer pid=N) INFO:     127.0.0.1:PORT - "GET /v1/models HTTP/1.1" 200 OK`
+    let (prefix, rest) = models.split_once("INFO:     127.0.0.1:").unwrap();
+    assert!(prefix.starts_with("(APIServer pid="), "{models}");
+    let (port, line) = rest.split_once(' ').unwrap();
+    assert!(port.parse::<u16>().is_ok(), "{models}");
+    assert_eq!(line, "- \"GET /v1/models HTTP/1.1\" 200 OK");
+    assert!(bad.ends_with("\"POST /v1/completions HTTP/1.1\" 400 Bad Request"), "{bad}");
+
+    let mut quiet = Emulator::ready(&["--disable-uvicorn-access-log"], &[]);
+    assert_eq!(quiet.get("/v1/models").status, 200);
+    assert_eq!(quiet.get("/health").status, 200);
+    // Its stop is logged after anything the two requests could have logged.
+    quiet.terminate();
+    quiet.wait_for_line("Shutting down");
+    let log = quiet.drain_log();
+    assert!(!log.iter().any(|l| l.contains("HTTP/1.1\"")), "{log:?}");
+}

@@ -13,6 +13,7 @@
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -48,6 +49,10 @@ impl Default for Limits {
         }
     }
 }
+
+/// The client's address, in every request's extensions: what an access log names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Peer(pub SocketAddr);
 
 /// The answer to a connection over the cap, written before it is closed.
 const OVER_CAPACITY: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
@@ -88,10 +93,10 @@ where
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let mut connections = JoinSet::new();
     loop {
-        let stream = tokio::select! {
+        let (stream, peer) = tokio::select! {
             () = stop.cancelled() => break,
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
+                Ok(accepted) => accepted,
                 Err(e) => {
                     // Out of file descriptors and the like: back off a little instead of spinning.
                     tracing::warn!(error = %e, "accept failed");
@@ -109,7 +114,8 @@ where
         let (handle, builder, stop) = (handle.clone(), Arc::clone(&builder), stop.clone());
         connections.spawn(async move {
             let _slot = slot;
-            let service = service_fn(move |req| {
+            let service = service_fn(move |mut req: Request<Incoming>| {
+                req.extensions_mut().insert(Peer(peer));
                 let answer = handle(req);
                 async move { Ok::<_, Infallible>(answer.await) }
             });

@@ -30,7 +30,7 @@ cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; rm -r
 trap cleanup EXIT
 wait_port() { for _ in $(seq 600); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.05; done; echo "port $1 never opened" >&2; exit 1; }
 
-target/release/vllm-emulator serve Qwen/Qwen3-0.6B --host 127.0.0.1 --port $BACKEND --emu-instant --emu-zero-cost >"$T/emu.log" 2>&1 &
+target/release/vllm-emulator serve Qwen/Qwen3-0.6B --host 127.0.0.1 --port $BACKEND --emu-instant --emu-zero-cost --disable-uvicorn-access-log >"$T/emu.log" 2>&1 &
 PIDS+=($!)
 write_nginx_conf "$T" "$BACKEND" "$NGINX" $'master_process off;\n'
 STREAM_BODY='{"model":"Qwen/Qwen3-0.6B","prompt":"The capital of France is","max_tokens":16,"ignore_eos":true,"temperature":0,"stream":true}'

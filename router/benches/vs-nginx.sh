@@ -36,7 +36,7 @@ trap cleanup EXIT
 
 wait_port() { for _ in $(seq 200); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.05; done; echo "port $1 never opened" >&2; exit 1; }
 
-target/release/vllm-emulator serve Qwen/Qwen3-0.6B --host 127.0.0.1 --port $BACKEND --emu-instant --emu-zero-cost >"$T/emu.log" 2>&1 &
+target/release/vllm-emulator serve Qwen/Qwen3-0.6B --host 127.0.0.1 --port $BACKEND --emu-instant --emu-zero-cost --disable-uvicorn-access-log >"$T/emu.log" 2>&1 &
 PIDS+=($!)
 UNDERSTUDY_ADMIN_TOKEN=bench RUST_LOG=warn target/release/understudy-router gateway \
   --listen 127.0.0.1:$ROUTER --admin-listen 127.0.0.1:$ADMIN --workers 1 >"$T/router.log" 2>&1 &
