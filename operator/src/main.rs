@@ -239,6 +239,7 @@ async fn main() -> anyhow::Result<()> {
         &routers,
         router_token.as_ref(),
     ));
+    let urgent_rounds = observations.urgent_rounds();
     let probing = tokio::spawn(observations.clone().run());
     let steps = steps(&routers, router_token.as_ref(), &replicas);
     let gamedays = gamedays(
@@ -256,7 +257,7 @@ async fn main() -> anyhow::Result<()> {
     let outcome = tokio::select! {
         ((), ()) = async {
             tokio::join!(
-                controller::run(ctx, args.namespace.as_deref()),
+                controller::run(ctx, args.namespace.as_deref(), urgent_rounds),
                 gameday::controller::run(gamedays, args.namespace.as_deref()),
             )
         } => Ok(()),

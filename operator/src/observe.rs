@@ -24,7 +24,7 @@ use futures::future::{join, join_all, join3};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use understudy_core::Pool;
@@ -151,6 +151,9 @@ pub struct ProbingObservations {
     /// Wakes [`Self::run`] when a policy is tracked for the first time or a round finishes.
     changed: Notify,
     max_jitter: Duration,
+    /// Where a round that needs the state machine now names its policy, once
+    /// [`Self::urgent_rounds`] was asked for.
+    urgent: Mutex<Option<mpsc::UnboundedSender<ObjectRef<FailoverPolicy>>>>,
 }
 
 impl ProbingObservations {
@@ -164,7 +167,22 @@ impl ProbingObservations {
             gpu_agents: None,
             changed: Notify::new(),
             max_jitter: DEFAULT_MAX_JITTER,
+            urgent: Mutex::new(None),
         }
+    }
+
+    /// The policies whose round just found what the state machine must act on without waiting
+    /// for the policy's next reconcile: the primary not passing, a signal from the routers, or a
+    /// policy not simply serving (suspect, promoting, degraded). The controller reconciles each
+    /// at once ([`crate::controller::run`]); otherwise a failed round would wait up to a whole
+    /// probe interval for the requeue, which runs at a phase of its own. A round of passes waits
+    /// for it. A second call takes the stream from the first.
+    pub fn urgent_rounds(&self) -> impl futures::Stream<Item = ObjectRef<FailoverPolicy>> + Send + 'static {
+        let (send, receive) = mpsc::unbounded_channel();
+        *self.urgent.lock().unwrap_or_else(PoisonError::into_inner) = Some(send);
+        futures::stream::unfold(receive, |mut receive| async move {
+            receive.recv().await.map(|policy| (policy, receive))
+        })
     }
 
     /// Reads every node agent's GPU verdicts each round: a pool whose replicas on healthy GPUs
@@ -255,6 +273,7 @@ impl ProbingObservations {
             parity,
         } = self.round(&plan).await;
         checks.extend(self.passive(&plan).await);
+        let urgent = needs_acting_on(&plan.policy, &checks);
         {
             let mut policies = self.policies();
             if let Some(tracked) = policies.get_mut(policy) {
@@ -291,6 +310,10 @@ impl ProbingObservations {
                     tracked.pending.push_back(check);
                 }
             }
+        }
+        if urgent && let Some(urgent) = &*self.urgent.lock().unwrap_or_else(PoisonError::into_inner) {
+            // A controller that stopped reading has stopped reconciling too.
+            let _ = urgent.send(policy.clone());
         }
         self.changed.notify_one();
         true
@@ -642,6 +665,20 @@ impl ProbingObservations {
     }
 }
 
+/// Whether a round's `checks` of `policy` need its state machine now rather than at its next
+/// requeue: the primary did not pass, the routers saw something, or the policy is in any state
+/// but serving (where every round counts: a promotion waits for the new primary's passes).
+fn needs_acting_on(policy: &FailoverPolicy, checks: &[Observation]) -> bool {
+    let primary = primary_pool(policy);
+    let serving = policy.status.as_ref().and_then(|s| s.state.as_deref()) == Some("Serving");
+    !serving
+        || checks.iter().any(|check| match check {
+            Observation::Check { pool, result } => *pool == primary && *result != CheckResult::Pass,
+            Observation::Passive { .. } => true,
+            Observation::Parity { .. } => false,
+        })
+}
+
 /// The longest one router's `/signals` may take to answer.
 const SIGNALS_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -838,6 +875,52 @@ mod tests {
         assert!(observations.drain(&key).is_empty());
         assert!(observations.tracked().is_empty());
         probing.abort();
+    }
+
+    #[tokio::test]
+    async fn a_round_the_primary_fails_asks_for_a_reconcile_now_and_one_of_passes_while_serving_does_not() {
+        use futures::{FutureExt, StreamExt};
+        let east = replica(PARIS).await;
+        let west = replica(PARIS).await;
+        let replicas = FixedReplicas::default()
+            .with_pool("east", vec![east])
+            .with_pool("west", vec![west]);
+        let observations = ProbingObservations::new(Arc::new(replicas)).with_max_jitter(Duration::ZERO);
+        let urgent = observations.urgent_rounds();
+        tokio::pin!(urgent);
+        let serving = |mut p: FailoverPolicy, state: &str| {
+            p.status = Some(crate::crd::FailoverPolicyStatus {
+                state: Some(state.to_owned()),
+                ..Default::default()
+            });
+            p
+        };
+        /// The policy the stream names now, if any.
+        fn asked(
+            urgent: &mut (impl futures::Stream<Item = ObjectRef<FailoverPolicy>> + Unpin),
+        ) -> Option<ObjectRef<FailoverPolicy>> {
+            urgent.next().now_or_never().flatten()
+        }
+        let p = serving(policy(ONE_EACH), "Serving");
+        let key = ObjectRef::from_obj(&p);
+        observations.track(&p);
+        assert!(observations.probe_now(&key).await);
+        assert_eq!(asked(&mut urgent), None, "both pools passed while serving");
+
+        // Suspect (or promoting): every round counts.
+        observations.track(&serving(policy(ONE_EACH), "Suspect"));
+        assert!(observations.probe_now(&key).await);
+        assert_eq!(asked(&mut urgent), Some(key.clone()));
+
+        // Serving again, and the primary pool has no replica: a hard failure, acted on now.
+        let failing = FixedReplicas::default().with_pool("west", vec![replica(PARIS).await]);
+        let observations = ProbingObservations::new(Arc::new(failing)).with_max_jitter(Duration::ZERO);
+        let urgent = observations.urgent_rounds();
+        tokio::pin!(urgent);
+        observations.track(&p);
+        assert!(observations.probe_now(&key).await);
+        assert_eq!(asked(&mut urgent), Some(key.clone()));
+        assert_eq!(asked(&mut urgent), None, "once a round");
     }
 
     #[test]

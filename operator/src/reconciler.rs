@@ -11,7 +11,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{Stream, StreamExt};
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -19,6 +19,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
 use kube::core::DeserializeGuard;
 use kube::runtime::controller::{Action, Controller};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::runtime::watcher;
 use kube::{Client, Resource};
@@ -99,13 +100,15 @@ pub trait WithShell: Sized {
 
 /// Runs a controller of `K` over `namespace` (all namespaces when `None`) until the stream ends:
 /// objects that do not deserialize reach `reconcile` too, as a [`DeserializeGuard`], so that one
-/// malformed object is reported instead of breaking the watch.
+/// malformed object is reported instead of breaking the watch. Each object `reconcile_now` names
+/// is reconciled as soon as it can be, besides the watch's changes and the requeues.
 pub async fn run<K, C, R, Fut, E>(
     client: Client,
     ctx: Arc<C>,
     namespace: Option<&str>,
     reconcile: R,
     error_policy: fn(Arc<DeserializeGuard<K>>, &E, Arc<C>) -> Action,
+    reconcile_now: impl Stream<Item = ObjectRef<K>> + Send + 'static,
 ) where
     K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
         + Clone
@@ -123,7 +126,15 @@ pub async fn run<K, C, R, Fut, E>(
         Some(ns) => Api::namespaced(client, ns),
         None => Api::all(client),
     };
+    let reconcile_now = reconcile_now.map(|object| {
+        let guarded = ObjectRef::<DeserializeGuard<K>>::new(&object.name);
+        match &object.namespace {
+            Some(namespace) => guarded.within(namespace),
+            None => guarded,
+        }
+    });
     Controller::new(objects, watcher::Config::default().any_semantic())
+        .reconcile_on(reconcile_now)
         .shutdown_on_signal()
         .run(reconcile, error_policy, ctx)
         .for_each(|outcome| async move {

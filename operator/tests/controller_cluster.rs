@@ -48,7 +48,7 @@ mod cluster {
 
         let ctx = Arc::new(Context::new(client, Arc::new(Metrics::new()), None));
         let controller = tokio::spawn(async move {
-            understudy_operator::controller::run(ctx, Some(&namespace)).await;
+            understudy_operator::controller::run(ctx, Some(&namespace), futures::stream::empty()).await;
         });
         let mut seen = None;
         for _ in 0..60 {
@@ -122,7 +122,7 @@ mod cluster {
         let ctx = Arc::new(Context::new(client, Arc::new(Metrics::new()), None));
         let run_namespace = namespace.clone();
         let controller = tokio::spawn(async move {
-            understudy_operator::controller::run(ctx, Some(&run_namespace)).await;
+            understudy_operator::controller::run(ctx, Some(&run_namespace), futures::stream::empty()).await;
         });
         let mut reserve = None;
         for _ in 0..60 {

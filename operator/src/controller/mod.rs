@@ -49,6 +49,7 @@ mod update_status;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::Stream;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::Api;
 use kube::core::DeserializeGuard;
@@ -186,11 +187,25 @@ pub fn retry_cap(object: &DeserializeGuard<FailoverPolicy>) -> Duration {
     }
 }
 
-/// Runs the controller over one namespace or all of them until the stream ends.
-pub async fn run(ctx: Arc<Context>, namespace: Option<&str>) {
+/// Runs the controller over one namespace or all of them until the stream ends; each policy
+/// `reconcile_now` names (a probe round that needs acting on,
+/// [`crate::observe::ProbingObservations::urgent_rounds`]) is reconciled at once.
+pub async fn run(
+    ctx: Arc<Context>,
+    namespace: Option<&str>,
+    reconcile_now: impl Stream<Item = ObjectRef<FailoverPolicy>> + Send + 'static,
+) {
     // The epoch Leases are not watched: a label-less watch on Leases would stream every node's
     // heartbeat. The requeue at the probe interval reads each Lease instead.
-    reconciler::run(ctx.shell.client.clone(), ctx, namespace, reconcile, error_policy).await;
+    reconciler::run(
+        ctx.shell.client.clone(),
+        ctx,
+        namespace,
+        reconcile,
+        error_policy,
+        reconcile_now,
+    )
+    .await;
 }
 
 /// A deleted policy leaves its pools as they are, and its epoch Lease too: serving must not stop

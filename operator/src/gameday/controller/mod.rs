@@ -49,7 +49,15 @@ use self::policy::release;
 pub async fn run(ctx: Arc<Context>, namespace: Option<&str>) {
     // Policies are not watched: a run under way is looked at every few seconds, and its
     // measurements come from the timestamps in the policy's status, not from when we look.
-    reconciler::run(ctx.shell.client.clone(), ctx, namespace, reconcile, error_policy).await;
+    reconciler::run(
+        ctx.shell.client.clone(),
+        ctx,
+        namespace,
+        reconcile,
+        error_policy,
+        futures::stream::empty(),
+    )
+    .await;
 }
 
 /// Retries a failed reconcile soon: a run under way is timed by the policy's clock, not ours.
