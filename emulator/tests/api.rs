@@ -309,7 +309,10 @@ fn every_answered_request_gets_uvicorns_access_line_unless_vllms_flag_turns_it_o
     let (port, line) = rest.split_once(' ').unwrap();
     assert!(port.parse::<u16>().is_ok(), "{models}");
     assert_eq!(line, "- \"GET /v1/models HTTP/1.1\" 200 OK");
-    assert!(bad.ends_with("\"POST /v1/completions HTTP/1.1\" 400 Bad Request"), "{bad}");
+    assert!(
+        bad.ends_with("\"POST /v1/completions HTTP/1.1\" 400 Bad Request"),
+        "{bad}"
+    );
 
     let mut quiet = Emulator::ready(&["--disable-uvicorn-access-log"], &[]);
     assert_eq!(quiet.get("/v1/models").status, 200);

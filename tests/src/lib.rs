@@ -3,3 +3,4 @@
 //! here, in [`nodes`].
 
 pub mod nodes;
+pub mod process;

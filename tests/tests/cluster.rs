@@ -7,11 +7,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeSet;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
@@ -25,6 +25,7 @@ use understudy_api::crd::{ColdStartBreakdown, FailoverPolicy};
 use understudy_api::lease::EPOCH_ANNOTATION;
 use understudy_prober::coldstart::source::Recorded;
 use understudy_prober::coldstart::{self, ColdStartStage};
+use understudy_tests::process::Process;
 
 const MODEL: &str = "Qwen/Qwen3-0.6B";
 const ROUTER: &str = env!("CARGO_BIN_EXE_understudy-router-e2e");
@@ -278,66 +279,6 @@ fn http(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], bo
     let status = raw.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0);
     let body = raw.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_owned();
     (status, body)
-}
-
-/// A child process, killed when dropped, its output kept.
-struct Process {
-    child: Child,
-    output: Arc<Mutex<Vec<String>>>,
-}
-
-impl Process {
-    fn start(command: &mut Command) -> Process {
-        let mut child = command
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let output = Arc::new(Mutex::new(Vec::new()));
-        for pipe in [
-            child.stdout.take().map(|s| Box::new(s) as Box<dyn Read + Send>),
-            child.stderr.take().map(|s| Box::new(s) as Box<dyn Read + Send>),
-        ]
-        .into_iter()
-        .flatten()
-        {
-            let output = output.clone();
-            std::thread::spawn(move || {
-                for line in BufReader::new(pipe).lines().map_while(Result::ok) {
-                    output.lock().unwrap().push(line);
-                }
-            });
-        }
-        Process { child, output }
-    }
-
-    fn lines(&self) -> Vec<String> {
-        self.output.lock().unwrap().clone()
-    }
-
-    /// The address announced in a `<prefix>ADDR` line.
-    fn announced(&self, prefix: &str) -> SocketAddr {
-        let until = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Some(addr) = self
-                .lines()
-                .iter()
-                .find_map(|l| l.strip_prefix(prefix)?.parse().ok())
-            {
-                return addr;
-            }
-            assert!(Instant::now() < until, "no `{prefix}` line: {:?}", self.lines());
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 #[tokio::test]
@@ -1381,7 +1322,7 @@ async fn an_operator_whose_leader_lease_another_replica_took_stops_leading_and_e
     // a fresh one contends again, rather than acting on a leadership it no longer has.
     let until = Instant::now() + Duration::from_secs(60);
     let status = loop {
-        if let Some(status) = operator.child.try_wait().unwrap() {
+        if let Some(status) = operator.try_wait().unwrap() {
             break status;
         }
         assert!(Instant::now() < until, "still running: {:#?}", operator.lines());
