@@ -130,14 +130,18 @@ async fn access_log(State(state): State<Arc<AppState>>, request: Request, next: 
         .uri()
         .path_and_query()
         .map_or_else(|| request.uri().path().to_string(), ToString::to_string);
-    let line = format!("{client} - \"{} {target} HTTP/1.1\"", request.method());
+    let line = format!(
+        "{client} - \"{} {target} {:?}\"",
+        request.method(),
+        request.version()
+    );
     let response = next.run(request).await;
     let status = response.status();
-    log.uvicorn(&format!(
-        "{line} {} {}",
-        status.as_u16(),
-        status.canonical_reason().unwrap_or_default()
-    ));
+    let reason = status
+        .canonical_reason()
+        .map(|r| format!(" {r}"))
+        .unwrap_or_default();
+    log.uvicorn(&format!("{line} {}{reason}", status.as_u16()));
     response
 }
 

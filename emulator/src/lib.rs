@@ -205,10 +205,12 @@ impl Exit {
 /// uvicorn's shutdown; logged as vLLM logs it.
 /// The API port's limits: uvicorn's keep-alive timeout under vLLM (`VLLM_HTTP_TIMEOUT_KEEP_ALIVE`,
 /// 5 s) bounds an idle connection and the wait for a head; the rest are the router's defaults.
+/// Each request carries its client's address, for uvicorn's access line.
 const API_LIMITS: Limits = Limits {
     header_read_timeout: Duration::from_secs(5),
     max_header_bytes: 64 * 1024,
     max_connections: 4096,
+    peer_in_extensions: true,
 };
 
 async fn stop_asked(log: &Log) {

@@ -38,6 +38,9 @@ pub struct Limits {
     pub max_header_bytes: usize,
     /// Connections served at once. One more is answered 503 with `Retry-After` and closed.
     pub max_connections: usize,
+    /// Whether each request carries its client's address as a [`Peer`] extension (for an access
+    /// log); off, a request allocates nothing for it.
+    pub peer_in_extensions: bool,
 }
 
 impl Default for Limits {
@@ -46,11 +49,13 @@ impl Default for Limits {
             header_read_timeout: Duration::from_secs(10),
             max_header_bytes: 64 * 1024,
             max_connections: 4096,
+            peer_in_extensions: false,
         }
     }
 }
 
-/// The client's address, in every request's extensions: what an access log names.
+/// The client's address, in a request's extensions when [`Limits::peer_in_extensions`] says so:
+/// what an access log names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Peer(pub SocketAddr);
 
@@ -115,7 +120,9 @@ where
         connections.spawn(async move {
             let _slot = slot;
             let service = service_fn(move |mut req: Request<Incoming>| {
-                req.extensions_mut().insert(Peer(peer));
+                if limits.peer_in_extensions {
+                    req.extensions_mut().insert(Peer(peer));
+                }
                 let answer = handle(req);
                 async move { Ok::<_, Infallible>(answer.await) }
             });

@@ -142,6 +142,7 @@ impl ServingArgs {
             header_read_timeout: Duration::from_millis(self.header_read_timeout_ms),
             max_header_bytes: self.max_header_bytes,
             max_connections: self.max_connections.max(1),
+            peer_in_extensions: false,
         }
     }
 }

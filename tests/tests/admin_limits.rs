@@ -22,6 +22,7 @@ const TIGHT: Limits = Limits {
     header_read_timeout: Duration::from_secs(1),
     max_header_bytes: 1024,
     max_connections: 1,
+    peer_in_extensions: false,
 };
 
 async fn bound() -> (TcpListener, SocketAddr) {
