@@ -173,7 +173,7 @@ impl ProbingObservations {
 
     /// The policies whose round just found what the state machine must act on without waiting
     /// for the policy's next reconcile: the primary not passing, a signal from the routers, or a
-    /// policy not simply serving (suspect, promoting, degraded). The controller reconciles each
+    /// policy that is suspect or promoting. The controller reconciles each
     /// at once ([`crate::controller::run`]); otherwise a failed round would wait up to a whole
     /// probe interval for the requeue, which runs at a phase of its own. A round of passes waits
     /// for it. A second call takes the stream from the first.
@@ -666,12 +666,13 @@ impl ProbingObservations {
 }
 
 /// Whether a round's `checks` of `policy` need its state machine now rather than at its next
-/// requeue: the primary did not pass, the routers saw something, or the policy is in any state
-/// but serving (where every round counts: a promotion waits for the new primary's passes).
+/// requeue: the primary did not pass, the routers saw something, or the policy is suspect (a pass
+/// clears it) or promoting (the new primary's passes move the route). A stranded policy is
+/// acted on through its failing primary; one that merely passes waits for the requeue.
 fn needs_acting_on(policy: &FailoverPolicy, checks: &[Observation]) -> bool {
     let primary = primary_pool(policy);
-    let serving = policy.status.as_ref().and_then(|s| s.state.as_deref()) == Some("Serving");
-    !serving
+    let state = policy.status.as_ref().and_then(|s| s.state.as_deref());
+    matches!(state, Some("Suspect" | "Promoting"))
         || checks.iter().any(|check| match check {
             Observation::Check { pool, result } => *pool == primary && *result != CheckResult::Pass,
             Observation::Passive { .. } => true,
