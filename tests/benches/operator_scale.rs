@@ -9,9 +9,10 @@
 //!   the probes' arrival times over the sampled intervals, folded onto one interval, give the
 //!   share of the interval they arrive over and the busiest 100 ms;
 //! - **CPU per interval and memory**, of the operator's process (`/proc/PID/stat` and `status`);
-//! - **a failover**: every policy's primary pods killed at once (SIGKILL), then the time until the
-//!   router holds each policy's standby at epoch 1, from the kill (read here) and from the first
-//!   failed round (the operator's `status.lastFailover.faultSeenAt`).
+//! - **a failover**: every policy's primary pods killed at once (one SIGKILL each, by one
+//!   kill(1)), then per policy the time until the router holds its standby at epoch 1, seen from
+//!   here, and the time from the decision to the route as the operator's timeline times its steps
+//!   (`status.lastFailover.steps`, milliseconds).
 //!
 //! It reports; it asserts nothing. `tests/cluster/scale.sh` brings the cluster up and runs it:
 //!
@@ -28,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use futures::future::join_all;
-use jiff::{SignedDuration, Timestamp};
+use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{Api, DeleteParams, ListParams, LogParams, PostParams};
@@ -88,9 +89,10 @@ struct Measured {
     cpu_per_interval: Duration,
     rss_mib: f64,
     peak_rss_mib: f64,
-    /// Per policy: from the kill, and from the first failed round, to the router's new route.
+    /// Per policy: from the kill to the router's new route, seen from here.
     kill_to_route: Vec<Duration>,
-    seen_to_route: Vec<Duration>,
+    /// Per policy: from the decision to the route, as the operator's timeline times its steps.
+    decision_to_route: Vec<Duration>,
 }
 
 #[tokio::main]
@@ -243,7 +245,10 @@ impl Bench {
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
         for policy in 0..setup.policies {
-            routed(admin, &ns, policy, "east", 0, Duration::from_secs(60)).await?;
+            let holds = route_held(admin, &ns, policy)?;
+            if holds["route"]["pool"] != "east" || holds["route"]["epoch"] != 0 {
+                bail!("p{policy} is settled but the router holds {holds}");
+            }
         }
         eprintln!(
             "  {} policies settled and routed in {:.0?}",
@@ -267,40 +272,40 @@ impl Bench {
         measured.rss_mib = rss_mib;
         measured.peak_rss_mib = peak_rss_mib;
 
-        // Every primary at once.
-        let primaries: Vec<Pod> = pods
+        // Every primary at once: their processes listed first, then killed by one kill(1), with
+        // the routes already being watched.
+        let primaries = pods
             .list(&ListParams::default())
             .await?
             .items
             .into_iter()
             .filter(|p| p.name_any().contains("-east-"))
-            .collect();
+            .map(|p| container_pid(&p).map(|pid| pid.to_string()))
+            .collect::<anyhow::Result<Vec<String>>>()?;
+        let watching = tokio::task::spawn_blocking({
+            let ns = ns.clone();
+            move || first_routed(admin, &ns, setup.policies, Duration::from_secs(120))
+        });
         let killed_at = Instant::now();
-        let killed_ts = Timestamp::now();
-        for pod in &primaries {
-            let _ = Command::new("kill")
-                .args(["-KILL", &container_pid(pod)?.to_string()])
-                .status();
+        let killed = Command::new("kill").arg("-KILL").args(&primaries).status()?;
+        if !killed.success() {
+            bail!("kill -KILL of {} primary replicas: {killed}", primaries.len());
         }
-        let routes = join_all(
-            (0..setup.policies).map(|policy| routed(admin, &ns, policy, "west", 1, Duration::from_secs(120))),
-        )
-        .await;
-        for (policy, at) in routes.into_iter().enumerate() {
-            let at =
-                at.with_context(|| format!("p{policy} after the kill; operator: {:?}", tail(&operator)))?;
+        let routed = watching
+            .await?
+            .with_context(|| format!("operator: {:?}", tail(&operator)))?;
+        for (policy, at) in routed.into_iter().enumerate() {
             measured.kill_to_route.push(at.duration_since(killed_at));
             let status = policies.get_status(&format!("p{policy}")).await?;
-            let seen = status
+            let steps = status
                 .status
                 .and_then(|s| s.last_failover)
-                .and_then(|f| f.fault_seen_at)
-                .and_then(|t| t.parse::<Timestamp>().ok());
-            if let Some(seen) = seen {
-                let routed_ts = killed_ts + SignedDuration::try_from(at.duration_since(killed_at))?;
-                measured
-                    .seen_to_route
-                    .push(routed_ts.duration_since(seen).unsigned_abs());
+                .map(|f| f.steps)
+                .unwrap_or_default();
+            // Steps run one after another: the decision to the route is the steps up to Routed.
+            if let Some(routed) = steps.iter().position(|step| step.step == "Routed") {
+                let ms: u64 = steps[..=routed].iter().filter_map(|step| step.milliseconds).sum();
+                measured.decision_to_route.push(Duration::from_millis(ms));
             }
         }
         drop(operator);
@@ -412,34 +417,36 @@ fn settled(policy: &FailoverPolicy) -> bool {
         && holds(condition_type::STANDBY_PROVEN)
 }
 
-/// When the router at `admin` first held `pool` at `epoch` for policy `p{index}`, polled every
-/// 20 ms.
-async fn routed(
+/// When the router at `admin` first held each policy's standby (`west`) at epoch 1, in policy
+/// order; one loop asks for every policy not yet moved, then sleeps 20 ms.
+fn first_routed(
     admin: SocketAddr,
     ns: &str,
-    index: usize,
-    pool: &str,
-    epoch: u64,
+    policies: usize,
     limit: Duration,
-) -> anyhow::Result<Instant> {
-    let path = format!("/route?policy={ns}/p{index}");
+) -> anyhow::Result<Vec<Instant>> {
+    let mut routed: Vec<Option<Instant>> = vec![None; policies];
     let until = Instant::now() + limit;
-    loop {
-        let body = tokio::task::spawn_blocking({
-            let path = path.clone();
-            move || get(admin, &path)
-        })
-        .await??;
-        let now = Instant::now();
-        let holds: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
-        if holds["route"]["pool"] == pool && holds["route"]["epoch"] == epoch {
-            return Ok(now);
+    while routed.iter().any(Option::is_none) {
+        for (index, at) in routed.iter_mut().enumerate().filter(|(_, at)| at.is_none()) {
+            let holds = route_held(admin, ns, index)?;
+            if holds["route"]["pool"] == "west" && holds["route"]["epoch"] == 1 {
+                *at = Some(Instant::now());
+            }
         }
-        if now > until {
-            bail!("the router did not hold {pool} at epoch {epoch} for p{index} within {limit:?}: {body}");
+        if Instant::now() > until {
+            let left: Vec<usize> = (0..policies).filter(|i| routed[*i].is_none()).collect();
+            bail!("the router did not move policies {left:?} to west at epoch 1 within {limit:?}");
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        std::thread::sleep(Duration::from_millis(20));
     }
+    Ok(routed.into_iter().flatten().collect())
+}
+
+/// What the router at `admin` holds for policy `p{index}`.
+fn route_held(admin: SocketAddr, ns: &str, index: usize) -> anyhow::Result<Value> {
+    let body = get(admin, &format!("/route?policy={ns}/p{index}"))?;
+    Ok(serde_json::from_str(&body).unwrap_or(Value::Null))
 }
 
 /// `GET path` on the router's admin port; the body.
@@ -605,45 +612,59 @@ fn report(results: &[(Setup, Measured)]) {
             m.cpu_per_interval.as_secs_f64() * 1e3 / s.total() as f64
         )
     });
-    row("  replicas one core probes per interval", &|s, m| {
+    row("  replicas one core takes, same mix", &|s, m| {
         let per_replica = m.cpu_per_interval.as_secs_f64() / s.total() as f64;
         format!("{:.0}", INTERVAL.as_secs_f64() / per_replica.max(f64::EPSILON))
     });
     row("operator memory (RSS / peak)", &|_, m| {
         format!("{:.0} / {:.0} MiB", m.rss_mib, m.peak_rss_mib)
     });
-    row("failover: kill -> new route (median)", &|_, m| {
-        seconds(median(&m.kill_to_route))
+    row("failovers timed (every policy at once)", &|_, m| {
+        m.kill_to_route.len().to_string()
     });
-    row("failover: kill -> new route (slowest)", &|_, m| {
-        seconds(m.kill_to_route.iter().max().copied())
+    row("  kill -> router holds the new route", &|_, m| {
+        spread_of(&m.kill_to_route)
     });
-    row("failed round -> new route (median)", &|_, m| {
-        seconds(median(&m.seen_to_route))
+    row("  decision -> routed (operator's steps)", &|_, m| {
+        spread_of(&m.decision_to_route)
     });
-    row("failed round -> new route (slowest)", &|_, m| {
-        seconds(m.seen_to_route.iter().max().copied())
-    });
-    if let [(a, first), (b, second), ..] = results {
-        let ratio = |x: Duration, y: Duration| y.as_secs_f64() / x.as_secs_f64().max(f64::EPSILON);
+    // Side by side: each setup against the one before it over as many replicas.
+    for pair in results.windows(2) {
+        let [(a, first), (b, second)] = pair else { continue };
+        if a.total() != b.total() {
+            continue;
+        }
         println!(
-            "{}x{} over {}x{}: CPU per interval {:.2}x, peak memory {:.2}x",
+            "{}x{} over {}x{} ({} replicas): CPU per interval {:.2}x, peak memory {:.2}x",
             b.policies,
             b.replicas,
             a.policies,
             a.replicas,
-            ratio(first.cpu_per_interval, second.cpu_per_interval),
+            a.total(),
+            second.cpu_per_interval.as_secs_f64() / first.cpu_per_interval.as_secs_f64().max(f64::EPSILON),
             second.peak_rss_mib / first.peak_rss_mib.max(f64::EPSILON),
         );
     }
 }
 
-fn median(values: &[Duration]) -> Option<Duration> {
+/// The fastest, median and slowest of `values`, in seconds (one value alone when there is one).
+fn spread_of(values: &[Duration]) -> String {
     let mut sorted = values.to_vec();
     sorted.sort_unstable();
-    sorted.get(sorted.len() / 2).copied()
-}
-
-fn seconds(value: Option<Duration>) -> String {
-    value.map_or_else(|| "-".to_owned(), |d| format!("{:.2} s", d.as_secs_f64()))
+    let middle = match sorted.len() {
+        0 => return "-".to_owned(),
+        n if n % 2 == 1 => sorted[n / 2],
+        n => (sorted[n / 2 - 1] + sorted[n / 2]) / 2,
+    };
+    match (sorted.first(), sorted.last()) {
+        (Some(first), Some(last)) if sorted.len() > 1 => {
+            format!(
+                "{:.1}/{:.1}/{:.1} s",
+                first.as_secs_f64(),
+                middle.as_secs_f64(),
+                last.as_secs_f64()
+            )
+        }
+        _ => format!("{:.2} s", middle.as_secs_f64()),
+    }
 }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The operator at scale (tests/benches/operator_scale.rs): a real control plane (up.sh), emulated
-# nodes with room for 1,200 pods whose containers are release-built `vllm-emulator` processes,
+# nodes with room for 1,320 pods whose containers are release-built `vllm-emulator` processes,
 # the CRDs, then the release-built operator and router against one setup after another, side by
 # side in one report. It reports; it asserts nothing; everything it started is stopped on exit.
 #
