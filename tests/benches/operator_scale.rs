@@ -11,8 +11,7 @@
 //! - **CPU per interval and memory**, of the operator's process (`/proc/PID/stat` and `status`);
 //! - **a failover**: every policy's primary pods killed at once (one SIGKILL each, by one
 //!   kill(1)), then per policy the time until the router holds its standby at epoch 1, seen from
-//!   here, and the time from the decision to the route as the operator's timeline times its steps
-//!   (`status.lastFailover.steps`, milliseconds).
+//!   here. (The operator's timeline cannot split it: its timestamps are whole seconds.)
 //!
 //! It reports; it asserts nothing. `tests/cluster/scale.sh` brings the cluster up and runs it:
 //!
@@ -91,8 +90,6 @@ struct Measured {
     peak_rss_mib: f64,
     /// Per policy: from the kill to the router's new route, seen from here.
     kill_to_route: Vec<Duration>,
-    /// Per policy: from the decision to the route, as the operator's timeline times its steps.
-    decision_to_route: Vec<Duration>,
 }
 
 #[tokio::main]
@@ -294,20 +291,7 @@ impl Bench {
         let routed = watching
             .await?
             .with_context(|| format!("operator: {:?}", tail(&operator)))?;
-        for (policy, at) in routed.into_iter().enumerate() {
-            measured.kill_to_route.push(at.duration_since(killed_at));
-            let status = policies.get_status(&format!("p{policy}")).await?;
-            let steps = status
-                .status
-                .and_then(|s| s.last_failover)
-                .map(|f| f.steps)
-                .unwrap_or_default();
-            // Steps run one after another: the decision to the route is the steps up to Routed.
-            if let Some(routed) = steps.iter().position(|step| step.step == "Routed") {
-                let ms: u64 = steps[..=routed].iter().filter_map(|step| step.milliseconds).sum();
-                measured.decision_to_route.push(Duration::from_millis(ms));
-            }
-        }
+        measured.kill_to_route = routed.iter().map(|at| at.duration_since(killed_at)).collect();
         drop(operator);
         drop(router);
         self.fresh_namespace_gone(&ns).await?;
@@ -624,9 +608,6 @@ fn report(results: &[(Setup, Measured)]) {
     });
     row("  kill -> router holds the new route", &|_, m| {
         spread_of(&m.kill_to_route)
-    });
-    row("  decision -> routed (operator's steps)", &|_, m| {
-        spread_of(&m.decision_to_route)
     });
     // Side by side: each setup against the one before it over as many replicas.
     for pair in results.windows(2) {
