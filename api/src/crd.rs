@@ -315,7 +315,8 @@ pub struct PoolSpec {
 }
 
 impl PoolSpec {
-    /// The standby tiers as the operator runs them: an empty list means every replica hot.
+    /// The standby tiers as the operator runs them: an empty list means every replica hot, and a
+    /// pool whose every replica is pilot light keeps one of them running, hot ([`keep_one_lit`]).
     #[must_use]
     pub fn standby_groups(&self) -> Vec<TierGroup> {
         if self.standby.is_empty() {
@@ -326,7 +327,7 @@ impl PoolSpec {
                 reserve_gpus: None,
             }]
         } else {
-            self.standby.clone()
+            keep_one_lit(self.standby.clone())
         }
     }
 
@@ -389,6 +390,40 @@ pub enum WorkloadKind {
     LeaderWorkerSet,
 }
 
+/// `groups` with one replica of a pilot-light group made hot when every replica is pilot light.
+///
+/// A standby with nothing running cannot be proven: a round that probes no replica fails hard,
+/// so such a pool would never be eligible for promotion, and would be promoted blind if it were.
+/// The pilot flame is the one replica kept running; it comes from a group whose GPUs are reserved
+/// when there is one (it holds its own GPU, so one placeholder fewer is needed), and the rest
+/// grow on promotion as before.
+fn keep_one_lit(mut groups: Vec<TierGroup>) -> Vec<TierGroup> {
+    if groups.iter().any(|group| group.tier != Tier::PilotLight) {
+        return groups;
+    }
+    let Some(from) = groups
+        .iter()
+        .position(TierGroup::reserve_gpus)
+        .or_else(|| groups.iter().position(|group| group.replicas > 0))
+    else {
+        return groups;
+    };
+    groups[from].replicas -= 1;
+    if groups[from].replicas == 0 {
+        groups.remove(from);
+    }
+    groups.insert(
+        0,
+        TierGroup {
+            tier: Tier::Hot,
+            replicas: 1,
+            sleep_level: None,
+            reserve_gpus: None,
+        },
+    );
+    groups
+}
+
 /// A number of standby replicas that wait in the same way.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
@@ -440,7 +475,8 @@ pub enum Tier {
     Hot,
     /// Asleep through vLLM sleep mode: woken, probed, then routed.
     Warm,
-    /// Not running: scaled up, cold-started, probed, then routed.
+    /// Not running: scaled up, cold-started, probed, then routed. A pool whose every replica is
+    /// pilot light keeps one running, hot, so that it can be proven before it is promoted.
     PilotLight,
 }
 

@@ -1079,6 +1079,42 @@ recoveryObjective: 5m
     }
 
     #[test]
+    fn a_pool_all_pilot_light_keeps_one_replica_running_hot_and_reserves_one_gpu_fewer() {
+        let all_pilot = |groups: &str| {
+            with_pools(&format!(
+                "{POOL_B}  - name: east\n    workload: {{kind: StatefulSet, name: llm}}\n    replicas: 4\n    \
+                 standby:\n{groups}"
+            ))
+        };
+        let spec = all_pilot("      - {tier: pilotLight, replicas: 4, reserveGpus: true}\n");
+        assert!(validate(&spec).is_ok());
+        let groups = spec.pools[1].standby_groups();
+        let tiers: Vec<(Tier, u32, bool)> = groups
+            .iter()
+            .map(|g| (g.tier, g.replicas, g.reserve_gpus()))
+            .collect();
+        assert_eq!(tiers, [(Tier::Hot, 1, false), (Tier::PilotLight, 3, true)]);
+        let shape = spec.pools[1].standby_shape();
+        assert_eq!((shape.replicas, shape.pilot_light, shape.warm), (4, 3, 0));
+        assert_eq!(shape.round_quorum(understudy_core::quorum::Role::Standby), 1);
+
+        // The kept replica comes from a reserved group, which needs one placeholder fewer.
+        let spec = all_pilot(
+            "      - {tier: pilotLight, replicas: 3}\n      - {tier: pilotLight, replicas: 1, reserveGpus: true}\n",
+        );
+        let tiers: Vec<(Tier, u32, bool)> = spec.pools[1]
+            .standby_groups()
+            .iter()
+            .map(|g| (g.tier, g.replicas, g.reserve_gpus()))
+            .collect();
+        assert_eq!(tiers, [(Tier::Hot, 1, false), (Tier::PilotLight, 3, false)]);
+
+        // A pool with anything but pilot light keeps its tiers as written.
+        let spec = all_pilot("      - {tier: warm, replicas: 1}\n      - {tier: pilotLight, replicas: 3}\n");
+        assert_eq!(spec.pools[1].standby_groups(), spec.pools[1].standby);
+    }
+
+    #[test]
     fn warm_replicas_sleep_at_level_one_and_pilot_lights_reserve_nothing_unless_told() {
         let spec = with_pools(&format!(
             "{POOL_B}  - name: east\n    workload: {{kind: StatefulSet, name: llm}}\n    replicas: 4\n    \

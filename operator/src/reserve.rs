@@ -114,7 +114,7 @@ pub fn reserve_plan(policy: &str, spec: &FailoverPolicySpec, primary: Pool) -> O
     let standby = primary.other();
     let pool = spec.pools.get(standby.index())?;
     let replicas: u32 = pool
-        .standby
+        .standby_groups()
         .iter()
         .filter(|group| group.tier == Tier::PilotLight && group.reserve_gpus())
         .map(|group| group.replicas)

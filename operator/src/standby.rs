@@ -23,8 +23,10 @@ use crate::workload::Workload;
 /// What one pass did to the standby.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Kept {
-    /// The workload's replicas lowered from, to the replicas its hot and warm tiers run.
-    pub scaled_down: Option<(u32, u32)>,
+    /// The workload's replicas changed from, to the replicas its hot and warm tiers run: lowered
+    /// as a pool becomes the standby, or raised from none (an all-pilot-light pool's one kept
+    /// running, found with nothing running).
+    pub scaled: Option<(u32, u32)>,
     /// Replicas put to sleep, each after a passing probe.
     pub put_to_sleep: Vec<String>,
     /// Replicas left awake that should sleep, and why.
@@ -35,17 +37,21 @@ impl Kept {
     /// Whether anything changed.
     #[must_use]
     pub fn changed(&self) -> bool {
-        self.scaled_down.is_some() || !self.put_to_sleep.is_empty()
+        self.scaled.is_some() || !self.put_to_sleep.is_empty()
     }
 }
 
 impl fmt::Display for Kept {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut parts = Vec::new();
-        if let Some((from, to)) = self.scaled_down {
-            parts.push(format!(
+        match self.scaled {
+            Some((from, to)) if from > to => parts.push(format!(
                 "scaled from {from} to {to} replicas: its pilot light does not run"
-            ));
+            )),
+            Some((from, to)) => parts.push(format!(
+                "scaled from {from} to {to} replicas: a standby with nothing running cannot be proven"
+            )),
+            None => {}
         }
         if !self.put_to_sleep.is_empty() {
             parts.push(format!(
@@ -83,7 +89,7 @@ pub enum Sleep {
     Not(String),
 }
 
-/// Scales `pool`'s workload down to its hot and warm replicas, then puts its warm replicas to
+/// Scales `pool`'s workload to its hot and warm replicas, then puts its warm replicas to
 /// sleep, as `sleep` allows, until as many sleep as its warm tier says.
 pub async fn keep(
     workload: &Workload,
@@ -98,14 +104,14 @@ pub async fn keep(
     let mut kept = Kept::default();
     let running = shape.replicas.saturating_sub(shape.pilot_light);
     if shape.pilot_light > 0 {
-        let lowered = workload
-            .scale_down_to(running)
+        let changed = workload
+            .scale_standby_to(running)
             .await
             .map_err(|source| Error::Scale {
                 workload: pool.workload.name.clone(),
                 source,
             })?;
-        kept.scaled_down = lowered.map(|from| (from, running));
+        kept.scaled = changed.map(|from| (from, running));
     }
     if shape.warm == 0 {
         return Ok(kept);

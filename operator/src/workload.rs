@@ -56,13 +56,14 @@ impl Workload {
         Ok(true)
     }
 
-    /// Lower the desired replicas to `replicas`; never raises them. Returns the replicas it
-    /// lowered from, or `None` when there was nothing to lower. The same patch as
+    /// A standby's replicas brought to `replicas`: lowered to them, or raised to them from none (a
+    /// standby with nothing running cannot be proven), never raised otherwise. Returns the
+    /// replicas it changed from, or `None` when it changed nothing. The same patch as
     /// [`Workload::scale_up_to`].
-    pub async fn scale_down_to(&self, replicas: u32) -> Result<Option<u32>, kube::Error> {
+    pub async fn scale_standby_to(&self, replicas: u32) -> Result<Option<u32>, kube::Error> {
         let desired = self.desired_replicas().await?;
         match u32::try_from(desired) {
-            Ok(from) if from > replicas => {
+            Ok(from) if from > replicas || (from == 0 && replicas > 0) => {
                 self.set_replicas(replicas).await?;
                 Ok(Some(from))
             }

@@ -157,7 +157,7 @@ async fn the_warm_replicas_sleep_after_a_passing_probe_and_a_standby_in_shape_is
     let (_replicas, endpoints) = three_replicas();
 
     let kept = keep(&policy, &endpoints, expect.clone()).await;
-    assert_eq!(kept.scaled_down, None);
+    assert_eq!(kept.scaled, None);
     assert!(kept.left_awake.is_empty(), "{kept}");
     // The last two by address sleep; the first stays awake as the hot replica.
     let slept: Vec<String> = endpoints[1..].iter().rev().map(ToString::to_string).collect();

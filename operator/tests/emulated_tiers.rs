@@ -805,7 +805,8 @@ async fn a_warm_level_2_standby_is_woken_weights_first_reloaded_then_its_cache()
 }
 
 #[tokio::test]
-async fn a_pilot_light_grows_into_its_reserve_and_the_old_primary_shrinks_into_a_new_one() {
+async fn an_all_pilot_light_standby_runs_one_replica_grows_the_other_into_its_reserve_and_the_old_primary_shrinks()
+ {
     let ran = run(Path {
         east: pool(
             "us-east",
@@ -818,14 +819,16 @@ async fn a_pilot_light_grows_into_its_reserve_and_the_old_primary_shrinks_into_a
         drift: None,
     })
     .await;
-    // Placeholders hold the standby's GPUs until its own pods are ready on them; then the old
-    // primary shrinks to its hot replica, and a placeholder holds the GPUs its pilot light let go.
+    // West is all pilot light: one replica runs (hot, holding its own GPU) so that it can be
+    // proven, and a placeholder holds the other's GPU until its pod is ready on it; then the old
+    // primary shrinks to its hot replica, and a placeholder holds the GPU its pilot light let go.
     let api = [
-        "apply llama-us-west-reserve: 2 placeholder(s)",
+        "apply llama-us-west-reserve: 1 placeholder(s)",
+        "scale vllm-west: 0 → 1",
         COMMAND,
         LEASE,
         FENCE,
-        "scale vllm-west: 0 → 2",
+        "scale vllm-west: 1 → 2",
         ROUTE,
         ADMISSION,
         "delete llama-us-west-reserve",
@@ -834,7 +837,7 @@ async fn a_pilot_light_grows_into_its_reserve_and_the_old_primary_shrinks_into_a
     ];
     assert_eq!(without_replicas(&ran.journal), strings(&api));
     // The first pod ready is probed alone, and one of two is not enough; both answer next time.
-    let (before_route, after_route) = (&api[..5], &api[5..]);
+    let (before_route, after_route) = (&api[..6], &api[6..]);
     let mut first = strings(before_route);
     first.extend(strings(&["west-0 probe", "west-0 probe"]));
     first.extend(strings(after_route));
