@@ -152,12 +152,22 @@ pub struct ValidatedPolicy {
 }
 
 impl ValidatedPolicy {
-    /// The longest a crashed primary (refused connections, a dead engine) goes unnoticed: the
-    /// hard-failure rounds that promote, each a probe interval, and one probe timeout for the
-    /// round in flight when it failed.
+    /// The longest a failed primary goes unnoticed, whatever the failure: a hung one (every probe
+    /// times out, a soft failure) is replaced after `promoteAfter` failed rounds, each a probe
+    /// interval, and one probe timeout for the round in flight when it hung. A crash is seen
+    /// sooner ([`Self::crash_detection`]); the objective is judged by the slower.
     #[must_use]
     pub fn detection(&self) -> Duration {
-        self.probe.interval * self.failover.hard_promote_after + self.probe.timeout
+        self.probe.interval * self.failover.promote_after + self.probe.timeout
+    }
+
+    /// The longest a crashed primary (refused connections, 5xx, a dead engine) goes unnoticed:
+    /// its failed rounds count as hard failures and as failures, so it is replaced at whichever
+    /// count comes first, `hardFailure.promoteAfter` or `promoteAfter`, plus one probe timeout.
+    #[must_use]
+    pub fn crash_detection(&self) -> Duration {
+        let rounds = self.failover.hard_promote_after.min(self.failover.promote_after);
+        self.probe.interval * rounds + self.probe.timeout
     }
 }
 
@@ -999,12 +1009,13 @@ recoveryObjective: 5m
     }
 
     #[test]
-    fn detection_is_the_hard_failure_rounds_and_one_timeout() {
+    fn detection_is_a_hangs_failed_rounds_and_one_timeout_and_a_crash_is_seen_sooner() {
         let policy = validate(&minimal_with(
-            "probe: {interval: 10s, timeout: 5s}\ntrigger: {hardFailure: {promoteAfter: 2}}\n",
+            "probe: {interval: 10s, timeout: 5s}\ntrigger: {promoteAfter: 4, hardFailure: {promoteAfter: 2}}\n",
         ))
         .unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(policy.detection(), Duration::from_secs(25));
+        assert_eq!(policy.detection(), Duration::from_secs(45));
+        assert_eq!(policy.crash_detection(), Duration::from_secs(25));
     }
 
     #[test]

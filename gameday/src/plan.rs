@@ -244,10 +244,11 @@ pub fn plan(
 /// How the detection time adds up, as [`ValidatedPolicy::detection`] counts it.
 fn detection_basis(policy: &ValidatedPolicy) -> String {
     format!(
-        "{} hard-failure probe rounds of {} and one {} probe timeout",
-        policy.failover.hard_promote_after,
+        "a hang: {} failed probe rounds of {} and one {} probe timeout; a crash is seen in {}",
+        policy.failover.promote_after,
         secs(policy.probe.interval),
-        secs(policy.probe.timeout)
+        secs(policy.probe.timeout),
+        secs(policy.crash_detection()),
     )
 }
 

@@ -86,14 +86,14 @@ fn pilot_light_alone_misses_five_minutes_because_of_the_node() {
     assert_eq!(pilot["meets"], false);
     assert_eq!(pilot["policy"], false);
     assert_eq!(pilot["gpus_held"], 0);
-    // 25 s detection, then 7 min for a node and the whole cold start.
-    assert_eq!(after_fault(pilot, 0.5), 707.0);
+    // 45 s detection (a hang), then 7 min for a node and the whole cold start.
+    assert_eq!(after_fault(pilot, 0.5), 727.0);
 }
 
 #[test]
 fn four_warm_and_four_pilot_light_reach_half_capacity_in_about_a_minute() {
     let plan = seed_004();
-    assert_eq!(plan["detection_secs"], 25.0);
+    assert_eq!(plan["detection_secs"], 45.0);
     assert_eq!(plan["fraction"], 0.5);
     assert_eq!(plan["fraction_from"], "policy");
     let own = &plan["mixes"][0];
@@ -101,15 +101,15 @@ fn four_warm_and_four_pilot_light_reach_half_capacity_in_about_a_minute() {
     assert_eq!(own["mix"], "4 × warm (level 1) + 4 × pilot light");
     assert_eq!(own["meets"], true);
     assert_eq!(own["gpus_held"], 8);
-    // 25 s detection + a 25 s wake + a 2 s first token.
-    assert_eq!(after_fault(own, 0.5), 52.0);
-    assert_eq!(own["recovery_secs"], 52.0);
+    // 45 s detection (a hang) + a 25 s wake + a 2 s first token.
+    assert_eq!(after_fault(own, 0.5), 72.0);
+    assert_eq!(own["recovery_secs"], 72.0);
     // The other half arrives with the pilot light, past the objective.
-    assert_eq!(after_fault(own, 1.0), 707.0);
+    assert_eq!(after_fault(own, 1.0), 727.0);
     assert!(
         plan["verdict"]
             .as_str()
-            .is_some_and(|verdict| verdict.contains("52s after a fault") && verdict.contains("within")),
+            .is_some_and(|verdict| verdict.contains("1m12s after a fault") && verdict.contains("within")),
         "{}",
         plan["verdict"]
     );
@@ -121,14 +121,14 @@ fn the_cheapest_mix_that_meets_it_is_four_warm_and_four_pilot_light_on_eight_gpu
     let cheapest = &plan["cheapest"];
     assert_eq!(cheapest["mix"], "4 × warm (level 1) + 4 × pilot light");
     assert_eq!(cheapest["gpus_held"], 8);
-    assert_eq!(cheapest["recovery_secs"], 52.0);
+    assert_eq!(cheapest["recovery_secs"], 72.0);
 }
 
 #[test]
 fn the_text_lists_every_single_tier_mix_and_names_the_cheapest() {
     let output = plan(&["--policy", POLICY, "--stages", STAGES, "--gpus-per-replica", "2"]);
     let text = stdout(&output);
-    assert!(text.contains("detection: 25s"), "{text}");
+    assert!(text.contains("detection: 45s"), "{text}");
     // A row is its label between column gaps: `8 × pilot light` is not `8 × pilot light (GPUs …`.
     let row = |label: &str| {
         text.lines()
@@ -142,20 +142,20 @@ fn the_text_lists_every_single_tier_mix_and_names_the_cheapest() {
     // The last five cells, right to left: verdict, 100%, 75%, 50%, 25%.
     assert_eq!(
         row("4 × warm (level 1) + 4 × pilot light"),
-        ["meets", "11m47s", "11m47s", "52s", "52s"]
+        ["meets", "12m7s", "12m7s", "1m12s", "1m12s"]
     );
-    assert_eq!(row("8 × hot"), ["meets", "25s", "25s", "25s", "25s"]);
+    assert_eq!(row("8 × hot"), ["meets", "45s", "45s", "45s", "45s"]);
     assert_eq!(
         row("8 × warm (level 2)"),
-        ["meets", "1m42s", "1m42s", "1m42s", "1m42s"]
+        ["meets", "2m2s", "2m2s", "2m2s", "2m2s"]
     );
     assert_eq!(
         row("8 × pilot light (GPUs reserved)"),
-        ["meets", "4m47s", "4m47s", "4m47s", "4m47s"]
+        ["misses", "5m7s", "5m7s", "5m7s", "5m7s"]
     );
     assert_eq!(
         row("8 × pilot light"),
-        ["misses", "11m47s", "11m47s", "11m47s", "11m47s"]
+        ["misses", "12m7s", "12m7s", "12m7s", "12m7s"]
     );
     assert!(
         text.contains(
@@ -179,7 +179,7 @@ fn the_stage_file_wins_over_the_estimates_stage_by_stage() {
 
     let estimated = json(&["--policy", POLICY]);
     assert_eq!(stage(&estimated, "node"), (360.0, Value::from("policy")));
-    assert_eq!(after_fault(mix(&estimated, "8 × pilot light"), 0.5), 25.0 + 627.0);
+    assert_eq!(after_fault(mix(&estimated, "8 × pilot light"), 0.5), 45.0 + 627.0);
     assert_eq!(estimated["gpus_per_replica"], 1);
     assert_eq!(estimated["cheapest"]["gpus_held"], 4);
 }
