@@ -11,7 +11,8 @@
 //! - **CPU per interval and memory**, of the operator's process (`/proc/PID/stat` and `status`);
 //! - **a failover**: every policy's primary pods killed at once (one SIGKILL each, by one
 //!   kill(1)), then per policy the time until the router holds its standby at epoch 1, seen from
-//!   here. (The operator's timeline cannot split it: its timestamps are whole seconds.)
+//!   here, and the time from the decision to the route as the operator's timeline times its steps
+//!   (`status.lastFailover.steps[].milliseconds` up to Routed).
 //!
 //! It reports; it asserts nothing. `tests/cluster/scale.sh` brings the cluster up and runs it:
 //!
@@ -90,6 +91,8 @@ struct Measured {
     peak_rss_mib: f64,
     /// Per policy: from the kill to the router's new route, seen from here.
     kill_to_route: Vec<Duration>,
+    /// Per policy: from the decision to the route, as the operator's timeline times its steps.
+    decision_to_route: Vec<Duration>,
 }
 
 #[tokio::main]
@@ -292,6 +295,11 @@ impl Bench {
             .await?
             .with_context(|| format!("operator: {:?}", tail(&operator)))?;
         measured.kill_to_route = routed.iter().map(|at| at.duration_since(killed_at)).collect();
+        for policy in 0..setup.policies {
+            measured
+                .decision_to_route
+                .push(decision_to_route(&policies, policy).await?);
+        }
         drop(operator);
         drop(router);
         self.fresh_namespace_gone(&ns).await?;
@@ -425,6 +433,37 @@ fn first_routed(
         std::thread::sleep(Duration::from_millis(20));
     }
     Ok(routed.into_iter().flatten().collect())
+}
+
+/// From the decision to the route, as policy `p{index}`'s timeline times its steps (steps run one
+/// after another; each step's milliseconds come from the operator's clock, not from the
+/// timeline's whole-second timestamps), once its status records the finished promotion.
+async fn decision_to_route(policies: &Api<FailoverPolicy>, index: usize) -> anyhow::Result<Duration> {
+    let until = Instant::now() + Duration::from_secs(60);
+    loop {
+        let timeline = policies
+            .get_status(&format!("p{index}"))
+            .await?
+            .status
+            .and_then(|s| s.last_failover)
+            .filter(|timeline| timeline.finished_at.is_some());
+        if let Some(timeline) = timeline {
+            let routed = timeline
+                .steps
+                .iter()
+                .position(|step| step.step == "Routed")
+                .with_context(|| format!("p{index}'s finished timeline has no Routed step"))?;
+            let ms: u64 = timeline.steps[..=routed]
+                .iter()
+                .filter_map(|step| step.milliseconds)
+                .sum();
+            return Ok(Duration::from_millis(ms));
+        }
+        if Instant::now() > until {
+            bail!("p{index}'s status records no finished promotion within 60 s");
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 }
 
 /// What the router at `admin` holds for policy `p{index}`.
@@ -628,7 +667,8 @@ fn report(results: &[(Setup, Measured)]) {
     }
 }
 
-/// The fastest, median and slowest of `values`, in seconds (one value alone when there is one).
+/// The fastest, median and slowest of `values` (one value alone when there is one), in seconds,
+/// or in milliseconds when the slowest is under a second.
 fn spread_of(values: &[Duration]) -> String {
     let mut sorted = values.to_vec();
     sorted.sort_unstable();
@@ -637,15 +677,16 @@ fn spread_of(values: &[Duration]) -> String {
         n if n % 2 == 1 => sorted[n / 2],
         n => (sorted[n / 2 - 1] + sorted[n / 2]) / 2,
     };
-    match (sorted.first(), sorted.last()) {
-        (Some(first), Some(last)) if sorted.len() > 1 => {
-            format!(
-                "{:.1}/{:.1}/{:.1} s",
-                first.as_secs_f64(),
-                middle.as_secs_f64(),
-                last.as_secs_f64()
-            )
-        }
-        _ => format!("{:.2} s", middle.as_secs_f64()),
+    let (first, last) = (sorted[0], sorted[sorted.len() - 1]);
+    let (unit, scale, digits) = if last < Duration::from_secs(1) {
+        ("ms", 1e3, 0)
+    } else {
+        ("s", 1.0, 1)
+    };
+    let show = |d: Duration| format!("{:.*}", digits, d.as_secs_f64() * scale);
+    if sorted.len() > 1 {
+        format!("{}/{}/{} {unit}", show(first), show(middle), show(last))
+    } else {
+        format!("{} {unit}", show(middle))
     }
 }
