@@ -648,6 +648,9 @@ fn report(results: &[(Setup, Measured)]) {
     row("  kill -> router holds the new route", &|_, m| {
         spread_of(&m.kill_to_route)
     });
+    row("  decision -> routed (operator's steps)", &|_, m| {
+        spread_of(&m.decision_to_route)
+    });
     // Side by side: each setup against the one before it over as many replicas.
     for pair in results.windows(2) {
         let [(a, first), (b, second)] = pair else { continue };
