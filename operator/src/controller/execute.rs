@@ -66,7 +66,11 @@ pub(super) async fn execute(
                 .then(|| status_of(ctx, policy, run, None))
                 .transpose()?;
         }
-        let Some(driven) = drive(&run.machine, run.config, || run.now, &shapes, &mut executor).await else {
+        // Each step is timed when it returns, not at the reconcile's start: a promotion's steps
+        // up to the route often all run in one reconcile.
+        let clock = ctx.shell.clock.clone();
+        let Some(driven) = drive(&run.machine, run.config, || clock.now(), &shapes, &mut executor).await
+        else {
             break;
         };
         let (step, carries_on) = (driven.step, driven.carries_on());
