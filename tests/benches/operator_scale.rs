@@ -37,7 +37,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use understudy_api::crd::{ConditionStatus, FailoverPolicy, condition_type};
-use understudy_tests::process::Process;
+use understudy_tests::process::{Process, router_gateway};
 
 const TOKEN: &str = "scale-bench-admin-token";
 /// The probe interval of every policy.
@@ -195,16 +195,7 @@ impl Bench {
         }
         eprintln!("  {} pods ready in {:.0?}", setup.total(), started.elapsed());
 
-        let router = Process::start(Command::new(&self.router).args([
-            "gateway",
-            "--listen",
-            "127.0.0.1:0",
-            "--admin-listen",
-            "127.0.0.1:0",
-            "--admin-token-file",
-            self.token_file.to_str().unwrap(),
-        ]));
-        let admin = router.announced("understudy-router admin listening on http://");
+        let (router, admin, _) = router_gateway(&self.router, &self.token_file);
         let operator = Process::start(
             Command::new(&self.operator)
                 .env("KUBECONFIG", &self.kubeconfig)

@@ -22,35 +22,11 @@ cargo build -q --locked -p understudy-tests --bins
 cargo build -q --locked -p understudy-cli --bin kubectl-understudy
 target=$(cargo metadata -q --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/debug
 
-run=$("$root/tests/cluster/up.sh")
-nodes_pid=
-cleanup() {
-  status=$?
-  set +e # whatever fails here, the rest is still stopped
-  [ -n "$nodes_pid" ] && kill "$nodes_pid" 2>/dev/null && wait "$nodes_pid" 2>/dev/null
-  # The emulated pods' processes die with their kubelet (kill on drop); any left are ours.
-  if [ "$status" -ne 0 ] && [ -f "$run/nodes.log" ]; then
-    echo "--- the emulated nodes' log (last 30 lines)" >&2; tail -30 "$run/nodes.log" >&2
-  fi
-  "$root/tests/cluster/down.sh" "$run"
-  exit "$status"
-}
-trap cleanup EXIT
-bin=$("$root/tests/cluster/build.sh")
-k() { "$bin/kubectl" --kubeconfig "$run/kubeconfig" "$@"; }
-
-"$target/understudy-gpu-nodes" --kubeconfig "$run/kubeconfig" --nodes 4 --gpus-per-node 2 \
+. "$root/tests/cluster/nodes.sh"
+cluster_up
+nodes_up --nodes 4 --gpus-per-node 2 \
   --vllm "$target/vllm-emulator" --router "$target/understudy-router-e2e" \
-  --operator "$target/understudy-operator" --prober "$target/understudy-prober" \
-  --work-dir "$run/nodes" --tls-cert "$run/pki/kubelet.crt" --tls-key "$run/pki/kubelet.key" \
-  > "$run/nodes.out" 2> "$run/nodes.log" &
-nodes_pid=$!
-for _ in $(seq 300); do
-  grep -q '^kubelet listening on' "$run/nodes.out" 2>/dev/null && break
-  kill -0 "$nodes_pid" 2>/dev/null || { echo "e2e.sh: the emulated nodes died:" >&2; cat "$run/nodes.log" >&2; exit 1; }
-  sleep 0.1
-done
-k wait --for=condition=Ready node --all --timeout=60s >/dev/null
+  --operator "$target/understudy-operator" --prober "$target/understudy-prober"
 
 # (kube-apiserver warns of the integer formats schemars writes, which it does not check.)
 k apply -f "$root/crds/" >/dev/null 2> >(grep -v '^Warning: unrecognized format' >&2)

@@ -19,34 +19,11 @@ cargo build -q --locked --release -p understudy-operator --bin understudy-operat
 cargo bench -q --locked -p understudy-tests --bench operator_scale --no-run
 target=$(cargo metadata -q --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/release
 
-run=$("$root/tests/cluster/up.sh")
-nodes_pid=
-cleanup() {
-  status=$?
-  set +e
-  [ -n "$nodes_pid" ] && kill "$nodes_pid" 2>/dev/null && wait "$nodes_pid" 2>/dev/null
-  if [ "$status" -ne 0 ] && [ -f "$run/nodes.log" ]; then
-    echo "--- the emulated nodes' log (last 30 lines)" >&2; tail -30 "$run/nodes.log" >&2
-  fi
-  "$root/tests/cluster/down.sh" "$run"
-  exit "$status"
-}
-trap cleanup EXIT
-bin=$("$root/tests/cluster/build.sh")
-k() { "$bin/kubectl" --kubeconfig "$run/kubeconfig" "$@"; }
-
+. "$root/tests/cluster/nodes.sh"
+cluster_up
 # 110 pods a node, as a kubelet's default.
-"$target/understudy-gpu-nodes" --kubeconfig "$run/kubeconfig" --nodes 12 --gpus-per-node 0 \
-  --vllm "$target/vllm-emulator" --pull-ms 0 --restart-backoff-ms 3600000 \
-  --work-dir "$run/nodes" --tls-cert "$run/pki/kubelet.crt" --tls-key "$run/pki/kubelet.key" \
-  > "$run/nodes.out" 2> "$run/nodes.log" &
-nodes_pid=$!
-for _ in $(seq 300); do
-  grep -q '^kubelet listening on' "$run/nodes.out" 2>/dev/null && break
-  kill -0 "$nodes_pid" 2>/dev/null || { echo "scale.sh: the emulated nodes died:" >&2; cat "$run/nodes.log" >&2; exit 1; }
-  sleep 0.1
-done
-k wait --for=condition=Ready node --all --timeout=60s >/dev/null
+nodes_up --nodes 12 --gpus-per-node 0 \
+  --vllm "$target/vllm-emulator" --pull-ms 0 --restart-backoff-ms 3600000
 k apply -f "$root/crds/" >/dev/null 2> >(grep -v '^Warning: unrecognized format' >&2)
 k wait --for=condition=Established crd --all --timeout=60s >/dev/null
 

@@ -3,6 +3,7 @@
 
 use std::io::{BufRead, BufReader, Read};
 use std::net::SocketAddr;
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -91,4 +92,26 @@ impl Drop for Process {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A router gateway started by `program` (`understudy-router` or the tests' build of it) on
+/// loopback ports it picks, its admin port guarded by the token in `token_file`; the process,
+/// its admin address and its gateway address.
+#[must_use]
+pub fn router_gateway(program: &Path, token_file: &Path) -> (Process, SocketAddr, SocketAddr) {
+    let router = Process::start(
+        Command::new(program)
+            .args([
+                "gateway",
+                "--listen",
+                "127.0.0.1:0",
+                "--admin-listen",
+                "127.0.0.1:0",
+            ])
+            .arg("--admin-token-file")
+            .arg(token_file),
+    );
+    let admin = router.announced("understudy-router admin listening on http://");
+    let gateway = router.announced("understudy-router gateway listening on http://");
+    (router, admin, gateway)
 }

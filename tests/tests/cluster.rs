@@ -25,7 +25,7 @@ use understudy_api::crd::{ColdStartBreakdown, FailoverPolicy};
 use understudy_api::lease::EPOCH_ANNOTATION;
 use understudy_prober::coldstart::source::Recorded;
 use understudy_prober::coldstart::{self, ColdStartStage};
-use understudy_tests::process::Process;
+use understudy_tests::process::{Process, router_gateway};
 
 const MODEL: &str = "Qwen/Qwen3-0.6B";
 const ROUTER: &str = env!("CARGO_BIN_EXE_understudy-router-e2e");
@@ -1341,18 +1341,7 @@ async fn an_operator_whose_leader_lease_another_replica_took_stops_leading_and_e
 fn router_process(dir: &std::path::Path) -> (Process, SocketAddr, SocketAddr) {
     let token_file = dir.join("router-token");
     std::fs::write(&token_file, ADMIN_TOKEN).unwrap();
-    let router = Process::start(Command::new(ROUTER).args([
-        "gateway",
-        "--listen",
-        "127.0.0.1:0",
-        "--admin-listen",
-        "127.0.0.1:0",
-        "--admin-token-file",
-        token_file.to_str().unwrap(),
-    ]));
-    let admin = router.announced("understudy-router admin listening on http://");
-    let gateway = router.announced("understudy-router gateway listening on http://");
-    (router, admin, gateway)
+    router_gateway(std::path::Path::new(ROUTER), &token_file)
 }
 
 /// The policy `name` in `ns`: pools `{name}-east` (the home primary) and `{name}-west` of one
