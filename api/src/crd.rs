@@ -13,7 +13,7 @@ use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Serialize};
 
 use understudy_core::quorum::StandbyShape;
-use understudy_core::recovery::{self, Mix, Stage, Standby};
+use understudy_core::recovery::{Mix, Stage, Standby};
 
 use crate::route::StreamContract;
 
@@ -134,9 +134,10 @@ pub struct FailoverPolicySpec {
     pub recovery_objective: GoDuration,
 
     /// The share of the promoted pool's replicas that must pass generating probes before the
-    /// pool is routed, and the share `recoveryObjective` is judged at, e.g. `0.5`: with four
-    /// warm and four pilot-light replicas, the route moves when the four warm are awake and
-    /// admission control shields them until the rest arrive. Defaults to a majority.
+    /// pool is routed, the share the primary must keep passing with afterwards, and the share
+    /// `recoveryObjective` is judged at, e.g. `0.5`: with four warm and four pilot-light
+    /// replicas, the route moves when the four warm answer, admission control shields them, and
+    /// the pilot light joins the route as each replica passes. Defaults to a majority.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0.01, max = 1.0))]
     pub min_serving_fraction: Option<f64>,
@@ -187,16 +188,10 @@ impl FailoverPolicySpec {
     #[must_use]
     pub fn standby_shapes(&self) -> [StandbyShape; 2] {
         [0, 1].map(|i| {
-            let shape = self
-                .pools
+            self.pools
                 .get(i)
-                .map_or(StandbyShape::hot(0), PoolSpec::standby_shape);
-            StandbyShape {
-                min_serving: self
-                    .min_serving_fraction
-                    .map(|fraction| recovery::needed(shape.replicas, fraction)),
-                ..shape
-            }
+                .map_or(StandbyShape::hot(0), PoolSpec::standby_shape)
+                .serving_at(self.min_serving_fraction)
         })
     }
 }

@@ -2,10 +2,14 @@
 //! in the role it holds, and to be routed when it is promoted. The operator and the local game day
 //! both judge their pools by it, so a quorum bug shows in a rehearsal as it would on a cluster.
 //!
-//! A pool's standby tiers ([`StandbyShape`]) say which replicas should be up: as the primary,
-//! every one; as the standby, the hot and warm ones (a warm replica is asleep and counts as up: its
-//! round reports `Asleep`, which the state machine takes as a pass for a standby and a failure
-//! for a primary), and not the pilot light, which runs only once a promotion grows it.
+//! One quorum per role. As the primary, a pool passes with the replicas it was routed at (the
+//! policy's `minServingFraction` of all of them, else a majority): the number a promotion moves
+//! the route at is the number the pool is judged by afterwards, so a new primary whose pilot light
+//! is still growing is not failed for replicas that are not due yet. As the standby, a pool passes
+//! with a majority of the replicas that run while it waits: the hot and warm ones (a warm replica
+//! is asleep and counts as up: its round reports `Asleep`, which the state machine takes as a pass
+//! for a standby and a failure for a primary), not the pilot light, which runs only once a
+//! promotion grows it.
 
 /// A vLLM sleep level: 1 keeps the weights in host memory, 2 discards them (a wake reloads them).
 pub type SleepLevel = u8;
@@ -40,8 +44,19 @@ impl StandbyShape {
         }
     }
 
-    /// Replicas that must serve before the promoted pool is routed: the policy's share, else
-    /// [`serving_quorum`] of all.
+    /// This shape with the policy's `minServingFraction` as its serving quorum, when the policy
+    /// has one: [`recovery::needed`](crate::recovery::needed) of the pool's replicas. Every home
+    /// builds its shapes through this, so the operator and the local game day count alike.
+    #[must_use]
+    pub fn serving_at(self, fraction: Option<f64>) -> StandbyShape {
+        StandbyShape {
+            min_serving: fraction.map(|fraction| crate::recovery::needed(self.replicas, fraction)),
+            ..self
+        }
+    }
+
+    /// Replicas that must serve before the promoted pool is routed, and for it to pass a round
+    /// as the primary after: the policy's share, else [`serving_quorum`] of all.
     #[must_use]
     pub fn serving_quorum(&self) -> u32 {
         self.min_serving.map_or_else(
@@ -77,16 +92,17 @@ impl Role {
 }
 
 impl StandbyShape {
-    /// How many of the pool's probed replicas must pass a round for the pool to pass in `role`: a
-    /// majority ([`serving_quorum`]) of the replicas that should be up in it. A standby that is
-    /// all pilot light still needs one replica: a pool with nothing running cannot be vouched for.
+    /// How many of the pool's probed replicas must pass a round for the pool to pass in `role`.
+    /// The primary: its [`serving_quorum`](Self::serving_quorum), the count its route moved at.
+    /// The standby: a majority ([`serving_quorum`]) of the replicas that run while it waits; one
+    /// that is all pilot light still needs one replica, since a pool with nothing running cannot
+    /// be vouched for.
     #[must_use]
     pub fn round_quorum(&self, role: Role) -> u32 {
-        let up = match role {
-            Role::Primary => self.replicas,
-            Role::Standby => self.replicas.saturating_sub(self.pilot_light),
-        };
-        serving_quorum(up)
+        match role {
+            Role::Primary => self.serving_quorum(),
+            Role::Standby => serving_quorum(self.replicas.saturating_sub(self.pilot_light)),
+        }
     }
 }
 
@@ -117,6 +133,36 @@ mod tests {
         assert_eq!(west.round_quorum(Role::Primary), 5);
         assert_eq!(west.round_quorum(Role::Standby), 2);
         assert_eq!(east.round_quorum(Role::Standby), 3, "no tiers: all hot");
+    }
+
+    #[test]
+    fn a_primary_is_judged_by_the_count_its_route_moved_at() {
+        // Seed 004's worked example: four warm, four pilot light, routed at half capacity.
+        let west = StandbyShape {
+            replicas: 8,
+            warm: 4,
+            sleep_level: 1,
+            pilot_light: 4,
+            min_serving: None,
+        };
+        let half = west.serving_at(Some(0.5));
+        assert_eq!(half.serving_quorum(), 4);
+        assert_eq!(
+            half.round_quorum(Role::Primary),
+            4,
+            "the four warm pass it while the pilot light grows"
+        );
+        assert_eq!(
+            half.round_quorum(Role::Standby),
+            3,
+            "a majority of the four that run"
+        );
+        assert_eq!(west.serving_at(None), west);
+        assert_eq!(
+            west.round_quorum(Role::Primary),
+            5,
+            "no fraction: a majority of all"
+        );
     }
 
     #[test]

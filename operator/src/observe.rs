@@ -553,7 +553,8 @@ impl ProbingObservations {
                 .iter()
                 .filter(|name| failed.contains(&format!("{}/{name}", plan.namespace)))
                 .collect();
-            let needed = spec.standby_shape().round_quorum(Role::of(pool == primary)) as usize;
+            let needed = plan.policy.spec.standby_shapes()[pool.index()]
+                .round_quorum(Role::of(pool == primary)) as usize;
             if !on_failed.is_empty() && names.len() - on_failed.len() < needed {
                 tracing::warn!(
                     policy = %plan.policy.name_any(), pool = %spec.name, on_failed_gpus = ?on_failed, needed,
@@ -596,7 +597,11 @@ impl ProbingObservations {
         probe: &ProbeSpec,
     ) -> Option<PoolRound> {
         let endpoints = endpoints?;
-        let spec = plan.policy.spec.pools.get(pool.index())?;
+        let spec = &plan.policy.spec;
+        let shape = spec
+            .pools
+            .get(pool.index())
+            .map(|_| spec.standby_shapes()[pool.index()])?;
         let is_primary = pool == primary_pool(&plan.policy);
         let max_jitter = self
             .max_jitter
@@ -606,7 +611,7 @@ impl ProbingObservations {
         self.note_first_answers(&reports);
         Some(PoolRound {
             pool,
-            min_serving: spec.standby_shape().round_quorum(Role::of(is_primary)) as usize,
+            min_serving: shape.round_quorum(Role::of(is_primary)) as usize,
             reports,
         })
     }
@@ -922,6 +927,60 @@ mod tests {
         assert!(observations.probe_now(&key).await);
         assert_eq!(asked(&mut urgent), Some(key.clone()));
         assert_eq!(asked(&mut urgent), None, "once a round");
+    }
+
+    #[tokio::test]
+    async fn a_new_primary_whose_pilot_light_grows_passes_with_the_share_its_route_moved_at() {
+        // Seed 004's worked example, just promoted: west's four warm replicas answer, and its
+        // four pilot-light replicas are still starting (their API answers 503).
+        const SEED_004: &str = "  - {name: east, workload: {kind: Deployment, name: a}, replicas: 8}\n  \
+             - {name: west, workload: {kind: Deployment, name: b}, replicas: 8, standby: \
+             [{tier: warm, replicas: 4}, {tier: pilotLight, replicas: 4}]}\n";
+        let mut west = Vec::new();
+        for _ in 0..4 {
+            west.push(replica(PARIS).await);
+        }
+        for _ in 0..4 {
+            west.push(replica_with(503, "").await);
+        }
+        let replicas = FixedReplicas::default()
+            .with_pool("east", vec![replica(PARIS).await])
+            .with_pool("west", west);
+        let observations = ProbingObservations::new(Arc::new(replicas)).with_max_jitter(Duration::ZERO);
+        let promoted = |fraction: Option<f64>| {
+            let mut p = policy(SEED_004);
+            p.spec.min_serving_fraction = fraction;
+            p.status = Some(crate::crd::FailoverPolicyStatus {
+                primary_pool: Some("west".to_owned()),
+                ..Default::default()
+            });
+            p
+        };
+        let west_check = |checks: Vec<Observation>| {
+            checks.into_iter().find_map(|check| match check {
+                Observation::Check {
+                    pool: Pool::B,
+                    result,
+                } => Some(result),
+                _ => None,
+            })
+        };
+        let half = promoted(Some(0.5));
+        observations.track(&half);
+        let checks = one_round(&observations, &half).await;
+        assert_eq!(
+            west_check(checks),
+            Some(CheckResult::Pass),
+            "routed at 4 of 8, judged at 4"
+        );
+        let majority = promoted(None);
+        observations.track(&majority);
+        let checks = one_round(&observations, &majority).await;
+        assert_eq!(
+            west_check(checks),
+            Some(CheckResult::HardFail),
+            "routed at 5 of 8, judged at 5"
+        );
     }
 
     #[test]

@@ -246,12 +246,15 @@ async fn set_up(checked: &Checked, options: &RunOptions) -> Result<(Arc<Logic>, 
     let probe = golden_probe(checked, pools[Pool::A.index()].replicas[0]).await?;
     put_warm_to_sleep(&scenario.pools.b, &pools[Pool::B.index()]).await?;
     let logic = Arc::new(Logic {
-        shapes: [&scenario.pools.a, &scenario.pools.b].map(|shape| StandbyShape {
-            replicas: shape.replicas,
-            warm: shape.warm,
-            sleep_level: shape.sleep_level,
-            pilot_light: shape.pilot_light,
-            min_serving: None,
+        shapes: [&scenario.pools.a, &scenario.pools.b].map(|shape| {
+            StandbyShape {
+                replicas: shape.replicas,
+                warm: shape.warm,
+                sleep_level: shape.sleep_level,
+                pilot_light: shape.pilot_light,
+                min_serving: None,
+            }
+            .serving_at(scenario.policy.min_serving_fraction)
         }),
         config,
         lease: LogicLease::new(lease),

@@ -200,6 +200,11 @@ pub struct LocalPolicy {
     /// The least time between two promotions.
     #[serde(default = "no_dwell")]
     pub min_dwell: String,
+    /// The FailoverPolicy's `minServingFraction`: the share of the promoted pool that must pass
+    /// before it is routed, and that it must keep passing with as the primary. A majority when
+    /// absent.
+    #[serde(default)]
+    pub min_serving_fraction: Option<f64>,
 }
 
 fn no_dwell() -> String {
@@ -229,6 +234,7 @@ impl Default for LocalPolicy {
             standby_ready_after: 2,
             failback: Failback::Manual,
             min_dwell: no_dwell(),
+            min_serving_fraction: None,
         }
     }
 }
@@ -511,6 +517,14 @@ impl Scenario {
             .map(|c| within("commands[].at", &c.at, duration))
             .collect::<Result<Vec<_>, _>>()?;
         let min_dwell = parse_duration("policy.minDwell", &self.policy.min_dwell)?;
+        if let Some(fraction) = self.policy.min_serving_fraction
+            && !(fraction > 0.0 && fraction <= 1.0)
+        {
+            return Err(invalid(
+                "policy.minServingFraction",
+                "must be more than 0 and at most 1",
+            ));
+        }
         if let Failback::Automatic { healthy_checks: 0 } = self.policy.failback {
             return Err(invalid("policy.failback.healthyChecks", "must be at least 1"));
         }
