@@ -1,8 +1,10 @@
 //! The local home's executor: core's [`Executor`] carried out against processes on this machine.
 //!
 //! The lease lives in the runner and is compare-and-set like the Kubernetes Lease; fences read it
-//! on their own; the new primary's replicas are proven by the prober's own generating probe; routes go to every router's admin API with its token. The
-//! same `drive` the operator calls decides which of these runs when.
+//! on their own; a pilot light grows in the background ([`Growth`]); the new primary's replicas
+//! are proven by the prober's own generating probe, and routes hold only the replicas that passed
+//! it, going to every router's admin API with its token. The same `drive` the operator calls
+//! decides which of these runs when.
 
 use std::net::SocketAddr;
 use std::sync::Mutex;
@@ -18,14 +20,13 @@ use understudy_core::drive::{
 };
 use understudy_core::{Epoch, Pool};
 use understudy_prober::outcome::ProbeOutcome;
-use understudy_prober::probe::{Endpoint, ProbeSpec, probe_round};
+use understudy_prober::probe::{Endpoint, ProbeReport, ProbeSpec, probe_round};
 use understudy_prober::sleep::{ReplicaWake, WakeTimeouts, wake_replica};
 
 use super::http::exchange;
-use super::pilot::{ColdStart, PilotLight};
-use super::replicas::{Replica, Startup};
-use super::system::System;
-use super::{START_LIMIT, lock};
+use super::lock;
+use super::pilot::{ColdStart, Growth};
+use super::replicas::Replica;
 
 /// Who the timeline names for a step this executor carried out.
 pub const CARRIED_BY: &str = "local game day";
@@ -109,11 +110,22 @@ pub struct RouterAdmin {
     pub token: String,
 }
 
-/// What growing a pilot light takes from the run: what to start, and what starts its fences.
-#[derive(Clone, Copy, Debug)]
-pub struct Growth<'a> {
-    pub pilot: &'a PilotLight,
-    pub system: &'a System,
+/// The replicas whose probe in `reports` passed.
+#[must_use]
+pub fn passed(reports: &[ProbeReport]) -> Vec<SocketAddr> {
+    reports
+        .iter()
+        .filter(|r| matches!(r.outcome, ProbeOutcome::Ok { .. }))
+        .filter_map(|r| Some(SocketAddr::new(r.endpoint.host.parse().ok()?, r.endpoint.port)))
+        .collect()
+}
+
+/// The route the routers were last given: its pool and epoch, and the replicas behind its fences.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Routed {
+    pub pool: Pool,
+    pub epoch: Epoch,
+    pub replicas: Vec<SocketAddr>,
 }
 
 /// The local executor over one run's lease, pools and routers.
@@ -131,7 +143,11 @@ pub struct ProcessExecutor<'a> {
     /// The cold starts of the replicas a promotion started or woke.
     pub cold_starts: &'a Mutex<Vec<ColdStart>>,
     /// The pilot light, when the run has one.
-    pub growth: Option<Growth<'a>>,
+    pub growth: Option<&'a Growth>,
+    /// The route the routers hold, once one was pushed.
+    pub routed: &'a Mutex<Option<Routed>>,
+    /// The replicas of the new primary that passed AwaitServing's probe, for the Route step.
+    pub serving: Option<Vec<SocketAddr>>,
     /// How long the replicas' own work took in the steps this executor carried out (waking a
     /// warm tier, starting a pilot light): the stage time, which the rest of the promotion's
     /// time is orchestration around.
@@ -174,11 +190,18 @@ impl ProcessExecutor<'_> {
             .collect()
     }
 
-    /// The route that makes `pool` primary at `epoch`, through its fences, with the policy's
-    /// admission budgets for that many replicas.
+    /// The route that makes `pool` primary at `epoch` through the fences of its `replicas`, with
+    /// the policy's admission budgets for that many replicas.
     #[must_use]
-    pub fn route_for(&self, pool: Pool, epoch: Epoch) -> Route {
-        let endpoints = self.pool(pool).fences;
+    pub fn route_for(&self, pool: Pool, epoch: Epoch, replicas: &[SocketAddr]) -> Route {
+        let addrs = self.pool(pool);
+        let endpoints: Vec<SocketAddr> = addrs
+            .replicas
+            .iter()
+            .zip(&addrs.fences)
+            .filter(|(replica, _)| replicas.contains(replica))
+            .map(|(_, fence)| *fence)
+            .collect();
         Route {
             // One policy per run, so one route: it takes every model.
             policy: LOCAL_POLICY.to_owned(),
@@ -195,6 +218,40 @@ impl ProcessExecutor<'_> {
         self.admission.map_or_else(AdmissionSettings::default, |spec| {
             AdmissionSettings::for_replicas(spec, replicas)
         })
+    }
+
+    /// Routes `pool` at `epoch` through the fences of `replicas` ([`Self::route_for`]), as
+    /// [`Self::push`]es it, and keeps what the routers hold once they do.
+    pub async fn route_to(&self, pool: Pool, epoch: Epoch, replicas: Vec<SocketAddr>) -> Outcome {
+        let route = self.route_for(pool, epoch, &replicas);
+        let outcome = self.push(&route).await;
+        if matches!(outcome, StepOutcome::Done(_)) {
+            *lock(self.routed) = Some(Routed {
+                pool,
+                epoch,
+                replicas,
+            });
+        }
+        outcome
+    }
+
+    /// The replicas of `pool` that answer a generating probe right now.
+    pub async fn passing(&self, pool: Pool) -> Vec<SocketAddr> {
+        passed(&probe_round(&self.endpoints(pool), self.probe, 0, 0, Duration::ZERO).await)
+    }
+
+    /// Marks the first token of each started or woken replica among `passed` that has none yet.
+    pub fn first_tokens(&self, passed: &[SocketAddr]) {
+        let names: Vec<String> = passed
+            .iter()
+            .map(|addr| self.replica_name(&Endpoint::new(addr.ip().to_string(), addr.port())))
+            .collect();
+        let now = jiff::Timestamp::now();
+        for cold in lock(self.cold_starts).iter_mut() {
+            if names.contains(&cold.replica) {
+                cold.first_token(now);
+            }
+        }
     }
 
     /// Pushes `route` to every router; done only when every one holds it.
@@ -315,109 +372,83 @@ impl Executor for ProcessExecutor<'_> {
 
     async fn scale(&mut self, order: ScaleOrder) -> Outcome {
         let name = pool_name(order.pool);
+        let growth = self.growth.filter(|g| g.pilot.pool == order.pool);
         let running = u32::try_from(self.pool(order.pool).replicas.len()).unwrap_or(u32::MAX);
-        if running >= order.replicas {
+        let starting = growth.map_or(0, Growth::starting);
+        if running + starting >= order.replicas {
             return done(if order.pilot_light == 0 {
                 format!("every replica of {name} runs: nothing to grow")
             } else {
-                format!("all {} replica(s) of {name} run", order.replicas)
+                format!("all {} replica(s) of {name} run or are starting", order.replicas)
             });
         }
-        let Some(growth) = self.growth.filter(|g| g.pilot.pool == order.pool) else {
+        let Some(growth) = growth else {
             return StepOutcome::NotYet(format!(
                 "{name} runs {running} of {} replica(s) and has no pilot light to grow",
                 order.replicas
             ));
         };
-        let began = tokio::time::Instant::now();
-        // Every missing replica starts at once, each a process with its modelled startup.
-        let starts: Vec<_> = (running..order.replicas)
-            .map(|i| {
-                let pilot = growth.pilot.clone();
-                let replica = format!("{name}-{i}");
-                tokio::task::spawn_blocking(move || {
-                    Replica::start(
-                        &pilot.launcher,
-                        &replica,
-                        pilot.pool,
-                        &pilot.model,
-                        &pilot.args,
-                        Startup::Modelled,
-                        START_LIMIT,
-                    )
-                })
-            })
-            .collect();
-        let mut failures = Vec::new();
-        let mut grown = 0;
-        for start in starts {
-            let replica = match start.await {
-                Ok(Ok(replica)) => replica,
-                Ok(Err(error)) => {
-                    failures.push(error.to_string());
-                    continue;
-                }
-                Err(error) => {
-                    failures.push(format!("starting a replica: {error}"));
-                    continue;
-                }
-            };
-            match growth.system.fence(order.pool, replica.api).await {
-                Ok(fence) => {
-                    let mut pools = lock(self.pools);
-                    pools[order.pool.index()].replicas.push(replica.api);
-                    pools[order.pool.index()].fences.push(fence);
-                    drop(pools);
-                    lock(self.cold_starts).push(ColdStart::of(&replica, "pilot-light"));
-                    lock(self.replicas).push(replica);
-                    grown += 1;
-                }
-                // The replica is dropped, and killed with it; the next call starts another.
-                Err(error) => failures.push(error.to_string()),
-            }
-        }
-        let took = began.elapsed();
-        self.add_stage(took);
-        if !failures.is_empty() {
-            return StepOutcome::NotYet(format!(
-                "grew {grown} of {} pilot-light replica(s) of {name}: {}",
-                order.replicas - running,
-                failures.join("; ")
-            ));
+        // Every missing replica starts at once, each a process with its modelled startup, and
+        // joins the pool when it is ready: the promotion goes on without waiting for it.
+        for i in running + starting..order.replicas {
+            growth.start(format!("{name}-{i}"));
         }
         done(format!(
-            "grew {grown} pilot-light replica(s) of {name}, each a new process: all ready {:.0} ms after the first was started",
-            took.as_secs_f64() * 1e3
+            "started {} pilot-light replica(s) of {name}, each a new process; each joins the pool \
+             when it is ready and the route when it answers a generating probe",
+            order.replicas - running - starting
         ))
     }
 
     async fn await_serving(&mut self, order: ServingOrder) -> Outcome {
-        let reports = probe_round(&self.endpoints(order.pool), self.probe, 0, 0, Duration::ZERO).await;
-        let serving = reports
-            .iter()
-            .filter(|r| matches!(r.outcome, ProbeOutcome::Ok { .. }))
-            .count();
+        let passed = self.passing(order.pool).await;
+        let serving = passed.len();
         let name = pool_name(order.pool);
         if serving >= order.quorum as usize {
-            let now = jiff::Timestamp::now();
-            for cold in lock(self.cold_starts).iter_mut() {
-                cold.first_token(now);
+            self.first_tokens(&passed);
+            // When grown replicas are among those the route moves with, the route waited for
+            // their cold start: the replicas' own work since the first was started.
+            let grown = self.growth.and_then(Growth::began).filter(|_| {
+                let cold = lock(self.cold_starts);
+                passed.iter().any(|addr| {
+                    let name = self.replica_name(&Endpoint::new(addr.ip().to_string(), addr.port()));
+                    cold.iter().any(|c| c.replica == name && c.tier == "pilot-light")
+                })
+            });
+            if let Some(began) = grown {
+                self.add_stage(began.elapsed());
             }
-            done(format!(
+            self.serving = Some(passed);
+            return done(format!(
                 "{serving} of {} replica(s) of {name} answered a generating probe",
                 order.replicas
-            ))
-        } else {
-            StepOutcome::NotYet(format!(
-                "{serving} of {} replica(s) of {name} serve, {} needed",
-                order.replicas, order.quorum
-            ))
+            ));
         }
+        let failures = self.growth.map(Growth::failures).unwrap_or_default();
+        let failed = if failures.is_empty() {
+            String::new()
+        } else {
+            format!("; pilot-light starts that failed: {}", failures.join("; "))
+        };
+        StepOutcome::NotYet(format!(
+            "{serving} of {} replica(s) of {name} serve, {} needed{failed}",
+            order.replicas, order.quorum
+        ))
     }
 
     async fn route(&mut self, new: Target) -> Outcome {
-        let route = self.route_for(new.pool, new.epoch);
-        self.push(&route).await
+        // The replicas AwaitServing found passing, or (in a later round) those passing now.
+        let serving = match self.serving.take() {
+            Some(serving) => serving,
+            None => self.passing(new.pool).await,
+        };
+        if serving.is_empty() {
+            return StepOutcome::NotYet(format!(
+                "no replica of {} answers a generating probe to route to",
+                pool_name(new.pool)
+            ));
+        }
+        self.route_to(new.pool, new.epoch, serving).await
     }
 
     async fn open_admission(&mut self, new: Target) -> Outcome {

@@ -49,11 +49,11 @@ use understudy_prober::probe::{Endpoint, Expectation, GOLDEN_PREFIX_CHARS, Probe
 use understudy_prober::report::PoolRound;
 use understudy_router::admission::Priority;
 
-use self::executor::{Growth, LogicLease, PoolAddrs, ProcessExecutor, RouterAdmin, pool_name};
+use self::executor::{LogicLease, PoolAddrs, ProcessExecutor, Routed, RouterAdmin, pool_name};
 use self::load::{RequestOutcome, RequestRecord};
-use self::pilot::{ColdStart, PilotLight};
+use self::pilot::{ColdStart, Growth, PilotLight};
 use self::replicas::{Launcher, Replica, ReplicaError, Startup};
-use self::report::{AppliedFault, RouterCounts, RunReport, StepSpan, Transition, Verdict};
+use self::report::{AppliedFault, RouteChange, RouterCounts, RunReport, StepSpan, Transition, Verdict};
 use self::scenario::{Checked, FaultKind, PoolName, Topology};
 use self::system::{RunDir, System};
 
@@ -130,13 +130,16 @@ struct Logic {
     /// The last parity report between the pools, when both could be read.
     parity: Mutex<Option<DriftReport>>,
     /// The pools as they run: a pilot light joins its pool when it is grown.
-    pools: Mutex<[PoolAddrs; 2]>,
+    pools: Arc<Mutex<[PoolAddrs; 2]>>,
     /// Every replica process; dropping one kills it.
     replicas: Arc<Mutex<Vec<Replica>>>,
-    pilot: Option<PilotLight>,
+    /// The standby's pilot light, when it has one.
+    growth: Option<Growth>,
     /// The routers and fences, the grown ones' too.
-    system: System,
-    cold_starts: Mutex<Vec<ColdStart>>,
+    system: Arc<System>,
+    cold_starts: Arc<Mutex<Vec<ColdStart>>>,
+    /// The route the routers hold.
+    routed: Mutex<Option<Routed>>,
     routers: Vec<RouterAdmin>,
     probe: ProbeSpec,
     admission: Option<AdmissionSpec>,
@@ -154,6 +157,8 @@ struct Journal {
     notes: Vec<(Step, String)>,
     /// The replicas' own time in the promotion under way (waking, starting).
     stage: Option<Duration>,
+    /// Every route pushed, the first one's too.
+    routes: Vec<RouteChange>,
 }
 
 pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -214,6 +219,9 @@ pub async fn run(checked: &Checked, options: &RunOptions) -> Result<RunReport, R
     }
     let records = lock(&records).clone();
     tasks.abort_all();
+    if let Some(growth) = &logic.growth {
+        growth.finish().await;
+    }
     // Kills every router, fence and replica still running.
     logic.system.stop();
     lock(&logic.replicas).clear();
@@ -245,6 +253,28 @@ async fn set_up(checked: &Checked, options: &RunOptions) -> Result<(Arc<Logic>, 
     let (routers, public) = start_routers(&system, checked).await?;
     let probe = golden_probe(checked, pools[Pool::A.index()].replicas[0]).await?;
     put_warm_to_sleep(&scenario.pools.b, &pools[Pool::B.index()]).await?;
+    let first_route = pools[Pool::A.index()].replicas.clone();
+    let (system, pools, replicas) = (
+        Arc::new(system),
+        Arc::new(Mutex::new(pools)),
+        Arc::new(Mutex::new(replicas)),
+    );
+    let cold_starts = Arc::new(Mutex::new(Vec::new()));
+    let growth = (scenario.pools.b.pilot_light > 0).then(|| {
+        let pilot = PilotLight {
+            pool: Pool::B,
+            launcher: options.launcher.clone(),
+            model: scenario.model.clone(),
+            args: argv[Pool::B.index()][2..].to_vec(),
+        };
+        Growth::new(
+            pilot,
+            Arc::clone(&system),
+            Arc::clone(&pools),
+            Arc::clone(&replicas),
+            Arc::clone(&cold_starts),
+        )
+    });
     let logic = Arc::new(Logic {
         shapes: [&scenario.pools.a, &scenario.pools.b].map(|shape| {
             StandbyShape {
@@ -261,16 +291,12 @@ async fn set_up(checked: &Checked, options: &RunOptions) -> Result<(Arc<Logic>, 
         argv: argv.clone(),
         commands: Mutex::new(Vec::new()),
         parity: Mutex::new(None),
-        pools: Mutex::new(pools),
-        replicas: Arc::new(Mutex::new(replicas)),
-        pilot: (scenario.pools.b.pilot_light > 0).then(|| PilotLight {
-            pool: Pool::B,
-            launcher: options.launcher.clone(),
-            model: scenario.model.clone(),
-            args: argv[Pool::B.index()][2..].to_vec(),
-        }),
+        pools,
+        replicas,
+        growth,
         system,
-        cold_starts: Mutex::new(Vec::new()),
+        cold_starts,
+        routed: Mutex::new(None),
         routers,
         probe,
         admission: scenario
@@ -282,12 +308,19 @@ async fn set_up(checked: &Checked, options: &RunOptions) -> Result<(Arc<Logic>, 
         state: Mutex::new(FailoverState::new()),
         journal: Mutex::new(Journal::default()),
     });
-    let mut first = executor_of(&logic).route_for(Pool::A, Epoch(0));
+    let executor = executor_of(&logic);
+    let mut first = executor.route_for(Pool::A, Epoch(0), &first_route);
     // Nothing is being promoted at the start: the first route opens no admission window.
     first.admission = AdmissionSettings::default();
-    if let StepOutcome::NotYet(why) = executor_of(&logic).push(&first).await {
+    if let StepOutcome::NotYet(why) = executor.push(&first).await {
         return Err(RunError::FirstRoute(why));
     }
+    *lock(&logic.routed) = Some(Routed {
+        pool: Pool::A,
+        epoch: Epoch(0),
+        replicas: first_route,
+    });
+    note_route(&logic, Duration::ZERO);
     Ok((logic, public))
 }
 
@@ -427,10 +460,9 @@ fn executor_of(logic: &Logic) -> ProcessExecutor<'_> {
         pools: &logic.pools,
         replicas: &logic.replicas,
         cold_starts: &logic.cold_starts,
-        growth: logic.pilot.as_ref().map(|pilot| Growth {
-            pilot,
-            system: &logic.system,
-        }),
+        growth: logic.growth.as_ref(),
+        routed: &logic.routed,
+        serving: None,
         routers: &logic.routers,
         probe: &logic.probe,
         admission: logic.admission.as_ref(),
@@ -443,11 +475,27 @@ async fn failover_logic(logic: Arc<Logic>, start: Instant, mut stopped: watch::R
     let mut ticks = tokio::time::interval(logic.interval);
     ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
     loop {
+        let joined = async {
+            match &logic.growth {
+                Some(growth) => growth.joined().await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             _ = ticks.tick() => {}
+            // A pilot-light replica joined its pool: a promotion waiting for replicas to serve
+            // tries again now rather than at the next round, as a pod turning ready would wake
+            // the operator.
+            () = joined => {
+                let state = lock(&logic.state).clone();
+                if state.pending_action().is_some() {
+                    carry_out(&logic, start, state).await;
+                }
+                continue;
+            }
             _ = stopped.changed() => return,
         }
-        let inputs = round_inputs(&logic).await;
+        let (inputs, passing) = round_inputs(&logic).await;
         let now = start.elapsed();
         let mut state = lock(&logic.state).clone();
         let mut events = Vec::new();
@@ -462,17 +510,65 @@ async fn failover_logic(logic: Arc<Logic>, start: Instant, mut stopped: watch::R
         record(&logic, now, events);
         *lock(&logic.state) = state.clone();
         carry_out(&logic, start, state).await;
+        keep_route(&logic, &passing, start).await;
     }
+}
+
+/// Between promotions, grows the route with the primary's replicas that passed this round and
+/// are not routed yet (a pilot light's, as each one passes), as the operator's route keeping does.
+/// It never shrinks a route: the routers eject a replica that fails under them, and the checks
+/// judge the pool.
+async fn keep_route(logic: &Logic, passing: &[Vec<SocketAddr>; 2], start: Instant) {
+    let (primary, epoch) = {
+        let state = lock(&logic.state);
+        if state.pending_action().is_some() {
+            return;
+        }
+        (state.primary, state.epoch)
+    };
+    let Some(routed) = lock(&logic.routed).clone() else {
+        return;
+    };
+    let joining: Vec<SocketAddr> = passing[primary.index()]
+        .iter()
+        .filter(|addr| !routed.replicas.contains(addr))
+        .copied()
+        .collect();
+    if routed.pool != primary || routed.epoch != epoch || joining.is_empty() {
+        return;
+    }
+    let executor = executor_of(logic);
+    executor.first_tokens(&joining);
+    let replicas = [routed.replicas, joining].concat();
+    if let StepOutcome::Done(_) = executor.route_to(primary, epoch, replicas).await {
+        note_route(logic, start.elapsed());
+    }
+}
+
+/// Writes down the route the routers hold now, at `at`.
+fn note_route(logic: &Logic, at: Duration) {
+    let Some(routed) = lock(&logic.routed).clone() else {
+        return;
+    };
+    lock(&logic.journal).routes.push(RouteChange {
+        at_ms: report::to_ms(at),
+        pool: pool_name(routed.pool).to_owned(),
+        epoch: routed.epoch.0,
+        replicas: routed.replicas.len(),
+    });
 }
 
 /// One round's inputs, in the operator's order: the lease as read (or the store unreachable, and
 /// nothing else), the pools' checks, their parity, the commands given since the last round, and
-/// the tick on which the machine decides.
-async fn round_inputs(logic: &Logic) -> Vec<Input> {
+/// the tick on which the machine decides; beside them, each pool's replicas that passed.
+async fn round_inputs(logic: &Logic) -> (Vec<Input>, [Vec<SocketAddr>; 2]) {
     let lease = match logic.lease.read().await {
         Ok(Some(record)) => Some(record),
         Ok(None) => None,
-        Err(_) => return vec![Input::ControlPlane(ControlPlane::Unreachable), Input::Tick],
+        Err(_) => {
+            let inputs = vec![Input::ControlPlane(ControlPlane::Unreachable), Input::Tick];
+            return (inputs, [Vec::new(), Vec::new()]);
+        }
     };
     let mut inputs = vec![Input::ControlPlane(ControlPlane::Reachable)];
     if let Some(record) = lease {
@@ -492,7 +588,7 @@ async fn round_inputs(logic: &Logic) -> Vec<Input> {
     let standby = lock(&logic.state).standby();
     for pool in [standby, standby.other()] {
         // A probe the replicas rejected as wrong says nothing of the pool: no check this round.
-        if let Some(result) = rounds[pool.index()] {
+        if let Some(result) = rounds[pool.index()].0 {
             inputs.push(Input::Check { pool, result });
         }
     }
@@ -504,7 +600,8 @@ async fn round_inputs(logic: &Logic) -> Vec<Input> {
     }
     inputs.extend(lock(&logic.commands).drain(..).map(Input::Command));
     inputs.push(Input::Tick);
-    inputs
+    let [(_, a), (_, b)] = rounds;
+    (inputs, [a, b])
 }
 
 /// The pools' parity: each one's runtime (`/version`, `/v1/models`) read from its first replica,
@@ -552,10 +649,13 @@ async fn carry_out(logic: &Logic, start: Instant, mut state: FailoverState) {
             let mut journal = lock(&logic.journal);
             journal.stage = Some(journal.stage.unwrap_or_default() + took);
         }
-        if let StepOutcome::Done(done) = &driven.outcome
-            && let Some(note) = &done.note
-        {
-            lock(&logic.journal).notes.push((driven.step, note.clone()));
+        if let StepOutcome::Done(done) = &driven.outcome {
+            if let Some(note) = &done.note {
+                lock(&logic.journal).notes.push((driven.step, note.clone()));
+            }
+            if driven.step == Step::Route {
+                note_route(logic, start.elapsed());
+            }
         }
         record(logic, start.elapsed(), driven.events.clone());
         if let Some(finished) = &driven.finished {
@@ -626,9 +726,9 @@ fn transition(
 }
 
 /// One round of generating probes of both pools, as each pool's verdict (`None`: the replicas
-/// rejected the probe itself). Each pool is judged by the operator's quorum for the role it holds
-/// now ([`StandbyShape::round_quorum`]).
-async fn probe_both(logic: &Logic) -> [Option<CheckResult>; 2] {
+/// rejected the probe itself) and the replicas that passed. Each pool is judged by the operator's
+/// quorum for the role it holds now ([`StandbyShape::round_quorum`]).
+async fn probe_both(logic: &Logic) -> [(Option<CheckResult>, Vec<SocketAddr>); 2] {
     let primary = lock(&logic.state).primary;
     let round = |pool: Pool| async move {
         let addrs = lock(&logic.pools)[pool.index()].replicas.clone();
@@ -638,12 +738,13 @@ async fn probe_both(logic: &Logic) -> [Option<CheckResult>; 2] {
             .collect();
         let reports = probe_round(&endpoints, &logic.probe, 0, 0, Duration::ZERO).await;
         let quorum = logic.shapes[pool.index()].round_quorum(Role::of(pool == primary));
-        PoolRound {
+        let passed = executor::passed(&reports);
+        let round = PoolRound {
             pool,
             min_serving: quorum as usize,
             reports,
-        }
-        .verdict()
+        };
+        (round.verdict(), passed)
     };
     let (a, b) = tokio::join!(round(Pool::A), round(Pool::B));
     [a, b]
@@ -1011,6 +1112,7 @@ fn build_report(
         parity: lock(&logic.parity).clone(),
         faults,
         transitions: journal.transitions.clone(),
+        routes: journal.routes.clone(),
         cold_starts: lock(&logic.cold_starts).clone(),
         verdict,
         verdict_reasons: reasons,

@@ -4,15 +4,22 @@
 //! by the prober's cold-start reader, as the operator times a pod's from `kubectl logs
 //! --timestamps`. A warm replica's start is timed the same way, from its wake.
 
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use jiff::Timestamp;
 use serde::Serialize;
+use tokio::sync::Notify;
+use tokio::task::JoinSet;
 use understudy_core::Pool;
 use understudy_prober::coldstart::ColdStartStage;
 use understudy_prober::coldstart::vllm_log::{Mark, StartupLog};
 
-use super::replicas::{Launcher, Replica};
+use super::executor::PoolAddrs;
+use super::replicas::{Launcher, Replica, Startup};
+use super::system::System;
+use super::{START_LIMIT, lock};
 
 /// The stage a warm replica's start is: its wake calls.
 pub const WAKE: &str = "wake";
@@ -24,6 +31,138 @@ pub struct PilotLight {
     pub launcher: Launcher,
     pub model: String,
     pub args: Vec<String>,
+}
+
+/// A pilot light as it grows: each replica a promotion asks for starts in the background and joins
+/// its pool, behind a fence of its own, once it reports ready, as a pod joins its workload's
+/// endpoints. The promotion does not wait for it: its AwaitServing counts the replicas that pass,
+/// and the route takes the rest as they pass.
+#[derive(Debug)]
+pub struct Growth {
+    pub pilot: PilotLight,
+    system: Arc<System>,
+    pools: Arc<Mutex<[PoolAddrs; 2]>>,
+    replicas: Arc<Mutex<Vec<Replica>>>,
+    cold_starts: Arc<Mutex<Vec<ColdStart>>>,
+    /// Replicas started and not yet ready (or failed).
+    starting: Arc<AtomicU32>,
+    /// Why each start that failed did.
+    failures: Arc<Mutex<Vec<String>>>,
+    /// When the first replica was started.
+    began: Mutex<Option<tokio::time::Instant>>,
+    /// Told each time a replica joins its pool.
+    joined: Arc<Notify>,
+    tasks: Mutex<JoinSet<()>>,
+}
+
+impl Growth {
+    /// Grows `pilot` into `pools`, keeping each grown replica in `replicas` (which kills it when
+    /// dropped) and its cold start in `cold_starts`; its fence is one of `system`'s.
+    #[must_use]
+    pub fn new(
+        pilot: PilotLight,
+        system: Arc<System>,
+        pools: Arc<Mutex<[PoolAddrs; 2]>>,
+        replicas: Arc<Mutex<Vec<Replica>>>,
+        cold_starts: Arc<Mutex<Vec<ColdStart>>>,
+    ) -> Growth {
+        Growth {
+            pilot,
+            system,
+            pools,
+            replicas,
+            cold_starts,
+            starting: Arc::new(AtomicU32::new(0)),
+            failures: Arc::new(Mutex::new(Vec::new())),
+            began: Mutex::new(None),
+            joined: Arc::new(Notify::new()),
+            tasks: Mutex::new(JoinSet::new()),
+        }
+    }
+
+    /// Replicas started and not ready yet.
+    #[must_use]
+    pub fn starting(&self) -> u32 {
+        self.starting.load(Ordering::SeqCst)
+    }
+
+    /// Why the starts that failed did.
+    #[must_use]
+    pub fn failures(&self) -> Vec<String> {
+        lock(&self.failures).clone()
+    }
+
+    /// When the first replica was started, once one was.
+    #[must_use]
+    pub fn began(&self) -> Option<tokio::time::Instant> {
+        *lock(&self.began)
+    }
+
+    /// Returns once a replica has joined its pool since the last call returned.
+    pub async fn joined(&self) {
+        self.joined.notified().await;
+    }
+
+    /// Starts one replica named `name` in the background, with the emulator's modelled startup.
+    pub fn start(&self, name: String) {
+        lock(&self.began).get_or_insert_with(tokio::time::Instant::now);
+        self.starting.fetch_add(1, Ordering::SeqCst);
+        let pilot = self.pilot.clone();
+        let (system, pools, replicas, cold_starts, starting, failures, joined) = (
+            Arc::clone(&self.system),
+            Arc::clone(&self.pools),
+            Arc::clone(&self.replicas),
+            Arc::clone(&self.cold_starts),
+            Arc::clone(&self.starting),
+            Arc::clone(&self.failures),
+            Arc::clone(&self.joined),
+        );
+        lock(&self.tasks).spawn(async move {
+            let pool = pilot.pool;
+            let started = tokio::task::spawn_blocking(move || {
+                Replica::start(
+                    &pilot.launcher,
+                    &name,
+                    pilot.pool,
+                    &pilot.model,
+                    &pilot.args,
+                    Startup::Modelled,
+                    START_LIMIT,
+                )
+            })
+            .await;
+            let outcome = match started {
+                Ok(Ok(replica)) => match system.fence(pool, replica.api).await {
+                    Ok(fence) => {
+                        // The replica joins its pool and its fence together, as one.
+                        let mut addrs = lock(&pools);
+                        addrs[pool.index()].replicas.push(replica.api);
+                        addrs[pool.index()].fences.push(fence);
+                        drop(addrs);
+                        lock(&cold_starts).push(ColdStart::of(&replica, "pilot-light"));
+                        lock(&replicas).push(replica);
+                        Ok(())
+                    }
+                    // The replica is dropped here, and killed with it.
+                    Err(error) => Err(error.to_string()),
+                },
+                Ok(Err(error)) => Err(error.to_string()),
+                Err(error) => Err(format!("starting a replica: {error}")),
+            };
+            starting.fetch_sub(1, Ordering::SeqCst);
+            match outcome {
+                Ok(()) => joined.notify_one(),
+                Err(why) => lock(&failures).push(why),
+            }
+        });
+    }
+
+    /// Waits for the starts still under way (each bounded by the start limit), so that no replica
+    /// started for the run outlives it.
+    pub async fn finish(&self) {
+        let mut tasks = std::mem::take(&mut *lock(&self.tasks));
+        while tasks.join_next().await.is_some() {}
+    }
 }
 
 /// One stage of a cold start: the prober's stage names, and `wake` for a warm replica's wake

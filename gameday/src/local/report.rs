@@ -99,6 +99,17 @@ pub struct Transition {
     pub orchestration_ms: Option<f64>,
 }
 
+/// A route the routers were given: the first one, each promotion's, and each time the primary's
+/// route grew with replicas that passed after it moved.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RouteChange {
+    pub at_ms: f64,
+    pub pool: String,
+    pub epoch: u64,
+    /// How many replicas it routes to, each through its fence.
+    pub replicas: usize,
+}
+
 /// A fault as applied.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct AppliedFault {
@@ -152,6 +163,8 @@ pub struct RunReport {
     /// The last parity report between the pools: the keys that drift, with both sides' values.
     pub parity: Option<understudy_prober::parity::DriftReport>,
     pub transitions: Vec<Transition>,
+    /// Every route the routers were given, in order.
+    pub routes: Vec<RouteChange>,
     /// Every replica started during the run (a pilot light), stage by stage.
     pub cold_starts: Vec<ColdStart>,
     pub verdict: Verdict,
@@ -540,6 +553,21 @@ pub fn summary(run: &RunReport) -> String {
                 step.note.as_deref().unwrap_or("")
             );
         }
+    }
+    // The routes after the first: each promotion's, and each time one grew as replicas passed.
+    if run.routes.len() > 1 {
+        let routes: Vec<String> = run
+            .routes
+            .iter()
+            .skip(1)
+            .map(|r| {
+                format!(
+                    "{} x{} at epoch {} ({:.0} ms)",
+                    r.pool, r.replicas, r.epoch, r.at_ms
+                )
+            })
+            .collect();
+        let _ = writeln!(out, "routes: {}", routes.join(", "));
     }
     if !run.cold_starts.is_empty() {
         out.push_str(&cold_start_table(&run.cold_starts));
