@@ -16,7 +16,7 @@
 //! never turn "the API server could not be asked" into a failed check: a pool whose pods cannot
 //! be listed gets no check that round, while a pool with no running replica fails hard.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -101,6 +101,9 @@ struct Tracked {
     probe_accepted: Option<Result<(), String>>,
     /// The last comparison of the pools.
     parity: Option<ParityStatus>,
+    /// Each pool's replicas (`host:port`) that have passed a generating probe and still run, by
+    /// [`Pool::index`]; `None` before the pool's first round.
+    passed: [Option<BTreeSet<String>>; 2],
     rounds: u64,
     next_round: Instant,
     in_flight: bool,
@@ -110,6 +113,8 @@ struct Tracked {
 #[derive(Debug, Default)]
 struct RoundResult {
     checks: Vec<Observation>,
+    /// Each pool probed this round: its replicas, and those of them that passed.
+    probed: Vec<(Pool, Vec<String>, Vec<String>)>,
     golden: Option<GoldenUpdate>,
     accepted: Option<Result<(), String>>,
     parity: Option<ParityStatus>,
@@ -268,6 +273,7 @@ impl ProbingObservations {
         };
         let RoundResult {
             mut checks,
+            probed,
             golden: update,
             accepted,
             parity,
@@ -285,6 +291,13 @@ impl ProbingObservations {
                     tracked.parity = parity;
                 }
                 tracked.rounds = tracked.rounds.max(plan.round + 1);
+                for (pool, running, passed) in probed {
+                    let known = tracked.passed[pool.index()].get_or_insert_with(BTreeSet::new);
+                    // A replica stays proven while it runs: the route keeps it, and the routers
+                    // eject it if it fails under them.
+                    known.retain(|replica| running.contains(replica));
+                    known.extend(passed);
+                }
                 // A spec tracked while the round ran may have changed what the round judged by.
                 if let Some(update) = update
                     && tracked.golden == update.replaces
@@ -478,8 +491,23 @@ impl ProbingObservations {
         if let Some(holds) = parity.as_ref().and_then(parity::holds) {
             checks.push(Observation::Parity { holds });
         }
+        let probed = rounds
+            .iter()
+            .map(|round| {
+                let replicas = |passed: bool| {
+                    round
+                        .reports
+                        .iter()
+                        .filter(|r| !passed || matches!(r.outcome, ProbeOutcome::Ok { .. }))
+                        .map(|r| r.endpoint.authority())
+                        .collect()
+                };
+                (round.pool, replicas(false), replicas(true))
+            })
+            .collect();
         RoundResult {
             checks,
+            probed,
             golden,
             accepted: (!rounds.is_empty()).then(|| rejected.map_or(Ok(()), Err)),
             parity,
@@ -742,6 +770,12 @@ impl ProbeFindings for ProbingObservations {
             .get(policy)
             .and_then(|tracked| tracked.parity.clone())
     }
+
+    fn passed(&self, policy: &ObjectRef<FailoverPolicy>, pool: Pool) -> Option<BTreeSet<String>> {
+        self.policies()
+            .get(policy)
+            .and_then(|tracked| tracked.passed[pool.index()].clone())
+    }
 }
 
 impl ObservationSource for ProbingObservations {
@@ -796,6 +830,7 @@ impl ObservationSource for ProbingObservations {
                             .filter(|golden| golden.fits(&policy.spec.probe)),
                         probe_accepted: None,
                         parity: None,
+                        passed: [None, None],
                         rounds: 0,
                         next_round: Instant::now(),
                         in_flight: false,
@@ -981,6 +1016,57 @@ mod tests {
             Some(CheckResult::HardFail),
             "routed at 5 of 8, judged at 5"
         );
+    }
+
+    /// A pool whose replicas change between rounds, as pods come and go.
+    #[derive(Debug, Default)]
+    struct Changing(Mutex<Vec<Endpoint>>);
+
+    impl ReplicaEndpoints for Changing {
+        fn resolve<'a>(
+            &'a self,
+            _namespace: &'a str,
+            _pool: &'a crate::crd::PoolSpec,
+        ) -> futures::future::BoxFuture<'a, Result<Vec<Endpoint>, crate::ports::ResolveError>> {
+            let endpoints = self.0.lock().unwrap().clone();
+            Box::pin(async move { Ok(endpoints) })
+        }
+    }
+
+    #[tokio::test]
+    async fn the_replicas_that_passed_are_kept_while_they_run_and_joined_by_each_that_passes() {
+        let (first, starting, second) = (
+            replica(PARIS).await,
+            replica_with(503, "").await,
+            replica(PARIS).await,
+        );
+        let changing = Arc::new(Changing::default());
+        let observations = ProbingObservations::new(changing.clone()).with_max_jitter(Duration::ZERO);
+        let p = policy(ONE_EACH);
+        let key = ObjectRef::from_obj(&p);
+        observations.track(&p);
+        assert_eq!(
+            observations.passed(&key, Pool::A),
+            None,
+            "nothing known before a round"
+        );
+        let set = |replicas: &[&Endpoint]| {
+            *changing.0.lock().unwrap() = replicas.iter().map(|e| (*e).clone()).collect();
+        };
+        let passed = |replicas: &[&Endpoint]| -> Option<BTreeSet<String>> {
+            Some(replicas.iter().map(|e| e.authority()).collect())
+        };
+        set(&[&first, &starting]);
+        one_round(&observations, &p).await;
+        assert_eq!(observations.passed(&key, Pool::A), passed(&[&first]));
+        // The one still starting never answered; it is replaced by one that does.
+        set(&[&first, &second]);
+        one_round(&observations, &p).await;
+        assert_eq!(observations.passed(&key, Pool::A), passed(&[&first, &second]));
+        // The first is gone (its pod deleted): it is routed no more.
+        set(&[&second]);
+        one_round(&observations, &p).await;
+        assert_eq!(observations.passed(&key, Pool::A), passed(&[&second]));
     }
 
     #[test]

@@ -8,15 +8,16 @@
 //! ([`SystemClock`]), and the two implementations that do nothing on purpose ([`NoObservations`],
 //! [`HandOffToComponents`]).
 
+use std::collections::BTreeSet;
 use std::fmt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::future::BoxFuture;
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::reflector::ObjectRef;
-use understudy_core::Epoch;
 pub use understudy_core::failover::Observation;
 use understudy_core::failover::Step;
+use understudy_core::{Epoch, Pool};
 use understudy_prober::probe::Endpoint;
 
 use crate::crd::{FailoverPolicy, GoldenAnswer, ParityStatus, PoolSpec, WorkloadKind};
@@ -124,6 +125,12 @@ pub trait ProbeFindings: Send + Sync + fmt::Debug {
     fn parity(&self, _policy: &ObjectRef<FailoverPolicy>) -> Option<ParityStatus> {
         None
     }
+
+    /// The replicas (`host:port`) of `policy`'s `pool` that have passed a generating probe and
+    /// still run; `None` before the pool's first round, when nothing is known.
+    fn passed(&self, _policy: &ObjectRef<FailoverPolicy>, _pool: Pool) -> Option<BTreeSet<String>> {
+        None
+    }
 }
 
 /// Why a pool's replicas could not be found this round.
@@ -196,6 +203,10 @@ pub struct StepRequest<'a> {
     /// The pool the step acts on: the old primary for fencing, the new one otherwise.
     pub pool: &'a PoolSpec,
     pub epoch: Epoch,
+    /// The pool's replicas (`host:port`) known to pass the generating probe: a route holds only
+    /// these of its running replicas. `None` when nothing is known yet (a new operator before
+    /// its first round): every running replica is routed.
+    pub serving: Option<&'a BTreeSet<String>>,
 }
 
 /// What became of a step given to the executor.
@@ -230,6 +241,8 @@ pub struct RouteSyncRequest<'a> {
     /// The primary pool, as the Lease names it.
     pub pool: &'a PoolSpec,
     pub epoch: Epoch,
+    /// As [`StepRequest::serving`]: the route grows as more of the pool's replicas pass.
+    pub serving: Option<&'a BTreeSet<String>>,
 }
 
 /// What keeping the route in place found that somebody should hear of.

@@ -116,13 +116,15 @@ impl RouterPush {
         }
     }
 
-    /// The route that makes `pool` primary at `epoch`, with the endpoints its replicas serve at
-    /// now; `Err` says why there is none to push yet.
+    /// The route that makes `pool` primary at `epoch`, with the endpoints of its running
+    /// replicas that are known to pass the generating probe (`serving`; every running one when
+    /// nothing is known); `Err` says why there is none to push yet.
     async fn route_for(
         &self,
         policy: &FailoverPolicy,
         pool: &PoolSpec,
         epoch: Epoch,
+        serving: Option<&BTreeSet<String>>,
     ) -> Result<Route, String> {
         let name = &pool.name;
         let namespace = policy.namespace().unwrap_or_default();
@@ -131,12 +133,19 @@ impl RouterPush {
             .resolve(&namespace, pool)
             .await
             .map_err(|error| format!("the endpoints of {name} cannot be read: {error}"))?;
+        if resolved.is_empty() {
+            return Err(format!("{name} has no running replica to route to yet"));
+        }
         let endpoints: Vec<SocketAddr> = resolved
             .iter()
+            .filter(|e| serving.is_none_or(|serving| serving.contains(&e.authority())))
             .filter_map(|e| Some(SocketAddr::new(e.host.parse::<IpAddr>().ok()?, e.port)))
             .collect();
         if endpoints.is_empty() {
-            return Err(format!("{name} has no running replica to route to yet"));
+            return Err(format!(
+                "none of the {} running replica(s) of {name} has answered a generating probe yet",
+                resolved.len()
+            ));
         }
         let models = self.served_models(&namespace, pool).await;
         Ok(Route::for_pool(
@@ -167,7 +176,10 @@ impl RouterPush {
     }
 
     async fn route(&self, request: StepRequest<'_>) -> StepReport {
-        let route = match self.route_for(request.policy, request.pool, request.epoch).await {
+        let route = match self
+            .route_for(request.policy, request.pool, request.epoch, request.serving)
+            .await
+        {
             Ok(route) => route,
             Err(reason) => return StepReport::NotYet { reason },
         };
@@ -199,7 +211,10 @@ impl RouterPush {
     /// Makes every router hold `request`'s route, asking each first and pushing only to those
     /// that lack it; one router's failure never keeps the route from the others.
     pub async fn keep_route(&self, request: RouteSyncRequest<'_>) -> RouteSyncReport {
-        let route = match self.route_for(request.policy, request.pool, request.epoch).await {
+        let route = match self
+            .route_for(request.policy, request.pool, request.epoch, request.serving)
+            .await
+        {
             Ok(route) => route,
             Err(reason) => {
                 // Nothing to route to is not news between promotions; the next reconcile looks again.
@@ -772,6 +787,7 @@ spec:
             step,
             pool: &policy.spec.pools[1],
             epoch: Epoch(epoch),
+            serving: None,
         };
         push.carry_out(request).await
     }
@@ -804,6 +820,72 @@ spec:
             assert_eq!(body["admission"]["initial_concurrency"], 6);
             assert_eq!(body["admission"]["max_concurrency"], 80);
         }
+    }
+
+    #[tokio::test]
+    async fn a_route_holds_only_the_replicas_that_passed_and_grows_as_the_rest_pass() {
+        let policy = policy();
+        fn west<'a>(policy: &'a FailoverPolicy, serving: Option<&'a BTreeSet<String>>) -> StepRequest<'a> {
+            StepRequest {
+                policy,
+                step: Step::Route,
+                pool: &policy.spec.pools[1],
+                epoch: Epoch(3),
+                serving,
+            }
+        }
+        // Neither replica has answered yet: nothing to route to, and nothing is pushed.
+        let (router, mut got) = router(200, r#"{"applied":"new_epoch","epoch":3,"pool":"west"}"#).await;
+        let push = push_to(vec![router]);
+        let none = BTreeSet::new();
+        let report = push.carry_out(west(&policy, Some(&none))).await;
+        let StepReport::NotYet { reason } = report else {
+            panic!("{report:?}")
+        };
+        assert_eq!(
+            reason,
+            "none of the 2 running replica(s) of west has answered a generating probe yet"
+        );
+        assert!(requests(&mut got).await.is_empty());
+        // One has: the route moves with it alone.
+        let first = BTreeSet::from(["10.0.0.1:8000".to_owned()]);
+        let report = push.carry_out(west(&policy, Some(&first))).await;
+        assert!(matches!(report, StepReport::Done { .. }), "{report:?}");
+        let body = &got.recv().await.unwrap().body;
+        assert_eq!(body["endpoints"], serde_json::json!(["10.0.0.1:8000"]));
+        assert_eq!(
+            body["admission"]["initial_concurrency"], 3,
+            "budgets for one replica"
+        );
+
+        // Between promotions, the second passes: the route is pushed again with both.
+        let held = r#"{"route": {"pool": "west", "endpoints": ["10.0.0.1:8000"], "epoch": 3,
+            "admission": {"window_s": 90.0, "initial_concurrency": 3, "max_concurrency": 40},
+            "stream_contract": "continuation"}, "highest": {"epoch": 3, "pool": "west"}}"#;
+        let (router, mut got) = router_holding(held).await;
+        let push = push_to(vec![router]);
+        let keep = |serving| {
+            let request = RouteSyncRequest {
+                policy: &policy,
+                pool: &policy.spec.pools[1],
+                epoch: Epoch(3),
+                serving,
+            };
+            push.keep_route(request)
+        };
+        assert_eq!(keep(Some(&first)).await, RouteSyncReport::default());
+        assert_eq!(
+            lines(&requests(&mut got).await),
+            ["GET /route?policy=serving%2Fchat HTTP/1.1"]
+        );
+        let both = BTreeSet::from(["10.0.0.1:8000".to_owned(), "10.0.0.2:8000".to_owned()]);
+        assert_eq!(keep(Some(&both)).await, RouteSyncReport::default());
+        let requests = requests(&mut got).await;
+        assert_eq!(lines(&requests)[1], "PUT /route HTTP/1.1");
+        assert_eq!(
+            requests[1].body["endpoints"],
+            serde_json::json!(["10.0.0.1:8000", "10.0.0.2:8000"])
+        );
     }
 
     #[tokio::test]
@@ -924,6 +1006,7 @@ spec:
             policy: &policy,
             pool: &policy.spec.pools[1],
             epoch: Epoch(epoch),
+            serving: None,
         };
         push.keep_route(request).await
     }
@@ -1315,6 +1398,7 @@ spec:
             step: Step::Route,
             pool: &other.spec.pools[1],
             epoch: Epoch(3),
+            serving: None,
         };
         let theirs = push.carry_out(request).await;
         assert!(matches!(theirs, StepReport::Refused { .. }), "{theirs:?}");

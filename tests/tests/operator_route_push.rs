@@ -65,6 +65,7 @@ fn push_route_of(policy: &FailoverPolicy, push: &RouterPush, pool_index: usize, 
         step: Step::Route,
         pool: &policy.spec.pools[pool_index],
         epoch: Epoch(epoch),
+        serving: None,
     };
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -140,6 +141,7 @@ fn keep_route_of(
         policy,
         pool: &policy.spec.pools[pool_index],
         epoch: Epoch(epoch),
+        serving: None,
     };
     tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -1,13 +1,14 @@
 //! What every reconcile of a FailoverPolicy shares: the clients, the ports it consumes, the
 //! clock, the write timeout, and the backoff counts of its error policy.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use kube::Client;
 use kube::runtime::reflector::ObjectRef;
+use understudy_core::Pool;
 use understudy_prober::probe::Expectation;
 
 use crate::crd::FailoverPolicy;
@@ -89,6 +90,12 @@ impl Context {
             None => policy.status.as_ref().and_then(|s| s.golden_answer.clone()),
         };
         fixed_expectation(&policy.spec.probe.expect, golden.as_ref())
+    }
+
+    /// The replicas of `policy`'s `pool` known to pass the generating probe, as the probing
+    /// rounds found them; `None` while nothing is known.
+    pub(crate) fn passed(&self, policy: &FailoverPolicy, pool: Pool) -> Option<BTreeSet<String>> {
+        self.findings.as_ref()?.passed(&ObjectRef::from_obj(policy), pool)
     }
 
     #[must_use]

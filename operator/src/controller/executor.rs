@@ -13,6 +13,8 @@
 //!
 //! It must never write after losing the compare-and-set, and never claim a call it did not make.
 
+use std::collections::BTreeSet;
+
 use understudy_core::drive::{
     Completion, Executor, LeaseClaim, ScaleOrder, ServingOrder, StepOutcome, Target, WakeOrder,
 };
@@ -68,6 +70,8 @@ pub(super) struct KubeExecutor<'a> {
     pub woken: Vec<(Pool, Woken)>,
     /// The first token of each woken replica, once a probe of it passed.
     pub first_tokens: Vec<(String, std::time::Duration)>,
+    /// The replicas (`host:port`) AwaitServing found passing in this reconcile, and their pool.
+    pub serving: Option<(Pool, BTreeSet<String>)>,
 }
 
 type Outcome = StepOutcome<Waiting>;
@@ -129,6 +133,8 @@ impl<'a> KubeExecutor<'a> {
         }
         let passing = passed.len();
         if passing >= order.quorum as usize {
+            let serving = passed.iter().map(|report| report.endpoint.authority()).collect();
+            self.serving = Some((order.pool, serving));
             let note = format!(
                 "{passing} of {} replicas of {} answered the generating probe right",
                 order.replicas, pool.name
@@ -150,13 +156,26 @@ impl<'a> KubeExecutor<'a> {
 
     /// Hands a step to the components behind [`StepExecutor`](super::StepExecutor).
     async fn carry(&self, step: Step, pool: Pool, epoch: Epoch) -> Outcome {
+        let serving = self.serving_of(pool);
         let request = StepRequest {
             policy: self.policy,
             step,
             pool: self.pool(pool),
             epoch,
+            serving: serving.as_ref(),
         };
         outcome_of(self.ctx.steps.carry_out(request).await)
+    }
+
+    /// The replicas of `pool` known to pass: those the probing rounds found, and those
+    /// AwaitServing found in this reconcile; `None` when neither knows any.
+    fn serving_of(&self, pool: Pool) -> Option<BTreeSet<String>> {
+        let found = self.ctx.passed(self.policy, pool);
+        let here = self.serving.as_ref().filter(|(p, _)| *p == pool).map(|(_, s)| s);
+        match (found, here) {
+            (Some(found), Some(here)) => Some(found.union(here).cloned().collect()),
+            (found, here) => found.or_else(|| here.cloned()),
+        }
     }
 
     /// The breakdowns of the replicas this reconcile woke: each one's wake at its level, and its

@@ -29,10 +29,12 @@ pub(super) async fn keep_route(
     {
         return false;
     }
+    let serving = ctx.passed(policy, machine.primary);
     let request = RouteSyncRequest {
         policy,
         pool: run.pool_spec(machine.primary),
         epoch: machine.epoch,
+        serving: serving.as_ref(),
     };
     let report = ctx.steps.keep_route(request).await;
     // Told at once, as the route sync's back-off lets them be: nothing about the routers is
