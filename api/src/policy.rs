@@ -161,6 +161,18 @@ impl ValidatedPolicy {
         self.probe.interval * self.failover.promote_after + self.probe.timeout
     }
 
+    /// How long a promotion may take from its start before its steps stop waiting for all they
+    /// want ([`understudy_core::drive::promotion_deadline`]): the recovery objective less a hang's
+    /// detection, at least one probe interval.
+    #[must_use]
+    pub fn promotion_deadline(&self) -> Duration {
+        understudy_core::drive::promotion_deadline(
+            self.recovery_objective,
+            self.detection(),
+            self.probe.interval,
+        )
+    }
+
     /// The longest a crashed primary (refused connections, 5xx, a dead engine) goes unnoticed:
     /// its failed rounds count as hard failures and as failures, so it is replaced at whichever
     /// count comes first, `hardFailure.promoteAfter` or `promoteAfter`, plus one probe timeout.
@@ -1016,6 +1028,8 @@ recoveryObjective: 5m
         .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(policy.detection(), Duration::from_secs(45));
         assert_eq!(policy.crash_detection(), Duration::from_secs(25));
+        // The minimal policy's objective is 5m: what is left after 45 s of detection.
+        assert_eq!(policy.promotion_deadline(), Duration::from_secs(255));
     }
 
     #[test]

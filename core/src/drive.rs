@@ -16,6 +16,21 @@
 //! machine asks to compare-and-set the lease from the epoch it started from, and an executor finds
 //! that write already made.
 //!
+//! No step waits without a deadline. Past the promotion's deadline ([`promotion_deadline`],
+//! counted from its start) every order says so (`overdue`), and each step resolves to its
+//! documented outcome instead of waiting on:
+//!
+//! - Wake is done with the replicas that are awake; the rest join the route when they pass.
+//! - Scale is done with the replicas that run, when the pool cannot be grown.
+//! - AwaitServing is done with whatever replicas serve, below the quorum, so the route moves to
+//!   them; with none serving it waits on, and the home says so (the routers keep the waiting room
+//!   closed, answering with Retry-After, and a Warning tells why).
+//! - Route and OpenAdmission are done once one router holds the route; the rest are brought in
+//!   line between promotions.
+//! - AcquireLease has no such outcome: without the lease nothing is promoted, and a lease that
+//!   cannot be written waits for the control plane. FenceOld never waits: the fences follow the
+//!   lease on their own.
+//!
 //! What the driver must never do: call the executor while the machine may not act (the lease is
 //! unknown after a lost race, or the control plane is unreachable), or call any step other than
 //! the one pending.
@@ -44,6 +59,17 @@ pub struct LeaseClaim {
 pub struct Target {
     pub pool: Pool,
     pub epoch: Epoch,
+    /// The promotion's deadline, once it has passed: done once one router holds the route.
+    pub overdue: Option<Duration>,
+}
+
+/// How long a promotion may take from its start before its steps stop waiting for everything they
+/// want: what is left of the recovery objective once the failure was detected, and never less than
+/// one probe interval, so that a policy whose detection alone spends its objective still gives a
+/// promotion a round to finish in.
+#[must_use]
+pub fn promotion_deadline(objective: Duration, detection: Duration, interval: Duration) -> Duration {
+    objective.saturating_sub(detection).max(interval)
 }
 
 /// Wake the new primary's sleeping replicas. Asked of every promotion: a pool with no warm tier
@@ -54,8 +80,14 @@ pub struct WakeOrder {
     pub epoch: Epoch,
     /// How many of its replicas sleep; 0 for a pool with no warm tier.
     pub replicas: u32,
+    /// How many of them must be awake for the step to be done: as many as the pool's serving
+    /// quorum needs beyond its hot replicas. The rest go on waking and join the route when they
+    /// pass.
+    pub needed: u32,
     /// The deepest level they sleep at: after level 2 the weights are reloaded too.
     pub level: SleepLevel,
+    /// The promotion's deadline, once it has passed: done with the replicas that are awake.
+    pub overdue: Option<Duration>,
 }
 
 /// Make the new primary run its serving size; the pilot light grows here.
@@ -67,6 +99,8 @@ pub struct ScaleOrder {
     pub replicas: u32,
     /// How many of those were not running as the standby and start cold now.
     pub pilot_light: u32,
+    /// The promotion's deadline, once it has passed: done with the replicas that run.
+    pub overdue: Option<Duration>,
 }
 
 /// Report done once enough of the new primary's replicas serve.
@@ -78,6 +112,8 @@ pub struct ServingOrder {
     pub quorum: u32,
     /// Of this many.
     pub replicas: u32,
+    /// The promotion's deadline, once it has passed: done with whatever serves, at least one.
+    pub overdue: Option<Duration>,
 }
 
 /// A step that is finished, and what the home says about it for the failover's timeline.
@@ -154,7 +190,7 @@ pub trait Executor {
     /// Tell the old primary it is fenced at the new epoch.
     fn fence_old(&mut self, old: Target) -> impl Future<Output = StepOutcome<Self::Wait>> + Send;
 
-    /// Wake the new primary's sleeping replicas; done once every one of them is awake.
+    /// Wake the new primary's sleeping replicas; done once `needed` of them are awake.
     fn wake(&mut self, order: WakeOrder) -> impl Future<Output = StepOutcome<Self::Wait>> + Send;
 
     /// Scale the new primary to its serving size.
@@ -196,15 +232,22 @@ impl<W> Driven<W> {
 /// Drives the promotion's pending step, if one is pending and the machine may act: one call on
 /// `executor`, its outcome fed back as the machine's input at the time `now` tells once the call
 /// has returned, so the timeline records when each step really finished. `shapes` are the two
-/// pools' standby tiers, by [`Pool::index`]. `None` when nothing is pending.
+/// pools' standby tiers, by [`Pool::index`]; `deadline` is how long the promotion may take from
+/// its start before its steps are told they are overdue ([`promotion_deadline`]). `None` when
+/// nothing is pending.
 pub async fn drive<E: Executor>(
     state: &FailoverState,
     config: &FailoverConfig,
     now: impl Fn() -> Duration,
     shapes: &[StandbyShape; 2],
+    deadline: Duration,
     executor: &mut E,
 ) -> Option<Driven<E::Wait>> {
     let action = state.pending_action()?;
+    let overdue = match &state.phase {
+        Phase::Promoting(p) if now().saturating_sub(p.started_at) >= deadline => Some(deadline),
+        _ => None,
+    };
     let (step, epoch, outcome) = match action {
         Action::CompareAndSetLease {
             expected,
@@ -221,7 +264,7 @@ pub async fn drive<E: Executor>(
         Action::Fence { pool, epoch } => (
             Step::FenceOld,
             epoch,
-            executor.fence_old(Target { pool, epoch }).await,
+            executor.fence_old(Target { pool, epoch, overdue }).await,
         ),
         Action::Wake { pool, epoch } => {
             let shape = shapes[pool.index()];
@@ -229,7 +272,9 @@ pub async fn drive<E: Executor>(
                 pool,
                 epoch,
                 replicas: shape.warm,
+                needed: shape.warm_needed(),
                 level: shape.sleep_level,
+                overdue,
             };
             (Step::Wake, epoch, executor.wake(order).await)
         }
@@ -240,6 +285,7 @@ pub async fn drive<E: Executor>(
                 epoch,
                 replicas: shape.replicas,
                 pilot_light: shape.pilot_light,
+                overdue,
             };
             (Step::Scale, epoch, executor.scale(order).await)
         }
@@ -250,14 +296,19 @@ pub async fn drive<E: Executor>(
                 epoch,
                 quorum: shape.serving_quorum(),
                 replicas: shape.replicas,
+                overdue,
             };
             (Step::AwaitServing, epoch, executor.await_serving(order).await)
         }
-        Action::Route { pool, epoch } => (Step::Route, epoch, executor.route(Target { pool, epoch }).await),
+        Action::Route { pool, epoch } => (
+            Step::Route,
+            epoch,
+            executor.route(Target { pool, epoch, overdue }).await,
+        ),
         Action::OpenAdmission { pool, epoch } => (
             Step::OpenAdmission,
             epoch,
-            executor.open_admission(Target { pool, epoch }).await,
+            executor.open_admission(Target { pool, epoch, overdue }).await,
         ),
         // Never pending: events come out of `step`, not `pending_action`.
         Action::Emit(_) => return None,

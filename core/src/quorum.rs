@@ -55,6 +55,14 @@ impl StandbyShape {
         }
     }
 
+    /// How many of the warm replicas must be awake before a promotion goes on: what the serving
+    /// quorum needs beyond the hot replicas, and no more than sleep.
+    #[must_use]
+    pub fn warm_needed(&self) -> u32 {
+        let hot = self.replicas.saturating_sub(self.warm + self.pilot_light);
+        self.serving_quorum().saturating_sub(hot).min(self.warm)
+    }
+
     /// Replicas that must serve before the promoted pool is routed, and for it to pass a round
     /// as the primary after: the policy's share, else [`serving_quorum`] of all.
     #[must_use]
@@ -157,6 +165,7 @@ mod tests {
             3,
             "a majority of the four that run"
         );
+        assert_eq!(half.warm_needed(), 4, "all four warm before the route at four");
         assert_eq!(west.serving_at(None), west);
         assert_eq!(
             west.round_quorum(Role::Primary),

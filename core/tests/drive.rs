@@ -16,6 +16,8 @@ use understudy_core::quorum::{SleepLevel, StandbyShape};
 use understudy_core::{Epoch, Pool};
 
 const NOW: Duration = Duration::from_secs(1_000);
+/// How long a promotion here may take before its steps are overdue.
+const DEADLINE: Duration = Duration::from_secs(60);
 
 fn config() -> FailoverConfig {
     FailoverConfig {
@@ -178,6 +180,7 @@ fn drive_once(state: &FailoverState, shape: StandbyShape, world: &mut World) -> 
         &config(),
         || NOW,
         &shapes(shape),
+        DEADLINE,
         &mut Recorder { world },
     ))
 }
@@ -234,10 +237,12 @@ const EPOCH: Epoch = Epoch(1);
 const B: Target = Target {
     pool: Pool::B,
     epoch: EPOCH,
+    overdue: None,
 };
 const A: Target = Target {
     pool: Pool::A,
     epoch: EPOCH,
+    overdue: None,
 };
 const CLAIM: LeaseClaim = LeaseClaim {
     expected: Epoch(0),
@@ -251,6 +256,7 @@ fn serving(quorum: u32, replicas: u32) -> Call {
         epoch: EPOCH,
         quorum,
         replicas,
+        overdue: None,
     })
 }
 
@@ -260,15 +266,18 @@ fn scale(replicas: u32, pilot_light: u32) -> Call {
         epoch: EPOCH,
         replicas,
         pilot_light,
+        overdue: None,
     })
 }
 
-fn wake(replicas: u32, level: SleepLevel) -> Call {
+fn wake(replicas: u32, needed: u32, level: SleepLevel) -> Call {
     Call::Wake(WakeOrder {
         pool: Pool::B,
         epoch: EPOCH,
         replicas,
+        needed,
         level,
+        overdue: None,
     })
 }
 
@@ -280,7 +289,7 @@ fn a_hot_standby_is_promoted_by_a_route_switch_with_nobody_asleep_to_wake() {
         vec![
             Call::AcquireLease(CLAIM),
             Call::FenceOld(A),
-            wake(0, 1),
+            wake(0, 0, 1),
             scale(4, 0),
             serving(3, 4),
             Call::Route(B),
@@ -302,7 +311,7 @@ fn a_warm_standby_at_level_one_is_woken_then_routed() {
         vec![
             Call::AcquireLease(CLAIM),
             Call::FenceOld(A),
-            wake(4, 1),
+            wake(4, 3, 1),
             scale(4, 0),
             serving(3, 4),
             Call::Route(B),
@@ -314,7 +323,7 @@ fn a_warm_standby_at_level_one_is_woken_then_routed() {
 #[test]
 fn a_warm_standby_at_level_two_is_woken_at_level_two_so_its_weights_are_reloaded() {
     let (calls, ..) = calls_of_one_promotion(warm(4, 2));
-    assert_eq!(calls[2], wake(4, 2));
+    assert_eq!(calls[2], wake(4, 3, 2));
     assert_eq!(calls.len(), 7, "{calls:?}");
 }
 
@@ -326,7 +335,7 @@ fn a_pilot_light_standby_grows_and_is_routed_only_once_a_quorum_has_cold_started
         vec![
             Call::AcquireLease(CLAIM),
             Call::FenceOld(A),
-            wake(0, 1),
+            wake(0, 0, 1),
             scale(4, 4),
             // Two polls of cold start: the first finds nobody serving and waits.
             serving(3, 4),
@@ -346,7 +355,7 @@ fn four_warm_and_four_pilot_light_route_on_the_woken_four_and_a_fifth_cold_start
         vec![
             Call::AcquireLease(CLAIM),
             Call::FenceOld(A),
-            wake(4, 1),
+            wake(4, 4, 1),
             scale(8, 4),
             serving(5, 8),
             serving(5, 8),
@@ -370,7 +379,7 @@ fn with_half_as_the_serving_share_four_warm_and_four_pilot_light_route_on_the_wo
         vec![
             Call::AcquireLease(CLAIM),
             Call::FenceOld(A),
-            wake(4, 1),
+            wake(4, 4, 1),
             scale(8, 4),
             serving(4, 8),
             Call::Route(B),
@@ -511,10 +520,106 @@ impl Executor for Partitioned {
 #[test]
 fn an_unreachable_control_plane_pauses_the_promotion_at_its_step_until_it_is_back() {
     let shapes = shapes(StandbyShape::hot(2));
-    let driven = now(drive(&promoting(), &config(), || NOW, &shapes, &mut Partitioned))
-        .unwrap_or_else(|| panic!("nothing pending"));
+    let driven = now(drive(
+        &promoting(),
+        &config(),
+        || NOW,
+        &shapes,
+        DEADLINE,
+        &mut Partitioned,
+    ))
+    .unwrap_or_else(|| panic!("nothing pending"));
     assert_eq!(driven.state.control_plane, ControlPlane::Unreachable);
     assert!(driven.events.contains(&Event::ControlPlaneUnreachable));
     assert!(matches!(&driven.state.phase, Phase::Promoting(p) if p.step == Step::AcquireLease));
-    assert!(now(drive(&driven.state, &config(), || NOW, &shapes, &mut Partitioned)).is_none());
+    assert!(
+        now(drive(
+            &driven.state,
+            &config(),
+            || NOW,
+            &shapes,
+            DEADLINE,
+            &mut Partitioned
+        ))
+        .is_none()
+    );
+}
+
+#[test]
+fn a_promotion_past_its_deadline_tells_every_step_it_is_overdue() {
+    let shape = four_warm_four_pilot_light();
+    let mut world = World::new(shape);
+    // Started at NOW; every call made a second before the deadline, then at it.
+    let mut state = promoting();
+    let mut orders = Vec::new();
+    for at in [NOW + DEADLINE - Duration::from_secs(1), NOW + DEADLINE] {
+        let mut recorder = Recorder { world: &mut world };
+        let driven = now(drive(
+            &state,
+            &config(),
+            || at,
+            &shapes(shape),
+            DEADLINE,
+            &mut recorder,
+        ))
+        .unwrap_or_else(|| panic!("nothing pending"));
+        state = driven.state;
+        orders.push(world.calls.last().cloned());
+    }
+    assert_eq!(orders[0], Some(Call::AcquireLease(CLAIM)));
+    assert_eq!(
+        orders[1],
+        Some(Call::FenceOld(Target {
+            overdue: Some(DEADLINE),
+            ..A
+        }))
+    );
+    let overdue_from_here = drive_to_the_end_at(state, shape, &mut world, NOW + DEADLINE);
+    assert_eq!(overdue_from_here.phase, Phase::Serving);
+    for call in &world.calls[2..] {
+        let overdue = match call {
+            Call::Wake(order) => order.overdue,
+            Call::Scale(order) => order.overdue,
+            Call::AwaitServing(order) => order.overdue,
+            Call::Route(target) | Call::OpenAdmission(target) | Call::FenceOld(target) => target.overdue,
+            Call::AcquireLease(_) => None,
+        };
+        assert_eq!(overdue, Some(DEADLINE), "{call:?}");
+    }
+}
+
+/// As [`drive_to_the_end`], with the clock at `at`.
+fn drive_to_the_end_at(
+    mut state: FailoverState,
+    shape: StandbyShape,
+    world: &mut World,
+    at: Duration,
+) -> FailoverState {
+    for _ in 0..32 {
+        let mut recorder = Recorder { world: &mut *world };
+        match now(drive(
+            &state,
+            &config(),
+            || at,
+            &shapes(shape),
+            DEADLINE,
+            &mut recorder,
+        )) {
+            Some(driven) => state = driven.state,
+            None => return state,
+        }
+    }
+    panic!("the promotion did not finish in 32 calls: {:?}", state.phase);
+}
+
+#[test]
+fn the_deadline_is_what_the_objective_leaves_after_detection_and_at_least_one_round() {
+    use understudy_core::drive::promotion_deadline;
+    let s = Duration::from_secs;
+    assert_eq!(promotion_deadline(s(300), s(45), s(10)), s(255));
+    assert_eq!(
+        promotion_deadline(s(30), s(45), s(10)),
+        s(10),
+        "detection spent it all"
+    );
 }

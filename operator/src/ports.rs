@@ -207,6 +207,9 @@ pub struct StepRequest<'a> {
     /// these of its running replicas. `None` when nothing is known yet (a new operator before
     /// its first round): every running replica is routed.
     pub serving: Option<&'a BTreeSet<String>>,
+    /// The promotion's deadline, once it has passed ([`understudy_core::drive`]): a route held
+    /// by some routers is enough.
+    pub overdue: Option<Duration>,
 }
 
 /// What became of a step given to the executor.

@@ -188,7 +188,7 @@ impl RouterPush {
             Err(reason) => return StepReport::NotYet { reason },
         };
         let answers = self.push(&routers, &route).await;
-        let report = judge(request.step, &route, &answers);
+        let report = judge(request.step, &route, &answers, request.overdue);
         let now = Instant::now();
         self.with_warnings(request.policy, |warnings| {
             hold_back(report, &answers, warnings, now)
@@ -576,16 +576,43 @@ fn trouble(router: &RouterAdminUrl, answer: &RouterAnswer, route: &Route) -> Opt
     })
 }
 
-/// What the routers' answers to `route` mean for `step`.
+/// What the routers' answers to `route` mean for `step`: done when every router took it, or, once
+/// the promotion is `overdue`, when one did and none has seen a newer epoch (the others are
+/// brought in line between promotions).
 #[must_use]
-pub fn judge(step: Step, route: &Route, answers: &[(&RouterAdminUrl, RouterAnswer)]) -> StepReport {
+pub fn judge(
+    step: Step,
+    route: &Route,
+    answers: &[(&RouterAdminUrl, RouterAnswer)],
+    overdue: Option<Duration>,
+) -> StepReport {
     let (pool, epoch) = (&route.pool, route.epoch);
     let troubles: Vec<(Trouble, String)> = answers
         .iter()
         .filter_map(|(router, answer)| trouble(router, answer, route))
         .collect();
+    let took = answers.len() - troubles.len();
+    let worst = troubles.iter().map(|(kind, _)| *kind).min();
+    if let Some(deadline) = overdue
+        && took > 0
+        && worst.is_some()
+        && worst != Some(Trouble::Stale)
+    {
+        let lines: Vec<&str> = troubles.iter().map(|(_, line)| line.as_str()).collect();
+        return StepReport::Done {
+            carried_by: CARRIED_BY,
+            note: Some(format!(
+                "past the promotion's deadline of {deadline:?}, it goes on with {took} of {} router(s) \
+                 holding {pool} at epoch {epoch}, {} endpoint(s); the rest get the route between \
+                 promotions: {}",
+                answers.len(),
+                route.endpoints.len(),
+                lines.join("; ")
+            )),
+        };
+    }
     // The worst trouble speaks for the step, with a line for each router that has it.
-    if let Some(worst) = troubles.iter().map(|(kind, _)| *kind).min() {
+    if let Some(worst) = worst {
         let lines: Vec<&str> = troubles
             .iter()
             .filter(|(kind, _)| *kind == worst)
@@ -788,6 +815,7 @@ spec:
             pool: &policy.spec.pools[1],
             epoch: Epoch(epoch),
             serving: None,
+            overdue: None,
         };
         push.carry_out(request).await
     }
@@ -832,6 +860,7 @@ spec:
                 pool: &policy.spec.pools[1],
                 epoch: Epoch(3),
                 serving,
+                overdue: None,
             }
         }
         // Neither replica has answered yet: nothing to route to, and nothing is pushed.
@@ -948,6 +977,51 @@ spec:
         assert!(
             reason.contains("answered 500: could not persist the epoch"),
             "{reason}"
+        );
+    }
+
+    #[tokio::test]
+    async fn past_the_deadline_a_route_one_router_took_is_done_and_a_stale_one_still_is_not() {
+        let policy = policy();
+        let request = |step| StepRequest {
+            policy: &policy,
+            step,
+            pool: &policy.spec.pools[1],
+            epoch: Epoch(3),
+            serving: None,
+            overdue: Some(secs(255)),
+        };
+        let (took, _) = router(200, r#"{"applied":"new_epoch","epoch":3,"pool":"west"}"#).await;
+        let down = nobody().await;
+        let push = push_to(vec![took.clone(), down.clone()]);
+        let report = push.carry_out(request(Step::Route)).await;
+        let StepReport::Done { note: Some(note), .. } = report else {
+            panic!("{report:?}")
+        };
+        assert!(
+            note.starts_with(
+                "past the promotion's deadline of 255s, it goes on with 1 of 2 router(s) holding west at \
+                 epoch 3, 2 endpoint(s); the rest get the route between promotions: router"
+            ),
+            "{note}"
+        );
+        // Nobody took it: nothing to go on with.
+        let report = push_to(vec![down.clone()]).carry_out(request(Step::Route)).await;
+        assert!(matches!(report, StepReport::NotYet { .. }), "{report:?}");
+        // A router ahead of us means our view is stale, deadline or not.
+        let (ahead, _) = router(409, r#"{"error":"stale","highest":4,"pool":"east"}"#).await;
+        let report = push_to(vec![took, ahead])
+            .carry_out(request(Step::OpenAdmission))
+            .await;
+        assert!(
+            matches!(
+                report,
+                StepReport::Refused {
+                    reason: "RouteStale",
+                    ..
+                }
+            ),
+            "{report:?}"
         );
     }
 
@@ -1284,7 +1358,7 @@ spec:
         };
         let answers: Vec<_> = routers.iter().map(|r| (*r, stale.clone())).collect();
         let route = west_at(2);
-        hold_back(judge(Step::Route, &route, &answers), &answers, warnings, at)
+        hold_back(judge(Step::Route, &route, &answers, None), &answers, warnings, at)
     }
 
     #[test]
@@ -1331,7 +1405,7 @@ spec:
         let taken = [(&router, RouterAnswer::Taken)];
         let route = west_at(2);
         let done = hold_back(
-            judge(Step::Route, &route, &taken),
+            judge(Step::Route, &route, &taken, None),
             &taken,
             &mut warnings,
             start + secs(2),
@@ -1399,6 +1473,7 @@ spec:
             pool: &other.spec.pools[1],
             epoch: Epoch(3),
             serving: None,
+            overdue: None,
         };
         let theirs = push.carry_out(request).await;
         assert!(matches!(theirs, StepReport::Refused { .. }), "{theirs:?}");

@@ -168,6 +168,36 @@ pub async fn keep(
     Ok(kept)
 }
 
+/// Wakes the primary's replicas that still sleep: a promotion goes on once enough of its warm
+/// tier is awake, and one whose wake failed, or was still under way, is woken here between
+/// promotions so that it joins the route once it passes. A primary serves awake, so nothing else
+/// puts it to sleep. Each replica found asleep, with what became of its wake; none for a pool
+/// without a warm tier.
+pub async fn wake_sleeping(
+    pool: &PoolSpec,
+    replicas: &dyn ReplicaEndpoints,
+    namespace: &str,
+    timeouts: WakeTimeouts,
+) -> Result<Vec<(String, ReplicaWake)>, Error> {
+    let shape = pool.standby_shape();
+    if shape.warm == 0 {
+        return Ok(Vec::new());
+    }
+    let asleep: Vec<Endpoint> = sleep_states(replicas, namespace, pool, timeouts)
+        .await?
+        .into_iter()
+        .filter(|(_, state)| matches!(state, Ok(Some(true))))
+        .map(|(endpoint, _)| endpoint)
+        .collect();
+    let woken = join_all(
+        asleep
+            .iter()
+            .map(|endpoint| wake_replica(endpoint, shape.sleep_level, timeouts)),
+    )
+    .await;
+    Ok(asleep.iter().map(ToString::to_string).zip(woken).collect())
+}
+
 /// Each of `pool`'s replicas in address order, with what `/is_sleeping` says of it, asked of all
 /// at once so that one that hangs costs one timeout, not one each.
 async fn sleep_states(

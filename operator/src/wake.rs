@@ -1,8 +1,10 @@
 //! The promotion's Wake step: the new primary's warm replicas are woken from vLLM sleep mode
 //! through the prober's sleep-mode client ([`understudy_prober::sleep`], which the local game day
-//! shares), and the step is done only when every one of them is confirmed awake.
+//! shares), and the step is done once as many are confirmed awake as the pool's serving quorum
+//! needs ([`understudy_core::drive::WakeOrder::needed`]); the others go on waking and join the
+//! route when they pass. Past the promotion's deadline it is done with the replicas that are awake.
 //!
-//! This module must never report the step done while a replica is not confirmed awake.
+//! This module must never count a replica awake that `/is_sleeping` did not confirm.
 
 use std::time::Duration;
 
@@ -25,44 +27,70 @@ pub fn warm_sleep_level(pool: &PoolSpec) -> Option<u8> {
 }
 
 pub use understudy_prober::sleep::{
-    DEFAULT_QUERY_TIMEOUT, DEFAULT_WAKE_TIMEOUT, ReplicaWake, WakeTimeouts, wake_replica, wake_replicas,
+    DEFAULT_QUERY_TIMEOUT, DEFAULT_WAKE_TIMEOUT, PoolWake, ReplicaWake, WakeTimeouts, wake_enough,
+    wake_replica,
 };
 
-/// What the outcomes mean for the Wake step of `pool`: done only when every replica is awake.
+/// What a wake means for the Wake step of `pool`: done once no more than `tolerated` replicas
+/// are not awake, or whatever is awake once the promotion is `overdue`.
 #[must_use]
-pub fn judge(pool: &str, level: u8, outcomes: &[(&Endpoint, ReplicaWake)]) -> StepReport {
-    let behind: Vec<String> = outcomes
+pub fn judge(
+    pool: &str,
+    level: u8,
+    wake: &PoolWake<'_>,
+    tolerated: usize,
+    overdue: Option<Duration>,
+) -> StepReport {
+    let mut behind: Vec<String> = wake
+        .finished
         .iter()
-        .filter_map(|(endpoint, outcome)| match outcome {
+        .filter_map(|(endpoint, outcome, _)| match outcome {
             ReplicaWake::StillAsleep => Some(format!("{endpoint} still reports itself asleep")),
             ReplicaWake::Failed(why) => Some(format!("{endpoint}: {why}")),
             _ => None,
         })
         .collect();
-    if !behind.is_empty() {
+    behind.extend(
+        wake.still_waking
+            .iter()
+            .map(|endpoint| format!("{endpoint} is still waking")),
+    );
+    let replicas = wake.finished.len() + wake.still_waking.len();
+    if behind.len() > tolerated && overdue.is_none() {
         return StepReport::NotYet {
             reason: format!(
-                "{} of {} replica(s) of {pool} are not awake yet: {}",
+                "{} of {replicas} replica(s) of {pool} are not awake yet: {}",
                 behind.len(),
-                outcomes.len(),
                 behind.join("; ")
             ),
         };
     }
-    let count = |wanted: &ReplicaWake| outcomes.iter().filter(|(_, o)| o == wanted).count();
+    let count = |wanted: &ReplicaWake| wake.finished.iter().filter(|(_, o, _)| o == wanted).count();
     let (woken, awake, no_api) = (
         count(&ReplicaWake::Woken),
         count(&ReplicaWake::Awake),
         count(&ReplicaWake::NoSleepApi),
     );
     let mut note = format!(
-        "woke {woken} of {} replica(s) of {pool} from sleep level {level}, each confirmed by \
-         /is_sleeping; {awake} were awake already",
-        outcomes.len()
+        "woke {woken} of {replicas} replica(s) of {pool} from sleep level {level}, each confirmed by \
+         /is_sleeping; {awake} were awake already"
     );
     if no_api > 0 {
         note.push_str(&format!(
             "; {no_api} have no sleep API (VLLM_SERVER_DEV_MODE is off), so they cannot have slept"
+        ));
+    }
+    if !behind.is_empty() {
+        let why = match overdue {
+            Some(deadline) if behind.len() > tolerated => {
+                format!("past the promotion's deadline of {deadline:?}, it goes on without")
+            }
+            _ => "enough are awake for the serving quorum; it goes on without".to_owned(),
+        };
+        note.push_str(&format!(
+            "; {why} {} ({}), which join the route when they pass",
+            behind.len(),
+            behind.join("; ")
         ));
     }
     StepReport::Done {
@@ -89,13 +117,15 @@ pub struct Waking {
 }
 
 /// Carries out the Wake step of `pool` by calling its replicas: each one asleep is woken at the
-/// pool's warm level (all at once) and timed, and the step is done only when every one is
-/// confirmed awake.
+/// pool's warm level (all at once) and timed, and the step is done once `needed` of its warm
+/// replicas are confirmed awake ([`judge`]), or with those awake once it is `overdue`.
 pub async fn wake_pool(
     replicas: &dyn ReplicaEndpoints,
     namespace: &str,
     pool: &PoolSpec,
     timeouts: WakeTimeouts,
+    needed: u32,
+    overdue: Option<Duration>,
 ) -> Waking {
     let name = &pool.name;
     let waiting = |reason: String| Waking {
@@ -120,13 +150,16 @@ pub async fn wake_pool(
     if endpoints.is_empty() {
         return waiting(format!("{name} has no running replica to wake yet"));
     }
-    let timed = wake_replicas(&endpoints, level, timeouts).await;
-    for (endpoint, outcome, took) in &timed {
+    let tolerated = usize::try_from(pool.standby_shape().warm.saturating_sub(needed)).unwrap_or(usize::MAX);
+    // Past the deadline nothing is waited for: the step is done with what is awake already.
+    let waits_for = if overdue.is_some() { usize::MAX } else { tolerated };
+    let wake = wake_enough(&endpoints, level, timeouts, waits_for).await;
+    for (endpoint, outcome, took) in &wake.finished {
         tracing::debug!(pool = %name, %endpoint, ?outcome, ?took, "wake");
     }
-    let outcomes: Vec<(&Endpoint, ReplicaWake)> = timed.iter().map(|(e, o, _)| (*e, o.clone())).collect();
     let now = Instant::now();
-    let woken = timed
+    let woken = wake
+        .finished
         .iter()
         .filter(|(_, outcome, _)| *outcome == ReplicaWake::Woken)
         .map(|(endpoint, _, took)| Woken {
@@ -136,7 +169,7 @@ pub async fn wake_pool(
         })
         .collect();
     Waking {
-        report: judge(name, level, &outcomes),
+        report: judge(name, level, &wake, tolerated, overdue),
         woken,
     }
 }
@@ -175,14 +208,21 @@ mod tests {
         );
     }
 
+    fn finished<'a>(outcomes: &[(&'a Endpoint, ReplicaWake)]) -> PoolWake<'a> {
+        PoolWake {
+            finished: outcomes
+                .iter()
+                .map(|(e, o)| (*e, o.clone(), Duration::from_millis(5)))
+                .collect(),
+            still_waking: Vec::new(),
+        }
+    }
+
     #[test]
-    fn the_step_waits_while_any_replica_is_not_confirmed_awake() {
+    fn the_step_waits_while_more_replicas_are_not_awake_than_the_quorum_spares() {
         let (a, b) = (Endpoint::new("10.0.0.1", 8000), Endpoint::new("10.0.0.2", 8000));
-        let report = judge(
-            "west",
-            1,
-            &[(&a, ReplicaWake::Woken), (&b, ReplicaWake::StillAsleep)],
-        );
+        let wake = finished(&[(&a, ReplicaWake::Woken), (&b, ReplicaWake::StillAsleep)]);
+        let report = judge("west", 1, &wake, 0, None);
         let StepReport::NotYet { reason } = report else {
             panic!("{report:?}")
         };
@@ -190,15 +230,50 @@ mod tests {
             reason.contains("10.0.0.2:8000 still reports itself asleep"),
             "{reason}"
         );
-        let report = judge(
-            "west",
-            1,
-            &[
-                (&a, ReplicaWake::Woken),
-                (&b, ReplicaWake::Failed("no answer".into())),
-            ],
-        );
+        let wake = finished(&[
+            (&a, ReplicaWake::Woken),
+            (&b, ReplicaWake::Failed("no answer".into())),
+        ]);
+        let report = judge("west", 1, &wake, 0, None);
         assert!(matches!(report, StepReport::NotYet { .. }), "{report:?}");
+        // One spare: the quorum needs only one of the two.
+        let report = judge("west", 1, &wake, 1, None);
+        let StepReport::Done { note: Some(note), .. } = report else {
+            panic!("{report:?}")
+        };
+        assert!(
+            note.ends_with(
+                "enough are awake for the serving quorum; it goes on without 1 (http://10.0.0.2:8000: no \
+                 answer), which join the route when they pass"
+            ),
+            "{note}"
+        );
+    }
+
+    #[test]
+    fn past_the_deadline_the_step_is_done_with_the_replicas_that_are_awake() {
+        let (a, b, c) = (
+            Endpoint::new("10.0.0.1", 8000),
+            Endpoint::new("10.0.0.2", 8000),
+            Endpoint::new("10.0.0.3", 8000),
+        );
+        let mut wake = finished(&[(&a, ReplicaWake::Woken), (&b, ReplicaWake::StillAsleep)]);
+        wake.still_waking.push(&c);
+        let report = judge("west", 2, &wake, 0, Some(Duration::from_secs(255)));
+        let StepReport::Done { note: Some(note), .. } = report else {
+            panic!("{report:?}")
+        };
+        assert!(
+            note.starts_with("woke 1 of 3 replica(s) of west from sleep level 2"),
+            "{note}"
+        );
+        assert!(
+            note.contains(
+                "past the promotion's deadline of 255s, it goes on without 2 (http://10.0.0.2:8000 \
+                 still reports itself asleep; http://10.0.0.3:8000 is still waking)"
+            ),
+            "{note}"
+        );
     }
 
     #[test]
@@ -208,15 +283,12 @@ mod tests {
             Endpoint::new("10.0.0.2", 8000),
             Endpoint::new("10.0.0.3", 8000),
         );
-        let report = judge(
-            "west",
-            2,
-            &[
-                (&a, ReplicaWake::Woken),
-                (&b, ReplicaWake::Awake),
-                (&c, ReplicaWake::NoSleepApi),
-            ],
-        );
+        let wake = finished(&[
+            (&a, ReplicaWake::Woken),
+            (&b, ReplicaWake::Awake),
+            (&c, ReplicaWake::NoSleepApi),
+        ]);
+        let report = judge("west", 2, &wake, 0, None);
         let StepReport::Done { carried_by, note } = report else {
             panic!("{report:?}")
         };
@@ -228,5 +300,6 @@ mod tests {
         );
         assert!(note.contains("1 were awake already"), "{note}");
         assert!(note.contains("1 have no sleep API"), "{note}");
+        assert!(!note.contains("goes on without"), "{note}");
     }
 }

@@ -174,6 +174,8 @@ struct Objects {
     ready: BTreeMap<String, u32>,
     /// Requests no rule answers.
     surprises: Vec<String>,
+    /// A workload whose scale may not be raised (a quota, RBAC): each try is refused with a 403.
+    cannot_grow: Option<String>,
 }
 
 type Shared = Arc<Mutex<Objects>>;
@@ -265,6 +267,12 @@ fn answer(
     const POLICY: &str = "/apis/understudy.dev/v1alpha1/namespaces/serving/failoverpolicies/llama";
     const LEASE: &str = "/apis/coordination.k8s.io/v1/namespaces/serving/leases/llama-epoch";
     if path.starts_with("/apis/events.k8s.io/") {
+        if body["type"] == "Warning" {
+            journal.push(format!(
+                "warning: {}",
+                body["reason"].as_str().unwrap_or_default()
+            ));
+        }
         return (201, body.clone());
     }
     match (method, path) {
@@ -333,7 +341,16 @@ fn deployment(
     body: &Value,
 ) -> (u16, Value) {
     let ready = objects.ready.get(name).copied().unwrap_or(0);
+    let cannot_grow = objects.cannot_grow.as_deref() == Some(name);
     match (method, scale, objects.deployments.get_mut(name)) {
+        ("PATCH", true, Some(object))
+            if cannot_grow && body["spec"]["replicas"].as_u64() > object["spec"]["replicas"].as_u64() =>
+        {
+            journal.push(format!("scale {name} refused"));
+            let forbidden = json!({"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": 403,
+                "reason": "Forbidden", "message": "exceeded quota: gpus", "metadata": {}});
+            (403, forbidden)
+        }
         ("GET", false, Some(object)) => {
             let mut object = object.clone();
             object["status"] = json!({"replicas": spec_replicas(&object), "readyReplicas": ready});
@@ -496,6 +513,21 @@ struct Path {
     spec: Value,
     /// What the prober's last comparison of the pools found drifting, if anything.
     drift: Option<ParityStatus>,
+    /// How the new primary's replicas come up after the command.
+    west_after: WestAfter,
+}
+
+/// How the standby's replicas come up once it is promoted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum WestAfter {
+    /// Each pod it grows turns ready one reconcile after another, and every replica serves.
+    Serves,
+    /// No pod it grows ever turns ready.
+    GrowsNothing,
+    /// No pod it grows turns ready, and the replicas it runs answer every generation with a 500.
+    ServesNothing,
+    /// Its workload's scale may not be raised.
+    CannotGrow,
 }
 
 /// A prober's findings: no golden answer (the policy's expectation is fixed), and the last
@@ -529,6 +561,10 @@ async fn run(path: Path) -> Ran {
     let count = |pool: &Value| usize::try_from(pool["replicas"].as_u64().unwrap()).unwrap();
     let east = replicas("east", count(&path.east), &journal).await;
     let west = replicas("west", count(&path.west), &journal).await;
+    let west_ready_at_most = match path.west_after {
+        WestAfter::Serves => u32::MAX,
+        WestAfter::GrowsNothing | WestAfter::ServesNothing | WestAfter::CannotGrow => path.west_running,
+    };
     let mut spec = json!({"recoveryObjective": "5m", "probe": {"expect": {"mode": "nonEmpty"}}, "pools": [path.east, path.west]});
     for (key, value) in path.spec.as_object().unwrap() {
         spec[key] = value.clone();
@@ -560,6 +596,7 @@ async fn run(path: Path) -> Ran {
             ("vllm-west".to_owned(), path.west_running),
         ]),
         surprises: Vec::new(),
+        cannot_grow: (path.west_after == WestAfter::CannotGrow).then(|| "vllm-west".to_owned()),
     }));
     let client = fake_api(objects.clone(), journal.clone());
     let replicas = Arc::new(ReadyReplicas {
@@ -596,7 +633,13 @@ async fn run(path: Path) -> Ran {
             let object = objects.lock().unwrap().policy.clone();
             let guard: DeserializeGuard<FailoverPolicy> = serde_json::from_value(object).unwrap();
             let result = reconcile(Arc::new(guard), ctx.clone()).await;
-            assert!(result.is_ok(), "{result:?}\njournal: {:#?}", journal.entries());
+            // A refused scale is the reconcile's error, told once its status is written.
+            let refused = matches!(&result, Err(e) if e.to_string().contains("exceeded quota"));
+            assert!(
+                result.is_ok() || (refused && path.west_after == WestAfter::CannotGrow),
+                "{result:?}\njournal: {:#?}",
+                journal.entries()
+            );
             clock.0.fetch_add(2, Ordering::SeqCst);
             // A replica of a scaled-up workload becomes ready each reconcile, as pods do.
             let mut objects = objects.lock().unwrap();
@@ -606,8 +649,13 @@ async fn run(path: Path) -> Ran {
                 .map(|(name, d)| (name.clone(), spec_replicas(d)))
                 .collect();
             for (name, replicas) in wanted {
+                let most = if name == "vllm-west" {
+                    west_ready_at_most
+                } else {
+                    u32::MAX
+                };
                 if let Some(ready) = objects.ready.get_mut(&name) {
-                    *ready = (*ready + 1).min(replicas);
+                    *ready = (*ready + 1).min(replicas).min(most).max(*ready);
                 }
             }
             let serving = objects.policy["status"]["state"] == "Serving"
@@ -624,6 +672,11 @@ async fn run(path: Path) -> Ran {
         panic!("no quiet reconcile in 16; journal: {:#?}", journal.entries());
     };
     reconcile_until_quiet(false).await;
+    if path.west_after == WestAfter::ServesNothing {
+        for emulator in &west._emulators {
+            emulator.inject("half-failed:error");
+        }
+    }
     journal.push("command: failover".into());
     objects.lock().unwrap().policy["metadata"]["annotations"] =
         json!({"understudy.dev/command": "failover@drill-1"});
@@ -632,7 +685,18 @@ async fn run(path: Path) -> Ran {
         result: CheckResult::Pass,
     };
     observed.0.lock().unwrap().extend([passes, passes]);
-    reconcile_until_quiet(true).await;
+    if path.west_after == WestAfter::ServesNothing {
+        // It never serves: the promotion waits, and what it says while it does is the outcome.
+        for _ in 0..12 {
+            let object = objects.lock().unwrap().policy.clone();
+            let guard: DeserializeGuard<FailoverPolicy> = serde_json::from_value(object).unwrap();
+            let result = reconcile(Arc::new(guard), ctx.clone()).await;
+            assert!(result.is_ok(), "{result:?}\njournal: {:#?}", journal.entries());
+            clock.0.fetch_add(2, Ordering::SeqCst);
+        }
+    } else {
+        reconcile_until_quiet(true).await;
+    }
     let objects = objects.lock().unwrap();
     assert!(objects.surprises.is_empty(), "{:?}", objects.surprises);
     Ran {
@@ -712,6 +776,7 @@ async fn a_hot_standby_is_probed_and_routed_without_a_call_that_wakes_or_grows_i
         west_running: 2,
         spec: json!({}),
         drift: None,
+        west_after: WestAfter::Serves,
     })
     .await;
     let api = [COMMAND, LEASE, FENCE, ROUTE, ADMISSION];
@@ -746,6 +811,7 @@ async fn warm_path(level: u8, wake: &[&str]) -> Ran {
         west_running: 2,
         spec: json!({}),
         drift: None,
+        west_after: WestAfter::Serves,
     })
     .await;
     let api = [COMMAND, LEASE, FENCE, ROUTE, ADMISSION];
@@ -817,6 +883,7 @@ async fn an_all_pilot_light_standby_runs_one_replica_grows_the_other_into_its_re
         west_running: 0,
         spec: json!({}),
         drift: None,
+        west_after: WestAfter::Serves,
     })
     .await;
     // West is all pilot light: one replica runs (hot, holding its own GPU) so that it can be
@@ -868,6 +935,7 @@ async fn four_warm_and_four_pilot_light_route_at_half_capacity_when_the_warm_fou
         west_running: 8,
         spec: json!({"minServingFraction": 0.5}),
         drift: None,
+        west_after: WestAfter::Serves,
     })
     .await;
     let api = [
@@ -935,10 +1003,102 @@ async fn a_drifted_warm_standby_is_neither_put_to_sleep_nor_switched_to() {
         west_running: 2,
         spec: json!({}),
         drift: Some(drift),
+        west_after: WestAfter::Serves,
     })
     .await;
-    // No replica was called, and the Lease never moved.
-    assert_eq!(ran.journal, [COMMAND]);
+    // No replica was called, and the Lease never moved: the drift and the refused command were
+    // told in Warnings.
+    assert_eq!(
+        ran.journal,
+        ["warning: ParityDrift", COMMAND, "warning: CommandRefused"]
+    );
     assert_eq!(ran.status["primaryPool"], "us-east");
     assert_eq!(ran.status["conditions"]["ParityHolds"]["status"], "False");
+}
+
+/// A standby of one hot replica and three pilot light, under an objective of 20 s that a 35 s
+/// detection leaves nothing of: the promotion's deadline is one probe interval, 10 s.
+fn one_hot_three_pilot_light(west_after: WestAfter) -> Path {
+    Path {
+        east: east_hot_and_warm(1),
+        west: pool(
+            "us-west",
+            4,
+            json!([{"tier": "hot", "replicas": 1}, {"tier": "pilotLight", "replicas": 3}]),
+        ),
+        west_running: 1,
+        spec: json!({"recoveryObjective": "20s"}),
+        drift: None,
+        west_after,
+    }
+}
+
+#[tokio::test]
+async fn past_its_deadline_a_promotion_routes_the_replicas_that_serve_below_the_quorum() {
+    let ran = run(one_hot_three_pilot_light(WestAfter::GrowsNothing)).await;
+    // The pilot light never turns ready: the one hot replica is all that serves, three are
+    // needed, and after the deadline the route moves to it.
+    assert_eq!(
+        without_replicas(&ran.journal),
+        strings(&[COMMAND, LEASE, FENCE, "scale vllm-west: 1 → 4", ROUTE, ADMISSION])
+    );
+    assert_eq!(ran.status["primaryPool"], "us-west");
+    let serving = &ran.status["lastFailover"]["steps"][4];
+    assert_eq!(serving["step"], "Serving");
+    assert_eq!(
+        serving["note"],
+        "past the promotion's deadline of 10s, the route moves to what serves: 1 of 4 replicas of \
+         us-west answered the generating probe right, below the 3 needed; the rest join the route as \
+         they pass"
+    );
+}
+
+#[tokio::test]
+async fn past_its_deadline_a_promotion_with_nothing_serving_keeps_the_waiting_room_closed_and_warns() {
+    let ran = run(one_hot_three_pilot_light(WestAfter::ServesNothing)).await;
+    let api = without_replicas(&ran.journal);
+    // The Lease moved and the old primary is fenced; nothing is routed, and once past the
+    // deadline each try says so in a Warning.
+    assert_eq!(
+        api[..4],
+        strings(&[COMMAND, LEASE, FENCE, "scale vllm-west: 1 → 4"])
+    );
+    assert!(!api.iter().any(|e| e.starts_with("router: Route")), "{api:#?}");
+    assert!(
+        api[4..].iter().all(|e| e == "warning: PromotionOverdue"),
+        "{api:#?}"
+    );
+    assert!(api.len() > 4, "{api:#?}");
+    assert_eq!(ran.status["state"], "Promoting");
+    let ready = &ran.status["conditions"]["Ready"];
+    assert_eq!(ready["reason"], "PromotionOverdue", "{ready}");
+    assert!(
+        ready["message"]
+            .as_str()
+            .unwrap()
+            .ends_with("the routers keep the waiting room closed, answering with Retry-After, and the promotion keeps trying"),
+        "{ready}"
+    );
+}
+
+#[tokio::test]
+async fn past_its_deadline_a_promotion_whose_pool_cannot_grow_goes_on_with_what_runs() {
+    let ran = run(one_hot_three_pilot_light(WestAfter::CannotGrow)).await;
+    let api = without_replicas(&ran.journal);
+    let refused = api.iter().filter(|e| *e == "scale vllm-west refused").count();
+    assert!(refused > 1, "{api:#?}");
+    assert_eq!(api[..3], strings(&[COMMAND, LEASE, FENCE]));
+    assert_eq!(api[3 + refused..], strings(&[ROUTE, ADMISSION]));
+    let steps = &ran.status["lastFailover"]["steps"];
+    assert_eq!(steps[3]["step"], "ScaledUp");
+    let note = steps[3]["note"].as_str().unwrap();
+    assert!(
+        note.starts_with(
+            "past the promotion's deadline of 10s, it goes on with the replicas that run: vllm-west \
+             could not be scaled to 4: "
+        ),
+        "{note}"
+    );
+    assert!(note.contains("exceeded quota: gpus"), "{note}");
+    assert_eq!(ran.status["primaryPool"], "us-west");
 }

@@ -15,7 +15,8 @@ use prober_support::{Emulator, MODEL};
 use understudy_operator::crd::FailoverPolicy;
 use understudy_operator::ports::StepReport;
 use understudy_operator::replicas::FixedReplicas;
-use understudy_operator::wake::{WakeTimeouts, wake_pool};
+use understudy_operator::standby::wake_sleeping;
+use understudy_operator::wake::{ReplicaWake, WakeTimeouts, wake_pool};
 use understudy_prober::probe::Endpoint;
 
 const DEV_MODE: &[(&str, &str)] = &[("VLLM_SERVER_DEV_MODE", "1")];
@@ -87,13 +88,81 @@ fn complete(endpoint: &Endpoint) -> String {
     json["choices"][0]["text"].as_str().unwrap().to_owned()
 }
 
-/// Runs the Wake step of promoting `west`, served at `endpoints`.
+/// Runs the Wake step of promoting `west`, served at `endpoints`, needing all its warm replicas.
 async fn wake(policy: &FailoverPolicy, endpoints: Vec<Endpoint>) -> StepReport {
+    let warm = policy.spec.pools[1].standby_shape().warm;
+    wake_needing(policy, endpoints, warm, None).await
+}
+
+/// Runs the Wake step of promoting `west`, needing `needed` of its warm replicas awake.
+async fn wake_needing(
+    policy: &FailoverPolicy,
+    endpoints: Vec<Endpoint>,
+    needed: u32,
+    overdue: Option<Duration>,
+) -> StepReport {
     let replicas = FixedReplicas::default().with_pool("west", endpoints);
     let pool = &policy.spec.pools[1];
-    wake_pool(&replicas, "serving", pool, WakeTimeouts::default())
+    wake_pool(
+        &replicas,
+        "serving",
+        pool,
+        WakeTimeouts::default(),
+        needed,
+        overdue,
+    )
+    .await
+    .report
+}
+
+#[tokio::test]
+async fn between_promotions_a_primary_replica_left_asleep_is_woken() {
+    let awake = Emulator::ready(&["--enable-sleep-mode"], DEV_MODE);
+    let left = Emulator::ready(&["--enable-sleep-mode"], DEV_MODE);
+    put_to_sleep(&left, 1);
+    let replicas =
+        FixedReplicas::default().with_pool("west", vec![awake.endpoint.clone(), left.endpoint.clone()]);
+    let policy = policy(&warm(1));
+    let pool = &policy.spec.pools[1];
+    let woken = wake_sleeping(pool, &replicas, "serving", WakeTimeouts::default())
         .await
-        .report
+        .unwrap();
+    assert_eq!(woken, [(left.endpoint.to_string(), ReplicaWake::Woken)]);
+    assert!(!is_sleeping(&left));
+    let again = wake_sleeping(pool, &replicas, "serving", WakeTimeouts::default())
+        .await
+        .unwrap();
+    assert!(again.is_empty(), "{again:?}");
+}
+
+#[tokio::test]
+async fn the_step_goes_on_once_the_quorum_is_awake_and_a_hung_replica_is_left_waking() {
+    let healthy = Emulator::ready(&["--enable-sleep-mode"], DEV_MODE);
+    let hung = Emulator::ready(&["--enable-sleep-mode"], DEV_MODE);
+    put_to_sleep(&healthy, 1);
+    put_to_sleep(&hung, 1);
+    // Takes connections and never answers: its wake waits out the call's timeout.
+    hung.inject("hang");
+    let endpoints = vec![healthy.endpoint.clone(), hung.endpoint.clone()];
+
+    let note = done_note(wake_needing(&policy(&warm(1)), endpoints.clone(), 1, None).await);
+
+    assert!(note.starts_with("woke 1 of 2 replica(s) of west"), "{note}");
+    assert!(
+        note.contains(&format!(
+            "enough are awake for the serving quorum; it goes on without 1 ({} is still waking)",
+            hung.endpoint
+        )),
+        "{note}"
+    );
+    assert!(!is_sleeping(&healthy));
+    // Needing both, the hung one holds the step until its call times out; past the promotion's
+    // deadline, the step is done at once with what is awake.
+    let note = done_note(wake_needing(&policy(&warm(1)), endpoints, 2, Some(Duration::from_secs(30))).await);
+    assert!(
+        note.contains("past the promotion's deadline of 30s, it goes on without 2"),
+        "{note}"
+    );
 }
 
 fn done_note(report: StepReport) -> String {

@@ -13,10 +13,13 @@
 //! This module must never report a replica woken that `/is_sleeping` did not confirm, send a
 //! request without a timeout, or let one replica's failure keep the others from being woken.
 
+use std::collections::HashSet;
+use std::sync::{LazyLock, Mutex, PoisonError};
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures::future::join_all;
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
 
 use crate::probe::{Bearer, Endpoint};
 
@@ -128,8 +131,37 @@ pub async fn is_sleeping(endpoint: &Endpoint, timeout: Duration) -> Result<Optio
         .ok_or_else(|| "GET /is_sleeping answered without a boolean `is_sleeping`".to_owned())
 }
 
-/// Wakes one replica that sleeps at up to `level`, and says what became of it.
+/// The replicas this process is waking now, by address: a wake still under way (one a promotion
+/// went on without) is not started twice, which after a level-2 sleep would reload the weights
+/// again.
+static WAKING: LazyLock<Mutex<HashSet<String>>> = LazyLock::new(Mutex::default);
+
+/// Holds one replica in [`WAKING`] while it is woken.
+struct Waking(String);
+
+impl Waking {
+    fn start(endpoint: &Endpoint) -> Option<Waking> {
+        let key = endpoint.authority();
+        let mut waking = WAKING.lock().unwrap_or_else(PoisonError::into_inner);
+        waking.insert(key.clone()).then_some(Waking(key))
+    }
+}
+
+impl Drop for Waking {
+    fn drop(&mut self) {
+        WAKING
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&self.0);
+    }
+}
+
+/// Wakes one replica that sleeps at up to `level`, and says what became of it. One this process
+/// is waking already is not called again: it has `Failed`, with why, until that wake ends.
 pub async fn wake_replica(endpoint: &Endpoint, level: u8, timeouts: WakeTimeouts) -> ReplicaWake {
+    let Some(_waking) = Waking::start(endpoint) else {
+        return ReplicaWake::Failed("a wake of it is already under way".to_owned());
+    };
     match wake_replica_calls(endpoint, level, timeouts).await {
         Ok(outcome) => outcome,
         Err(why) => ReplicaWake::Failed(why),
@@ -165,19 +197,65 @@ async fn wake_replica_calls(
     })
 }
 
-/// Wakes every replica at once; each outcome beside its endpoint, with how long it took, from
-/// the first call to the last answer.
-pub async fn wake_replicas(
+/// What waking a pool's replicas came to: each replica whose wake finished, with its outcome and
+/// how long it took from the first call to the last answer, and the replicas still being woken
+/// when enough were awake.
+#[derive(Debug)]
+pub struct PoolWake<'a> {
+    pub finished: Vec<(&'a Endpoint, ReplicaWake, Duration)>,
+    /// Their calls go on in tasks of their own, each bounded by its timeout, so that a replica on
+    /// its way up still comes up.
+    pub still_waking: Vec<&'a Endpoint>,
+}
+
+impl PoolWake<'_> {
+    /// How many replicas are not known to be awake: still waking, or failed to wake.
+    #[must_use]
+    pub fn not_awake(&self) -> usize {
+        self.still_waking.len() + self.finished.iter().filter(|(_, o, _)| !o.is_awake()).count()
+    }
+}
+
+/// Wakes every replica at once, and returns once every wake has finished, or as soon as no more
+/// than `tolerated` replicas are not awake: a promotion goes on once enough of its pool is awake,
+/// and the rest join its route when they pass.
+pub async fn wake_enough(
     endpoints: &[Endpoint],
     level: u8,
     timeouts: WakeTimeouts,
-) -> Vec<(&Endpoint, ReplicaWake, Duration)> {
-    join_all(endpoints.iter().map(|endpoint| async move {
-        let started = tokio::time::Instant::now();
-        let outcome = wake_replica(endpoint, level, timeouts).await;
-        (endpoint, outcome, started.elapsed())
-    }))
-    .await
+    tolerated: usize,
+) -> PoolWake<'_> {
+    let mut waking: FuturesUnordered<_> = endpoints
+        .iter()
+        .enumerate()
+        .map(|(i, endpoint)| {
+            let endpoint = endpoint.clone();
+            let task = tokio::spawn(async move {
+                let started = tokio::time::Instant::now();
+                let outcome = wake_replica(&endpoint, level, timeouts).await;
+                (outcome, started.elapsed())
+            });
+            async move { (i, task.await) }
+        })
+        .collect();
+    let mut wake = PoolWake {
+        finished: Vec::new(),
+        still_waking: endpoints.iter().collect(),
+    };
+    // Dropping a task's handle leaves it running.
+    while wake.not_awake() > tolerated
+        && let Some((i, joined)) = waking.next().await
+    {
+        let (outcome, took) = joined.unwrap_or_else(|error| {
+            (
+                ReplicaWake::Failed(format!("its wake ended early: {error}")),
+                Duration::ZERO,
+            )
+        });
+        wake.still_waking.retain(|e| !std::ptr::eq(*e, &endpoints[i]));
+        wake.finished.push((&endpoints[i], outcome, took));
+    }
+    wake
 }
 
 /// Puts one replica to sleep at `level` (1: weights offloaded to host memory; 2: discarded),

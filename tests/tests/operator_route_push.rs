@@ -66,6 +66,7 @@ fn push_route_of(policy: &FailoverPolicy, push: &RouterPush, pool_index: usize, 
         pool: &policy.spec.pools[pool_index],
         epoch: Epoch(epoch),
         serving: None,
+        overdue: None,
     };
     tokio::runtime::Builder::new_current_thread()
         .enable_all()

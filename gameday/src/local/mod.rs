@@ -144,6 +144,8 @@ struct Logic {
     probe: ProbeSpec,
     admission: Option<AdmissionSpec>,
     interval: Duration,
+    /// How long a promotion may take before its steps stop waiting for all they want.
+    deadline: Duration,
     state: Mutex<FailoverState>,
     journal: Mutex<Journal>,
 }
@@ -305,6 +307,7 @@ async fn set_up(checked: &Checked, options: &RunOptions) -> Result<(Arc<Logic>, 
             .as_ref()
             .map(scenario::LocalAdmission::spec),
         interval: checked.interval,
+        deadline: checked.promotion_deadline,
         state: Mutex::new(FailoverState::new()),
         journal: Mutex::new(Journal::default()),
     });
@@ -637,6 +640,7 @@ async fn carry_out(logic: &Logic, start: Instant, mut state: FailoverState) {
             &logic.config,
             || start.elapsed(),
             &logic.shapes,
+            logic.deadline,
             &mut executor,
         )
         .await

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 use understudy_api::crd::AdmissionSpec;
+use understudy_core::drive::promotion_deadline;
 use understudy_core::duration;
 
 /// The scenario `understudy-gameday run` runs when given none: a hot standby, a crashed primary.
@@ -205,6 +206,14 @@ pub struct LocalPolicy {
     /// absent.
     #[serde(default)]
     pub min_serving_fraction: Option<f64>,
+    /// The FailoverPolicy's `recoveryObjective`: what is left of it after a hang's detection is
+    /// how long a promotion may wait for all it wants before it routes what serves.
+    #[serde(default = "five_minutes")]
+    pub recovery_objective: String,
+}
+
+fn five_minutes() -> String {
+    "5m".to_owned()
 }
 
 fn no_dwell() -> String {
@@ -235,6 +244,7 @@ impl Default for LocalPolicy {
             failback: Failback::Manual,
             min_dwell: no_dwell(),
             min_serving_fraction: None,
+            recovery_objective: five_minutes(),
         }
     }
 }
@@ -427,6 +437,8 @@ pub struct Checked {
     /// Each command's time, in the order given.
     pub command_times: Vec<Duration>,
     pub min_dwell: Duration,
+    /// How long a promotion may take before its steps stop waiting for all they want.
+    pub promotion_deadline: Duration,
     /// How long the routers leave a failed endpoint out, when the scenario says.
     pub eject_for: Option<Duration>,
 }
@@ -517,6 +529,13 @@ impl Scenario {
             .map(|c| within("commands[].at", &c.at, duration))
             .collect::<Result<Vec<_>, _>>()?;
         let min_dwell = parse_duration("policy.minDwell", &self.policy.min_dwell)?;
+        let objective = parse_duration("policy.recoveryObjective", &self.policy.recovery_objective)?;
+        if objective.is_zero() {
+            return Err(invalid("policy.recoveryObjective", "must be more than 0s"));
+        }
+        // A hang's detection, as the operator counts it (`ValidatedPolicy::detection`).
+        let detection = interval * self.policy.promote_after + timeout;
+        let promotion_deadline = promotion_deadline(objective, detection, interval);
         if let Some(fraction) = self.policy.min_serving_fraction
             && !(fraction > 0.0 && fraction <= 1.0)
         {
@@ -537,6 +556,7 @@ impl Scenario {
             fault_ends,
             command_times,
             min_dwell,
+            promotion_deadline,
             eject_for,
         })
     }

@@ -248,6 +248,8 @@ impl<'a> Simulation<'a> {
             &self.rules.config,
             || now,
             &shapes,
+            // Its pools serve within the promotion's rounds: no step waits on past a deadline.
+            Duration::MAX,
             &mut pools,
         )) {
             pools.on_tick = false;

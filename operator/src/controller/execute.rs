@@ -1,6 +1,8 @@
 //! Stage 4: carry the promotion out, step after step, through core's driver and the Kubernetes
 //! executor.
 
+use std::time::Duration;
+
 use kube::{Resource, ResourceExt};
 use understudy_core::drive::{StepOutcome, drive};
 use understudy_core::failover::{Action as MachineAction, Step};
@@ -12,6 +14,7 @@ use super::run::{Recorded, Run};
 use super::update_status::status_of;
 use crate::crd::{ColdStartBreakdown, FailoverPolicy};
 use crate::lease::{KubeLease, LeaseRecord};
+use crate::policy::validate;
 use crate::reconciler::warn;
 
 /// What carrying out the promotion's steps left.
@@ -40,6 +43,8 @@ pub(super) async fn execute(
     recorded: &Recorded,
 ) -> Result<Executed, Error> {
     let shapes = policy.spec.standby_shapes();
+    // A policy that does not validate is never executed; were one, its steps would wait as before.
+    let deadline = validate(&policy.spec).map_or(Duration::MAX, |v| v.promotion_deadline());
     let mut executor = KubeExecutor {
         ctx,
         policy,
@@ -70,7 +75,15 @@ pub(super) async fn execute(
         // Each step is timed when it returns, not at the reconcile's start: a promotion's steps
         // up to the route often all run in one reconcile.
         let clock = ctx.shell.clock.clone();
-        let Some(driven) = drive(&run.machine, run.config, || clock.now(), &shapes, &mut executor).await
+        let Some(driven) = drive(
+            &run.machine,
+            run.config,
+            || clock.now(),
+            &shapes,
+            deadline,
+            &mut executor,
+        )
+        .await
         else {
             break;
         };

@@ -15,12 +15,12 @@
 
 use std::collections::BTreeSet;
 
+use understudy_core::Pool;
 use understudy_core::drive::{
     Completion, Executor, LeaseClaim, ScaleOrder, ServingOrder, StepOutcome, Target, WakeOrder,
 };
 use understudy_core::failover::Step;
 use understudy_core::recovery::Stage;
-use understudy_core::{Epoch, Pool};
 use understudy_prober::probe::Expectation;
 use understudy_prober::sleep::WakeTimeouts;
 
@@ -132,17 +132,36 @@ impl<'a> KubeExecutor<'a> {
             }
         }
         let passing = passed.len();
-        if passing >= order.quorum as usize {
+        let enough = passing >= order.quorum as usize;
+        if enough || (passing > 0 && order.overdue.is_some()) {
             let serving = passed.iter().map(|report| report.endpoint.authority()).collect();
             self.serving = Some((order.pool, serving));
-            let note = format!(
+            let mut note = format!(
                 "{passing} of {} replicas of {} answered the generating probe right",
                 order.replicas, pool.name
             );
-            return StepOutcome::Done(Completion {
+            if let (false, Some(deadline)) = (enough, order.overdue) {
+                note = format!(
+                    "past the promotion's deadline of {deadline:?}, the route moves to what serves: \
+                     {note}, below the {} needed; the rest join the route as they pass",
+                    order.quorum
+                );
+            }
+            return StepOutcome::Done(Completion::noted(OPERATOR, note));
+        }
+        if let Some(deadline) = order.overdue {
+            // Nothing serves: routing nothing is no better than the waiting room, which answers
+            // with Retry-After meanwhile.
+            return StepOutcome::NotYet(Waiting::Refused {
                 carried_by: OPERATOR,
-                note: Some(note),
-                handed_off: false,
+                reason: OVERDUE,
+                note: format!(
+                    "past the promotion's deadline of {deadline:?}, none of the {} running replicas \
+                     of {} answers the generating probe right: the routers keep the waiting room \
+                     closed, answering with Retry-After, and the promotion keeps trying",
+                    endpoints.len(),
+                    pool.name
+                ),
             });
         }
         StepOutcome::NotYet(Waiting::NotYet(format!(
@@ -155,14 +174,15 @@ impl<'a> KubeExecutor<'a> {
     }
 
     /// Hands a step to the components behind [`StepExecutor`](super::StepExecutor).
-    async fn carry(&self, step: Step, pool: Pool, epoch: Epoch) -> Outcome {
-        let serving = self.serving_of(pool);
+    async fn carry(&self, step: Step, target: Target) -> Outcome {
+        let serving = self.serving_of(target.pool);
         let request = StepRequest {
             policy: self.policy,
             step,
-            pool: self.pool(pool),
-            epoch,
+            pool: self.pool(target.pool),
+            epoch: target.epoch,
             serving: serving.as_ref(),
+            overdue: target.overdue,
         };
         outcome_of(self.ctx.steps.carry_out(request).await)
     }
@@ -239,6 +259,9 @@ fn outcome_of(report: StepReport) -> Outcome {
 
 const OPERATOR: &str = "operator";
 
+/// The Warning Event's reason while a promotion past its deadline has nothing to route to.
+pub(super) const OVERDUE: &str = "PromotionOverdue";
+
 impl Executor for KubeExecutor<'_> {
     type Wait = Waiting;
 
@@ -285,15 +308,28 @@ impl Executor for KubeExecutor<'_> {
     }
 
     async fn fence_old(&mut self, old: Target) -> Outcome {
-        self.carry(Step::FenceOld, old.pool, old.epoch).await
+        self.carry(Step::FenceOld, old).await
     }
 
     async fn wake(&mut self, order: WakeOrder) -> Outcome {
         let Some(replicas) = self.ctx.replicas.clone() else {
-            return self.carry(Step::Wake, order.pool, order.epoch).await;
+            let target = Target {
+                pool: order.pool,
+                epoch: order.epoch,
+                overdue: order.overdue,
+            };
+            return self.carry(Step::Wake, target).await;
         };
         let pool = self.pool(order.pool);
-        let waking = wake::wake_pool(replicas.as_ref(), self.namespace, pool, WakeTimeouts::default()).await;
+        let waking = wake::wake_pool(
+            replicas.as_ref(),
+            self.namespace,
+            pool,
+            WakeTimeouts::default(),
+            order.needed,
+            order.overdue,
+        )
+        .await;
         self.woken
             .extend(waking.woken.into_iter().map(|w| (order.pool, w)));
         outcome_of(waking.report)
@@ -302,6 +338,16 @@ impl Executor for KubeExecutor<'_> {
     async fn scale(&mut self, order: ScaleOrder) -> Outcome {
         match self.workload(order.pool).scale_up_to(order.replicas).await {
             Ok(_) => StepOutcome::Done(Completion::by(OPERATOR)),
+            // Past the deadline a pool that cannot be grown serves with what runs.
+            Err(source) if let Some(deadline) = order.overdue => {
+                let note = format!(
+                    "past the promotion's deadline of {deadline:?}, it goes on with the replicas that \
+                     run: {} could not be scaled to {}: {source}",
+                    self.pool(order.pool).workload.name,
+                    order.replicas
+                );
+                StepOutcome::Done(Completion::noted(OPERATOR, note))
+            }
             Err(source) => self.workload_error(Step::Scale, order.pool, source),
         }
     }
@@ -312,6 +358,16 @@ impl Executor for KubeExecutor<'_> {
         }
         match self.workload(order.pool).ready_replicas().await {
             Ok(ready) if ready >= order.quorum => StepOutcome::Done(Completion::by(OPERATOR)),
+            Ok(ready) if let (true, Some(deadline)) = (ready > 0, order.overdue) => {
+                let note = format!(
+                    "past the promotion's deadline of {deadline:?}, the route moves to what is ready: \
+                     {ready} of {} replicas of {}, below the {} needed",
+                    order.replicas,
+                    self.pool(order.pool).name,
+                    order.quorum
+                );
+                StepOutcome::Done(Completion::noted(OPERATOR, note))
+            }
             Ok(ready) => StepOutcome::NotYet(Waiting::NotYet(format!(
                 "{ready} of {} replicas of {} ready, {} needed",
                 order.replicas,
@@ -323,10 +379,10 @@ impl Executor for KubeExecutor<'_> {
     }
 
     async fn route(&mut self, new: Target) -> Outcome {
-        self.carry(Step::Route, new.pool, new.epoch).await
+        self.carry(Step::Route, new).await
     }
 
     async fn open_admission(&mut self, new: Target) -> Outcome {
-        self.carry(Step::OpenAdmission, new.pool, new.epoch).await
+        self.carry(Step::OpenAdmission, new).await
     }
 }

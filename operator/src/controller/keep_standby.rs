@@ -43,6 +43,7 @@ pub(super) async fn keep_standby_between_promotions(
     {
         return;
     }
+    keep_primary_awake(ctx, policy, namespace, primary).await;
     keep_standby(
         ctx,
         policy,
@@ -53,6 +54,42 @@ pub(super) async fn keep_standby_between_promotions(
     )
     .await;
     prove_standby(ctx, policy, namespace, validated, run, primary.other()).await;
+}
+
+/// Wakes the primary's replicas a promotion went on without ([`standby::wake_sleeping`]): a
+/// Normal Event names those woken; one that does not wake is logged and tried again next time.
+async fn keep_primary_awake(ctx: &Context, policy: &FailoverPolicy, namespace: &str, primary: Pool) {
+    let (Some(replicas), Some(pool)) = (&ctx.replicas, policy.spec.pools.get(primary.index())) else {
+        return;
+    };
+    let found = standby::wake_sleeping(pool, replicas.as_ref(), namespace, WakeTimeouts::default()).await;
+    let asleep = match found {
+        Ok(asleep) => asleep,
+        Err(error) => {
+            tracing::warn!(%namespace, policy = %policy.name_any(), primary = %pool.name, %error, "could not find the primary's sleeping replicas");
+            return;
+        }
+    };
+    let (woken, not): (Vec<_>, Vec<_>) = asleep.into_iter().partition(|(_, wake)| wake.is_awake());
+    for (replica, wake) in &not {
+        tracing::info!(%namespace, policy = %policy.name_any(), primary = %pool.name, %replica, ?wake, "a primary replica still sleeps");
+    }
+    if !woken.is_empty() {
+        let names: Vec<String> = woken.into_iter().map(|(replica, _)| replica).collect();
+        let event = KubeEvent {
+            type_: EventType::Normal,
+            reason: "PrimaryWoken".to_owned(),
+            note: Some(format!(
+                "woke {} of primary {}, still asleep after the promotion went on without it; it joins \
+                 the route once it passes",
+                names.join(", "),
+                pool.name
+            )),
+            action: "Wake".to_owned(),
+            secondary: None,
+        };
+        send(&ctx.shell, &policy.object_ref(&()), &event).await;
+    }
 }
 
 /// Keeps `standby` in its shape ([`standby`]) when the operator can reach replicas: a Normal

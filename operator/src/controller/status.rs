@@ -206,6 +206,12 @@ pub fn desired_status(facts: &StatusFacts<'_>) -> Result<FailoverPolicyStatus, s
         &cold_start,
         standby_proof.as_ref(),
     );
+    if let Some(ready) = conditions.get_mut(condition_type::READY)
+        && ready.reason == "Promoting"
+        && let Some(overdue) = overdue(facts.spec, machine, facts.now)
+    {
+        *ready = overdue;
+    }
     conditions.insert(
         condition_type::PARITY_HOLDS.to_owned(),
         parity_holds(facts.spec, machine, parity.as_ref()),
@@ -397,6 +403,43 @@ fn phase_ready(spec: &FailoverPolicySpec, config: &FailoverConfig, machine: &Fai
             ),
         ),
     }
+}
+
+/// `Ready` for a promotion past its deadline ([`understudy_core::drive`]): which step holds it,
+/// and what that means for traffic. `None` while it is not past it.
+fn overdue(spec: &FailoverPolicySpec, machine: &FailoverState, now: Duration) -> Option<Condition> {
+    let Phase::Promoting(p) = &machine.phase else {
+        return None;
+    };
+    let deadline = validate(spec).ok()?.promotion_deadline();
+    if now.saturating_sub(p.started_at) < deadline {
+        return None;
+    }
+    let to = pool_name(spec, p.to);
+    let held = match p.step {
+        Step::AcquireLease => {
+            "the epoch Lease is not written yet, and nothing is promoted without it".to_owned()
+        }
+        Step::AwaitServing => format!(
+            "none of {to}'s replicas answers the generating probe yet: the routers keep the waiting room \
+             closed, answering with Retry-After, and the promotion keeps trying"
+        ),
+        Step::Route | Step::OpenAdmission => format!(
+            "no router holds the route to {to} yet: requests wait in the routers' waiting room, then \
+             are answered with Retry-After"
+        ),
+        // Past the deadline these are done with what they have at their next try.
+        Step::FenceOld | Step::Wake | Step::Scale => "it goes on with what it has".to_owned(),
+    };
+    Some(condition(
+        ConditionStatus::False,
+        "PromotionOverdue",
+        format!(
+            "promoting {to} at epoch {}, at step {:?}, past the promotion's deadline of {deadline:?} (the \
+             recovery objective less a hang's detection): {held}",
+            p.epoch, p.step
+        ),
+    ))
 }
 
 /// `StandbyProven`: the standby's recent checks, and its last proof while asleep.
@@ -1153,6 +1196,51 @@ mod tests {
         assert_eq!(timeline.steps[0].step, "LeaseClaimed");
         assert_eq!(timeline.steps[0].at, "2024-06-01T12:00:01Z");
         assert_eq!(timeline.finished_at, None);
+    }
+
+    #[test]
+    fn a_promotion_past_its_deadline_with_nothing_serving_says_the_waiting_room_stays_closed() {
+        let spec = spec();
+        let config = failover_config(&spec).unwrap();
+        let deadline = validate(&spec).unwrap().promotion_deadline();
+        let started = NOW - deadline - Duration::from_secs(1);
+        let mut machine = FailoverState::new();
+        for _ in 0..config.standby_ready_after {
+            let pass = Input::Check {
+                pool: Pool::B,
+                result: understudy_core::failover::CheckResult::Pass,
+            };
+            machine = machine.step(&config, started, &pass).0;
+        }
+        let command = Input::Command(understudy_core::failover::Command::Failover);
+        machine = machine.step(&config, started, &command).0;
+        for step in [Step::AcquireLease, Step::FenceOld, Step::Wake, Step::Scale] {
+            let done = Input::StepDone {
+                epoch: Epoch(1),
+                step,
+            };
+            machine = machine.step(&config, started, &done).0;
+        }
+        assert!(matches!(&machine.phase, Phase::Promoting(p) if p.step == Step::AwaitServing));
+        let ready = &status_of(&record(machine.clone()), None).conditions["Ready"];
+        assert_eq!(ready.status, ConditionStatus::False);
+        assert_eq!(ready.reason, "PromotionOverdue");
+        assert_eq!(
+            ready.message,
+            format!(
+                "promoting us-west at epoch 1, at step AwaitServing, past the promotion's deadline of \
+                 {deadline:?} (the recovery objective less a hang's detection): none of us-west's replicas \
+                 answers the generating probe yet: the routers keep the waiting room closed, answering with \
+                 Retry-After, and the promotion keeps trying"
+            )
+        );
+        // Started two seconds later, it is still within its deadline.
+        let mut earlier = machine;
+        if let Phase::Promoting(p) = &mut earlier.phase {
+            p.started_at += Duration::from_secs(2);
+        }
+        let ready = &status_of(&record(earlier), None).conditions["Ready"];
+        assert_eq!(ready.reason, "Promoting");
     }
 
     #[test]
