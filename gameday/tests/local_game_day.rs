@@ -317,6 +317,28 @@ async fn seed_004_routes_at_half_capacity_grows_the_route_with_its_pilot_light_a
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_its_deadline_a_promotion_routes_the_one_replica_that_serves_and_the_pilot_light_joins_later() {
+    let report = run_scenario(include_str!("../../examples/gamedays/local/deadline.yaml")).await;
+    assert_eq!(report.verdict, Verdict::Passed, "{report:#?}");
+    let promotion = &report.transitions[0];
+    let serving = promotion.steps.iter().find(|s| s.step == "AwaitServing").unwrap();
+    assert!(
+        serving.note.as_deref().is_some_and(|n| n.starts_with(
+            "past the promotion's deadline of 2.2s, the route moves to what serves: 1 of 4 replica(s) of b"
+        )),
+        "{serving:?}"
+    );
+    let to_b: Vec<usize> = report
+        .routes
+        .iter()
+        .filter(|r| r.pool == "b")
+        .map(|r| r.replicas)
+        .collect();
+    assert_eq!(to_b.first(), Some(&1), "{:?}", report.routes);
+    assert_eq!(to_b.last(), Some(&4), "{:?}", report.routes);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drifted_standby_is_not_promoted_until_an_operator_forces_it() {
     let short = include_str!("../../examples/gamedays/local/drifted-standby.yaml")
         .replace("duration: 20s", "duration: 9s")

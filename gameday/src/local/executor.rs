@@ -21,7 +21,7 @@ use understudy_core::drive::{
 use understudy_core::{Epoch, Pool};
 use understudy_prober::outcome::ProbeOutcome;
 use understudy_prober::probe::{Endpoint, ProbeReport, ProbeSpec, probe_round};
-use understudy_prober::sleep::{ReplicaWake, WakeTimeouts, wake_replica};
+use understudy_prober::sleep::{ReplicaWake, WakeTimeouts, wake_enough};
 
 use super::http::exchange;
 use super::lock;
@@ -222,9 +222,15 @@ impl ProcessExecutor<'_> {
 
     /// Routes `pool` at `epoch` through the fences of `replicas` ([`Self::route_for`]), as
     /// [`Self::push`]es it, and keeps what the routers hold once they do.
-    pub async fn route_to(&self, pool: Pool, epoch: Epoch, replicas: Vec<SocketAddr>) -> Outcome {
+    pub async fn route_to(
+        &self,
+        pool: Pool,
+        epoch: Epoch,
+        replicas: Vec<SocketAddr>,
+        overdue: Option<Duration>,
+    ) -> Outcome {
         let route = self.route_for(pool, epoch, &replicas);
-        let outcome = self.push(&route).await;
+        let outcome = self.push(&route, overdue).await;
         if matches!(outcome, StepOutcome::Done(_)) {
             *lock(self.routed) = Some(Routed {
                 pool,
@@ -254,9 +260,12 @@ impl ProcessExecutor<'_> {
         }
     }
 
-    /// Pushes `route` to every router; done only when every one holds it.
-    pub async fn push(&self, route: &Route) -> Outcome {
+    /// Pushes `route` to every router; done when every one holds it, or, once the promotion is
+    /// `overdue`, when one does and none has seen a newer epoch (409).
+    pub async fn push(&self, route: &Route, overdue: Option<Duration>) -> Outcome {
         let body = Bytes::from(serde_json::to_vec(route).unwrap_or_default());
+        let mut failed = Vec::new();
+        let mut stale = false;
         for router in self.routers {
             let bearer = format!("Bearer {}", router.token);
             let answer = exchange(
@@ -271,23 +280,37 @@ impl ProcessExecutor<'_> {
             match answer {
                 Ok(answer) if answer.status == 200 => {}
                 Ok(answer) => {
-                    return StepOutcome::NotYet(format!(
+                    stale |= answer.status == 409;
+                    failed.push(format!(
                         "router {} answered {}: {}",
                         router.addr,
                         answer.status,
                         String::from_utf8_lossy(&answer.body)
                     ));
                 }
-                Err(error) => return StepOutcome::NotYet(format!("router {}: {error}", router.addr)),
+                Err(error) => failed.push(format!("router {}: {error}", router.addr)),
             }
         }
-        done(format!(
-            "pushed to all {} router(s): {} at epoch {}, {} endpoint(s)",
-            self.routers.len(),
+        let took = self.routers.len() - failed.len();
+        let holding = format!(
+            "{} at epoch {}, {} endpoint(s)",
             route.pool,
             route.epoch,
             route.endpoints.len()
-        ))
+        );
+        match overdue {
+            _ if failed.is_empty() => done(format!(
+                "pushed to all {} router(s): {holding}",
+                self.routers.len()
+            )),
+            Some(deadline) if took > 0 && !stale => done(format!(
+                "past the promotion's deadline of {deadline:?}, it goes on with {took} of {} router(s) \
+                 holding {holding}; the rest: {}",
+                self.routers.len(),
+                failed.join("; ")
+            )),
+            _ => StepOutcome::NotYet(failed.join("; ")),
+        }
     }
 }
 
@@ -339,35 +362,62 @@ impl Executor for ProcessExecutor<'_> {
         let endpoints = self.endpoints(order.pool);
         let began = tokio::time::Instant::now();
         let began_at = jiff::Timestamp::now();
-        // Each replica's wake is timed on its own: the slowest decides the step.
-        let timed = futures::future::join_all(endpoints.iter().map(|endpoint| async move {
-            let outcome = wake_replica(endpoint, order.level, WakeTimeouts::default()).await;
-            (endpoint, outcome, jiff::Timestamp::now())
-        }))
-        .await;
+        // Once as many are awake as the serving quorum needs, the step goes on and the rest wake
+        // on their own; past the deadline it goes on with what is awake.
+        let tolerated = usize::try_from(order.replicas - order.needed).unwrap_or(usize::MAX);
+        let waits_for = if order.overdue.is_some() {
+            usize::MAX
+        } else {
+            tolerated
+        };
+        let wake = wake_enough(&endpoints, order.level, WakeTimeouts::default(), waits_for).await;
         let took = began.elapsed();
-        let outcomes: Vec<(&Endpoint, ReplicaWake)> = timed.iter().map(|(e, o, _)| (*e, o.clone())).collect();
-        for (endpoint, outcome, at) in &timed {
+        for (endpoint, outcome, replica_took) in &wake.finished {
             if *outcome == ReplicaWake::Woken {
                 let name = self.replica_name(endpoint);
-                lock(self.cold_starts).push(ColdStart::woken(&name, began_at, *at));
+                let at = began_at.checked_add(*replica_took).unwrap_or(began_at);
+                lock(self.cold_starts).push(ColdStart::woken(&name, began_at, at));
             }
         }
-        let woken = outcomes.iter().filter(|(_, o)| *o == ReplicaWake::Woken).count();
-        let not_awake: Vec<String> = outcomes
+        let woken = wake
+            .finished
             .iter()
-            .filter(|(_, o)| !o.is_awake())
-            .map(|(e, o)| format!("{}:{} {o:?}", e.host, e.port))
+            .filter(|(_, o, _)| *o == ReplicaWake::Woken)
+            .count();
+        let mut not_awake: Vec<String> = wake
+            .finished
+            .iter()
+            .filter(|(_, o, _)| !o.is_awake())
+            .map(|(e, o, _)| format!("{}:{} {o:?}", e.host, e.port))
             .collect();
-        if !not_awake.is_empty() {
+        not_awake.extend(
+            wake.still_waking
+                .iter()
+                .map(|e| format!("{}:{} still waking", e.host, e.port)),
+        );
+        if not_awake.len() > tolerated && order.overdue.is_none() {
             return StepOutcome::NotYet(format!("not yet awake: {}", not_awake.join("; ")));
         }
         self.add_stage(took);
-        done(format!(
+        let mut note = format!(
             "woke {woken} replica(s) of {name} from level-{} sleep; the wake calls took {:.0} ms",
             order.level,
             took.as_secs_f64() * 1e3
-        ))
+        );
+        if !not_awake.is_empty() {
+            let why = match order.overdue {
+                Some(deadline) if not_awake.len() > tolerated => {
+                    format!("past the promotion's deadline of {deadline:?}")
+                }
+                _ => "enough are awake for the serving quorum".to_owned(),
+            };
+            note.push_str(&format!(
+                "; {why}, it goes on without {} ({}), which join the route when they pass",
+                not_awake.len(),
+                not_awake.join("; ")
+            ));
+        }
+        done(note)
     }
 
     async fn scale(&mut self, order: ScaleOrder) -> Outcome {
@@ -383,10 +433,16 @@ impl Executor for ProcessExecutor<'_> {
             });
         }
         let Some(growth) = growth else {
-            return StepOutcome::NotYet(format!(
+            let short = format!(
                 "{name} runs {running} of {} replica(s) and has no pilot light to grow",
                 order.replicas
-            ));
+            );
+            return match order.overdue {
+                Some(deadline) => done(format!(
+                    "past the promotion's deadline of {deadline:?}, it goes on with the replicas that run: {short}"
+                )),
+                None => StepOutcome::NotYet(short),
+            };
         };
         // Every missing replica starts at once, each a process with its modelled startup, and
         // joins the pool when it is ready: the promotion goes on without waiting for it.
@@ -404,7 +460,8 @@ impl Executor for ProcessExecutor<'_> {
         let passed = self.passing(order.pool).await;
         let serving = passed.len();
         let name = pool_name(order.pool);
-        if serving >= order.quorum as usize {
+        let enough = serving >= order.quorum as usize;
+        if enough || (serving > 0 && order.overdue.is_some()) {
             self.first_tokens(&passed);
             // When grown replicas are among those the route moves with, the route waited for
             // their cold start: the replicas' own work since the first was started.
@@ -419,10 +476,18 @@ impl Executor for ProcessExecutor<'_> {
                 self.add_stage(began.elapsed());
             }
             self.serving = Some(passed);
-            return done(format!(
+            let note = format!(
                 "{serving} of {} replica(s) of {name} answered a generating probe",
                 order.replicas
-            ));
+            );
+            return done(match order.overdue {
+                Some(deadline) if !enough => format!(
+                    "past the promotion's deadline of {deadline:?}, the route moves to what serves: \
+                     {note}, below the {} needed; the rest join the route as they pass",
+                    order.quorum
+                ),
+                _ => note,
+            });
         }
         let failures = self.growth.map(Growth::failures).unwrap_or_default();
         let failed = if failures.is_empty() {
@@ -430,8 +495,14 @@ impl Executor for ProcessExecutor<'_> {
         } else {
             format!("; pilot-light starts that failed: {}", failures.join("; "))
         };
+        let overdue = order.overdue.map_or_else(String::new, |deadline| {
+            format!(
+                "; past the promotion's deadline of {deadline:?}, the routers keep the waiting room \
+                 closed, answering with Retry-After, and the promotion keeps trying"
+            )
+        });
         StepOutcome::NotYet(format!(
-            "{serving} of {} replica(s) of {name} serve, {} needed{failed}",
+            "{serving} of {} replica(s) of {name} serve, {} needed{failed}{overdue}",
             order.replicas, order.quorum
         ))
     }
@@ -448,7 +519,7 @@ impl Executor for ProcessExecutor<'_> {
                 pool_name(new.pool)
             ));
         }
-        self.route_to(new.pool, new.epoch, serving).await
+        self.route_to(new.pool, new.epoch, serving, new.overdue).await
     }
 
     async fn open_admission(&mut self, new: Target) -> Outcome {

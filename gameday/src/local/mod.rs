@@ -47,6 +47,7 @@ use understudy_prober::parity::flags::{FlagPolicy, flags_fingerprint};
 use understudy_prober::parity::runtime::runtime_fingerprint;
 use understudy_prober::probe::{Endpoint, Expectation, GOLDEN_PREFIX_CHARS, ProbeSpec, probe_round};
 use understudy_prober::report::PoolRound;
+use understudy_prober::sleep::{WakeTimeouts, wake_replica};
 use understudy_router::admission::Priority;
 
 use self::executor::{LogicLease, PoolAddrs, ProcessExecutor, Routed, RouterAdmin, pool_name};
@@ -315,7 +316,7 @@ async fn set_up(checked: &Checked, options: &RunOptions) -> Result<(Arc<Logic>, 
     let mut first = executor.route_for(Pool::A, Epoch(0), &first_route);
     // Nothing is being promoted at the start: the first route opens no admission window.
     first.admission = AdmissionSettings::default();
-    if let StepOutcome::NotYet(why) = executor.push(&first).await {
+    if let StepOutcome::NotYet(why) = executor.push(&first, None).await {
         return Err(RunError::FirstRoute(why));
     }
     *lock(&logic.routed) = Some(Routed {
@@ -514,6 +515,27 @@ async fn failover_logic(logic: Arc<Logic>, start: Instant, mut stopped: watch::R
         *lock(&logic.state) = state.clone();
         carry_out(&logic, start, state).await;
         keep_route(&logic, &passing, start).await;
+        keep_primary_awake(&logic);
+    }
+}
+
+/// Between promotions, wakes the primary's replicas that still sleep (a promotion goes on once
+/// enough of its warm tier is awake), as the operator does. Each wake runs on its own task, so a
+/// hung replica holds up nothing, and one already under way is not started again.
+fn keep_primary_awake(logic: &Logic) {
+    let (primary, promoting) = {
+        let state = lock(&logic.state);
+        (state.primary, state.pending_action().is_some())
+    };
+    let shape = logic.shapes[primary.index()];
+    if promoting || shape.warm == 0 {
+        return;
+    }
+    for addr in lock(&logic.pools)[primary.index()].replicas.clone() {
+        let endpoint = Endpoint::new(addr.ip().to_string(), addr.port());
+        tokio::spawn(async move {
+            wake_replica(&endpoint, shape.sleep_level, WakeTimeouts::default()).await;
+        });
     }
 }
 
@@ -543,7 +565,7 @@ async fn keep_route(logic: &Logic, passing: &[Vec<SocketAddr>; 2], start: Instan
     let executor = executor_of(logic);
     executor.first_tokens(&joining);
     let replicas = [routed.replicas, joining].concat();
-    if let StepOutcome::Done(_) = executor.route_to(primary, epoch, replicas).await {
+    if let StepOutcome::Done(_) = executor.route_to(primary, epoch, replicas, None).await {
         note_route(logic, start.elapsed());
     }
 }

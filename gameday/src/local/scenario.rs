@@ -825,6 +825,32 @@ mod tests {
     }
 
     #[test]
+    fn the_serving_share_and_the_objective_read_in_the_policys_terms_and_give_the_deadline() {
+        let with = |extra: &str| {
+            DEFAULT.replace(
+                "standbyReadyAfter: 2",
+                &format!("standbyReadyAfter: 2\n  {extra}"),
+            )
+        };
+        let checked = Scenario::parse(&with("minServingFraction: 0.5\n  recoveryObjective: 10s")).unwrap();
+        assert_eq!(checked.scenario.policy.min_serving_fraction, Some(0.5));
+        // 10 s less a hang's detection: promoteAfter rounds and one timeout.
+        let detection = checked.interval * checked.scenario.policy.promote_after + checked.timeout;
+        assert_eq!(checked.promotion_deadline, Duration::from_secs(10) - detection);
+        for (extra, field) in [
+            ("minServingFraction: 0", "policy.minServingFraction"),
+            ("minServingFraction: 1.5", "policy.minServingFraction"),
+            ("recoveryObjective: 0s", "policy.recoveryObjective"),
+            ("recoveryObjective: soon", "policy.recoveryObjective"),
+        ] {
+            match Scenario::parse(&with(extra)) {
+                Err(ScenarioError::Invalid { field: got, .. }) => assert_eq!(got, field, "{extra}"),
+                other => panic!("{extra}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
     fn every_example_scenario_is_valid() {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/gamedays/local");
         let mut seen = 0;
