@@ -799,6 +799,14 @@ pub struct StreamSpec {
     /// What a client whose stream was cut sees.
     #[serde(default)]
     pub contract: StreamContract,
+
+    /// How long a planned move (a switchover or a failback) lets the streams still running on the
+    /// old primary finish before it is put into its standby shape (its warm replicas put to sleep,
+    /// its pilot light scaled down), which cuts what still runs, e.g. `2m`. Its fences take no new
+    /// work meanwhile. A failover does not wait: the old primary failed. Defaults to 60s; `0s`
+    /// cuts at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain_for: Option<GoDuration>,
 }
 
 fn default_port() -> u16 {

@@ -149,7 +149,13 @@ pub struct ValidatedPolicy {
     pub estimates: StageTimes,
     /// `spec.standbyProof`, parsed.
     pub standby_proof: Option<StandbyProof>,
+    /// `spec.stream.drainFor`: how long a planned move lets the old primary's streams finish.
+    pub drain_for: Duration,
 }
+
+/// How long a planned move lets the old primary's streams finish when the policy does not say:
+/// most answers end within it, and the old primary's GPUs are held only that much longer.
+pub const DEFAULT_DRAIN: Duration = Duration::from_secs(60);
 
 impl ValidatedPolicy {
     /// The longest a failed primary goes unnoticed, whatever the failure: a hung one (every probe
@@ -216,6 +222,10 @@ pub fn validate(spec: &FailoverPolicySpec) -> Result<ValidatedPolicy, PolicyErro
     let failback = check_failback(spec, probe.interval)?;
     check_parity(spec)?;
     let admission_window = check_admission(spec)?;
+    let drain_for = match &spec.stream.drain_for {
+        Some(text) => parse("spec.stream.drainFor", text)?,
+        None => DEFAULT_DRAIN,
+    };
     if let Some(fraction) = spec.min_serving_fraction
         && !(fraction > 0.0 && fraction <= 1.0)
     {
@@ -242,6 +252,7 @@ pub fn validate(spec: &FailoverPolicySpec) -> Result<ValidatedPolicy, PolicyErro
         probe,
         recovery_objective,
         admission_window,
+        drain_for,
         min_serving_fraction: spec.min_serving_fraction,
         estimates,
         standby_proof,

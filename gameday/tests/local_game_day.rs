@@ -172,6 +172,43 @@ async fn seed_000_loses_requests_active_passive_about_one_active_active_and_none
     assert!(understudy.stall_ms.is_some() && understudy.gap_ms.is_none());
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_switchover_and_a_failback_under_streaming_load_cut_no_stream_when_the_old_primary_drains() {
+    // Streams of two to four seconds, the moves at 2 s and 6 s, and an 8 s drain: every stream b
+    // took has ended before its warm replicas go back to sleep.
+    let short = include_str!("../../examples/gamedays/local/planned-moves.yaml")
+        .replace("duration: 24s", "duration: 16s")
+        .replace("{at: 4s, command: failover}", "{at: 2s, command: failover}")
+        .replace("{at: 12s, command: failback}", "{at: 6s, command: failback}")
+        .replace("maxTokens: [200, 400]", "maxTokens: [100, 200]")
+        .replace("drainFor: 10s", "drainFor: 8s");
+    let plan = Scenario::plan(&short).unwrap();
+    let mut reports = Vec::new();
+    for checked in &plan.runs {
+        reports.push(run(checked, &options()).await.unwrap());
+    }
+    let [drained, cut] = &reports[..] else {
+        panic!("two runs: {reports:#?}")
+    };
+    for report in &reports {
+        assert_eq!(report.verdict, Verdict::Passed, "{report:#?}");
+        let kinds: Vec<&str> = report.transitions.iter().map(|t| t.kind.as_str()).collect();
+        assert_eq!(kinds, ["manual", "failback"], "{report:#?}");
+        assert_eq!(
+            report.standby_shaped.len(),
+            1,
+            "b went back to sleep: {report:#?}"
+        );
+    }
+    assert_eq!(drained.requests.failed, 0, "{:?}", drained.failures);
+    // Without the drain the streams b still held were aborted by its sleep.
+    assert!(
+        cut.failures.get("aborted").is_some_and(|&n| n > 0),
+        "{:?}",
+        cut.failures
+    );
+}
+
 const STORM: &str = include_str!("../../examples/gamedays/local/storm.yaml");
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -550,6 +550,8 @@ struct Ran {
     journal: Vec<String>,
     status: Value,
     deployments: BTreeMap<String, Value>,
+    /// The journal's length after each reconcile: two seconds pass between one and the next.
+    reconciled: Vec<usize>,
 }
 
 /// Runs `path` as the controller would: reconciles until nothing more happens, then a failover
@@ -565,7 +567,14 @@ async fn run(path: Path) -> Ran {
         WestAfter::Serves => u32::MAX,
         WestAfter::GrowsNothing | WestAfter::ServesNothing | WestAfter::CannotGrow => path.west_running,
     };
-    let mut spec = json!({"recoveryObjective": "5m", "probe": {"expect": {"mode": "nonEmpty"}}, "pools": [path.east, path.west]});
+    // A move planned by command drains the old primary for `stream.drainFor` before it is put into
+    // its standby shape; these paths cut at once unless they say otherwise.
+    let mut spec = json!({"recoveryObjective": "5m", "probe": {"expect": {"mode": "nonEmpty"}},
+        "stream": {"drainFor": "0s"}, "pools": [path.east, path.west]});
+    let drain_s = path.spec["stream"]["drainFor"]
+        .as_str()
+        .map_or(0, |d| d.trim_end_matches('s').parse::<u32>().unwrap());
+    let reconciled = Mutex::new(Vec::new());
     for (key, value) in path.spec.as_object().unwrap() {
         spec[key] = value.clone();
     }
@@ -628,7 +637,9 @@ async fn run(path: Path) -> Ran {
     );
     let reconcile_until_quiet = async |promoted: bool| {
         let mut quiet = 0;
-        for _ in 0..16 {
+        // Quiet for longer than a drain lasts, so that what comes after it is seen.
+        let quiet_enough = 2 + drain_s.div_ceil(2);
+        for _ in 0..24 {
             let before = journal.len();
             let object = objects.lock().unwrap().policy.clone();
             let guard: DeserializeGuard<FailoverPolicy> = serde_json::from_value(object).unwrap();
@@ -641,6 +652,7 @@ async fn run(path: Path) -> Ran {
                 journal.entries()
             );
             clock.0.fetch_add(2, Ordering::SeqCst);
+            reconciled.lock().unwrap().push(journal.len());
             // A replica of a scaled-up workload becomes ready each reconcile, as pods do.
             let mut objects = objects.lock().unwrap();
             let wanted: Vec<(String, u32)> = objects
@@ -665,11 +677,11 @@ async fn run(path: Path) -> Ran {
             } else {
                 0
             };
-            if quiet == 2 {
+            if quiet == quiet_enough {
                 return;
             }
         }
-        panic!("no quiet reconcile in 16; journal: {:#?}", journal.entries());
+        panic!("no quiet reconcile in 24; journal: {:#?}", journal.entries());
     };
     reconcile_until_quiet(false).await;
     if path.west_after == WestAfter::ServesNothing {
@@ -703,6 +715,7 @@ async fn run(path: Path) -> Ran {
         journal: journal.entries(),
         status: objects.policy["status"].clone(),
         deployments: objects.deployments.clone(),
+        reconciled: reconciled.into_inner().unwrap(),
     }
 }
 
@@ -1101,4 +1114,34 @@ async fn past_its_deadline_a_promotion_whose_pool_cannot_grow_goes_on_with_what_
     );
     assert!(note.contains("exceeded quota: gpus"), "{note}");
     assert_eq!(ran.status["primaryPool"], "us-west");
+}
+
+#[tokio::test]
+async fn after_a_planned_move_the_old_primary_drains_its_streams_before_it_sleeps() {
+    let ran = run(Path {
+        east: east_hot_and_warm(1),
+        west: pool("us-west", 2, json!([{"tier": "hot", "replicas": 2}])),
+        west_running: 2,
+        spec: json!({"stream": {"drainFor": "8s"}}),
+        drift: None,
+        west_after: WestAfter::Serves,
+    })
+    .await;
+    let api = [COMMAND, LEASE, FENCE, ROUTE, ADMISSION];
+    assert_eq!(without_replicas(&ran.journal), strings(&api));
+    old_primary_sleeps(&ran, &api, 1);
+    // The move was a command, not a failure: east-1 is put to sleep only once 8 s, four
+    // reconciles, have passed since the promotion finished.
+    let at = |entry: &str| ran.journal.iter().position(|e| e == entry).unwrap();
+    let (finished, slept) = (at(ADMISSION), at("east-1 POST /sleep?level=1"));
+    let reconciles_between = ran
+        .reconciled
+        .iter()
+        .filter(|&&len| len > finished && len <= slept)
+        .count();
+    assert!(
+        reconciles_between >= 4,
+        "{reconciles_between}: {:#?}",
+        ran.journal
+    );
 }

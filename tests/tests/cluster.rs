@@ -591,6 +591,17 @@ impl TwoPools {
         .await
     }
 
+    /// Waits until the router holds `pool` at `epoch` with exactly `endpoints`: a route moves with
+    /// the replicas that passed a generating probe and grows as the rest pass.
+    async fn routed_to(&self, pool: &str, epoch: u64, endpoints: &BTreeSet<String>) -> serde_json::Value {
+        let what = format!("the router holding {pool} at epoch {epoch} with {endpoints:?}");
+        eventually(Duration::from_secs(60), &what, || async {
+            let holds = self.routed(pool, epoch).await;
+            (endpoints_held(&holds) == *endpoints).then_some(holds)
+        })
+        .await
+    }
+
     /// The epoch Lease's epoch and holder.
     async fn lease(&self) -> (String, String) {
         let leases: Api<Lease> = Api::namespaced(self.client.clone(), self.ns);
@@ -820,9 +831,9 @@ async fn a_promoted_standby_wakes_its_warm_replica_and_its_pilot_light_replicas_
     assert_eq!(free_gpus(&client).await, 0);
 
     pools.crash_east();
-    let routed = pools.routed("west", 1).await;
+    pools.routed("west", 1).await;
     let west = ready_pods(&pods, "chat-west", 4).await;
-    assert_eq!(endpoints_held(&routed), endpoints_of(&west));
+    pools.routed_to("west", 1, &endpoints_of(&west)).await;
     // The sleeping replica was woken before the route moved to it.
     assert!(http(warm, "GET", "/is_sleeping", &[], "").1.contains("false"));
     // The scheduler made room by preempting the placeholders, and nothing else.

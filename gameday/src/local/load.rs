@@ -168,6 +168,7 @@ impl Request {
             Err(_) => (RequestOutcome::Failed, false, None),
         };
         let failure = (outcome == RequestOutcome::Failed).then(|| match &answer {
+            Ok(answer) if answer.status == 200 && aborted(&answer.body) => "aborted".to_owned(),
             Ok(answer) if answer.status == 200 => "cut stream".to_owned(),
             Ok(answer) => match error_type(&answer.body) {
                 Some(kind) => format!("http {} {kind}", answer.status),
@@ -190,6 +191,12 @@ impl Request {
     }
 }
 
+/// Whether an answer says its engine aborted it (`finish_reason: "abort"`).
+fn aborted(body: &[u8]) -> bool {
+    let text = String::from_utf8_lossy(body);
+    text.contains("\"finish_reason\":\"abort\"") || text.contains("\"finish_reason\": \"abort\"")
+}
+
 /// The `error.type` of an OpenAI-style error body.
 pub(crate) fn error_type(body: &[u8]) -> Option<String> {
     let value: serde_json::Value = serde_json::from_slice(body).ok()?;
@@ -202,6 +209,9 @@ pub(crate) fn judge(status: u16, body: &[u8], complete: bool, stream: bool) -> (
     let text = String::from_utf8_lossy(body);
     match status {
         200 if !complete => (RequestOutcome::Failed, false),
+        // The engine ended it early (a replica put to sleep, or shut down, while it ran): the
+        // answer is cut short however cleanly it ends.
+        200 if aborted(body) => (RequestOutcome::Failed, false),
         200 if stream => {
             // A cut stream ends with a retryable error event and never with `[DONE]`.
             let clean = text.trim_end().ends_with("data: [DONE]") && !text.contains("\"error\"");
@@ -254,6 +264,11 @@ mod tests {
         assert_eq!(judge(200, ok, true, true), (RequestOutcome::Ok, false));
         let cut = b"data: {\"choices\":[{\"text\":\" a\"}]}\n\ndata: {\"error\":{\"retryable\":true}}\n\n";
         assert_eq!(judge(200, cut, true, true), (RequestOutcome::Failed, false));
+        let aborted =
+            b"data: {\"choices\":[{\"text\":\" a\",\"finish_reason\":\"abort\"}]}\n\ndata: [DONE]\n\n";
+        assert_eq!(judge(200, aborted, true, true), (RequestOutcome::Failed, false));
+        let whole = br#"{"choices":[{"text":" a","finish_reason": "abort"}]}"#;
+        assert_eq!(judge(200, whole, true, false), (RequestOutcome::Failed, false));
         assert_eq!(judge(200, ok, false, true), (RequestOutcome::Failed, false));
     }
 

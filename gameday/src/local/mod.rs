@@ -147,6 +147,11 @@ struct Logic {
     interval: Duration,
     /// How long a promotion may take before its steps stop waiting for all they want.
     deadline: Duration,
+    /// How long a planned move lets the old primary's streams finish.
+    drain_for: Duration,
+    /// When pool b, the standby again after a failback, is put back into its shape (its warm
+    /// replicas to sleep), from the start of load.
+    reshape_at: Mutex<Option<Duration>>,
     state: Mutex<FailoverState>,
     journal: Mutex<Journal>,
 }
@@ -162,6 +167,8 @@ struct Journal {
     stage: Option<Duration>,
     /// Every route pushed, the first one's too.
     routes: Vec<RouteChange>,
+    /// What was done to pool b when it became the standby again, timed.
+    standby_shaped: Vec<String>,
 }
 
 pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -309,6 +316,8 @@ async fn set_up(checked: &Checked, options: &RunOptions) -> Result<(Arc<Logic>, 
             .map(scenario::LocalAdmission::spec),
         interval: checked.interval,
         deadline: checked.promotion_deadline,
+        drain_for: checked.drain_for,
+        reshape_at: Mutex::new(None),
         state: Mutex::new(FailoverState::new()),
         journal: Mutex::new(Journal::default()),
     });
@@ -516,7 +525,55 @@ async fn failover_logic(logic: Arc<Logic>, start: Instant, mut stopped: watch::R
         carry_out(&logic, start, state).await;
         keep_route(&logic, &passing, start).await;
         keep_primary_awake(&logic);
+        let due = {
+            let mut reshape_at = lock(&logic.reshape_at);
+            let due = reshape_at.is_some_and(|at| start.elapsed() >= at);
+            if due {
+                *reshape_at = None;
+            }
+            due
+        };
+        if due {
+            tokio::spawn(put_standby_to_sleep(Arc::clone(&logic), start));
+        }
     }
+}
+
+/// Puts pool b's warm replicas back to sleep once it is the standby again, as the operator's
+/// standby keeper does: vLLM's default `mode=abort` ends whatever still runs on them, which is why
+/// a planned move waits out its drain first. A pool no longer the standby is left as it is.
+async fn put_standby_to_sleep(logic: Arc<Logic>, start: Instant) {
+    let shape = logic.shapes[Pool::B.index()];
+    if lock(&logic.state).primary != Pool::A {
+        return;
+    }
+    let warm: Vec<SocketAddr> = lock(&logic.pools)[Pool::B.index()]
+        .replicas
+        .iter()
+        .take(shape.warm as usize)
+        .copied()
+        .collect();
+    let mut slept = Vec::new();
+    let mut failed = Vec::new();
+    for addr in warm {
+        let endpoint = Endpoint::new(addr.ip().to_string(), addr.port());
+        match understudy_prober::sleep::put_to_sleep(&endpoint, shape.sleep_level, WakeTimeouts::default())
+            .await
+        {
+            Ok(()) => slept.push(addr.to_string()),
+            Err(why) => failed.push(format!("{addr}: {why}")),
+        }
+    }
+    let mut line = format!(
+        "{:.0} ms: put {} of b's warm replica(s) to sleep at level {}",
+        report::to_ms(start.elapsed()),
+        slept.len(),
+        shape.sleep_level
+    );
+    if !failed.is_empty() {
+        line.push_str(&format!("; not: {}", failed.join("; ")));
+    }
+    lock(&logic.journal).standby_shaped.push(line);
 }
 
 /// Between promotions, wakes the primary's replicas that still sleep (a promotion goes on once
@@ -685,6 +742,16 @@ async fn carry_out(logic: &Logic, start: Instant, mut state: FailoverState) {
         }
         record(logic, start.elapsed(), driven.events.clone());
         if let Some(finished) = &driven.finished {
+            // Pool b is the standby again: its warm tier goes back to sleep, once a planned move
+            // (no failure started it) has let its streams finish.
+            if finished.to == Pool::A && logic.shapes[Pool::B.index()].warm > 0 {
+                let drain = if finished.fault_seen_at.is_none() {
+                    logic.drain_for
+                } else {
+                    Duration::ZERO
+                };
+                *lock(&logic.reshape_at) = Some(start.elapsed() + drain);
+            }
             let mut journal = lock(&logic.journal);
             let notes = std::mem::take(&mut journal.notes);
             let stage = journal.stage.take();
@@ -1139,6 +1206,7 @@ fn build_report(
         faults,
         transitions: journal.transitions.clone(),
         routes: journal.routes.clone(),
+        standby_shaped: journal.standby_shaped.clone(),
         cold_starts: lock(&logic.cold_starts).clone(),
         verdict,
         verdict_reasons: reasons,

@@ -165,6 +165,8 @@ pub struct RunReport {
     pub transitions: Vec<Transition>,
     /// Every route the routers were given, in order.
     pub routes: Vec<RouteChange>,
+    /// What was done to pool b when it became the standby again after a failback, timed.
+    pub standby_shaped: Vec<String>,
     /// Every replica started during the run (a pilot light), stage by stage.
     pub cold_starts: Vec<ColdStart>,
     pub verdict: Verdict,
@@ -568,6 +570,9 @@ pub fn summary(run: &RunReport) -> String {
             })
             .collect();
         let _ = writeln!(out, "routes: {}", routes.join(", "));
+    }
+    for line in &run.standby_shaped {
+        let _ = writeln!(out, "standby: {line}");
     }
     if !run.cold_starts.is_empty() {
         out.push_str(&cold_start_table(&run.cold_starts));

@@ -210,6 +210,15 @@ pub struct LocalPolicy {
     /// how long a promotion may wait for all it wants before it routes what serves.
     #[serde(default = "five_minutes")]
     pub recovery_objective: String,
+    /// The FailoverPolicy's `stream.drainFor`: how long a planned move lets the streams still
+    /// running on the old primary finish before its warm replicas are put to sleep (which aborts
+    /// what still runs there).
+    #[serde(default = "one_minute")]
+    pub drain_for: String,
+}
+
+fn one_minute() -> String {
+    "60s".to_owned()
 }
 
 fn five_minutes() -> String {
@@ -245,6 +254,7 @@ impl Default for LocalPolicy {
             min_dwell: no_dwell(),
             min_serving_fraction: None,
             recovery_objective: five_minutes(),
+            drain_for: one_minute(),
         }
     }
 }
@@ -439,6 +449,8 @@ pub struct Checked {
     pub min_dwell: Duration,
     /// How long a promotion may take before its steps stop waiting for all they want.
     pub promotion_deadline: Duration,
+    /// How long a planned move lets the old primary's streams finish.
+    pub drain_for: Duration,
     /// How long the routers leave a failed endpoint out, when the scenario says.
     pub eject_for: Option<Duration>,
 }
@@ -536,6 +548,7 @@ impl Scenario {
         // A hang's detection, as the operator counts it (`ValidatedPolicy::detection`).
         let detection = interval * self.policy.promote_after + timeout;
         let promotion_deadline = promotion_deadline(objective, detection, interval);
+        let drain_for = parse_duration("policy.drainFor", &self.policy.drain_for)?;
         if let Some(fraction) = self.policy.min_serving_fraction
             && !(fraction > 0.0 && fraction <= 1.0)
         {
@@ -557,6 +570,7 @@ impl Scenario {
             command_times,
             min_dwell,
             promotion_deadline,
+            drain_for,
             eject_for,
         })
     }

@@ -44,6 +44,15 @@ pub(super) async fn keep_standby_between_promotions(
         return;
     }
     keep_primary_awake(ctx, policy, namespace, primary).await;
+    if let Some(drained_at) = drained_at(policy, run, validated)
+        && run.now < drained_at
+    {
+        tracing::info!(
+            %namespace, policy = %policy.name_any(), left = ?drained_at - run.now,
+            "the old primary drains its streams before it is put into its standby shape"
+        );
+        return;
+    }
     keep_standby(
         ctx,
         policy,
@@ -54,6 +63,24 @@ pub(super) async fn keep_standby_between_promotions(
     )
     .await;
     prove_standby(ctx, policy, namespace, validated, run, primary.other()).await;
+}
+
+/// When the old primary of the last planned move (one no failure started: a switchover, a
+/// failback, a command) has had its drain (`spec.stream.drainFor`) and may be put into its
+/// standby shape, which cuts what still runs on it; `None` when the last move was a failover (it
+/// does not wait: the old primary failed) or there was none.
+fn drained_at(policy: &FailoverPolicy, run: &Run<'_>, validated: &ValidatedPolicy) -> Option<Duration> {
+    let planned = match &run.finished {
+        Some(promotion) => promotion.fault_seen_at.is_none(),
+        None => policy
+            .status
+            .as_ref()?
+            .last_failover
+            .as_ref()?
+            .fault_seen_at
+            .is_none(),
+    };
+    planned.then_some(run.machine.last_transition_end? + validated.drain_for)
 }
 
 /// Wakes the primary's replicas a promotion went on without ([`standby::wake_sleeping`]): a
