@@ -196,6 +196,18 @@ pub enum RouterBody {
     Proxied(Box<Proxied>),
     /// An upstream body passed through as is (the fence sidecar).
     Plain(Incoming),
+    /// A generation passed through by the fence sidecar, cut once `cut` is ready (its pool has
+    /// been fenced for the whole drain).
+    Drained { inner: Incoming, cut: Cut },
+}
+
+/// When a drained generation is cut ([`RouterBody::Drained`]).
+pub struct Cut(pub Pin<Box<dyn Future<Output = ()> + Send>>);
+
+impl std::fmt::Debug for Cut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Cut")
+    }
 }
 
 impl RouterBody {
@@ -229,6 +241,13 @@ impl Body for RouterBody {
         match self.get_mut() {
             RouterBody::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
             RouterBody::Plain(inner) => Pin::new(inner).poll_frame(cx).map_err(|e| StreamCut(e.into())),
+            RouterBody::Drained { inner, cut } => {
+                if cut.0.as_mut().poll(cx).is_ready() {
+                    let why = "its pool lost the epoch Lease and the drain ran out";
+                    return Poll::Ready(Some(Err(StreamCut(why.into()))));
+                }
+                Pin::new(inner).poll_frame(cx).map_err(|e| StreamCut(e.into()))
+            }
             RouterBody::Proxied(p) => p.poll(cx),
         }
     }
@@ -236,7 +255,7 @@ impl Body for RouterBody {
     fn is_end_stream(&self) -> bool {
         match self {
             RouterBody::Full(b) => b.is_none(),
-            RouterBody::Plain(inner) => inner.is_end_stream(),
+            RouterBody::Plain(inner) | RouterBody::Drained { inner, .. } => inner.is_end_stream(),
             RouterBody::Proxied(p) => {
                 p.ended || (p.follow.is_none() && p.in_flight.is_some() && p.inner.is_end_stream())
             }
@@ -246,7 +265,7 @@ impl Body for RouterBody {
     fn size_hint(&self) -> SizeHint {
         match self {
             RouterBody::Full(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
-            RouterBody::Plain(inner) => inner.size_hint(),
+            RouterBody::Plain(inner) | RouterBody::Drained { inner, .. } => inner.size_hint(),
             RouterBody::Proxied(p) if p.follow.is_none() => p.inner.size_hint(),
             RouterBody::Proxied(_) => SizeHint::default(),
         }

@@ -177,6 +177,11 @@ struct FenceArgs {
     /// every control call is refused.
     #[arg(long, env = "UNDERSTUDY_CONTROL_TOKEN_FILE")]
     control_token_file: Option<PathBuf>,
+    /// How long a generation that was running when the pool lost the Lease may go on, in
+    /// milliseconds, before it is cut (the gateway then ends it as its stream contract says): the
+    /// policy's `stream.drainFor`.
+    #[arg(long, env = "UNDERSTUDY_DRAIN_MS", default_value_t = 60_000)]
+    drain_ms: u64,
     #[command(flatten)]
     serving: ServingArgs,
 }
@@ -383,6 +388,7 @@ async fn fence(args: FenceArgs) -> anyhow::Result<()> {
     }
     let draining = Arc::new(AtomicBool::new(false));
     let fence = Fence::new(state, args.upstream)
+        .with_drain(Duration::from_millis(args.drain_ms))
         .with_control_token(control_token)
         .with_draining(Arc::clone(&draining));
     let listener = TcpListener::bind(args.listen)

@@ -11,6 +11,11 @@
 //! ([`crate::fence_fault`]) are set with the same token. Paths a server further in might read as
 //! another (`//`, `..`, percent-encoding) are refused (400).
 //!
+//! A generation already running when the pool loses the Lease is let finish: a planned move
+//! drains the old primary. One still running after the drain (`--drain-for`, the policy's
+//! `stream.drainFor`) is cut, and the gateway ends it for its client as its stream contract says
+//! (the retryable error event, or the rest from another endpoint).
+//!
 //! Until the first successful read, and when no Lease exists, the sidecar is fenced: it fails
 //! closed. When the Lease store is unreachable it keeps its last verdict (a store outage is not a
 //! failover: the operator pauses control actions, and the data path keeps serving), and the first read after the outage decides, so a
@@ -26,6 +31,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
+use tokio::sync::watch;
+
 use http::header::{AUTHORIZATION, HeaderValue, WWW_AUTHENTICATE};
 use http::{Request, Response, StatusCode, Uri};
 use hyper::body::Incoming;
@@ -36,7 +43,7 @@ use understudy_api::lease::{EpochLease, LeaseError, LeaseRecord};
 use understudy_core::Epoch;
 
 use crate::admin::AdminToken;
-use crate::body::RouterBody;
+use crate::body::{Cut, RouterBody};
 use crate::fence_fault::{FAULT_PATH, Faults, FenceFault, wrong_answer};
 use crate::gateway::strip_hop_by_hop;
 use crate::path::{FencePath, classify_for_fence};
@@ -93,6 +100,8 @@ pub struct FenceState {
     pool: String,
     fenced: AtomicBool,
     epoch: AtomicU64,
+    /// Whether it is fenced, for the generations running to wait on.
+    fenced_watch: watch::Sender<bool>,
 }
 
 impl FenceState {
@@ -103,6 +112,7 @@ impl FenceState {
             pool: pool.into(),
             fenced: AtomicBool::new(true),
             epoch: AtomicU64::new(0),
+            fenced_watch: watch::Sender::new(true),
         }
     }
 
@@ -114,6 +124,29 @@ impl FenceState {
         };
         self.epoch.store(epoch.0, Relaxed);
         self.fenced.store(fenced, Relaxed);
+        self.fenced_watch
+            .send_if_modified(|was| std::mem::replace(was, fenced) != fenced);
+    }
+
+    /// Returns once the pool has been fenced for `drain` without a break: a generation that
+    /// started while it served is cut then.
+    pub fn fenced_for(&self, drain: Duration) -> impl Future<Output = ()> + Send + 'static {
+        let mut fenced = self.fenced_watch.subscribe();
+        async move {
+            loop {
+                if fenced.wait_for(|f| *f).await.is_err() {
+                    return std::future::pending().await;
+                }
+                // Serving again within the drain: it waits for the next time it is fenced.
+                let served_again = match tokio::time::timeout(drain, fenced.wait_for(|f| !*f)).await {
+                    Err(_) => false,
+                    Ok(read) => read.is_ok(),
+                };
+                if !served_again {
+                    return;
+                }
+            }
+        }
     }
 
     /// `Some(epoch)` while fenced.
@@ -170,7 +203,13 @@ pub struct Fence {
     draining: Arc<AtomicBool>,
     /// The game-day fault in play, if any.
     faults: Arc<Faults>,
+    /// How long a generation running when the pool loses the Lease may go on.
+    drain: Duration,
 }
+
+/// How long a generation running when its pool loses the Lease may go on, unless the fence is
+/// told otherwise: the policy's `stream.drainFor` default.
+pub const DEFAULT_DRAIN: Duration = Duration::from_secs(60);
 
 impl Fence {
     /// A sidecar for the replica at `upstream`.
@@ -186,7 +225,15 @@ impl Fence {
             control_token: None,
             draining: Arc::new(AtomicBool::new(false)),
             faults: Arc::default(),
+            drain: DEFAULT_DRAIN,
         }
+    }
+
+    /// Lets a generation running when the pool loses the Lease go on for `drain`, then cuts it.
+    #[must_use]
+    pub fn with_drain(mut self, drain: Duration) -> Self {
+        self.drain = drain;
+        self
     }
 
     /// Fails `/health` while `draining` is set.
@@ -253,6 +300,20 @@ impl Fence {
                         Ok(wrong) => wrong,
                         Err(req) => self.forward(req).await,
                     };
+                }
+                if !operator {
+                    // A client's generation: it may finish within the drain once the pool is fenced.
+                    let cut = self.state.fenced_for(self.drain);
+                    let mut resp = self.forward(req).await;
+                    let body = std::mem::replace(resp.body_mut(), RouterBody::empty());
+                    *resp.body_mut() = match body {
+                        RouterBody::Plain(inner) => RouterBody::Drained {
+                            inner,
+                            cut: Cut(Box::pin(cut)),
+                        },
+                        other => other,
+                    };
+                    return resp;
                 }
             }
             FencePath::Garbled => {
@@ -323,6 +384,34 @@ impl Fence {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_generation_is_cut_only_once_its_pool_has_been_fenced_for_the_whole_drain() {
+        use std::task::{Context, Waker};
+        /// Whether `cut` is ready when polled now.
+        fn ready(cut: std::pin::Pin<&mut impl Future<Output = ()>>) -> bool {
+            cut.poll(&mut Context::from_waker(Waker::noop())).is_ready()
+        }
+        let state = FenceState::new("a");
+        state.set(&FenceVerdict::Serving(Epoch(1)));
+        let cut = state.fenced_for(Duration::from_secs(10));
+        tokio::pin!(cut);
+        let step = |secs| tokio::time::advance(Duration::from_secs(secs));
+        state.set(&FenceVerdict::Fenced { epoch: Epoch(2) });
+        assert!(!ready(cut.as_mut()));
+        step(6).await;
+        // Serving again before the drain ran out (the lease came back): the clock starts over.
+        state.set(&FenceVerdict::Serving(Epoch(3)));
+        assert!(!ready(cut.as_mut()));
+        step(30).await;
+        assert!(!ready(cut.as_mut()), "never cut while serving");
+        state.set(&FenceVerdict::Fenced { epoch: Epoch(4) });
+        assert!(!ready(cut.as_mut()));
+        step(9).await;
+        assert!(!ready(cut.as_mut()));
+        step(1).await;
+        assert!(ready(cut.as_mut()), "fenced for the whole ten seconds");
+    }
 
     fn rec(holder: &str, epoch: u64) -> LeaseRecord {
         LeaseRecord {

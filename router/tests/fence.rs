@@ -269,6 +269,71 @@ async fn a_gateway_retries_past_a_fence_whose_replica_refuses_and_past_a_fenced_
     assert!(answers.iter().all(|status| *status == 200), "{answers:?}");
 }
 
+/// Sends a streamed completion of `tokens` to `port` and returns once its first bytes came: the
+/// stream is running. The rest of the answer comes from the task handed back.
+async fn streaming(port: u16, tokens: u32) -> tokio::task::JoinHandle<support::Reply> {
+    let (started, running) = tokio::sync::oneshot::channel();
+    let reader = tokio::task::spawn_blocking(move || {
+        use std::io::Read;
+        let mut s = support::send(port, "POST", "/v1/completions", &[], &completion(tokens, true));
+        let mut raw = vec![0u8; 512];
+        let n = s.read(&mut raw).unwrap();
+        raw.truncate(n);
+        let _ = started.send(());
+        let _ = s.read_to_end(&mut raw);
+        support::parse(&raw)
+    });
+    running.await.unwrap();
+    reader
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_running_when_its_pool_loses_the_lease_finishes_within_the_drain_and_is_cut_after_it() {
+    // 200 tokens at 20 ms: a four-second stream.
+    let e = Emulator::start(&["--emu-decode-s-per-token=0.02"], &[]);
+    let lease = MemoryLease::new();
+    let first = lease.create("pool-a", Epoch(1)).await.unwrap();
+    let drains = FenceSidecar::draining(lease.clone(), "pool-a", e.addr(), POLL, Duration::from_secs(60));
+    let cuts = FenceSidecar::draining(
+        lease.clone(),
+        "pool-a",
+        e.addr(),
+        POLL,
+        Duration::from_millis(200),
+    );
+    for port in [drains.port, cuts.port] {
+        tokio::task::spawn_blocking(move || wait_for_status(port, 200))
+            .await
+            .unwrap();
+    }
+    // The one that cuts is behind a gateway, which ends a cut stream for its client.
+    let router = Router::start(GatewayConfig::default(), None);
+    let behind = std::net::SocketAddr::from(([127, 0, 0, 1], cuts.port));
+    assert_eq!(router.put_route(&route("pool-a", 1, &[behind])).status, 200);
+    let drained = streaming(drains.port, 200).await;
+    let cut = streaming(router.public, 200).await;
+
+    lease.compare_and_set(&first, "pool-b", Epoch(2)).await.unwrap();
+    let port = drains.port;
+    let refused = tokio::task::spawn_blocking(move || wait_for_status(port, 503))
+        .await
+        .unwrap();
+    assert!(refused.text().contains("fenced"), "new work is refused at once");
+
+    let drained = drained.await.unwrap();
+    let text = drained.text();
+    assert_eq!(drained.status, 200);
+    assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+    assert!(!text.contains("\"error\""), "{text}");
+    let cut = cut.await.unwrap();
+    let text = cut.text();
+    assert!(
+        text.contains("upstream_stream_cut") && text.contains("\"retryable\": true"),
+        "{text}"
+    );
+    assert!(!text.contains("[DONE]"), "{text}");
+}
+
 /// A replica that takes every request and dies before answering: it reads the request and
 /// closes the connection, at most `count` times.
 fn dies_holding_requests(count: usize) -> std::net::SocketAddr {

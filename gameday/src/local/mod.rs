@@ -255,7 +255,8 @@ async fn set_up(checked: &Checked, options: &RunOptions) -> Result<(Arc<Logic>, 
     let system = System::new(
         options.router.clone(),
         RunDir::create(options.seed).map_err(RunError::RunDir)?,
-    );
+    )
+    .with_drain(checked.drain_for);
     let lease = FileLease::new(system.lease_file());
     lease.create(pool_name(Pool::A), Epoch(0)).await?;
     let argv = [&scenario.pools.a, &scenario.pools.b].map(|shape| serve_argv(scenario, shape));

@@ -66,6 +66,8 @@ pub struct System {
     launcher: Launcher,
     dir: RunDir,
     processes: Mutex<Vec<Process>>,
+    /// How long a fence lets a generation run on once its pool lost the lease.
+    drain: Duration,
 }
 
 impl System {
@@ -75,7 +77,15 @@ impl System {
             launcher,
             dir,
             processes: Mutex::new(Vec::new()),
+            drain: Duration::from_secs(60),
         }
+    }
+
+    /// Its fences let a generation run on for `drain` once their pool lost the lease.
+    #[must_use]
+    pub fn with_drain(mut self, drain: Duration) -> System {
+        self.drain = drain;
+        self
     }
 
     /// The lease's file, which the fences read and the failover logic moves.
@@ -126,6 +136,8 @@ impl System {
             &self.lease_file().display().to_string(),
             "--lease-poll-ms",
             &FENCE_POLL_MS.to_string(),
+            "--drain-ms",
+            &self.drain.as_millis().to_string(),
         ]
         .map(str::to_owned)
         .to_vec();

@@ -238,6 +238,35 @@ impl FenceSidecar {
         poll: Duration,
         token: Option<&str>,
     ) -> FenceSidecar {
+        Self::started(
+            lease,
+            pool,
+            upstream,
+            poll,
+            token,
+            understudy_router::fence_sidecar::DEFAULT_DRAIN,
+        )
+    }
+
+    /// A sidecar that lets a generation running when its pool loses the Lease go on for `drain`.
+    pub fn draining<L: LeaseSource>(
+        lease: L,
+        pool: &str,
+        upstream: SocketAddr,
+        poll: Duration,
+        drain: Duration,
+    ) -> FenceSidecar {
+        Self::started(lease, pool, upstream, poll, None, drain)
+    }
+
+    fn started<L: LeaseSource>(
+        lease: L,
+        pool: &str,
+        upstream: SocketAddr,
+        poll: Duration,
+        token: Option<&str>,
+        drain: Duration,
+    ) -> FenceSidecar {
         let token = token.map(|t| understudy_router::admin::AdminToken::new(t).unwrap());
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
@@ -245,7 +274,9 @@ impl FenceSidecar {
         let state = Arc::new(FenceState::new(pool));
         let bg = Background::run(1, move || async move {
             tokio::spawn(watch_lease(lease, Arc::clone(&state), poll));
-            let fence = Fence::new(state, upstream).with_control_token(token);
+            let fence = Fence::new(state, upstream)
+                .with_control_token(token)
+                .with_drain(drain);
             let listener = tokio::net::TcpListener::from_std(listener).unwrap();
             serve(listener, move |req| fence.clone().handle(req)).await;
         });
