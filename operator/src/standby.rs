@@ -14,9 +14,12 @@ use std::fmt;
 use futures::future::join_all;
 use understudy_prober::outcome::ProbeOutcome;
 use understudy_prober::probe::{self, Endpoint, Expectation, ProbeSpec};
-use understudy_prober::sleep::{ReplicaWake, WakeTimeouts, is_sleeping, put_to_sleep, wake_replica};
+use understudy_prober::sleep::{
+    ReplicaWake, WakeTimeouts, is_sleeping, put_to_sleep, sleep_level, wake_replica,
+    wake_replica_at_its_level,
+};
 
-use crate::crd::PoolSpec;
+use crate::crd::{PoolSpec, Tier};
 use crate::ports::{ReplicaEndpoints, ResolveError};
 use crate::workload::Workload;
 
@@ -117,10 +120,10 @@ pub async fn keep(
         return Ok(kept);
     }
     let mut awake = Vec::new();
-    let mut asleep = 0;
+    let mut asleep = Vec::new();
     for (endpoint, state) in sleep_states(replicas, namespace, pool, timeouts).await? {
         match state {
-            Ok(Some(true)) => asleep += 1,
+            Ok(Some(true)) => asleep.push(endpoint),
             Ok(Some(false)) => awake.push(endpoint),
             Ok(None) => kept.left_awake.push((
                 endpoint.to_string(),
@@ -130,13 +133,13 @@ pub async fn keep(
         }
     }
     let wanted = usize::try_from(shape.warm).unwrap_or(usize::MAX);
-    if asleep >= wanted {
+    if asleep.len() >= wanted {
         return Ok(kept);
     }
     let expect = match sleep {
         Sleep::AfterProbe(expect) => expect,
         Sleep::Not(why) => {
-            for endpoint in awake.iter().rev().take(wanted - asleep) {
+            for endpoint in awake.iter().rev().take(wanted - asleep.len()) {
                 kept.left_awake.push((endpoint.to_string(), why.clone()));
             }
             return Ok(kept);
@@ -146,21 +149,32 @@ pub async fn keep(
         expect,
         ..probe_spec.clone()
     };
+    // Each warm group sleeps at its own level: what sleeps already counts at the level its
+    // metrics say (the deepest when they do not), and each replica put to sleep fills the
+    // shallowest level still short.
+    let mut short = warm_levels(pool);
+    let levels = join_all(asleep.iter().map(|e| sleep_level(e, timeouts.query))).await;
+    for level in levels {
+        let level = level.unwrap_or(shape.sleep_level);
+        if let Some(slot) = short.iter_mut().find(|(l, n)| *l == level && *n > 0) {
+            slot.1 -= 1;
+        }
+    }
     // The last replicas in address order sleep; the first stay awake as the hot tier.
     for endpoint in awake.iter().rev() {
-        if asleep >= wanted {
+        let Some(slot) = short.iter_mut().find(|(_, n)| *n > 0) else {
             break;
-        }
+        };
         let report = probe::probe(endpoint, &spec).await;
         if !matches!(report.outcome, ProbeOutcome::Ok { .. }) {
             let why = format!("its probe was {}", report.outcome.as_str());
             kept.left_awake.push((endpoint.to_string(), why));
             continue;
         }
-        match put_to_sleep(endpoint, shape.sleep_level, timeouts).await {
+        match put_to_sleep(endpoint, slot.0, timeouts).await {
             Ok(()) => {
-                kept.put_to_sleep.push(endpoint.to_string());
-                asleep += 1;
+                kept.put_to_sleep.push(format!("{endpoint} (level {})", slot.0));
+                slot.1 -= 1;
             }
             Err(why) => kept.left_awake.push((endpoint.to_string(), why)),
         }
@@ -196,6 +210,19 @@ pub async fn wake_sleeping(
     )
     .await;
     Ok(asleep.iter().map(ToString::to_string).zip(woken).collect())
+}
+
+/// How many of `pool`'s replicas sleep at each level, shallowest first, from its warm groups.
+fn warm_levels(pool: &PoolSpec) -> Vec<(u8, u32)> {
+    let mut levels: Vec<(u8, u32)> = Vec::new();
+    for group in pool.standby_groups().iter().filter(|g| g.tier == Tier::Warm) {
+        match levels.iter_mut().find(|(level, _)| *level == group.sleep_level()) {
+            Some(slot) => slot.1 += group.replicas,
+            None => levels.push((group.sleep_level(), group.replicas)),
+        }
+    }
+    levels.sort_unstable();
+    levels
 }
 
 /// Each of `pool`'s replicas in address order, with what `/is_sleeping` says of it, asked of all
@@ -255,7 +282,9 @@ pub async fn prove(
             detail,
         }))
     };
-    match wake_replica(endpoint, level, timeouts).await {
+    // Put back at the level it slept at, which its metrics tell where vLLM exports them.
+    let (woken, level) = wake_replica_at_its_level(endpoint, level, timeouts).await;
+    match woken {
         ReplicaWake::Woken => {}
         other => return failed(format!("woken from sleep level {level}: {other:?}")),
     }

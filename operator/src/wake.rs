@@ -34,19 +34,13 @@ pub use understudy_prober::sleep::{
 /// What a wake means for the Wake step of `pool`: done once no more than `tolerated` replicas
 /// are not awake, or whatever is awake once the promotion is `overdue`.
 #[must_use]
-pub fn judge(
-    pool: &str,
-    level: u8,
-    wake: &PoolWake<'_>,
-    tolerated: usize,
-    overdue: Option<Duration>,
-) -> StepReport {
+pub fn judge(pool: &str, wake: &PoolWake<'_>, tolerated: usize, overdue: Option<Duration>) -> StepReport {
     let mut behind: Vec<String> = wake
         .finished
         .iter()
-        .filter_map(|(endpoint, outcome, _)| match outcome {
-            ReplicaWake::StillAsleep => Some(format!("{endpoint} still reports itself asleep")),
-            ReplicaWake::Failed(why) => Some(format!("{endpoint}: {why}")),
+        .filter_map(|w| match &w.outcome {
+            ReplicaWake::StillAsleep => Some(format!("{} still reports itself asleep", w.endpoint)),
+            ReplicaWake::Failed(why) => Some(format!("{}: {why}", w.endpoint)),
             _ => None,
         })
         .collect();
@@ -65,16 +59,28 @@ pub fn judge(
             ),
         };
     }
-    let count = |wanted: &ReplicaWake| wake.finished.iter().filter(|(_, o, _)| o == wanted).count();
+    let count = |wanted: &ReplicaWake| wake.finished.iter().filter(|w| w.outcome == *wanted).count();
+    let woken_at = |level: u8| {
+        let at = wake
+            .finished
+            .iter()
+            .filter(|w| w.outcome == ReplicaWake::Woken && w.level == level)
+            .count();
+        (at > 0).then(|| format!("{at} from sleep level {level}"))
+    };
+    let levels: Vec<String> = [1, 2].into_iter().filter_map(woken_at).collect();
     let (woken, awake, no_api) = (
         count(&ReplicaWake::Woken),
         count(&ReplicaWake::Awake),
         count(&ReplicaWake::NoSleepApi),
     );
-    let mut note = format!(
-        "woke {woken} of {replicas} replica(s) of {pool} from sleep level {level}, each confirmed by \
-         /is_sleeping; {awake} were awake already"
-    );
+    let mut note = format!("woke {woken} of {replicas} replica(s) of {pool}");
+    if !levels.is_empty() {
+        note.push_str(&format!(" ({})", levels.join(", ")));
+    }
+    note.push_str(&format!(
+        ", each confirmed by /is_sleeping; {awake} were awake already"
+    ));
     if no_api > 0 {
         note.push_str(&format!(
             "; {no_api} have no sleep API (VLLM_SERVER_DEV_MODE is off), so they cannot have slept"
@@ -99,11 +105,12 @@ pub fn judge(
     }
 }
 
-/// One replica woken by the step, and how long its wake took: from the first call to its
-/// confirmation by `/is_sleeping`.
+/// One replica woken by the step, the level it slept at, and how long its wake took: from the
+/// first call to its confirmation by `/is_sleeping`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Woken {
     pub endpoint: Endpoint,
+    pub level: u8,
     pub took: Duration,
     /// When the wake was confirmed, so that the replica's first token can be timed from it.
     pub at: Instant,
@@ -117,8 +124,9 @@ pub struct Waking {
 }
 
 /// Carries out the Wake step of `pool` by calling its replicas: each one asleep is woken at the
-/// pool's warm level (all at once) and timed, and the step is done once `needed` of its warm
-/// replicas are confirmed awake ([`judge`]), or with those awake once it is `overdue`.
+/// level its metrics say it sleeps at (else the deepest its warm groups name), all at once, and
+/// timed, and the step is done once `needed` of its warm replicas are confirmed awake
+/// ([`judge`]), or with those awake once it is `overdue`.
 pub async fn wake_pool(
     replicas: &dyn ReplicaEndpoints,
     namespace: &str,
@@ -154,22 +162,23 @@ pub async fn wake_pool(
     // Past the deadline nothing is waited for: the step is done with what is awake already.
     let waits_for = if overdue.is_some() { usize::MAX } else { tolerated };
     let wake = wake_enough(&endpoints, level, timeouts, waits_for).await;
-    for (endpoint, outcome, took) in &wake.finished {
-        tracing::debug!(pool = %name, %endpoint, ?outcome, ?took, "wake");
+    for w in &wake.finished {
+        tracing::debug!(pool = %name, endpoint = %w.endpoint, outcome = ?w.outcome, took = ?w.took, level = w.level, "wake");
     }
     let now = Instant::now();
     let woken = wake
         .finished
         .iter()
-        .filter(|(_, outcome, _)| *outcome == ReplicaWake::Woken)
-        .map(|(endpoint, _, took)| Woken {
-            endpoint: (*endpoint).clone(),
-            took: *took,
+        .filter(|w| w.outcome == ReplicaWake::Woken)
+        .map(|w| Woken {
+            endpoint: w.endpoint.clone(),
+            level: w.level,
+            took: w.took,
             at: now,
         })
         .collect();
     Waking {
-        report: judge(name, level, &wake, tolerated, overdue),
+        report: judge(name, &wake, tolerated, overdue),
         woken,
     }
 }
@@ -179,6 +188,7 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use super::*;
+    use understudy_prober::sleep::ReplicaWoke;
 
     fn pool(standby: &str) -> PoolSpec {
         serde_yaml::from_str(&format!(
@@ -208,11 +218,16 @@ mod tests {
         );
     }
 
-    fn finished<'a>(outcomes: &[(&'a Endpoint, ReplicaWake)]) -> PoolWake<'a> {
+    fn finished<'a>(outcomes: &[(&'a Endpoint, ReplicaWake)], level: u8) -> PoolWake<'a> {
         PoolWake {
             finished: outcomes
                 .iter()
-                .map(|(e, o)| (*e, o.clone(), Duration::from_millis(5)))
+                .map(|(endpoint, outcome)| ReplicaWoke {
+                    endpoint,
+                    outcome: outcome.clone(),
+                    took: Duration::from_millis(5),
+                    level,
+                })
                 .collect(),
             still_waking: Vec::new(),
         }
@@ -221,8 +236,8 @@ mod tests {
     #[test]
     fn the_step_waits_while_more_replicas_are_not_awake_than_the_quorum_spares() {
         let (a, b) = (Endpoint::new("10.0.0.1", 8000), Endpoint::new("10.0.0.2", 8000));
-        let wake = finished(&[(&a, ReplicaWake::Woken), (&b, ReplicaWake::StillAsleep)]);
-        let report = judge("west", 1, &wake, 0, None);
+        let wake = finished(&[(&a, ReplicaWake::Woken), (&b, ReplicaWake::StillAsleep)], 1);
+        let report = judge("west", &wake, 0, None);
         let StepReport::NotYet { reason } = report else {
             panic!("{report:?}")
         };
@@ -230,14 +245,17 @@ mod tests {
             reason.contains("10.0.0.2:8000 still reports itself asleep"),
             "{reason}"
         );
-        let wake = finished(&[
-            (&a, ReplicaWake::Woken),
-            (&b, ReplicaWake::Failed("no answer".into())),
-        ]);
-        let report = judge("west", 1, &wake, 0, None);
+        let wake = finished(
+            &[
+                (&a, ReplicaWake::Woken),
+                (&b, ReplicaWake::Failed("no answer".into())),
+            ],
+            1,
+        );
+        let report = judge("west", &wake, 0, None);
         assert!(matches!(report, StepReport::NotYet { .. }), "{report:?}");
         // One spare: the quorum needs only one of the two.
-        let report = judge("west", 1, &wake, 1, None);
+        let report = judge("west", &wake, 1, None);
         let StepReport::Done { note: Some(note), .. } = report else {
             panic!("{report:?}")
         };
@@ -257,14 +275,14 @@ mod tests {
             Endpoint::new("10.0.0.2", 8000),
             Endpoint::new("10.0.0.3", 8000),
         );
-        let mut wake = finished(&[(&a, ReplicaWake::Woken), (&b, ReplicaWake::StillAsleep)]);
+        let mut wake = finished(&[(&a, ReplicaWake::Woken), (&b, ReplicaWake::StillAsleep)], 2);
         wake.still_waking.push(&c);
-        let report = judge("west", 2, &wake, 0, Some(Duration::from_secs(255)));
+        let report = judge("west", &wake, 0, Some(Duration::from_secs(255)));
         let StepReport::Done { note: Some(note), .. } = report else {
             panic!("{report:?}")
         };
         assert!(
-            note.starts_with("woke 1 of 3 replica(s) of west from sleep level 2"),
+            note.starts_with("woke 1 of 3 replica(s) of west (1 from sleep level 2)"),
             "{note}"
         );
         assert!(
@@ -283,19 +301,22 @@ mod tests {
             Endpoint::new("10.0.0.2", 8000),
             Endpoint::new("10.0.0.3", 8000),
         );
-        let wake = finished(&[
-            (&a, ReplicaWake::Woken),
-            (&b, ReplicaWake::Awake),
-            (&c, ReplicaWake::NoSleepApi),
-        ]);
-        let report = judge("west", 2, &wake, 0, None);
+        let wake = finished(
+            &[
+                (&a, ReplicaWake::Woken),
+                (&b, ReplicaWake::Awake),
+                (&c, ReplicaWake::NoSleepApi),
+            ],
+            2,
+        );
+        let report = judge("west", &wake, 0, None);
         let StepReport::Done { carried_by, note } = report else {
             panic!("{report:?}")
         };
         assert_eq!(carried_by, CARRIED_BY);
         let note = note.unwrap();
         assert!(
-            note.starts_with("woke 1 of 3 replica(s) of west from sleep level 2"),
+            note.starts_with("woke 1 of 3 replica(s) of west (1 from sleep level 2)"),
             "{note}"
         );
         assert!(note.contains("1 were awake already"), "{note}");

@@ -29,6 +29,13 @@ const DEV_MODE: &[(&str, &str)] = &[("VLLM_SERVER_DEV_MODE", "1")];
 /// `west` waits with one hot replica and two warm ones at `level`; no pilot light, so keeping it
 /// in shape never calls the API server.
 fn policy(level: u8) -> FailoverPolicy {
+    policy_with(&format!(
+        "[{{tier: hot, replicas: 1}}, {{tier: warm, replicas: 2, sleepLevel: {level}}}]"
+    ))
+}
+
+/// `west` waits as `standby` says, three replicas in all.
+fn policy_with(standby: &str) -> FailoverPolicy {
     serde_yaml::from_str(&format!(
         r"
 apiVersion: understudy.dev/v1alpha1
@@ -40,7 +47,7 @@ spec:
     - name: west
       workload: {{kind: Deployment, name: chat-west}}
       replicas: 3
-      standby: [{{tier: hot, replicas: 1}}, {{tier: warm, replicas: 2, sleepLevel: {level}}}]
+      standby: {standby}
   recoveryObjective: 1m
 "
     ))
@@ -150,6 +157,58 @@ fn three_replicas() -> (Vec<Emulator>, Vec<Endpoint>) {
     (replicas, endpoints)
 }
 
+/// The level `endpoint` sleeps at, as its `vllm:engine_sleep_state` gauge says.
+async fn level_of(endpoint: &Endpoint) -> Option<u8> {
+    understudy_prober::sleep::sleep_level(endpoint, Duration::from_secs(5)).await
+}
+
+#[tokio::test]
+async fn each_warm_group_sleeps_at_its_own_level_and_is_woken_from_it() {
+    let policy = policy_with(
+        "[{tier: hot, replicas: 1}, {tier: warm, replicas: 1, sleepLevel: 1}, \
+         {tier: warm, replicas: 1, sleepLevel: 2}]",
+    );
+    let expect = Some(judged_by_golden(&policy));
+    let (_replicas, endpoints) = three_replicas();
+    let kept = keep(&policy, &endpoints, expect.clone()).await;
+    // The last by address fills the shallowest level first, the next the deeper one.
+    assert_eq!(
+        kept.put_to_sleep,
+        [
+            format!("{} (level 1)", endpoints[2]),
+            format!("{} (level 2)", endpoints[1])
+        ]
+    );
+    assert_eq!(level_of(&endpoints[2]).await, Some(1));
+    assert_eq!(level_of(&endpoints[1]).await, Some(2));
+    assert_eq!(level_of(&endpoints[0]).await, None, "the hot one is awake");
+    // Kept again, each one asleep counts at its own level: nothing more sleeps.
+    let again = keep(&policy, &endpoints, expect).await;
+    assert!(!again.changed(), "{again}");
+
+    // The promotion's Wake step reads each one's level and wakes it from that level.
+    let replicas = FixedReplicas::default().with_pool("west", endpoints.clone());
+    let pool = &policy.spec.pools[1];
+    let waking =
+        understudy_operator::wake::wake_pool(&replicas, "serving", pool, WakeTimeouts::default(), 2, None)
+            .await;
+    let woken: Vec<(String, u8)> = waking
+        .woken
+        .iter()
+        .map(|w| (w.endpoint.to_string(), w.level))
+        .collect();
+    assert_eq!(woken.len(), 2, "{woken:?}");
+    assert!(woken.contains(&(endpoints[2].to_string(), 1)), "{woken:?}");
+    assert!(woken.contains(&(endpoints[1].to_string(), 2)), "{woken:?}");
+    let understudy_operator::ports::StepReport::Done { note: Some(note), .. } = waking.report else {
+        panic!("{:?}", waking.report)
+    };
+    assert!(
+        note.starts_with("woke 2 of 3 replica(s) of west (1 from sleep level 1, 1 from sleep level 2)"),
+        "{note}"
+    );
+}
+
 #[tokio::test]
 async fn the_warm_replicas_sleep_after_a_passing_probe_and_a_standby_in_shape_is_left_alone() {
     let policy = policy(1);
@@ -160,7 +219,11 @@ async fn the_warm_replicas_sleep_after_a_passing_probe_and_a_standby_in_shape_is
     assert_eq!(kept.scaled, None);
     assert!(kept.left_awake.is_empty(), "{kept}");
     // The last two by address sleep; the first stays awake as the hot replica.
-    let slept: Vec<String> = endpoints[1..].iter().rev().map(ToString::to_string).collect();
+    let slept: Vec<String> = endpoints[1..]
+        .iter()
+        .rev()
+        .map(|e| format!("{e} (level 1)"))
+        .collect();
     assert_eq!(kept.put_to_sleep, slept);
     let asleep: Vec<bool> = endpoints.iter().map(is_sleeping).collect();
     assert_eq!(asleep, [false, true, true]);

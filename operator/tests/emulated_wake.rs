@@ -185,7 +185,7 @@ async fn two_warm_replicas_asleep_at_level_1_are_woken_and_serve() {
     let note = done_note(wake(&policy(&warm(1)), vec![a.endpoint.clone(), b.endpoint.clone()]).await);
 
     assert!(
-        note.starts_with("woke 2 of 2 replica(s) of west from sleep level 1"),
+        note.starts_with("woke 2 of 2 replica(s) of west (2 from sleep level 1)"),
         "{note}"
     );
     assert!(!is_sleeping(&a) && !is_sleeping(&b));
@@ -203,7 +203,7 @@ async fn a_level_2_sleeper_generates_the_models_text_again_after_the_wake_step()
     let note = done_note(wake(&policy(&warm(2)), vec![sleeper.endpoint.clone()]).await);
 
     assert!(
-        note.starts_with("woke 1 of 1 replica(s) of west from sleep level 2"),
+        note.starts_with("woke 1 of 1 replica(s) of west (1 from sleep level 2)"),
         "{note}"
     );
     assert!(!is_sleeping(&sleeper));

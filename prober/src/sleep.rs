@@ -197,12 +197,71 @@ async fn wake_replica_calls(
     })
 }
 
-/// What waking a pool's replicas came to: each replica whose wake finished, with its outcome and
-/// how long it took from the first call to the last answer, and the replicas still being woken
-/// when enough were awake.
+/// The level a replica sleeps at, as its `vllm:engine_sleep_state` gauge says: `discard_all` is
+/// level 2, `weights_offloaded` level 1 (the deeper when engines differ); `None` when it says
+/// neither (awake, or metrics without the gauge: an older vLLM).
+#[must_use]
+pub fn level_in_metrics(metrics: &str) -> Option<u8> {
+    let mut level = None;
+    for line in metrics.lines() {
+        let Some(rest) = line.strip_prefix("vllm:engine_sleep_state{") else {
+            continue;
+        };
+        let Some((labels, value)) = rest.rsplit_once('}') else {
+            continue;
+        };
+        if value.trim().parse::<f64>().is_ok_and(|v| v >= 1.0) {
+            let this = if labels.contains("sleep_state=\"discard_all\"") {
+                2
+            } else if labels.contains("sleep_state=\"weights_offloaded\"") {
+                1
+            } else {
+                continue;
+            };
+            level = level.max(Some(this));
+        }
+    }
+    level
+}
+
+/// The level a sleeping replica sleeps at, read from its `/metrics` ([`level_in_metrics`]);
+/// `None` when they do not say or cannot be read.
+pub async fn sleep_level(endpoint: &Endpoint, timeout: Duration) -> Option<u8> {
+    let (status, body) = call(endpoint, http::Method::GET, "/metrics", None, timeout)
+        .await
+        .ok()?;
+    if !status.is_success() {
+        return None;
+    }
+    level_in_metrics(&String::from_utf8_lossy(&body))
+}
+
+/// Wakes one replica at the level it sleeps at by its own metrics, else at `level`; what became of
+/// it, and the level it was woken at.
+pub async fn wake_replica_at_its_level(
+    endpoint: &Endpoint,
+    level: u8,
+    timeouts: WakeTimeouts,
+) -> (ReplicaWake, u8) {
+    let level = sleep_level(endpoint, timeouts.query).await.unwrap_or(level);
+    (wake_replica(endpoint, level, timeouts).await, level)
+}
+
+/// One replica's wake: what became of it, how long it took from the first call to the last
+/// answer, and the sleep level it was woken from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReplicaWoke<'a> {
+    pub endpoint: &'a Endpoint,
+    pub outcome: ReplicaWake,
+    pub took: Duration,
+    pub level: u8,
+}
+
+/// What waking a pool's replicas came to: each replica whose wake finished, and the replicas
+/// still being woken when enough were awake.
 #[derive(Debug)]
 pub struct PoolWake<'a> {
-    pub finished: Vec<(&'a Endpoint, ReplicaWake, Duration)>,
+    pub finished: Vec<ReplicaWoke<'a>>,
     /// Their calls go on in tasks of their own, each bounded by its timeout, so that a replica on
     /// its way up still comes up.
     pub still_waking: Vec<&'a Endpoint>,
@@ -212,13 +271,14 @@ impl PoolWake<'_> {
     /// How many replicas are not known to be awake: still waking, or failed to wake.
     #[must_use]
     pub fn not_awake(&self) -> usize {
-        self.still_waking.len() + self.finished.iter().filter(|(_, o, _)| !o.is_awake()).count()
+        self.still_waking.len() + self.finished.iter().filter(|w| !w.outcome.is_awake()).count()
     }
 }
 
-/// Wakes every replica at once, and returns once every wake has finished, or as soon as no more
-/// than `tolerated` replicas are not awake: a promotion goes on once enough of its pool is awake,
-/// and the rest join its route when they pass.
+/// Wakes every replica at once, each at the level its metrics say it sleeps at (else `level`,
+/// the deepest the pool's tiers name), and returns once every wake has finished, or as soon as no
+/// more than `tolerated` replicas are not awake: a promotion goes on once enough of its pool is
+/// awake, and the rest join its route when they pass.
 pub async fn wake_enough(
     endpoints: &[Endpoint],
     level: u8,
@@ -232,8 +292,8 @@ pub async fn wake_enough(
             let endpoint = endpoint.clone();
             let task = tokio::spawn(async move {
                 let started = tokio::time::Instant::now();
-                let outcome = wake_replica(&endpoint, level, timeouts).await;
-                (outcome, started.elapsed())
+                let (outcome, level) = wake_replica_at_its_level(&endpoint, level, timeouts).await;
+                (outcome, started.elapsed(), level)
             });
             async move { (i, task.await) }
         })
@@ -246,14 +306,17 @@ pub async fn wake_enough(
     while wake.not_awake() > tolerated
         && let Some((i, joined)) = waking.next().await
     {
-        let (outcome, took) = joined.unwrap_or_else(|error| {
-            (
-                ReplicaWake::Failed(format!("its wake ended early: {error}")),
-                Duration::ZERO,
-            )
+        let (outcome, took, level) = joined.unwrap_or_else(|error| {
+            let failed = ReplicaWake::Failed(format!("its wake ended early: {error}"));
+            (failed, Duration::ZERO, level)
         });
         wake.still_waking.retain(|e| !std::ptr::eq(*e, &endpoints[i]));
-        wake.finished.push((&endpoints[i], outcome, took));
+        wake.finished.push(ReplicaWoke {
+            endpoint: &endpoints[i],
+            outcome,
+            took,
+            level,
+        });
     }
     wake
 }

@@ -372,23 +372,23 @@ impl Executor for ProcessExecutor<'_> {
         };
         let wake = wake_enough(&endpoints, order.level, WakeTimeouts::default(), waits_for).await;
         let took = began.elapsed();
-        for (endpoint, outcome, replica_took) in &wake.finished {
-            if *outcome == ReplicaWake::Woken {
-                let name = self.replica_name(endpoint);
-                let at = began_at.checked_add(*replica_took).unwrap_or(began_at);
+        for w in &wake.finished {
+            if w.outcome == ReplicaWake::Woken {
+                let name = self.replica_name(w.endpoint);
+                let at = began_at.checked_add(w.took).unwrap_or(began_at);
                 lock(self.cold_starts).push(ColdStart::woken(&name, began_at, at));
             }
         }
         let woken = wake
             .finished
             .iter()
-            .filter(|(_, o, _)| *o == ReplicaWake::Woken)
+            .filter(|w| w.outcome == ReplicaWake::Woken)
             .count();
         let mut not_awake: Vec<String> = wake
             .finished
             .iter()
-            .filter(|(_, o, _)| !o.is_awake())
-            .map(|(e, o, _)| format!("{}:{} {o:?}", e.host, e.port))
+            .filter(|w| !w.outcome.is_awake())
+            .map(|w| format!("{}:{} {:?}", w.endpoint.host, w.endpoint.port, w.outcome))
             .collect();
         not_awake.extend(
             wake.still_waking

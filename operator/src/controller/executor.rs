@@ -33,7 +33,7 @@ use crate::policy::{pool_name, validate};
 use crate::ports::ReplicaEndpoints;
 use crate::ports::{StepReport, StepRequest};
 use crate::reconciler;
-use crate::wake::{self, Woken, warm_sleep_level};
+use crate::wake::{self, Woken};
 use crate::workload::Workload;
 
 /// Why a step of the Kubernetes executor waits.
@@ -205,8 +205,9 @@ impl<'a> KubeExecutor<'a> {
             .iter()
             .map(|(pool, woken)| {
                 let spec = self.pool(*pool);
-                let stage = match warm_sleep_level(spec) {
-                    Some(1) => Stage::WakeLevel1,
+                // Timed at the level the replica itself slept at.
+                let stage = match woken.level {
+                    1 => Stage::WakeLevel1,
                     _ => Stage::WakeLevel2,
                 };
                 let replica = woken.endpoint.authority();
