@@ -116,6 +116,27 @@ fn four_warm_and_four_pilot_light_reach_half_capacity_in_about_a_minute() {
 }
 
 #[test]
+fn the_70b_example_meets_five_minutes_at_half_capacity_with_its_warm_half_and_misses_it_whole() {
+    // What its comments say: half the capacity 1m12s after a hang, full capacity (the reserved
+    // pilot light's image pull, weight load and warmup) about 5m12s after, just past the objective.
+    let plan = json(&[
+        "--policy",
+        "examples/failoverpolicy-70b-five-minutes.yaml",
+        "--gpus-per-replica",
+        "2",
+    ]);
+    assert_eq!(plan["fraction"], 0.5);
+    assert_eq!(plan["fraction_from"], "policy");
+    let own = &plan["mixes"][0];
+    assert_eq!(own["mix"], "4 × warm (level 1) + 4 × pilot light (GPUs reserved)");
+    assert_eq!(own["meets"], true);
+    assert_eq!(after_fault(own, 0.5), 72.0);
+    // 45 s detection + 2m image pull + 10 s start + 70 s weights + 60 s warmup + 5 s + 2 s.
+    assert_eq!(after_fault(own, 1.0), 312.0);
+    assert_eq!(mix(&plan, "8 × pilot light (GPUs reserved)")["meets"], false);
+}
+
+#[test]
 fn the_cheapest_mix_that_meets_it_is_four_warm_and_four_pilot_light_on_eight_gpus() {
     let plan = seed_004();
     let cheapest = &plan["cheapest"];
