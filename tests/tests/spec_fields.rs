@@ -79,6 +79,7 @@ const READ_BY: &[(&str, &[(&str, &str)])] = &[
         ("spec.standbyProof.every", "api/src/policy.rs::a_standby_proof_runs_every_so_often_outside_its_windows"),
         ("spec.standbyProof.notBetween", "api/src/policy.rs::a_standby_proof_runs_every_so_often_outside_its_windows"),
         ("spec.stream.contract", "operator/src/route_push.rs::a_route_taken_by_every_router_is_done_and_carries_pool_endpoints_epoch_and_admission"),
+        ("spec.stream.drainFor", "operator/tests/emulated_tiers.rs::after_a_planned_move_the_old_primary_drains_its_streams_before_it_sleeps"),
         ("spec.trigger.hardFailure.promoteAfter", "api/src/policy.rs::trigger_counts_and_pause_reach_the_state_machine"),
         ("spec.trigger.minDwell", "api/src/policy.rs::trigger_counts_and_pause_reach_the_state_machine"),
         ("spec.trigger.promoteAfter", "api/src/policy.rs::trigger_counts_and_pause_reach_the_state_machine"),
