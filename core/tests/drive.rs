@@ -175,10 +175,20 @@ fn shapes(b: StandbyShape) -> [StandbyShape; 2] {
 
 /// One drive call, as a fresh driver would make it over `world`.
 fn drive_once(state: &FailoverState, shape: StandbyShape, world: &mut World) -> Option<Driven<String>> {
+    drive_at(state, shape, world, NOW)
+}
+
+/// One drive call with the clock at `at`.
+fn drive_at(
+    state: &FailoverState,
+    shape: StandbyShape,
+    world: &mut World,
+    at: Duration,
+) -> Option<Driven<String>> {
     now(drive(
         state,
         &config(),
-        || NOW,
+        || at,
         &shapes(shape),
         DEADLINE,
         &mut Recorder { world },
@@ -187,14 +197,8 @@ fn drive_once(state: &FailoverState, shape: StandbyShape, world: &mut World) -> 
 
 /// Drives until the promotion is finished, calling again after each wait as a home's next round
 /// would; returns the end state.
-fn drive_to_the_end(mut state: FailoverState, shape: StandbyShape, world: &mut World) -> FailoverState {
-    for _ in 0..32 {
-        match drive_once(&state, shape, world) {
-            Some(driven) => state = driven.state,
-            None => return state,
-        }
-    }
-    panic!("the promotion did not finish in 32 calls: {:?}", state.phase);
+fn drive_to_the_end(state: FailoverState, shape: StandbyShape, world: &mut World) -> FailoverState {
+    drive_to_the_end_at(state, shape, world, NOW)
 }
 
 fn warm(replicas: u32, level: SleepLevel) -> StandbyShape {
@@ -553,16 +557,7 @@ fn a_promotion_past_its_deadline_tells_every_step_it_is_overdue() {
     let mut state = promoting();
     let mut orders = Vec::new();
     for at in [NOW + DEADLINE - Duration::from_secs(1), NOW + DEADLINE] {
-        let mut recorder = Recorder { world: &mut world };
-        let driven = now(drive(
-            &state,
-            &config(),
-            || at,
-            &shapes(shape),
-            DEADLINE,
-            &mut recorder,
-        ))
-        .unwrap_or_else(|| panic!("nothing pending"));
+        let driven = drive_at(&state, shape, &mut world, at).unwrap_or_else(|| panic!("nothing pending"));
         state = driven.state;
         orders.push(world.calls.last().cloned());
     }
@@ -596,15 +591,7 @@ fn drive_to_the_end_at(
     at: Duration,
 ) -> FailoverState {
     for _ in 0..32 {
-        let mut recorder = Recorder { world: &mut *world };
-        match now(drive(
-            &state,
-            &config(),
-            || at,
-            &shapes(shape),
-            DEADLINE,
-            &mut recorder,
-        )) {
+        match drive_at(&state, shape, world, at) {
             Some(driven) => state = driven.state,
             None => return state,
         }

@@ -29,6 +29,16 @@ fn options() -> RunOptions {
     }
 }
 
+/// How many replicas each route to `pool` held, in the order the routers were given them.
+fn routed_to(report: &RunReport, pool: &str) -> Vec<usize> {
+    report
+        .routes
+        .iter()
+        .filter(|r| r.pool == pool)
+        .map(|r| r.replicas)
+        .collect()
+}
+
 async fn run_scenario(text: &str) -> RunReport {
     let checked = Scenario::parse(text).unwrap();
     run(&checked, &options()).await.unwrap()
@@ -302,12 +312,7 @@ async fn a_pilot_light_is_started_on_promotion_and_each_replica_is_timed_stage_b
     );
     // The route moved with the three of four (a majority) that answered, and took the fourth
     // once it did.
-    let to_b: Vec<usize> = report
-        .routes
-        .iter()
-        .filter(|r| r.pool == "b")
-        .map(|r| r.replicas)
-        .collect();
+    let to_b = routed_to(&report, "b");
     assert!(to_b.first().is_some_and(|&n| n >= 3), "{:?}", report.routes);
     assert_eq!(to_b.last(), Some(&4), "{:?}", report.routes);
     let mut names: Vec<&str> = report.cold_starts.iter().map(|c| c.replica.as_str()).collect();
@@ -331,12 +336,7 @@ async fn seed_004_routes_at_half_capacity_grows_the_route_with_its_pilot_light_a
         "one failover and no failback: {report:#?}"
     );
     assert_eq!(report.transitions[0].to, "b");
-    let to_b: Vec<usize> = report
-        .routes
-        .iter()
-        .filter(|r| r.pool == "b")
-        .map(|r| r.replicas)
-        .collect();
+    let to_b = routed_to(&report, "b");
     // Routed at the four warm replicas (a pilot-light one cannot be ready by then: its modelled
     // compile alone takes eight seconds), then grown to all eight as the pilot light passed.
     assert_eq!(to_b.first(), Some(&4), "{:?}", report.routes);
@@ -369,12 +369,7 @@ async fn past_its_deadline_a_promotion_routes_the_one_replica_that_serves_and_th
         )),
         "{serving:?}"
     );
-    let to_b: Vec<usize> = report
-        .routes
-        .iter()
-        .filter(|r| r.pool == "b")
-        .map(|r| r.replicas)
-        .collect();
+    let to_b = routed_to(&report, "b");
     assert_eq!(to_b.first(), Some(&1), "{:?}", report.routes);
     assert_eq!(to_b.last(), Some(&4), "{:?}", report.routes);
 }

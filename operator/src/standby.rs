@@ -197,12 +197,7 @@ pub async fn wake_sleeping(
     if shape.warm == 0 {
         return Ok(Vec::new());
     }
-    let asleep: Vec<Endpoint> = sleep_states(replicas, namespace, pool, timeouts)
-        .await?
-        .into_iter()
-        .filter(|(_, state)| matches!(state, Ok(Some(true))))
-        .map(|(endpoint, _)| endpoint)
-        .collect();
+    let asleep = asleep(replicas, namespace, pool, timeouts).await?;
     let woken = join_all(
         asleep
             .iter()
@@ -210,6 +205,21 @@ pub async fn wake_sleeping(
     )
     .await;
     Ok(asleep.iter().map(ToString::to_string).zip(woken).collect())
+}
+
+/// `pool`'s replicas that say they are asleep, in address order.
+async fn asleep(
+    replicas: &dyn ReplicaEndpoints,
+    namespace: &str,
+    pool: &PoolSpec,
+    timeouts: WakeTimeouts,
+) -> Result<Vec<Endpoint>, Error> {
+    Ok(sleep_states(replicas, namespace, pool, timeouts)
+        .await?
+        .into_iter()
+        .filter(|(_, state)| matches!(state, Ok(Some(true))))
+        .map(|(endpoint, _)| endpoint)
+        .collect())
 }
 
 /// How many of `pool`'s replicas sleep at each level, shallowest first, from its warm groups.
@@ -261,12 +271,7 @@ pub async fn prove(
     after: Option<&str>,
 ) -> Result<Option<Proof>, Error> {
     let level = pool.standby_shape().sleep_level;
-    let asleep: Vec<Endpoint> = sleep_states(replicas, namespace, pool, timeouts)
-        .await?
-        .into_iter()
-        .filter(|(_, state)| matches!(state, Ok(Some(true))))
-        .map(|(endpoint, _)| endpoint)
-        .collect();
+    let asleep = asleep(replicas, namespace, pool, timeouts).await?;
     let next = asleep
         .iter()
         .find(|e| after.is_some_and(|last| e.to_string().as_str() > last))
