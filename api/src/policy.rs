@@ -226,6 +226,8 @@ pub fn validate(spec: &FailoverPolicySpec) -> Result<ValidatedPolicy, PolicyErro
         Some(text) => parse("spec.stream.drainFor", text)?,
         None => DEFAULT_DRAIN,
     };
+    // Longer than an hour holds an old primary's GPUs for no stream a client still waits on.
+    in_range("spec.stream.drainFor (seconds)", drain_for.as_secs(), 0, 3600)?;
     if let Some(fraction) = spec.min_serving_fraction
         && !(fraction > 0.0 && fraction <= 1.0)
     {
@@ -850,6 +852,16 @@ recoveryObjective: 5m
         .expect("valid");
         assert_eq!(policy.failover.min_dwell, Duration::ZERO);
         assert_eq!(policy.admission_window, Duration::ZERO);
+    }
+
+    #[test]
+    fn a_planned_move_drains_a_minute_unless_the_policy_says_and_never_more_than_an_hour() {
+        let drain = |extra: &str| validate(&minimal_with(extra)).map(|p| p.drain_for);
+        assert_eq!(drain(""), Ok(DEFAULT_DRAIN));
+        assert_eq!(drain("stream: {drainFor: 2m}\n"), Ok(Duration::from_secs(120)));
+        assert_eq!(drain("stream: {drainFor: 0s}\n"), Ok(Duration::ZERO));
+        assert!(drain("stream: {drainFor: 2h}\n").is_err());
+        assert!(drain("stream: {drainFor: soon}\n").is_err());
     }
 
     const POOL_B: &str =

@@ -88,6 +88,9 @@ pub struct WakeOrder {
     pub level: SleepLevel,
     /// The promotion's deadline, once it has passed: done with the replicas that are awake.
     pub overdue: Option<Duration>,
+    /// How long is left before the deadline (zero once it has passed): waiting for wakes no
+    /// longer than this.
+    pub left: Duration,
 }
 
 /// Make the new primary run its serving size; the pilot light grows here.
@@ -244,10 +247,11 @@ pub async fn drive<E: Executor>(
     executor: &mut E,
 ) -> Option<Driven<E::Wait>> {
     let action = state.pending_action()?;
-    let overdue = match &state.phase {
-        Phase::Promoting(p) if now().saturating_sub(p.started_at) >= deadline => Some(deadline),
-        _ => None,
+    let left = match &state.phase {
+        Phase::Promoting(p) => deadline.saturating_sub(now().saturating_sub(p.started_at)),
+        _ => deadline,
     };
+    let overdue = left.is_zero().then_some(deadline);
     let (step, epoch, outcome) = match action {
         Action::CompareAndSetLease {
             expected,
@@ -275,6 +279,7 @@ pub async fn drive<E: Executor>(
                 needed: shape.warm_needed(),
                 level: shape.sleep_level,
                 overdue,
+                left,
             };
             (Step::Wake, epoch, executor.wake(order).await)
         }

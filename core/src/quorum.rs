@@ -3,9 +3,9 @@
 //! both judge their pools by it, so a quorum bug shows in a rehearsal as it would on a cluster.
 //!
 //! One quorum per role. As the primary, a pool passes with the replicas it was routed at (the
-//! policy's `minServingFraction` of all of them, else a majority): the number a promotion moves
-//! the route at is the number the pool is judged by afterwards, so a new primary whose pilot light
-//! is still growing is not failed for replicas that are not due yet. As the standby, a pool passes
+//! policy's `minServingFraction` of all of them, else a majority, and never more than a majority):
+//! the number a promotion moves the route at is the number the pool is judged by afterwards, so a
+//! new primary whose pilot light is still growing is not failed for replicas that are not due yet. As the standby, a pool passes
 //! with a majority of the replicas that run while it waits: the hot and warm ones (a warm replica
 //! is asleep and counts as up: its round reports `Asleep`, which the state machine takes as a pass
 //! for a standby and a failure for a primary), not the pilot light, which runs only once a
@@ -101,14 +101,16 @@ impl Role {
 
 impl StandbyShape {
     /// How many of the pool's probed replicas must pass a round for the pool to pass in `role`.
-    /// The primary: its [`serving_quorum`](Self::serving_quorum), the count its route moved at.
-    /// The standby: a majority ([`serving_quorum`]) of the replicas that run while it waits; one
-    /// that is all pilot light still needs one replica, since a pool with nothing running cannot
-    /// be vouched for.
+    /// The primary: its [`serving_quorum`](Self::serving_quorum), the count its route moved at,
+    /// and never more than a majority of all its replicas: a share above one half says when a
+    /// promoted pool is worth routing to, and judging the primary by it would fail it over for
+    /// one replica restarting. The standby: a majority ([`serving_quorum`]) of the replicas that
+    /// run while it waits; one that is all pilot light still needs one replica, since a pool with
+    /// nothing running cannot be vouched for.
     #[must_use]
     pub fn round_quorum(&self, role: Role) -> u32 {
         match role {
-            Role::Primary => self.serving_quorum(),
+            Role::Primary => self.serving_quorum().min(serving_quorum(self.replicas)),
             Role::Standby => serving_quorum(self.replicas.saturating_sub(self.pilot_light)),
         }
     }
@@ -171,6 +173,13 @@ mod tests {
             west.round_quorum(Role::Primary),
             5,
             "no fraction: a majority of all"
+        );
+        let all = west.serving_at(Some(1.0));
+        assert_eq!(all.serving_quorum(), 8, "routed once all eight serve");
+        assert_eq!(
+            all.round_quorum(Role::Primary),
+            5,
+            "and judged by a majority: one restart is no failure"
         );
     }
 

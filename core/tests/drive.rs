@@ -282,6 +282,7 @@ fn wake(replicas: u32, needed: u32, level: SleepLevel) -> Call {
         needed,
         level,
         overdue: None,
+        left: DEADLINE,
     })
 }
 

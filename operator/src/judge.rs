@@ -3,7 +3,6 @@
 //! rounds, the standby's keeper and the AwaitServing step all judge by these.
 
 use futures::future::join_all;
-use understudy_prober::outcome::ProbeOutcome;
 use understudy_prober::probe::{self, Budget, Endpoint, Expectation, ProbeReport, ProbeSpec};
 
 use crate::crd::{ExpectMode, GoldenAnswer, ProbeExpect};
@@ -19,14 +18,9 @@ pub(crate) enum Judge {
     RecordFromPrimary,
 }
 
-/// The reports of those of `endpoints` that answer `spec`'s probe right within budget, probed
-/// at once.
-pub async fn passing(endpoints: &[Endpoint], spec: &ProbeSpec) -> Vec<ProbeReport> {
-    let reports = join_all(endpoints.iter().map(|e| probe::probe(e, spec))).await;
-    reports
-        .into_iter()
-        .filter(|report| matches!(report.outcome, ProbeOutcome::Ok { .. }))
-        .collect()
+/// Each of `endpoints`' answer to `spec`'s probe, probed at once.
+pub async fn probe_all(endpoints: &[Endpoint], spec: &ProbeSpec) -> Vec<ProbeReport> {
+    join_all(endpoints.iter().map(|e| probe::probe(e, spec))).await
 }
 
 /// What a replica's answer must be outside a probing round (before it is put to sleep, proven,

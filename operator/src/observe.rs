@@ -113,8 +113,8 @@ struct Tracked {
 #[derive(Debug, Default)]
 struct RoundResult {
     checks: Vec<Observation>,
-    /// Each pool probed this round: its replicas, and those of them that passed.
-    probed: Vec<(Pool, Vec<String>, Vec<String>)>,
+    /// Each pool probed this round: its replicas, and each one's outcome.
+    probed: Vec<(Pool, Vec<ProbeReport>)>,
     golden: Option<GoldenUpdate>,
     accepted: Option<Result<(), String>>,
     parity: Option<ParityStatus>,
@@ -291,12 +291,11 @@ impl ProbingObservations {
                     tracked.parity = parity;
                 }
                 tracked.rounds = tracked.rounds.max(plan.round + 1);
-                for (pool, running, passed) in probed {
+                for (pool, reports) in probed {
                     let known = tracked.passed[pool.index()].get_or_insert_with(BTreeSet::new);
-                    // A replica stays proven while it runs: the route keeps it, and the routers
-                    // eject it if it fails under them.
-                    known.retain(|replica| running.contains(replica));
-                    known.extend(passed);
+                    // A replica no longer running is routed no more.
+                    known.retain(|replica| reports.iter().any(|r| r.endpoint.authority() == *replica));
+                    note_reports(known, &reports);
                 }
                 // A spec tracked while the round ran may have changed what the round judged by.
                 if let Some(update) = update
@@ -493,17 +492,7 @@ impl ProbingObservations {
         }
         let probed = rounds
             .iter()
-            .map(|round| {
-                let replicas = |passed: bool| {
-                    round
-                        .reports
-                        .iter()
-                        .filter(|r| !passed || matches!(r.outcome, ProbeOutcome::Ok { .. }))
-                        .map(|r| r.endpoint.authority())
-                        .collect()
-                };
-                (round.pool, replicas(false), replicas(true))
-            })
+            .map(|round| (round.pool, round.reports.clone()))
             .collect();
         RoundResult {
             checks,
@@ -713,6 +702,24 @@ fn needs_acting_on(policy: &FailoverPolicy, checks: &[Observation]) -> bool {
         })
 }
 
+/// Keeps what probes of a pool's replicas found in `known`, the replicas that serve: each that
+/// passed joins it, and each that is asleep or refuses connections (its server is down or not up
+/// yet) leaves it. Any other failure leaves it where it was: the routers eject a replica that
+/// fails under them, and the pool's checks judge it.
+fn note_reports(known: &mut BTreeSet<String>, reports: &[ProbeReport]) {
+    for report in reports {
+        match report.outcome {
+            ProbeOutcome::Ok { .. } => {
+                known.insert(report.endpoint.authority());
+            }
+            ProbeOutcome::Asleep | ProbeOutcome::Refused => {
+                known.remove(&report.endpoint.authority());
+            }
+            _ => {}
+        }
+    }
+}
+
 /// The longest one router's `/signals` may take to answer.
 const SIGNALS_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -775,6 +782,15 @@ impl ProbeFindings for ProbingObservations {
         self.policies()
             .get(policy)
             .and_then(|tracked| tracked.passed[pool.index()].clone())
+    }
+
+    fn note_probed(&self, policy: &ObjectRef<FailoverPolicy>, pool: Pool, reports: &[ProbeReport]) {
+        if let Some(tracked) = self.policies().get_mut(policy) {
+            note_reports(
+                tracked.passed[pool.index()].get_or_insert_with(BTreeSet::new),
+                reports,
+            );
+        }
     }
 }
 
@@ -1067,6 +1083,23 @@ mod tests {
         set(&[&second]);
         one_round(&observations, &p).await;
         assert_eq!(observations.passed(&key, Pool::A), passed(&[&second]));
+        // A replica still listed whose server went down (connections refused) is forgotten too.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let down = Endpoint::new("127.0.0.1", listener.local_addr().unwrap().port());
+        drop(listener);
+        observations.note_probed(&key, Pool::A, &[probe::probe(&second, &probe_spec_of(&p)).await]);
+        let mut known = observations.passed(&key, Pool::A).unwrap();
+        known.insert(down.authority());
+        let reports = [probe::probe(&down, &probe_spec_of(&p)).await];
+        assert_eq!(reports[0].outcome, ProbeOutcome::Refused);
+        note_reports(&mut known, &reports);
+        assert_eq!(Some(known), passed(&[&second]));
+    }
+
+    /// The probe a round of `p` sends, taking any text.
+    fn probe_spec_of(p: &FailoverPolicy) -> ProbeSpec {
+        let timing = policy::validate(&p.spec).unwrap().probe;
+        probe_spec(&p.spec.probe, &timing, Expectation::NonEmpty)
     }
 
     #[test]

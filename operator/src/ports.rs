@@ -18,7 +18,7 @@ use kube::runtime::reflector::ObjectRef;
 pub use understudy_core::failover::Observation;
 use understudy_core::failover::Step;
 use understudy_core::{Epoch, Pool};
-use understudy_prober::probe::Endpoint;
+use understudy_prober::probe::{Endpoint, ProbeReport};
 
 use crate::crd::{FailoverPolicy, GoldenAnswer, ParityStatus, PoolSpec, WorkloadKind};
 use crate::parity::ServingConfig;
@@ -131,6 +131,10 @@ pub trait ProbeFindings: Send + Sync + fmt::Debug {
     fn passed(&self, _policy: &ObjectRef<FailoverPolicy>, _pool: Pool) -> Option<BTreeSet<String>> {
         None
     }
+
+    /// `reports` are probes of `policy`'s `pool` made outside a round (a promotion's
+    /// AwaitServing): what they found counts as a round's would for [`Self::passed`].
+    fn note_probed(&self, _policy: &ObjectRef<FailoverPolicy>, _pool: Pool, _reports: &[ProbeReport]) {}
 }
 
 /// Why a pool's replicas could not be found this round.

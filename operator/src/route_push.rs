@@ -118,14 +118,15 @@ impl RouterPush {
 
     /// The route that makes `pool` primary at `epoch`, with the endpoints of its running
     /// replicas that are known to pass the generating probe (`serving`; every running one when
-    /// nothing is known); `Err` says why there is none to push yet.
+    /// nothing is known), and every running replica's endpoint beside it; `Err` says why there is
+    /// none to push yet.
     async fn route_for(
         &self,
         policy: &FailoverPolicy,
         pool: &PoolSpec,
         epoch: Epoch,
         serving: Option<&BTreeSet<String>>,
-    ) -> Result<Route, String> {
+    ) -> Result<(Route, Vec<SocketAddr>), String> {
         let name = &pool.name;
         let namespace = policy.namespace().unwrap_or_default();
         let resolved = self
@@ -136,10 +137,14 @@ impl RouterPush {
         if resolved.is_empty() {
             return Err(format!("{name} has no running replica to route to yet"));
         }
+        let address = |e: &understudy_prober::probe::Endpoint| {
+            Some(SocketAddr::new(e.host.parse::<IpAddr>().ok()?, e.port))
+        };
+        let running: Vec<SocketAddr> = resolved.iter().filter_map(address).collect();
         let endpoints: Vec<SocketAddr> = resolved
             .iter()
             .filter(|e| serving.is_none_or(|serving| serving.contains(&e.authority())))
-            .filter_map(|e| Some(SocketAddr::new(e.host.parse::<IpAddr>().ok()?, e.port)))
+            .filter_map(address)
             .collect();
         if endpoints.is_empty() {
             return Err(format!(
@@ -148,14 +153,8 @@ impl RouterPush {
             ));
         }
         let models = self.served_models(&namespace, pool).await;
-        Ok(Route::for_pool(
-            &policy_key(policy),
-            &policy.spec,
-            name,
-            models,
-            endpoints,
-            epoch,
-        ))
+        let route = Route::for_pool(&policy_key(policy), &policy.spec, name, models, endpoints, epoch);
+        Ok((route, running))
     }
 
     /// The names `pool` answers to, from its template; while the template cannot be told (a
@@ -180,7 +179,7 @@ impl RouterPush {
             .route_for(request.policy, request.pool, request.epoch, request.serving)
             .await
         {
-            Ok(route) => route,
+            Ok((route, _)) => route,
             Err(reason) => return StepReport::NotYet { reason },
         };
         let routers = match self.routers.resolve().await {
@@ -211,11 +210,11 @@ impl RouterPush {
     /// Makes every router hold `request`'s route, asking each first and pushing only to those
     /// that lack it; one router's failure never keeps the route from the others.
     pub async fn keep_route(&self, request: RouteSyncRequest<'_>) -> RouteSyncReport {
-        let route = match self
+        let (route, running) = match self
             .route_for(request.policy, request.pool, request.epoch, request.serving)
             .await
         {
-            Ok(route) => route,
+            Ok(found) => found,
             Err(reason) => {
                 // Nothing to route to is not news between promotions; the next reconcile looks again.
                 tracing::debug!(%reason, "no route to keep on the routers yet");
@@ -229,11 +228,11 @@ impl RouterPush {
                 return RouteSyncReport::default();
             }
         };
-        let route = &route;
+        let (route, running) = (&route, running.as_slice());
         let kept = join_all(
             routers
                 .iter()
-                .map(|router| async move { (router, self.keep_on(router, route).await) }),
+                .map(|router| async move { (router, self.keep_on(router, route, running).await) }),
         )
         .await;
         for (router, sync) in &kept {
@@ -251,8 +250,9 @@ impl RouterPush {
         self.with_warnings(request.policy, |warnings| judge_sync(route, &kept, warnings, now))
     }
 
-    /// Asks `router` what it holds, and pushes `route` when that is not it.
-    async fn keep_on(&self, router: &RouterAdminUrl, route: &Route) -> RouterSync {
+    /// Asks `router` what it holds, and pushes `route` when that is not it. What it holds of the
+    /// same route and still `running` stays in it ([`keeping_held`]).
+    async fn keep_on(&self, router: &RouterAdminUrl, route: &Route, running: &[SocketAddr]) -> RouterSync {
         let held =
             match tokio::time::timeout(self.timeout, get_route(router, &self.token, &route.policy)).await {
                 Ok(Ok(held)) => held,
@@ -263,6 +263,7 @@ impl RouterPush {
                     });
                 }
             };
+        let route = &keeping_held(route, &held, running);
         let body = match plan(&held, route) {
             Plan::InPlace => return RouterSync::InPlace,
             Plan::Ahead { epoch, pool } => return RouterSync::Ahead { epoch, pool },
@@ -299,6 +300,28 @@ impl StepExecutor for RouterPush {
     fn keep_route<'a>(&'a self, request: RouteSyncRequest<'a>) -> BoxFuture<'a, RouteSyncReport> {
         Box::pin(RouterPush::keep_route(self, request))
     }
+}
+
+/// `route` with the endpoints a router already holds of it (the same policy, pool and epoch) that
+/// still run. Between promotions a route only grows as replicas pass: one that missed a round,
+/// or that a restarted operator has not seen pass yet, is not taken out of it; a replica leaves
+/// the route when its pod goes, and the routers eject one that fails under them.
+#[must_use]
+pub fn keeping_held(route: &Route, held: &RouterHolds, running: &[SocketAddr]) -> Route {
+    let mut route = route.clone();
+    if let Some(held) = &held.route
+        && held.policy == route.policy
+        && held.pool == route.pool
+        && held.epoch == route.epoch
+    {
+        for endpoint in &held.endpoints {
+            if running.contains(endpoint) && !route.endpoints.contains(endpoint) {
+                route.endpoints.push(*endpoint);
+            }
+        }
+        route.endpoints.sort_unstable();
+    }
+    route
 }
 
 /// What a router held, for a log line.
@@ -915,6 +938,31 @@ spec:
             requests[1].body["endpoints"],
             serde_json::json!(["10.0.0.1:8000", "10.0.0.2:8000"])
         );
+    }
+
+    #[test]
+    fn a_kept_route_keeps_what_a_router_holds_of_it_while_those_replicas_run() {
+        let a: SocketAddr = "10.0.0.1:8000".parse().unwrap();
+        let b: SocketAddr = "10.0.0.2:8000".parse().unwrap();
+        let c: SocketAddr = "10.0.0.3:8000".parse().unwrap();
+        let ours = west_at(3);
+        let mut route = ours.clone();
+        route.endpoints = vec![a];
+        let holding = |endpoints: Vec<SocketAddr>, epoch: u64| RouterHolds {
+            route: Some(Route {
+                endpoints,
+                epoch: Epoch(epoch),
+                ..ours.clone()
+            }),
+            highest: None,
+        };
+        // b missed this round (or a restarted operator has not seen it pass): it stays; c's pod
+        // is gone: it goes.
+        let kept = keeping_held(&route, &holding(vec![b, c], 3), &[a, b]);
+        assert_eq!(kept.endpoints, [a, b]);
+        // What a router holds at another epoch says nothing of this route.
+        let kept = keeping_held(&route, &holding(vec![b], 2), &[a, b]);
+        assert_eq!(kept.endpoints, [a]);
     }
 
     #[tokio::test]

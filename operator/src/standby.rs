@@ -15,8 +15,7 @@ use futures::future::join_all;
 use understudy_prober::outcome::ProbeOutcome;
 use understudy_prober::probe::{self, Endpoint, Expectation, ProbeSpec};
 use understudy_prober::sleep::{
-    ReplicaWake, WakeTimeouts, is_sleeping, put_to_sleep, sleep_level, wake_replica,
-    wake_replica_at_its_level,
+    ReplicaWake, WakeTimeouts, is_sleeping, put_to_sleep, sleep_level, wake_replica_at_its_level,
 };
 
 use crate::crd::{PoolSpec, Tier};
@@ -160,11 +159,15 @@ pub async fn keep(
             slot.1 -= 1;
         }
     }
-    // The last replicas in address order sleep; the first stay awake as the hot tier.
+    // The last replicas in address order sleep; the first stay awake as the hot tier. Never more
+    // than the warm tier, whatever the levels say.
     for endpoint in awake.iter().rev() {
         let Some(slot) = short.iter_mut().find(|(_, n)| *n > 0) else {
             break;
         };
+        if asleep.len() + kept.put_to_sleep.len() >= wanted {
+            break;
+        }
         let report = probe::probe(endpoint, &spec).await;
         if !matches!(report.outcome, ProbeOutcome::Ok { .. }) {
             let why = format!("its probe was {}", report.outcome.as_str());
@@ -182,29 +185,21 @@ pub async fn keep(
     Ok(kept)
 }
 
-/// Wakes the primary's replicas that still sleep: a promotion goes on once enough of its warm
-/// tier is awake, and one whose wake failed, or was still under way, is woken here between
-/// promotions so that it joins the route once it passes. A primary serves awake, so nothing else
-/// puts it to sleep. Each replica found asleep, with what became of its wake; none for a pool
+/// The primary's replicas that still sleep: a promotion goes on once enough of its warm tier is
+/// awake, and one whose wake failed, or is still under way, is found here between promotions and
+/// woken ([`understudy_prober::sleep::wake_replica_at_its_level`]) so that it joins the route
+/// once it passes. A primary serves awake, so nothing else puts it to sleep. None for a pool
 /// without a warm tier.
-pub async fn wake_sleeping(
+pub async fn still_asleep(
     pool: &PoolSpec,
     replicas: &dyn ReplicaEndpoints,
     namespace: &str,
     timeouts: WakeTimeouts,
-) -> Result<Vec<(String, ReplicaWake)>, Error> {
-    let shape = pool.standby_shape();
-    if shape.warm == 0 {
+) -> Result<Vec<Endpoint>, Error> {
+    if pool.standby_shape().warm == 0 {
         return Ok(Vec::new());
     }
-    let asleep = asleep(replicas, namespace, pool, timeouts).await?;
-    let woken = join_all(
-        asleep
-            .iter()
-            .map(|endpoint| wake_replica(endpoint, shape.sleep_level, timeouts)),
-    )
-    .await;
-    Ok(asleep.iter().map(ToString::to_string).zip(woken).collect())
+    asleep(replicas, namespace, pool, timeouts).await
 }
 
 /// `pool`'s replicas that say they are asleep, in address order.

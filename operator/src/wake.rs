@@ -9,6 +9,7 @@
 use std::time::Duration;
 
 use tokio::time::Instant;
+use understudy_core::drive::WakeOrder;
 use understudy_prober::probe::Endpoint;
 
 use crate::crd::PoolSpec;
@@ -126,15 +127,16 @@ pub struct Waking {
 /// Carries out the Wake step of `pool` by calling its replicas: each one asleep is woken at the
 /// level its metrics say it sleeps at (else the deepest its warm groups name), all at once, and
 /// timed, and the step is done once `needed` of its warm replicas are confirmed awake
-/// ([`judge`]), or with those awake once it is `overdue`.
+/// ([`judge`]), or with those awake once the promotion is overdue: it waits for the wakes no
+/// longer than the deadline.
 pub async fn wake_pool(
     replicas: &dyn ReplicaEndpoints,
     namespace: &str,
     pool: &PoolSpec,
     timeouts: WakeTimeouts,
-    needed: u32,
-    overdue: Option<Duration>,
+    order: &WakeOrder,
 ) -> Waking {
+    let (needed, overdue) = (order.needed, order.overdue);
     let name = &pool.name;
     let waiting = |reason: String| Waking {
         report: StepReport::NotYet { reason },
@@ -159,9 +161,10 @@ pub async fn wake_pool(
         return waiting(format!("{name} has no running replica to wake yet"));
     }
     let tolerated = usize::try_from(pool.standby_shape().warm.saturating_sub(needed)).unwrap_or(usize::MAX);
-    // Past the deadline nothing is waited for: the step is done with what is awake already.
-    let waits_for = if overdue.is_some() { usize::MAX } else { tolerated };
-    let wake = wake_enough(&endpoints, level, timeouts, waits_for).await;
+    // Not past the deadline, however long the wakes take; once past it, only as long as it takes
+    // to hear which replicas are awake already.
+    let patience = order.left.max(timeouts.query);
+    let wake = wake_enough(&endpoints, level, timeouts, tolerated, patience).await;
     for w in &wake.finished {
         tracing::debug!(pool = %name, endpoint = %w.endpoint, outcome = ?w.outcome, took = ?w.took, level = w.level, "wake");
     }

@@ -15,12 +15,15 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 use prober_support::{Emulator, MODEL};
+use understudy_core::drive::WakeOrder;
+use understudy_core::{Epoch, Pool};
 use understudy_operator::crd::{FailoverPolicy, GoldenAnswer};
-use understudy_operator::judge::{fixed_expectation, passing, probe_spec};
+use understudy_operator::judge::{fixed_expectation, probe_all, probe_spec};
 use understudy_operator::policy::validate;
 use understudy_operator::replicas::FixedReplicas;
 use understudy_operator::standby::{self, Kept, Sleep};
 use understudy_operator::workload::Workload;
+use understudy_prober::outcome::ProbeOutcome;
 use understudy_prober::probe::{Endpoint, Expectation, ProbeSpec};
 use understudy_prober::sleep::WakeTimeouts;
 
@@ -189,8 +192,18 @@ async fn each_warm_group_sleeps_at_its_own_level_and_is_woken_from_it() {
     // The promotion's Wake step reads each one's level and wakes it from that level.
     let replicas = FixedReplicas::default().with_pool("west", endpoints.clone());
     let pool = &policy.spec.pools[1];
+    let shape = pool.standby_shape();
+    let order = WakeOrder {
+        pool: Pool::B,
+        epoch: Epoch(1),
+        replicas: shape.warm,
+        needed: 2,
+        level: shape.sleep_level,
+        overdue: None,
+        left: Duration::from_secs(60),
+    };
     let waking =
-        understudy_operator::wake::wake_pool(&replicas, "serving", pool, WakeTimeouts::default(), 2, None)
+        understudy_operator::wake::wake_pool(&replicas, "serving", pool, WakeTimeouts::default(), &order)
             .await;
     let woken: Vec<(String, u8)> = waking
         .woken
@@ -278,11 +291,18 @@ async fn a_promoted_pool_serves_with_the_replicas_that_answer_right_not_the_ones
     replicas[0].inject("wrong-output");
     assert_eq!(replicas[1].post("/sleep?level=1", ""), 200);
 
+    let passing = async |spec: &ProbeSpec| {
+        let reports = probe_all(&endpoints, spec).await;
+        reports
+            .iter()
+            .filter(|r| matches!(r.outcome, ProbeOutcome::Ok { .. }))
+            .count()
+    };
     // All three are up and answer /health; one answers wrong and one sleeps.
-    assert_eq!(passing(&endpoints, &judged).await.len(), 1);
+    assert_eq!(passing(&judged).await, 1);
     // Before a golden answer exists any text counts, but a sleeping replica never does.
     let any_text = probe_of(&policy, Expectation::NonEmpty);
-    assert_eq!(passing(&endpoints, &any_text).await.len(), 2);
+    assert_eq!(passing(&any_text).await, 2);
 }
 
 /// Proves `west` once, after `after`.

@@ -12,12 +12,15 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 use prober_support::{Emulator, MODEL};
+use understudy_core::drive::WakeOrder;
+use understudy_core::{Epoch, Pool};
 use understudy_operator::crd::FailoverPolicy;
 use understudy_operator::ports::StepReport;
 use understudy_operator::replicas::FixedReplicas;
-use understudy_operator::standby::wake_sleeping;
+use understudy_operator::standby::still_asleep;
 use understudy_operator::wake::{ReplicaWake, WakeTimeouts, wake_pool};
 use understudy_prober::probe::Endpoint;
+use understudy_prober::sleep::wake_replica_at_its_level;
 
 const DEV_MODE: &[(&str, &str)] = &[("VLLM_SERVER_DEV_MODE", "1")];
 
@@ -103,33 +106,48 @@ async fn wake_needing(
 ) -> StepReport {
     let replicas = FixedReplicas::default().with_pool("west", endpoints);
     let pool = &policy.spec.pools[1];
-    wake_pool(
-        &replicas,
-        "serving",
-        pool,
-        WakeTimeouts::default(),
+    let order = wake_order(policy, needed, overdue);
+    wake_pool(&replicas, "serving", pool, WakeTimeouts::default(), &order)
+        .await
+        .report
+}
+
+/// The Wake step's order for promoting `west`: a minute before the deadline, or `overdue`.
+fn wake_order(policy: &FailoverPolicy, needed: u32, overdue: Option<Duration>) -> WakeOrder {
+    let shape = policy.spec.pools[1].standby_shape();
+    WakeOrder {
+        pool: Pool::B,
+        epoch: Epoch(1),
+        replicas: shape.warm,
         needed,
+        level: shape.sleep_level,
         overdue,
-    )
-    .await
-    .report
+        left: if overdue.is_some() {
+            Duration::ZERO
+        } else {
+            Duration::from_secs(60)
+        },
+    }
 }
 
 #[tokio::test]
-async fn between_promotions_a_primary_replica_left_asleep_is_woken() {
+async fn between_promotions_a_primary_replica_left_asleep_is_found_and_woken_from_its_level() {
     let awake = Emulator::ready(&["--enable-sleep-mode"], DEV_MODE);
     let left = Emulator::ready(&["--enable-sleep-mode"], DEV_MODE);
-    put_to_sleep(&left, 1);
+    put_to_sleep(&left, 2);
     let replicas =
         FixedReplicas::default().with_pool("west", vec![awake.endpoint.clone(), left.endpoint.clone()]);
+    // The pool's warm tier names level 1; the replica's own metrics say it sleeps at level 2.
     let policy = policy(&warm(1));
     let pool = &policy.spec.pools[1];
-    let woken = wake_sleeping(pool, &replicas, "serving", WakeTimeouts::default())
+    let asleep = still_asleep(pool, &replicas, "serving", WakeTimeouts::default())
         .await
         .unwrap();
-    assert_eq!(woken, [(left.endpoint.to_string(), ReplicaWake::Woken)]);
+    assert_eq!(asleep, std::slice::from_ref(&left.endpoint));
+    let woken = wake_replica_at_its_level(&asleep[0], 1, WakeTimeouts::default()).await;
+    assert_eq!(woken, (ReplicaWake::Woken, 2));
     assert!(!is_sleeping(&left));
-    let again = wake_sleeping(pool, &replicas, "serving", WakeTimeouts::default())
+    let again = still_asleep(pool, &replicas, "serving", WakeTimeouts::default())
         .await
         .unwrap();
     assert!(again.is_empty(), "{again:?}");
@@ -157,10 +175,14 @@ async fn the_step_goes_on_once_the_quorum_is_awake_and_a_hung_replica_is_left_wa
     );
     assert!(!is_sleeping(&healthy));
     // Needing both, the hung one holds the step until its call times out; past the promotion's
-    // deadline, the step is done at once with what is awake.
+    // deadline, the step waits only to hear who is awake, and is done with them.
     let note = done_note(wake_needing(&policy(&warm(1)), endpoints, 2, Some(Duration::from_secs(30))).await);
+    assert!(note.contains("1 were awake already"), "{note}");
     assert!(
-        note.contains("past the promotion's deadline of 30s, it goes on without 2"),
+        note.contains(&format!(
+            "past the promotion's deadline of 30s, it goes on without 1 ({} ",
+            hung.endpoint
+        )),
         "{note}"
     );
 }

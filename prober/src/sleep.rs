@@ -276,15 +276,17 @@ impl PoolWake<'_> {
 }
 
 /// Wakes every replica at once, each at the level its metrics say it sleeps at (else `level`,
-/// the deepest the pool's tiers name), and returns once every wake has finished, or as soon as no
-/// more than `tolerated` replicas are not awake: a promotion goes on once enough of its pool is
-/// awake, and the rest join its route when they pass.
+/// the deepest the pool's tiers name), and returns once every wake has finished, as soon as no
+/// more than `tolerated` replicas are not awake (a promotion goes on once enough of its pool is
+/// awake, and the rest join its route when they pass), or once `patience` has run out.
 pub async fn wake_enough(
     endpoints: &[Endpoint],
     level: u8,
     timeouts: WakeTimeouts,
     tolerated: usize,
+    patience: Duration,
 ) -> PoolWake<'_> {
+    let give_up = tokio::time::Instant::now() + patience;
     let mut waking: FuturesUnordered<_> = endpoints
         .iter()
         .enumerate()
@@ -304,7 +306,7 @@ pub async fn wake_enough(
     };
     // Dropping a task's handle leaves it running.
     while wake.not_awake() > tolerated
-        && let Some((i, joined)) = waking.next().await
+        && let Ok(Some((i, joined))) = tokio::time::timeout_at(give_up, waking.next()).await
     {
         let (outcome, took, level) = joined.unwrap_or_else(|error| {
             let failed = ReplicaWake::Failed(format!("its wake ended early: {error}"));

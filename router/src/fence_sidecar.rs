@@ -12,7 +12,7 @@
 //! another (`//`, `..`, percent-encoding) are refused (400).
 //!
 //! A generation already running when the pool loses the Lease is let finish: a planned move
-//! drains the old primary. One still running after the drain (`--drain-for`, the policy's
+//! drains the old primary. One still running after the drain (`--drain-ms`, the policy's
 //! `stream.drainFor`) is cut, and the gateway ends it for its client as its stream contract says
 //! (the retryable error event, or the rest from another endpoint).
 //!

@@ -21,7 +21,7 @@ use understudy_core::drive::{
 use understudy_core::{Epoch, Pool};
 use understudy_prober::outcome::ProbeOutcome;
 use understudy_prober::probe::{Endpoint, ProbeReport, ProbeSpec, probe_round};
-use understudy_prober::sleep::{ReplicaWake, WakeTimeouts, wake_enough};
+use understudy_prober::sleep::{ReplicaWake, WakeTimeouts, wake_enough, wake_replica_at_its_level};
 
 use super::http::exchange;
 use super::lock;
@@ -241,9 +241,19 @@ impl ProcessExecutor<'_> {
         outcome
     }
 
-    /// The replicas of `pool` that answer a generating probe right now.
+    /// The replicas of `pool` that answer a generating probe right now. One that says it is
+    /// asleep (a wake the promotion went on without, or one that failed) is woken again on a task
+    /// of its own; one whose wake is still under way is not called twice.
     pub async fn passing(&self, pool: Pool) -> Vec<SocketAddr> {
-        passed(&probe_round(&self.endpoints(pool), self.probe, 0, 0, Duration::ZERO).await)
+        let reports = probe_round(&self.endpoints(pool), self.probe, 0, 0, Duration::ZERO).await;
+        for report in reports.iter().filter(|r| r.outcome == ProbeOutcome::Asleep) {
+            let endpoint = report.endpoint.clone();
+            tokio::spawn(async move {
+                // Its own metrics say its level; the deepest wake otherwise, which serves both.
+                wake_replica_at_its_level(&endpoint, 2, WakeTimeouts::default()).await;
+            });
+        }
+        passed(&reports)
     }
 
     /// Marks the first token of each started or woken replica among `passed` that has none yet.
@@ -365,12 +375,11 @@ impl Executor for ProcessExecutor<'_> {
         // Once as many are awake as the serving quorum needs, the step goes on and the rest wake
         // on their own; past the deadline it goes on with what is awake.
         let tolerated = usize::try_from(order.replicas - order.needed).unwrap_or(usize::MAX);
-        let waits_for = if order.overdue.is_some() {
-            usize::MAX
-        } else {
-            tolerated
-        };
-        let wake = wake_enough(&endpoints, order.level, WakeTimeouts::default(), waits_for).await;
+        // Not past the deadline, however long the wakes take; once past it, only as long as it
+        // takes to hear which replicas are awake already.
+        let timeouts = WakeTimeouts::default();
+        let patience = order.left.max(timeouts.query);
+        let wake = wake_enough(&endpoints, order.level, timeouts, tolerated, patience).await;
         let took = began.elapsed();
         for w in &wake.finished {
             if w.outcome == ReplicaWake::Woken {

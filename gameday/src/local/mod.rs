@@ -545,9 +545,10 @@ async fn failover_logic(logic: Arc<Logic>, start: Instant, mut stopped: watch::R
 /// a planned move waits out its drain first. A pool no longer the standby is left as it is.
 async fn put_standby_to_sleep(logic: Arc<Logic>, start: Instant) {
     let shape = logic.shapes[Pool::B.index()];
-    if lock(&logic.state).primary != Pool::A {
-        return;
-    }
+    let still_the_standby = || {
+        let state = lock(&logic.state);
+        state.primary == Pool::A && state.pending_action().is_none()
+    };
     let warm: Vec<SocketAddr> = lock(&logic.pools)[Pool::B.index()]
         .replicas
         .iter()
@@ -557,6 +558,10 @@ async fn put_standby_to_sleep(logic: Arc<Logic>, start: Instant) {
     let mut slept = Vec::new();
     let mut failed = Vec::new();
     for addr in warm {
+        // A promotion of b that began meanwhile has woken these: they stay awake.
+        if !still_the_standby() {
+            break;
+        }
         let endpoint = Endpoint::new(addr.ip().to_string(), addr.port());
         match understudy_prober::sleep::put_to_sleep(&endpoint, shape.sleep_level, WakeTimeouts::default())
             .await
@@ -751,7 +756,7 @@ async fn carry_out(logic: &Logic, start: Instant, mut state: FailoverState) {
                 } else {
                     Duration::ZERO
                 };
-                *lock(&logic.reshape_at) = Some(start.elapsed() + drain);
+                *lock(&logic.reshape_at) = start.elapsed().checked_add(drain);
             }
             let mut journal = lock(&logic.journal);
             let notes = std::mem::take(&mut journal.notes);

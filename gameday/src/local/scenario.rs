@@ -549,6 +549,9 @@ impl Scenario {
         let detection = interval * self.policy.promote_after + timeout;
         let promotion_deadline = promotion_deadline(objective, detection, interval);
         let drain_for = parse_duration("policy.drainFor", &self.policy.drain_for)?;
+        if drain_for > MAX_DURATION {
+            return Err(invalid("policy.drainFor", "must be at most 10m"));
+        }
         if let Some(fraction) = self.policy.min_serving_fraction
             && !(fraction > 0.0 && fraction <= 1.0)
         {

@@ -9,7 +9,7 @@ use std::time::Duration;
 use kube::Client;
 use kube::runtime::reflector::ObjectRef;
 use understudy_core::Pool;
-use understudy_prober::probe::Expectation;
+use understudy_prober::probe::{Expectation, ProbeReport};
 
 use crate::crd::FailoverPolicy;
 use crate::judge::fixed_expectation;
@@ -96,6 +96,13 @@ impl Context {
     /// rounds found them; `None` while nothing is known.
     pub(crate) fn passed(&self, policy: &FailoverPolicy, pool: Pool) -> Option<BTreeSet<String>> {
         self.findings.as_ref()?.passed(&ObjectRef::from_obj(policy), pool)
+    }
+
+    /// Keeps what probes of `policy`'s `pool` made outside a round found, for [`Self::passed`].
+    pub(crate) fn note_probed(&self, policy: &FailoverPolicy, pool: Pool, reports: &[ProbeReport]) {
+        if let Some(findings) = &self.findings {
+            findings.note_probed(&ObjectRef::from_obj(policy), pool, reports);
+        }
     }
 
     #[must_use]

@@ -55,7 +55,6 @@ pub(super) async fn execute(
         wrote_ahead: false,
         woken: Vec::new(),
         first_tokens: Vec::new(),
-        serving: None,
     };
     let mut executed = Executed {
         lease_now: executor.lease_now.clone(),

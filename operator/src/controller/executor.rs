@@ -13,21 +13,20 @@
 //!
 //! It must never write after losing the compare-and-set, and never claim a call it did not make.
 
-use std::collections::BTreeSet;
-
 use understudy_core::Pool;
 use understudy_core::drive::{
     Completion, Executor, LeaseClaim, ScaleOrder, ServingOrder, StepOutcome, Target, WakeOrder,
 };
 use understudy_core::failover::Step;
 use understudy_core::recovery::Stage;
-use understudy_prober::probe::Expectation;
-use understudy_prober::sleep::WakeTimeouts;
+use understudy_prober::outcome::ProbeOutcome;
+use understudy_prober::probe::{Expectation, ProbeReport};
+use understudy_prober::sleep::{WakeTimeouts, wake_replica_at_its_level};
 
 use super::context::Context;
 use super::error::Error;
 use crate::crd::{ColdStartBreakdown, FailoverPolicy, FailoverPolicyStatus, PoolSpec};
-use crate::judge::{passing, probe_spec};
+use crate::judge::{probe_all, probe_spec};
 use crate::lease::{EpochLease, KubeLease, LeaseError, LeaseRecord};
 use crate::policy::{pool_name, validate};
 use crate::ports::ReplicaEndpoints;
@@ -70,8 +69,6 @@ pub(super) struct KubeExecutor<'a> {
     pub woken: Vec<(Pool, Woken)>,
     /// The first token of each woken replica, once a probe of it passed.
     pub first_tokens: Vec<(String, std::time::Duration)>,
-    /// The replicas (`host:port`) AwaitServing found passing in this reconcile, and their pool.
-    pub serving: Option<(Pool, BTreeSet<String>)>,
 }
 
 type Outcome = StepOutcome<Waiting>;
@@ -117,7 +114,22 @@ impl<'a> KubeExecutor<'a> {
             }
         };
         let sent = tokio::time::Instant::now();
-        let passed = passing(&endpoints, &spec).await;
+        let reports = probe_all(&endpoints, &spec).await;
+        // What they found is what the route holds, this reconcile and the ones after.
+        self.ctx.note_probed(self.policy, order.pool, &reports);
+        // A replica still asleep (its wake went on without it, or failed) is woken again; one
+        // whose wake is still under way is not called twice.
+        let level = pool.standby_shape().sleep_level;
+        for report in reports.iter().filter(|r| r.outcome == ProbeOutcome::Asleep) {
+            let endpoint = report.endpoint.clone();
+            tokio::spawn(async move {
+                wake_replica_at_its_level(&endpoint, level, WakeTimeouts::default()).await;
+            });
+        }
+        let passed: Vec<&ProbeReport> = reports
+            .iter()
+            .filter(|r| matches!(r.outcome, ProbeOutcome::Ok { .. }))
+            .collect();
         for report in &passed {
             let (Some(woken), Some(first_token)) = (
                 self.woken.iter().find(|(_, w)| w.endpoint == report.endpoint),
@@ -134,8 +146,6 @@ impl<'a> KubeExecutor<'a> {
         let passing = passed.len();
         let enough = passing >= order.quorum as usize;
         if enough || (passing > 0 && order.overdue.is_some()) {
-            let serving = passed.iter().map(|report| report.endpoint.authority()).collect();
-            self.serving = Some((order.pool, serving));
             let mut note = format!(
                 "{passing} of {} replicas of {} answered the generating probe right",
                 order.replicas, pool.name
@@ -175,7 +185,7 @@ impl<'a> KubeExecutor<'a> {
 
     /// Hands a step to the components behind [`StepExecutor`](super::StepExecutor).
     async fn carry(&self, step: Step, target: Target) -> Outcome {
-        let serving = self.serving_of(target.pool);
+        let serving = self.ctx.passed(self.policy, target.pool);
         let request = StepRequest {
             policy: self.policy,
             step,
@@ -185,17 +195,6 @@ impl<'a> KubeExecutor<'a> {
             overdue: target.overdue,
         };
         outcome_of(self.ctx.steps.carry_out(request).await)
-    }
-
-    /// The replicas of `pool` known to pass: those the probing rounds found, and those
-    /// AwaitServing found in this reconcile; `None` when neither knows any.
-    fn serving_of(&self, pool: Pool) -> Option<BTreeSet<String>> {
-        let found = self.ctx.passed(self.policy, pool);
-        let here = self.serving.as_ref().filter(|(p, _)| *p == pool).map(|(_, s)| s);
-        match (found, here) {
-            (Some(found), Some(here)) => Some(found.union(here).cloned().collect()),
-            (found, here) => found.or_else(|| here.cloned()),
-        }
     }
 
     /// The breakdowns of the replicas this reconcile woke: each one's wake at its level, and its
@@ -327,8 +326,7 @@ impl Executor for KubeExecutor<'_> {
             self.namespace,
             pool,
             WakeTimeouts::default(),
-            order.needed,
-            order.overdue,
+            &order,
         )
         .await;
         self.woken

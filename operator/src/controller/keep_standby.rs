@@ -8,7 +8,7 @@ use kube::{Resource, ResourceExt};
 use understudy_core::Pool;
 use understudy_core::failover::{CheckResult, Input};
 use understudy_prober::probe::Expectation;
-use understudy_prober::sleep::WakeTimeouts;
+use understudy_prober::sleep::{ReplicaWake, WakeTimeouts, wake_replica_at_its_level};
 
 use super::context::Context;
 use super::run::Run;
@@ -44,11 +44,13 @@ pub(super) async fn keep_standby_between_promotions(
         return;
     }
     keep_primary_awake(ctx, policy, namespace, primary).await;
+    // The clock now, not the reconcile's start: the promotion may have finished in this reconcile.
+    let now = ctx.shell.clock.now();
     if let Some(drained_at) = drained_at(policy, run, validated)
-        && run.now < drained_at
+        && now < drained_at
     {
         tracing::info!(
-            %namespace, policy = %policy.name_any(), left = ?drained_at - run.now,
+            %namespace, policy = %policy.name_any(), left = ?drained_at - now,
             "the old primary drains its streams before it is put into its standby shape"
         );
         return;
@@ -80,42 +82,48 @@ fn drained_at(policy: &FailoverPolicy, run: &Run<'_>, validated: &ValidatedPolic
             .fault_seen_at
             .is_none(),
     };
-    planned.then_some(run.machine.last_transition_end? + validated.drain_for)
+    (planned && !validated.drain_for.is_zero())
+        .then(|| run.machine.last_transition_end?.checked_add(validated.drain_for))
+        .flatten()
 }
 
-/// Wakes the primary's replicas a promotion went on without ([`standby::wake_sleeping`]): a
-/// Normal Event names those woken; one that does not wake is logged and tried again next time.
+/// Wakes the primary's replicas a promotion went on without ([`standby::still_asleep`]), each on
+/// a task of its own, so that a slow wake (a level-2 reload) holds up no reconcile: a Normal
+/// Event names each one once it is awake; one that does not wake is logged and found again next
+/// time. A wake still under way is never started twice.
 async fn keep_primary_awake(ctx: &Context, policy: &FailoverPolicy, namespace: &str, primary: Pool) {
     let (Some(replicas), Some(pool)) = (&ctx.replicas, policy.spec.pools.get(primary.index())) else {
         return;
     };
-    let found = standby::wake_sleeping(pool, replicas.as_ref(), namespace, WakeTimeouts::default()).await;
-    let asleep = match found {
+    let timeouts = WakeTimeouts::default();
+    let asleep = match standby::still_asleep(pool, replicas.as_ref(), namespace, timeouts).await {
         Ok(asleep) => asleep,
         Err(error) => {
             tracing::warn!(%namespace, policy = %policy.name_any(), primary = %pool.name, %error, "could not find the primary's sleeping replicas");
             return;
         }
     };
-    let (woken, not): (Vec<_>, Vec<_>) = asleep.into_iter().partition(|(_, wake)| wake.is_awake());
-    for (replica, wake) in &not {
-        tracing::info!(%namespace, policy = %policy.name_any(), primary = %pool.name, %replica, ?wake, "a primary replica still sleeps");
-    }
-    if !woken.is_empty() {
-        let names: Vec<String> = woken.into_iter().map(|(replica, _)| replica).collect();
-        let event = KubeEvent {
-            type_: EventType::Normal,
-            reason: "PrimaryWoken".to_owned(),
-            note: Some(format!(
-                "woke {} of primary {}, still asleep after the promotion went on without it; it joins \
-                 the route once it passes",
-                names.join(", "),
-                pool.name
-            )),
-            action: "Wake".to_owned(),
-            secondary: None,
-        };
-        send(&ctx.shell, &policy.object_ref(&()), &event).await;
+    let level = pool.standby_shape().sleep_level;
+    for endpoint in asleep {
+        let (shell, reference, pool_name) = (ctx.shell.clone(), policy.object_ref(&()), pool.name.clone());
+        tokio::spawn(async move {
+            let (woken, level) = wake_replica_at_its_level(&endpoint, level, timeouts).await;
+            if woken != ReplicaWake::Woken {
+                tracing::info!(primary = %pool_name, replica = %endpoint, ?woken, "a primary replica still sleeps");
+                return;
+            }
+            let event = KubeEvent {
+                type_: EventType::Normal,
+                reason: "PrimaryWoken".to_owned(),
+                note: Some(format!(
+                    "woke {endpoint} of primary {pool_name} from sleep level {level}: the promotion went \
+                     on without it; it joins the route once it passes"
+                )),
+                action: "Wake".to_owned(),
+                secondary: None,
+            };
+            send(&shell, &reference, &event).await;
+        });
     }
 }
 
