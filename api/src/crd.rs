@@ -134,7 +134,8 @@ pub struct FailoverPolicySpec {
     pub recovery_objective: GoDuration,
 
     /// The share of the promoted pool's replicas that must pass generating probes before the
-    /// pool is routed, the share the primary must keep passing with afterwards, and the share
+    /// pool is routed, the share the primary must keep passing with afterwards (up to a
+    /// majority: more would fail a primary over for one replica restarting), and the share
     /// `recoveryObjective` is judged at, e.g. `0.5`: with four warm and four pilot-light
     /// replicas, the route moves when the four warm answer, admission control shields them, and
     /// the pilot light joins the route as each replica passes. Defaults to a majority.

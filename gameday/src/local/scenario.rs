@@ -202,8 +202,8 @@ pub struct LocalPolicy {
     #[serde(default = "no_dwell")]
     pub min_dwell: String,
     /// The FailoverPolicy's `minServingFraction`: the share of the promoted pool that must pass
-    /// before it is routed, and that it must keep passing with as the primary. A majority when
-    /// absent.
+    /// before it is routed, and that it must keep passing with as the primary (up to a majority).
+    /// A majority when absent.
     #[serde(default)]
     pub min_serving_fraction: Option<f64>,
     /// The FailoverPolicy's `recoveryObjective`: what is left of it after a hang's detection is
