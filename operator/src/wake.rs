@@ -29,27 +29,14 @@ pub fn warm_sleep_level(pool: &PoolSpec) -> Option<u8> {
 
 pub use understudy_prober::sleep::{
     DEFAULT_QUERY_TIMEOUT, DEFAULT_WAKE_TIMEOUT, PoolWake, ReplicaWake, WakeTimeouts, wake_enough,
-    wake_replica,
+    wake_replica, went_on_without,
 };
 
 /// What a wake means for the Wake step of `pool`: done once no more than `tolerated` replicas
 /// are not awake, or whatever is awake once the promotion is `overdue`.
 #[must_use]
 pub fn judge(pool: &str, wake: &PoolWake<'_>, tolerated: usize, overdue: Option<Duration>) -> StepReport {
-    let mut behind: Vec<String> = wake
-        .finished
-        .iter()
-        .filter_map(|w| match &w.outcome {
-            ReplicaWake::StillAsleep => Some(format!("{} still reports itself asleep", w.endpoint)),
-            ReplicaWake::Failed(why) => Some(format!("{}: {why}", w.endpoint)),
-            _ => None,
-        })
-        .collect();
-    behind.extend(
-        wake.still_waking
-            .iter()
-            .map(|endpoint| format!("{endpoint} is still waking")),
-    );
+    let behind = wake.behind();
     let replicas = wake.finished.len() + wake.still_waking.len();
     if behind.len() > tolerated && overdue.is_none() {
         return StepReport::NotYet {
@@ -87,18 +74,8 @@ pub fn judge(pool: &str, wake: &PoolWake<'_>, tolerated: usize, overdue: Option<
             "; {no_api} have no sleep API (VLLM_SERVER_DEV_MODE is off), so they cannot have slept"
         ));
     }
-    if !behind.is_empty() {
-        let why = match overdue {
-            Some(deadline) if behind.len() > tolerated => {
-                format!("past the promotion's deadline of {deadline:?}, it goes on without")
-            }
-            _ => "enough are awake for the serving quorum; it goes on without".to_owned(),
-        };
-        note.push_str(&format!(
-            "; {why} {} ({}), which join the route when they pass",
-            behind.len(),
-            behind.join("; ")
-        ));
+    if let Some(without) = went_on_without(&behind, tolerated, overdue) {
+        note.push_str(&format!("; {without}"));
     }
     StepReport::Done {
         carried_by: CARRIED_BY,

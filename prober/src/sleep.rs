@@ -273,6 +273,47 @@ impl PoolWake<'_> {
     pub fn not_awake(&self) -> usize {
         self.still_waking.len() + self.finished.iter().filter(|w| !w.outcome.is_awake()).count()
     }
+
+    /// Each replica not known to be awake, and why, as a step's note names it.
+    #[must_use]
+    pub fn behind(&self) -> Vec<String> {
+        let mut behind: Vec<String> = self
+            .finished
+            .iter()
+            .filter_map(|w| match &w.outcome {
+                ReplicaWake::StillAsleep => Some(format!("{} still reports itself asleep", w.endpoint)),
+                ReplicaWake::Failed(why) => Some(format!("{}: {why}", w.endpoint)),
+                _ => None,
+            })
+            .collect();
+        behind.extend(
+            self.still_waking
+                .iter()
+                .map(|endpoint| format!("{endpoint} is still waking")),
+        );
+        behind
+    }
+}
+
+/// What a Wake step's note says of the replicas it went on without (`behind`, [`PoolWake::behind`]):
+/// enough were awake for the quorum, which spares `tolerated`, or the promotion was `overdue`.
+/// `None` when it went on without none.
+#[must_use]
+pub fn went_on_without(behind: &[String], tolerated: usize, overdue: Option<Duration>) -> Option<String> {
+    if behind.is_empty() {
+        return None;
+    }
+    let why = match overdue {
+        Some(deadline) if behind.len() > tolerated => {
+            format!("past the promotion's deadline of {deadline:?},")
+        }
+        _ => "enough are awake for the serving quorum;".to_owned(),
+    };
+    Some(format!(
+        "{why} it goes on without {} ({}), which join the route when they pass",
+        behind.len(),
+        behind.join("; ")
+    ))
 }
 
 /// Wakes every replica at once, each at the level its metrics say it sleeps at (else `level`,

@@ -21,7 +21,9 @@ use understudy_core::drive::{
 use understudy_core::{Epoch, Pool};
 use understudy_prober::outcome::ProbeOutcome;
 use understudy_prober::probe::{Endpoint, ProbeReport, ProbeSpec, probe_round};
-use understudy_prober::sleep::{ReplicaWake, WakeTimeouts, wake_enough, wake_replica_at_its_level};
+use understudy_prober::sleep::{
+    ReplicaWake, WakeTimeouts, wake_enough, wake_replica_at_its_level, went_on_without,
+};
 
 use super::http::exchange;
 use super::lock;
@@ -393,17 +395,7 @@ impl Executor for ProcessExecutor<'_> {
             .iter()
             .filter(|w| w.outcome == ReplicaWake::Woken)
             .count();
-        let mut not_awake: Vec<String> = wake
-            .finished
-            .iter()
-            .filter(|w| !w.outcome.is_awake())
-            .map(|w| format!("{}:{} {:?}", w.endpoint.host, w.endpoint.port, w.outcome))
-            .collect();
-        not_awake.extend(
-            wake.still_waking
-                .iter()
-                .map(|e| format!("{}:{} still waking", e.host, e.port)),
-        );
+        let not_awake = wake.behind();
         if not_awake.len() > tolerated && order.overdue.is_none() {
             return StepOutcome::NotYet(format!("not yet awake: {}", not_awake.join("; ")));
         }
@@ -413,18 +405,8 @@ impl Executor for ProcessExecutor<'_> {
             order.level,
             took.as_secs_f64() * 1e3
         );
-        if !not_awake.is_empty() {
-            let why = match order.overdue {
-                Some(deadline) if not_awake.len() > tolerated => {
-                    format!("past the promotion's deadline of {deadline:?}")
-                }
-                _ => "enough are awake for the serving quorum".to_owned(),
-            };
-            note.push_str(&format!(
-                "; {why}, it goes on without {} ({}), which join the route when they pass",
-                not_awake.len(),
-                not_awake.join("; ")
-            ));
+        if let Some(without) = went_on_without(&not_awake, tolerated, order.overdue) {
+            note.push_str(&format!("; {without}"));
         }
         done(note)
     }
