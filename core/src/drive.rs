@@ -84,7 +84,8 @@ pub struct WakeOrder {
     /// quorum needs beyond its hot replicas. The rest go on waking and join the route when they
     /// pass.
     pub needed: u32,
-    /// The deepest level they sleep at: after level 2 the weights are reloaded too.
+    /// The deepest level they sleep at (after level 2 the weights are reloaded too): each is woken
+    /// at the level its own metrics say, and at this one when they do not.
     pub level: SleepLevel,
     /// The promotion's deadline, once it has passed: done with the replicas that are awake.
     pub overdue: Option<Duration>,

@@ -47,7 +47,7 @@ use understudy_prober::parity::flags::{FlagPolicy, flags_fingerprint};
 use understudy_prober::parity::runtime::runtime_fingerprint;
 use understudy_prober::probe::{Endpoint, Expectation, GOLDEN_PREFIX_CHARS, ProbeSpec, probe_round};
 use understudy_prober::report::PoolRound;
-use understudy_prober::sleep::{WakeTimeouts, wake_replica};
+use understudy_prober::sleep::{WakeTimeouts, wake_replica_at_its_level};
 use understudy_router::admission::Priority;
 
 use self::executor::{LogicLease, PoolAddrs, ProcessExecutor, Routed, RouterAdmin, pool_name};
@@ -597,7 +597,7 @@ fn keep_primary_awake(logic: &Logic) {
     for addr in lock(&logic.pools)[primary.index()].replicas.clone() {
         let endpoint = Endpoint::new(addr.ip().to_string(), addr.port());
         tokio::spawn(async move {
-            wake_replica(&endpoint, shape.sleep_level, WakeTimeouts::default()).await;
+            wake_replica_at_its_level(&endpoint, shape.sleep_level, WakeTimeouts::default()).await;
         });
     }
 }
