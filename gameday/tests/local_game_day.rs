@@ -39,6 +39,15 @@ fn routed_to(report: &RunReport, pool: &str) -> Vec<usize> {
         .collect()
 }
 
+/// Each run of a scenario with several, one after another.
+async fn run_plan(text: &str) -> Vec<RunReport> {
+    let mut reports = Vec::new();
+    for checked in &Scenario::plan(text).unwrap().runs {
+        reports.push(run(checked, &options()).await.unwrap());
+    }
+    reports
+}
+
 async fn run_scenario(text: &str) -> RunReport {
     let checked = Scenario::parse(text).unwrap();
     run(&checked, &options()).await.unwrap()
@@ -153,13 +162,9 @@ async fn seed_000_loses_requests_active_passive_about_one_active_active_and_none
     let short = SEED_000
         .replace("duration: 30s", "duration: 7s")
         .replace("{at: 10s, fault: crash", "{at: 3s, fault: crash");
-    let plan = Scenario::plan(&short).unwrap();
-    let names: Vec<&str> = plan.runs.iter().map(|r| r.scenario.name.as_str()).collect();
+    let reports = run_plan(&short).await;
+    let names: Vec<&str> = reports.iter().map(|r| r.name.as_str()).collect();
     assert_eq!(names, ["active-passive", "active-active", "understudy"]);
-    let mut reports = Vec::new();
-    for checked in &plan.runs {
-        reports.push(run(checked, &options()).await.unwrap());
-    }
     let [passive, active, understudy] = &reports[..] else {
         unreachable!()
     };
@@ -192,11 +197,7 @@ async fn a_switchover_and_a_failback_under_streaming_load_cut_no_stream_when_the
         .replace("{at: 12s, command: failback}", "{at: 6s, command: failback}")
         .replace("maxTokens: [200, 400]", "maxTokens: [100, 200]")
         .replace("drainFor: 10s", "drainFor: 8s");
-    let plan = Scenario::plan(&short).unwrap();
-    let mut reports = Vec::new();
-    for checked in &plan.runs {
-        reports.push(run(checked, &options()).await.unwrap());
-    }
+    let reports = run_plan(&short).await;
     let [drained, cut] = &reports[..] else {
         panic!("two runs: {reports:#?}")
     };
@@ -232,11 +233,7 @@ async fn after_a_promotion_admission_control_sheds_batch_work_first_and_without_
         .replace("duration: 30s", "duration: 8s")
         .replace("{at: 10s, fault: crash", "{at: 3s, fault: crash")
         .replace(", interactiveStormTtftWithin: 2.0", "");
-    let plan = Scenario::plan(&short).unwrap();
-    let mut reports = Vec::new();
-    for checked in &plan.runs {
-        reports.push(run(checked, &options()).await.unwrap());
-    }
+    let reports = run_plan(&short).await;
     let [without, with] = &reports[..] else {
         unreachable!()
     };
@@ -437,10 +434,8 @@ async fn a_flapping_primary_keeps_its_standby_under_manual_failback_and_gets_the
         .replace("minDwell: 5s", "minDwell: 2s")
         .replace("expect: {failovers: 1}", "expect: {}")
         .replace("expect: {failovers: 4}", "expect: {}");
-    let plan = Scenario::plan(&short).unwrap();
     let mut kinds = Vec::new();
-    for checked in &plan.runs {
-        let report = run(checked, &options()).await.unwrap();
+    for report in run_plan(&short).await {
         assert_eq!(report.verdict, Verdict::Passed, "{report:#?}");
         kinds.push(
             report

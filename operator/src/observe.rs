@@ -104,6 +104,8 @@ struct Tracked {
     /// Each pool's replicas (`host:port`) that have passed a generating probe and still run, by
     /// [`Pool::index`]; `None` before the pool's first round.
     passed: [Option<BTreeSet<String>>; 2],
+    /// Each pool's replicas that said they were asleep in its last round.
+    asleep: [Vec<Endpoint>; 2],
     rounds: u64,
     next_round: Instant,
     in_flight: bool,
@@ -294,8 +296,14 @@ impl ProbingObservations {
                 for (pool, reports) in probed {
                     let known = tracked.passed[pool.index()].get_or_insert_with(BTreeSet::new);
                     // A replica no longer running is routed no more.
-                    known.retain(|replica| reports.iter().any(|r| r.endpoint.authority() == *replica));
+                    let running: BTreeSet<String> = reports.iter().map(|r| r.endpoint.authority()).collect();
+                    known.retain(|replica| running.contains(replica));
                     note_reports(known, &reports);
+                    tracked.asleep[pool.index()] = reports
+                        .into_iter()
+                        .filter(|r| r.outcome == ProbeOutcome::Asleep)
+                        .map(|r| r.endpoint)
+                        .collect();
                 }
                 // A spec tracked while the round ran may have changed what the round judged by.
                 if let Some(update) = update
@@ -490,15 +498,16 @@ impl ProbingObservations {
         if let Some(holds) = parity.as_ref().and_then(parity::holds) {
             checks.push(Observation::Parity { holds });
         }
+        let accepted = (!rounds.is_empty()).then(|| rejected.map_or(Ok(()), Err));
         let probed = rounds
-            .iter()
-            .map(|round| (round.pool, round.reports.clone()))
+            .into_iter()
+            .map(|round| (round.pool, round.reports))
             .collect();
         RoundResult {
             checks,
             probed,
             golden,
-            accepted: (!rounds.is_empty()).then(|| rejected.map_or(Ok(()), Err)),
+            accepted,
             parity,
         }
     }
@@ -784,6 +793,13 @@ impl ProbeFindings for ProbingObservations {
             .and_then(|tracked| tracked.passed[pool.index()].clone())
     }
 
+    fn asleep(&self, policy: &ObjectRef<FailoverPolicy>, pool: Pool) -> Vec<Endpoint> {
+        self.policies()
+            .get(policy)
+            .map(|tracked| tracked.asleep[pool.index()].clone())
+            .unwrap_or_default()
+    }
+
     fn note_probed(&self, policy: &ObjectRef<FailoverPolicy>, pool: Pool, reports: &[ProbeReport]) {
         if let Some(tracked) = self.policies().get_mut(policy) {
             note_reports(
@@ -847,6 +863,7 @@ impl ObservationSource for ProbingObservations {
                         probe_accepted: None,
                         parity: None,
                         passed: [None, None],
+                        asleep: [Vec::new(), Vec::new()],
                         rounds: 0,
                         next_round: Instant::now(),
                         in_flight: false,
@@ -1066,6 +1083,7 @@ mod tests {
             None,
             "nothing known before a round"
         );
+        assert!(observations.asleep(&key, Pool::A).is_empty());
         let set = |replicas: &[&Endpoint]| {
             *changing.0.lock().unwrap() = replicas.iter().map(|e| (*e).clone()).collect();
         };
@@ -1083,6 +1101,15 @@ mod tests {
         set(&[&second]);
         one_round(&observations, &p).await;
         assert_eq!(observations.passed(&key, Pool::A), passed(&[&second]));
+        // One that says it is asleep is named as asleep, for the keeper to wake, until it wakes.
+        let sleeper = asleep_replica().await;
+        set(&[&second, &sleeper]);
+        one_round(&observations, &p).await;
+        assert_eq!(observations.asleep(&key, Pool::A), std::slice::from_ref(&sleeper));
+        assert_eq!(observations.passed(&key, Pool::A), passed(&[&second]));
+        set(&[&second]);
+        one_round(&observations, &p).await;
+        assert!(observations.asleep(&key, Pool::A).is_empty());
         // A replica still listed whose server went down (connections refused) is forgotten too.
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let down = Endpoint::new("127.0.0.1", listener.local_addr().unwrap().port());
@@ -1120,6 +1147,15 @@ mod tests {
 
     /// A replica that answers generation with `status` (and `answer` when that is 200).
     async fn replica_with(status: u16, answer: &'static str) -> Endpoint {
+        serving(status, answer, false).await
+    }
+
+    /// A replica that says it is asleep (vLLM's sleep mode).
+    async fn asleep_replica() -> Endpoint {
+        serving(200, PARIS, true).await
+    }
+
+    async fn serving(status: u16, answer: &'static str, asleep: bool) -> Endpoint {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
@@ -1134,7 +1170,7 @@ mod tests {
                     raw.extend_from_slice(&buf[..n]);
                 }
                 let (code, kind, body) = if raw.starts_with(b"GET /is_sleeping") {
-                    (200, "application/json", r#"{"is_sleeping": false}"#.to_owned())
+                    (200, "application/json", format!(r#"{{"is_sleeping": {asleep}}}"#))
                 } else if status != 200 {
                     let error = serde_json::json!({"error": {"message": "no such model", "code": status}});
                     (status, "application/json", error.to_string())

@@ -132,6 +132,11 @@ pub trait ProbeFindings: Send + Sync + fmt::Debug {
         None
     }
 
+    /// `policy`'s `pool`'s replicas that said they were asleep in its last round.
+    fn asleep(&self, _policy: &ObjectRef<FailoverPolicy>, _pool: Pool) -> Vec<Endpoint> {
+        Vec::new()
+    }
+
     /// `reports` are probes of `policy`'s `pool` made outside a round (a promotion's
     /// AwaitServing): what they found counts as a round's would for [`Self::passed`].
     fn note_probed(&self, _policy: &ObjectRef<FailoverPolicy>, _pool: Pool, _reports: &[ProbeReport]) {}

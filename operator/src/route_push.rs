@@ -14,7 +14,7 @@
 //! This module must never report a route pushed that a router did not answer 200 to, send a
 //! request without a timeout, or print the admin token.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -314,12 +314,12 @@ pub fn keeping_held(route: &Route, held: &RouterHolds, running: &[SocketAddr]) -
         && held.pool == route.pool
         && held.epoch == route.epoch
     {
-        for endpoint in &held.endpoints {
-            if running.contains(endpoint) && !route.endpoints.contains(endpoint) {
-                route.endpoints.push(*endpoint);
-            }
-        }
+        let running: HashSet<&SocketAddr> = running.iter().collect();
+        route
+            .endpoints
+            .extend(held.endpoints.iter().filter(|e| running.contains(e)));
         route.endpoints.sort_unstable();
+        route.endpoints.dedup();
     }
     route
 }

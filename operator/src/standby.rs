@@ -185,23 +185,6 @@ pub async fn keep(
     Ok(kept)
 }
 
-/// The primary's replicas that still sleep: a promotion goes on once enough of its warm tier is
-/// awake, and one whose wake failed, or is still under way, is found here between promotions and
-/// woken ([`understudy_prober::sleep::wake_replica_at_its_level`]) so that it joins the route
-/// once it passes. A primary serves awake, so nothing else puts it to sleep. None for a pool
-/// without a warm tier.
-pub async fn still_asleep(
-    pool: &PoolSpec,
-    replicas: &dyn ReplicaEndpoints,
-    namespace: &str,
-    timeouts: WakeTimeouts,
-) -> Result<Vec<Endpoint>, Error> {
-    if pool.standby_shape().warm == 0 {
-        return Ok(Vec::new());
-    }
-    asleep(replicas, namespace, pool, timeouts).await
-}
-
 /// `pool`'s replicas that say they are asleep, in address order.
 async fn asleep(
     replicas: &dyn ReplicaEndpoints,

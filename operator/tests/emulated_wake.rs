@@ -17,7 +17,6 @@ use understudy_core::{Epoch, Pool};
 use understudy_operator::crd::FailoverPolicy;
 use understudy_operator::ports::StepReport;
 use understudy_operator::replicas::FixedReplicas;
-use understudy_operator::standby::still_asleep;
 use understudy_operator::wake::{ReplicaWake, WakeTimeouts, wake_pool};
 use understudy_prober::probe::Endpoint;
 use understudy_prober::sleep::wake_replica_at_its_level;
@@ -131,26 +130,16 @@ fn wake_order(policy: &FailoverPolicy, needed: u32, overdue: Option<Duration>) -
 }
 
 #[tokio::test]
-async fn between_promotions_a_primary_replica_left_asleep_is_found_and_woken_from_its_level() {
-    let awake = Emulator::ready(&["--enable-sleep-mode"], DEV_MODE);
+async fn a_replica_left_asleep_is_woken_from_the_level_its_metrics_say() {
     let left = Emulator::ready(&["--enable-sleep-mode"], DEV_MODE);
     put_to_sleep(&left, 2);
-    let replicas =
-        FixedReplicas::default().with_pool("west", vec![awake.endpoint.clone(), left.endpoint.clone()]);
-    // The pool's warm tier names level 1; the replica's own metrics say it sleeps at level 2.
-    let policy = policy(&warm(1));
-    let pool = &policy.spec.pools[1];
-    let asleep = still_asleep(pool, &replicas, "serving", WakeTimeouts::default())
-        .await
-        .unwrap();
-    assert_eq!(asleep, std::slice::from_ref(&left.endpoint));
-    let woken = wake_replica_at_its_level(&asleep[0], 1, WakeTimeouts::default()).await;
+    // Its pool's warm tier names level 1; its own metrics say it sleeps at level 2.
+    let woken = wake_replica_at_its_level(&left.endpoint, 1, WakeTimeouts::default()).await;
     assert_eq!(woken, (ReplicaWake::Woken, 2));
     assert!(!is_sleeping(&left));
-    let again = still_asleep(pool, &replicas, "serving", WakeTimeouts::default())
-        .await
-        .unwrap();
-    assert!(again.is_empty(), "{again:?}");
+    // Awake, it is left as it is.
+    let again = wake_replica_at_its_level(&left.endpoint, 1, WakeTimeouts::default()).await;
+    assert_eq!(again.0, ReplicaWake::Awake);
 }
 
 #[tokio::test]

@@ -9,7 +9,7 @@ use std::time::Duration;
 use kube::Client;
 use kube::runtime::reflector::ObjectRef;
 use understudy_core::Pool;
-use understudy_prober::probe::{Expectation, ProbeReport};
+use understudy_prober::probe::{Endpoint, Expectation, ProbeReport};
 
 use crate::crd::FailoverPolicy;
 use crate::judge::fixed_expectation;
@@ -96,6 +96,14 @@ impl Context {
     /// rounds found them; `None` while nothing is known.
     pub(crate) fn passed(&self, policy: &FailoverPolicy, pool: Pool) -> Option<BTreeSet<String>> {
         self.findings.as_ref()?.passed(&ObjectRef::from_obj(policy), pool)
+    }
+
+    /// `policy`'s `pool`'s replicas that said they were asleep in the probing rounds' last.
+    pub(crate) fn asleep(&self, policy: &FailoverPolicy, pool: Pool) -> Vec<Endpoint> {
+        self.findings
+            .as_ref()
+            .map(|findings| findings.asleep(&ObjectRef::from_obj(policy), pool))
+            .unwrap_or_default()
     }
 
     /// Keeps what probes of `policy`'s `pool` made outside a round found, for [`Self::passed`].

@@ -43,7 +43,7 @@ pub(super) async fn keep_standby_between_promotions(
     {
         return;
     }
-    keep_primary_awake(ctx, policy, namespace, primary).await;
+    keep_primary_awake(ctx, policy, primary);
     // The clock now, not the reconcile's start: the promotion may have finished in this reconcile.
     let now = ctx.shell.clock.now();
     if let Some(drained_at) = drained_at(policy, run, validated)
@@ -87,27 +87,20 @@ fn drained_at(policy: &FailoverPolicy, run: &Run<'_>, validated: &ValidatedPolic
         .flatten()
 }
 
-/// Wakes the primary's replicas a promotion went on without ([`standby::still_asleep`]), each on
-/// a task of its own, so that a slow wake (a level-2 reload) holds up no reconcile: a Normal
-/// Event names each one once it is awake; one that does not wake is logged and found again next
-/// time. A wake still under way is never started twice.
-async fn keep_primary_awake(ctx: &Context, policy: &FailoverPolicy, namespace: &str, primary: Pool) {
-    let (Some(replicas), Some(pool)) = (&ctx.replicas, policy.spec.pools.get(primary.index())) else {
+/// Wakes the primary's replicas a promotion went on without: those its last probing round found
+/// asleep (a primary serves awake, so nothing else puts one to sleep), each on a task of its own,
+/// so that a slow wake (a level-2 reload) holds up no reconcile. A Normal Event names each one
+/// once it is awake; one that does not wake is logged and found again by the next round. A wake
+/// still under way is never started twice.
+fn keep_primary_awake(ctx: &Context, policy: &FailoverPolicy, primary: Pool) {
+    let Some(pool) = policy.spec.pools.get(primary.index()) else {
         return;
     };
-    let timeouts = WakeTimeouts::default();
-    let asleep = match standby::still_asleep(pool, replicas.as_ref(), namespace, timeouts).await {
-        Ok(asleep) => asleep,
-        Err(error) => {
-            tracing::warn!(%namespace, policy = %policy.name_any(), primary = %pool.name, %error, "could not find the primary's sleeping replicas");
-            return;
-        }
-    };
     let level = pool.standby_shape().sleep_level;
-    for endpoint in asleep {
+    for endpoint in ctx.asleep(policy, primary) {
         let (shell, reference, pool_name) = (ctx.shell.clone(), policy.object_ref(&()), pool.name.clone());
         tokio::spawn(async move {
-            let (woken, level) = wake_replica_at_its_level(&endpoint, level, timeouts).await;
+            let (woken, level) = wake_replica_at_its_level(&endpoint, level, WakeTimeouts::default()).await;
             if woken != ReplicaWake::Woken {
                 tracing::info!(primary = %pool_name, replica = %endpoint, ?woken, "a primary replica still sleeps");
                 return;
