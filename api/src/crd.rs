@@ -238,6 +238,10 @@ pub struct ColdStartEstimates {
     /// Creating and starting the container.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub container_start: Option<GoDuration>,
+    /// The container running → vLLM starting to load the weights: Python's imports, the engine
+    /// core and worker processes starting.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine_start: Option<GoDuration>,
     /// Loading the weights (size ÷ effective read rate).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub weight_load: Option<GoDuration>,
@@ -261,11 +265,12 @@ pub struct ColdStartEstimates {
 impl ColdStartEstimates {
     /// Each estimate with its stage, in stage order.
     #[must_use]
-    pub fn entries(&self) -> [(Stage, Option<&GoDuration>); 9] {
+    pub fn entries(&self) -> [(Stage, Option<&GoDuration>); 10] {
         [
             (Stage::Node, self.node.as_ref()),
             (Stage::ImagePull, self.image_pull.as_ref()),
             (Stage::ContainerStart, self.container_start.as_ref()),
+            (Stage::EngineStart, self.engine_start.as_ref()),
             (Stage::WeightLoad, self.weight_load.as_ref()),
             (Stage::Warmup, self.warmup.as_ref()),
             (Stage::ApiReady, self.api_ready.as_ref()),
@@ -1135,9 +1140,9 @@ pub struct ColdStartBreakdown {
     /// The tier it waited in before it started (`pilotLight`, `warm`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tier: Option<String>,
-    /// Seconds per stage (node, imagePull, containerStart, weightLoad, warmup, apiReady,
-    /// firstToken for a replica started cold; wakeLevel1 or wakeLevel2, and firstToken, for one
-    /// woken); a stage not measured has no value.
+    /// Seconds per stage (node, imagePull, containerStart, engineStart, weightLoad, warmup,
+    /// apiReady, firstToken for a replica started cold; wakeLevel1 or wakeLevel2, and firstToken,
+    /// for one woken); a stage not measured has no value.
     #[serde(default)]
     pub stages: BTreeMap<String, Option<f64>>,
 }

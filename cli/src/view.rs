@@ -252,10 +252,11 @@ fn describe_last_failover(out: &mut String, last: &FailoverTimeline) {
 
 /// Every stage in the order a replica goes through them: a cold start's, or a wake's, then the
 /// first token after either.
-const IN_ORDER: [Stage; 9] = [
+const IN_ORDER: [Stage; 10] = [
     Stage::Node,
     Stage::ImagePull,
     Stage::ContainerStart,
+    Stage::EngineStart,
     Stage::WeightLoad,
     Stage::Warmup,
     Stage::ApiReady,

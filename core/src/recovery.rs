@@ -19,7 +19,11 @@ pub enum Stage {
     /// A node with free GPUs: provisioning by the cluster autoscaler, then scheduling.
     Node,
     ImagePull,
+    /// The image ready → the container process running.
     ContainerStart,
+    /// The container running → vLLM starting to load the weights: Python's imports, the engine
+    /// core and worker processes starting.
+    EngineStart,
     WeightLoad,
     /// Profiling, KV-cache allocation, compilation and graph capture.
     Warmup,
@@ -35,10 +39,11 @@ pub enum Stage {
 
 impl Stage {
     /// Every stage, in order.
-    pub const ALL: [Stage; 9] = [
+    pub const ALL: [Stage; 10] = [
         Stage::Node,
         Stage::ImagePull,
         Stage::ContainerStart,
+        Stage::EngineStart,
         Stage::WeightLoad,
         Stage::Warmup,
         Stage::ApiReady,
@@ -60,6 +65,7 @@ impl Stage {
             Stage::Node => "node",
             Stage::ImagePull => "imagePull",
             Stage::ContainerStart => "containerStart",
+            Stage::EngineStart => "engineStart",
             Stage::WeightLoad => "weightLoad",
             Stage::Warmup => "warmup",
             Stage::ApiReady => "apiReady",
@@ -134,6 +140,7 @@ impl Standby {
             Standby::PilotLight { reserved: true } => &[
                 ImagePull,
                 ContainerStart,
+                EngineStart,
                 WeightLoad,
                 Warmup,
                 ApiReady,
@@ -143,6 +150,7 @@ impl Standby {
                 Node,
                 ImagePull,
                 ContainerStart,
+                EngineStart,
                 WeightLoad,
                 Warmup,
                 ApiReady,
@@ -431,7 +439,8 @@ mod tests {
         StageTimes::new()
             .with(Stage::Node, s(360))
             .with(Stage::ImagePull, s(120))
-            .with(Stage::ContainerStart, s(10))
+            .with(Stage::ContainerStart, s(1))
+            .with(Stage::EngineStart, s(9))
             .with(Stage::WeightLoad, s(70))
             .with(Stage::Warmup, s(60))
             .with(Stage::ApiReady, s(5))

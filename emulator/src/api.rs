@@ -38,6 +38,8 @@ use super::sse::{self, Api, Envelope, Usage};
 pub struct ServerInfo {
     pub serve: ServeArgs,
     pub version: String,
+    /// What answers carry as `system_fingerprint` (none before 0.32).
+    pub fingerprint: Option<String>,
     pub max_model_len: u32,
     pub dev_mode: bool,
     /// `VLLM_*` variables without `KEY` in the name, for `/server_info`.
@@ -477,6 +479,11 @@ fn prepare(
             .collect(),
         _ => Vec::new(),
     };
+    if body.stream_options.is_some() && body.stream != Some(true) {
+        return Err(ApiError::bad_request(
+            "Stream options can only be defined when `stream=True`. (parameter=stream_options)".to_owned(),
+        ));
+    }
     let include_usage = state.info.serve.enable_force_include_usage
         || body
             .stream_options
@@ -520,6 +527,7 @@ async fn full_response(
         id: &id,
         created: now_secs(),
         model: &model,
+        fingerprint: state.info.fingerprint.as_deref(),
     };
     Json(sse::full_response(
         api,
@@ -562,6 +570,7 @@ fn stream_response(
 ) -> Response {
     let id = state.request_id(api);
     let created = now_secs();
+    let fingerprint = state.info.fingerprint.clone();
     let generation = state.engine.generate(request);
     let first = if api == Api::Chat {
         StreamStep::Role
@@ -571,17 +580,24 @@ fn stream_response(
     let stream = futures::stream::unfold((generation, first), move |(mut generation, step)| {
         let id = id.clone();
         let model = model.clone();
+        let fingerprint = fingerprint.clone();
         async move {
             let env = Envelope {
                 id: &id,
                 created,
                 model: &model,
+                fingerprint: fingerprint.as_deref(),
             };
             let (bytes, next) = match step {
                 StreamStep::Closed => return None,
                 StreamStep::Done => (sse::done(), StreamStep::Closed),
                 StreamStep::Usage(u) => (sse::usage_chunk(api, env, u), StreamStep::Done),
-                StreamStep::Role => (sse::chat_role_chunk(env), StreamStep::Tokens),
+                // vLLM sends the role with the engine's first output, not before it: a stopped
+                // engine's stream has its head and no byte of body.
+                StreamStep::Role => match generation.next().await {
+                    Some(event) => (sse::chat_role_chunk(env), StreamStep::Then(event)),
+                    None => (sse::done(), StreamStep::Closed),
+                },
                 StreamStep::Tokens | StreamStep::Then(_) => {
                     let after_finish = |g: &super::engine::Generation| {
                         if include_usage {

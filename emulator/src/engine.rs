@@ -48,6 +48,8 @@ struct Gate {
     abort_epoch: u64,
     /// `/sleep?mode=wait` is letting the requests already running finish; queued ones still wait.
     draining: bool,
+    /// The engine is stopped (`engine-hung`): nothing is scheduled, nothing runs on.
+    hung: bool,
     dead: bool,
 }
 
@@ -68,6 +70,9 @@ impl Gate {
         }
         if self.abort_epoch != epoch {
             return Err(aborted());
+        }
+        if self.hung {
+            return Ok(false);
         }
         if self.serving || (standing == Standing::Running && self.draining) {
             return Ok(true);
@@ -182,6 +187,7 @@ impl Engine {
                 asleep: false,
                 abort_epoch: 0,
                 draining: false,
+                hung: false,
                 dead: false,
             })
             .0,
@@ -211,7 +217,11 @@ impl Engine {
         self.faults.apply(fault);
         match fault {
             Fault::EngineDead => self.gate.send_modify(|g| g.dead = true),
+            Fault::EngineHung => self.gate.send_modify(|g| g.hung = true),
             Fault::Drift(_) | Fault::Clear => {
+                if matches!(fault, Fault::Clear) {
+                    self.gate.send_modify(|g| g.hung = false);
+                }
                 let mut identity = self.cfg.identity.clone();
                 if let Some(d) = self.faults.drift().weights_digest {
                     identity.weights_digest = Some(d);

@@ -39,6 +39,11 @@ pub enum Fault {
     },
     /// Connections are accepted and requests read, and nothing is ever answered.
     Hang,
+    /// The engine stops while the API server runs on, as when vLLM's worker process is stopped
+    /// (SIGSTOP): `/health`, `/v1/models`, `/tokenize` and `/metrics` answer, a stream gets its
+    /// 200 head and no byte of body, a plain generation no answer at all. Cleared, everything
+    /// carries on where it stopped.
+    EngineHung,
     /// vLLM's `EngineDeadError`: `/health` 503, generation 500, exit at the next watchdog tick.
     EngineDead,
     HalfFailed(HalfFailure),
@@ -84,6 +89,7 @@ impl ScheduledFault {
                 code: code.parse().map_err(|_| bad("exit code must be a number"))?,
             },
             ("hang", None) => Fault::Hang,
+            ("engine-hung", None) => Fault::EngineHung,
             ("engine-dead", None) => Fault::EngineDead,
             ("half-failed", None | Some("error")) => Fault::HalfFailed(HalfFailure::Error),
             ("half-failed", Some("stall")) => Fault::HalfFailed(HalfFailure::Stall),
@@ -97,7 +103,7 @@ impl ScheduledFault {
             ("clear", None) => Fault::Clear,
             _ => {
                 return Err(bad(
-                    "unknown fault; one of crash[:CODE], hang, engine-dead, half-failed[:error|stall], \
+                    "unknown fault; one of crash[:CODE], hang, engine-hung, engine-dead, half-failed[:error|stall], \
                      slow[:X], wrong-output, drift[:version=V,weights-digest=D,max-model-len=N], clear",
                 ));
             }
@@ -156,6 +162,7 @@ const HALF_STALL: u8 = 2;
 #[derive(Debug)]
 pub struct FaultBoard {
     hang: AtomicBool,
+    engine_hung: AtomicBool,
     engine_dead: AtomicBool,
     half_failed: AtomicU8,
     slow_bits: AtomicU64,
@@ -171,6 +178,7 @@ impl Default for FaultBoard {
     fn default() -> Self {
         FaultBoard {
             hang: AtomicBool::new(false),
+            engine_hung: AtomicBool::new(false),
             engine_dead: AtomicBool::new(false),
             half_failed: AtomicU8::new(HALF_NONE),
             slow_bits: AtomicU64::new(1.0f64.to_bits()),
@@ -190,6 +198,7 @@ impl FaultBoard {
                 self.exit.send_replace(Some(*code));
             }
             Fault::Hang => self.hang.store(true, Ordering::SeqCst),
+            Fault::EngineHung => self.engine_hung.store(true, Ordering::SeqCst),
             Fault::EngineDead => self.engine_dead.store(true, Ordering::SeqCst),
             Fault::HalfFailed(HalfFailure::Error) => self.half_failed.store(HALF_ERROR, Ordering::SeqCst),
             Fault::HalfFailed(HalfFailure::Stall) => self.half_failed.store(HALF_STALL, Ordering::SeqCst),
@@ -209,6 +218,7 @@ impl FaultBoard {
             }
             Fault::Clear => {
                 self.hang.store(false, Ordering::SeqCst);
+                self.engine_hung.store(false, Ordering::SeqCst);
                 self.half_failed.store(HALF_NONE, Ordering::SeqCst);
                 self.slow_bits.store(1.0f64.to_bits(), Ordering::SeqCst);
                 self.wrong_output.store(false, Ordering::SeqCst);
@@ -220,6 +230,10 @@ impl FaultBoard {
 
     pub fn hang(&self) -> bool {
         self.hang.load(Ordering::Relaxed)
+    }
+
+    pub fn engine_hung(&self) -> bool {
+        self.engine_hung.load(Ordering::Relaxed)
     }
 
     pub fn engine_dead(&self) -> bool {

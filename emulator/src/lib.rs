@@ -44,7 +44,7 @@ use self::cost::{CostModel, blocks_for};
 use self::engine::{Engine, EngineConfig};
 use self::faults::ScheduledFault;
 use self::generate::ModelIdentity;
-use self::log::{Log, Proc};
+use self::log::{Dialect, Log, Proc};
 use self::metrics::Metrics;
 use self::settings::EmuSettings;
 use self::sleep::Bandwidths;
@@ -234,6 +234,17 @@ async fn stop_asked(log: &Log) {
     log.uvicorn("Shutting down");
 }
 
+/// `system_fingerprint` as vLLM 0.32 sends it, `vllm-VERSION-HASH`, the hash here of the engine's
+/// configuration line; `None` for the versions before 0.32, which sent `null`.
+fn fingerprint(version: &str, config_line: &str) -> Option<String> {
+    use sha2::Digest;
+    (Dialect::of(version) == Dialect::V0_32).then(|| {
+        let digest = sha2::Sha256::digest(config_line.as_bytes());
+        let hash: String = digest.iter().take(4).map(|b| format!("{b:02x}")).collect();
+        format!("vllm-{version}-{hash}")
+    })
+}
+
 /// The addresses the emulator has bound, each set once bound. With `--port 0` or
 /// `--emu-control-port 0` the OS picks the port; this is how an in-process owner learns it (a
 /// process reads the log lines that carry it).
@@ -257,7 +268,8 @@ pub fn run_to_exit(argv: &[String]) -> Result<i32, Error> {
         .enable_all()
         .build()
         .map_err(Error::Runtime)?;
-    let exit = runtime.block_on(run(config, Arc::new(Log::stdout())))?;
+    let log = Log::stdout().in_dialect(Dialect::of(&config.emu.vllm_version));
+    let exit = runtime.block_on(run(config, Arc::new(log)))?;
     Ok(exit.code())
 }
 
@@ -320,6 +332,7 @@ pub async fn run_reporting(
             let listener = startup::run(&config.serve, &config.emu, &facts, &log, &bound.api).await?;
             ready.store(true, Ordering::SeqCst);
             let info = ServerInfo {
+                fingerprint: fingerprint(&config.emu.vllm_version, &facts.config_line),
                 version: config.emu.vllm_version.clone(),
                 max_model_len: config.max_model_len(),
                 dev_mode: config.dev_mode,

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
-use super::log::Log;
+use super::log::{Dialect, Log};
 use super::{BoundAddrs, EmulatorConfig, Error, run_reporting};
 
 /// The emulator's log, shared between its thread and the handle.
@@ -54,7 +54,9 @@ impl LocalEmulator {
         let lines = Lines::default();
         let bound = Arc::new(BoundAddrs::default());
         let has_control_port = config.emu.control_port.is_some();
-        let log = Arc::new(Log::new(std::process::id(), Box::new(lines.clone())));
+        let log = Log::new(std::process::id(), Box::new(lines.clone()))
+            .in_dialect(Dialect::of(&config.emu.vllm_version));
+        let log = Arc::new(log);
         let (stop, stopped) = oneshot::channel::<()>();
         let reporting = Arc::clone(&bound);
         let thread = std::thread::spawn(move || {

@@ -1,5 +1,11 @@
 //! vLLM's log lines: `(APIServer pid=N) INFO MM-DD HH:MM:SS [file.py:line] message`.
 //!
+//! Two releases' lines, chosen by the version the emulator reports ([`Dialect`]): 0.32's by
+//! default, 0.11's for an older `--emu-vllm-version`. They differ in the process names, in
+//! whether uvicorn's lines carry the process prefix, and in the messages [`startup`] prints.
+//!
+//! [`startup`]: super::startup
+//!
 //! The prober's cold-start parser reads these lines, so the prefix, the message texts and the
 //! number formats are vLLM's own (see the reference, section 3). The timestamp has no year and no
 //! sub-second part, in UTC. This module formats and writes lines; it must never decide what to log.
@@ -13,11 +19,40 @@ use std::time::{SystemTime, UNIX_EPOCH};
 pub enum Proc {
     ApiServer,
     EngineCore,
+    /// The worker that holds the model (0.32 runs it as a process of its own; 0.11's lines came
+    /// from the engine core).
+    Worker,
+}
+
+/// Which release's log lines to print.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Dialect {
+    /// vLLM 0.11: `vLLM API server version X`, `(EngineCore_DP0 pid=N)`, `took X seconds`,
+    /// `Starting vLLM API server 0 on`, uvicorn behind the API server's prefix.
+    V0_11,
+    /// vLLM 0.32 (the current line): a banner ending `version X`, `(EngineCore pid=N)` and
+    /// `(Worker pid=N)`, `took X s`, `Starting vLLM server on`, uvicorn's lines bare.
+    #[default]
+    V0_32,
+}
+
+impl Dialect {
+    /// 0.11's lines for a version before 0.32; 0.32's for 0.32 and later, and for a version
+    /// that does not read as `MAJOR.MINOR…`.
+    pub fn of(version: &str) -> Dialect {
+        let mut parts = version.trim_start_matches('v').split('.');
+        let number = |p: Option<&str>| p.and_then(|p| p.parse::<u32>().ok());
+        match (number(parts.next()), number(parts.next())) {
+            (Some(0), Some(minor)) if minor < 32 => Dialect::V0_11,
+            _ => Dialect::V0_32,
+        }
+    }
 }
 
 /// A line sink shared by the whole emulator.
 pub struct Log {
     pid: u32,
+    dialect: Dialect,
     sink: Mutex<Box<dyn Write + Send>>,
 }
 
@@ -33,8 +68,20 @@ impl Log {
     pub fn new(pid: u32, sink: Box<dyn Write + Send>) -> Log {
         Log {
             pid,
+            dialect: Dialect::default(),
             sink: Mutex::new(sink),
         }
+    }
+
+    /// The same sink, printing `dialect`'s lines.
+    #[must_use]
+    pub fn in_dialect(mut self, dialect: Dialect) -> Log {
+        self.dialect = dialect;
+        self
+    }
+
+    pub fn dialect(&self) -> Dialect {
+        self.dialect
     }
 
     /// Logs to standard output, as vLLM does.
@@ -59,9 +106,11 @@ impl Log {
     }
 
     fn line(&self, proc: Proc, level: &str, source: &str, message: &str) {
-        let who = match proc {
-            Proc::ApiServer => "APIServer",
-            Proc::EngineCore => "EngineCore_DP0",
+        let who = match (proc, self.dialect) {
+            (Proc::ApiServer, _) => "APIServer",
+            (Proc::EngineCore | Proc::Worker, Dialect::V0_11) => "EngineCore_DP0",
+            (Proc::EngineCore, Dialect::V0_32) => "EngineCore",
+            (Proc::Worker, Dialect::V0_32) => "Worker",
         };
         let stamp = vllm_timestamp(SystemTime::now());
         self.write(&format!(
@@ -70,9 +119,12 @@ impl Log {
         ));
     }
 
-    /// uvicorn's own format: `INFO:     message`, still behind vLLM's process prefix.
+    /// uvicorn's own format, `INFO:     message`: behind vLLM's process prefix in 0.11, bare in 0.32.
     pub fn uvicorn(&self, message: &str) {
-        self.write(&format!("(APIServer pid={}) INFO:     {message}\n", self.pid));
+        match self.dialect {
+            Dialect::V0_11 => self.write(&format!("(APIServer pid={}) INFO:     {message}\n", self.pid)),
+            Dialect::V0_32 => self.write(&format!("INFO:     {message}\n")),
+        }
     }
 
     fn write(&self, line: &str) {
@@ -115,6 +167,16 @@ mod tests {
 
     use super::*;
     use std::time::Duration;
+
+    #[test]
+    fn versions_before_0_32_print_0_11s_lines_and_the_rest_the_current_ones() {
+        assert_eq!(Dialect::of("0.11.0"), Dialect::V0_11);
+        assert_eq!(Dialect::of("0.31.2"), Dialect::V0_11);
+        assert_eq!(Dialect::of("0.32.0"), Dialect::V0_32);
+        assert_eq!(Dialect::of("v0.33.1"), Dialect::V0_32);
+        assert_eq!(Dialect::of("1.0.0"), Dialect::V0_32);
+        assert_eq!(Dialect::of("nightly"), Dialect::V0_32);
+    }
 
     #[test]
     fn timestamps_have_no_year_and_no_fraction() {

@@ -29,7 +29,8 @@ pub struct EmuSettings {
     pub instant: bool,
     /// Prefill and decode take no time: only the emulator's own overhead remains (benchmarks).
     pub zero_cost: bool,
-    /// What `/version` and the first log line report.
+    /// What `/version` and the startup log report (0.32.0, the current line, by default); a
+    /// version before 0.32 also prints 0.11's log lines ([`Dialect`](super::log::Dialect)).
     pub vllm_version: String,
     /// Model weights on the GPU, per tensor-parallel rank summed.
     pub weights_gib: f64,
@@ -81,7 +82,7 @@ impl Default for EmuSettings {
         EmuSettings {
             instant: false,
             zero_cost: false,
-            vllm_version: "0.11.0".to_string(),
+            vllm_version: "0.32.0".to_string(),
             weights_gib: 1.1,
             load_gib_per_s: 2.0,
             host_gib_per_s: 10.0,

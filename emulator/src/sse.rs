@@ -38,6 +38,9 @@ pub struct Envelope<'a> {
     pub id: &'a str,
     pub created: u64,
     pub model: &'a str,
+    /// `system_fingerprint`: `vllm-VERSION-HASH` since 0.32 (in the answer, and in a stream's
+    /// usage chunk); 0.11 sent `null`.
+    pub fingerprint: Option<&'a str>,
 }
 
 #[derive(Serialize)]
@@ -93,6 +96,8 @@ struct UsageChunk<'a> {
     model: &'a str,
     choices: [(); 0],
     usage: Usage,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    system_fingerprint: Option<&'a str>,
 }
 
 fn frame(json: Vec<u8>) -> Bytes {
@@ -185,6 +190,7 @@ pub fn usage_chunk(api: Api, env: Envelope<'_>, usage: Usage) -> Bytes {
         model: env.model,
         choices: [],
         usage,
+        system_fingerprint: env.fingerprint,
     }))
 }
 
@@ -221,7 +227,7 @@ pub fn full_response(
                 "index": 0, "text": text, "logprobs": null, "finish_reason": finish,
                 "stop_reason": stop_reason, "prompt_logprobs": null,
             }],
-            "service_tier": null, "system_fingerprint": null, "usage": usage, "kv_transfer_params": null,
+            "service_tier": null, "system_fingerprint": env.fingerprint, "usage": usage, "kv_transfer_params": null,
         }),
         Api::Chat => serde_json::json!({
             "id": env.id, "object": "chat.completion", "created": env.created, "model": env.model,
@@ -233,7 +239,7 @@ pub fn full_response(
                 },
                 "logprobs": null, "finish_reason": finish, "stop_reason": stop_reason,
             }],
-            "service_tier": null, "system_fingerprint": null, "usage": usage,
+            "service_tier": null, "system_fingerprint": env.fingerprint, "usage": usage,
             "prompt_logprobs": null, "kv_transfer_params": null,
         }),
     }
@@ -246,6 +252,7 @@ mod tests {
     use super::*;
 
     const ENV: Envelope<'static> = Envelope {
+        fingerprint: None,
         id: "cmpl-1",
         created: 7,
         model: "m",

@@ -18,7 +18,7 @@ use tokio::time::Instant;
 use super::Error;
 use super::args::ServeArgs;
 use super::cost::transfer;
-use super::log::{Log, Proc};
+use super::log::{Dialect, Log, Proc};
 use super::settings::EmuSettings;
 
 /// How long each stage takes.
@@ -126,11 +126,18 @@ pub async fn run(
 /// The API server's first lines: its version, its arguments, and what it warns about.
 fn announce(serve: &ServeArgs, facts: &StartupFacts, log: &Log) {
     let api = Proc::ApiServer;
-    log.info(
-        api,
-        "api_server.py:1839",
-        &format!("vLLM API server version {}", facts.version),
-    );
+    match log.dialect() {
+        Dialect::V0_11 => log.info(
+            api,
+            "api_server.py:1839",
+            &format!("vLLM API server version {}", facts.version),
+        ),
+        Dialect::V0_32 => {
+            for line in banner(&facts.version, &serve.model) {
+                log.info(api, "api_utils.py:347", &line);
+            }
+        }
+    }
     log.info(
         api,
         "utils.py:233",
@@ -153,6 +160,18 @@ fn announce(serve: &ServeArgs, facts: &StartupFacts, log: &Log) {
             "SECURITY WARNING: Development endpoints are enabled! This should NOT be used in production!",
         );
     }
+}
+
+/// vLLM 0.32's banner: the logo, with the version and the model beside it.
+fn banner(version: &str, model: &str) -> [String; 6] {
+    [
+        String::new(),
+        "       █     █     █▄   ▄█".to_owned(),
+        format!(" ▄▄ ▄█ █     █     █ ▀▄▀ █  version {version}"),
+        format!("  █▄█▀ █     █     █     █  model   {model}"),
+        "   ▀▀  ▀▀▀▀▀ ▀▀▀▀▀ ▀     ▀".to_owned(),
+        String::new(),
+    ]
 }
 
 /// Binds the serving port without listening, and says at once which port it is.
@@ -187,6 +206,7 @@ async fn load_weights(
     log: &Log,
 ) {
     let core = Proc::EngineCore;
+    let worker = Proc::Worker;
     log.info(
         core,
         "core.py:77",
@@ -196,18 +216,18 @@ async fn load_weights(
         ),
     );
     log.info(
-        core,
+        worker,
         "gpu_model_runner.py:2338",
         &format!("Starting to load model {}...", serve.model),
     );
     let weights = stage(plan.weights).await;
     log.info(
-        core,
+        worker,
         "default_loader.py:267",
         &format!("Loading weights took {weights:.2} seconds"),
     );
     log.info(
-        core,
+        worker,
         "gpu_model_runner.py:2370",
         &format!(
             "Model loading took {:.4} GiB memory and {weights:.6} seconds",
@@ -264,8 +284,12 @@ async fn init_engine(emu: &EmuSettings, facts: &StartupFacts, plan: StagePlan, l
         core,
         "core.py:210",
         &format!(
-            "init engine (profile, create kv cache, warmup model) took {:.2} seconds",
-            init_started.elapsed().as_secs_f64()
+            "init engine (profile, create kv cache, warmup model) took {:.2} {}",
+            init_started.elapsed().as_secs_f64(),
+            match log.dialect() {
+                Dialect::V0_11 => "seconds",
+                Dialect::V0_32 => "s",
+            }
         ),
     );
 }
@@ -319,13 +343,14 @@ async fn start_api(
         .unwrap_or("0.0.0.0");
     // vLLM prints its `--port`: the bound port, except under `--port 0`, where `:0` would tell
     // nobody where to connect.
+    let (source, starting) = match log.dialect() {
+        Dialect::V0_11 => ("api_server.py:1912", "Starting vLLM API server 0 on"),
+        Dialect::V0_32 => ("entry.py:140", "Starting vLLM server on"),
+    };
     log.info(
         api,
-        "api_server.py:1912",
-        &format!(
-            "Starting vLLM API server 0 on http://{shown_host}:{}",
-            addr.port()
-        ),
+        source,
+        &format!("{starting} http://{shown_host}:{}", addr.port()),
     );
     log_routes(log);
     let listener = socket.listen(1024).map_err(|source| Error::Bind {

@@ -40,22 +40,66 @@ fn the_port_refuses_connections_until_the_engine_is_ready() {
     assert!(try_request(e.port, "GET", "/health", None).is_err());
 }
 
+/// The lines each release prints where they differ, and the process names its lines carry.
+struct Lines {
+    flags: &'static [&'static str],
+    prefix: &'static str,
+    version: &'static str,
+    init_unit: &'static str,
+    serving: &'static str,
+    uvicorn: &'static str,
+}
+
+const CURRENT: Lines = Lines {
+    flags: &[],
+    prefix: "(?:APIServer|EngineCore|Worker)",
+    version: " ▄▄ ▄█ █     █     █ ▀▄▀ █  version 0.32.0",
+    init_unit: " s",
+    serving: "Starting vLLM server on",
+    uvicorn: "INFO:     ",
+};
+
+const OLDER: Lines = Lines {
+    flags: &["--emu-vllm-version", "0.11.0"],
+    prefix: "(?:APIServer|EngineCore_DP0)",
+    version: "vLLM API server version 0.11.0",
+    init_unit: " seconds",
+    serving: "Starting vLLM API server 0 on",
+    uvicorn: "(APIServer pid=",
+};
+
 #[test]
-fn startup_log_lines_carry_the_configured_stage_durations_in_vllms_format() {
+fn startup_log_lines_carry_the_configured_stage_durations_in_vllms_current_format() {
+    startup_lines_in(&CURRENT);
+}
+
+#[test]
+fn an_older_version_prints_vllm_0_11s_startup_lines() {
+    startup_lines_in(&OLDER);
+}
+
+fn startup_lines_in(lines: &Lines) {
     let mut e = Emulator::spawn(
         &[
-            "--emu-weights-gib=0.6",
-            "--emu-load-gib-per-s=2",
-            "--emu-compile-s=0.3",
-            "--emu-cudagraph-s=1.1",
-            "--emu-profile-s=0.1",
-        ],
+            lines.flags,
+            &[
+                "--emu-weights-gib=0.6",
+                "--emu-load-gib-per-s=2",
+                "--emu-compile-s=0.3",
+                "--emu-cudagraph-s=1.1",
+                "--emu-profile-s=0.1",
+            ],
+        ]
+        .concat(),
         &[],
     );
     e.wait_for_line("Application startup complete.");
     let log = e.drain_log();
-    let prefix = Regex::new(r"^\((APIServer|EngineCore_DP0) pid=\d+\) (INFO|WARNING) \d\d-\d\d \d\d:\d\d:\d\d \[[\w.]+\.py:\d+\] ")
-        .unwrap();
+    let prefix = Regex::new(&format!(
+        r"^\({} pid=\d+\) (INFO|WARNING) \d\d-\d\d \d\d:\d\d:\d\d \[[\w.]+\.py:\d+\] ",
+        lines.prefix
+    ))
+    .unwrap();
     let line = |needle: &str| -> (usize, String) {
         let i = log
             .iter()
@@ -67,7 +111,7 @@ fn startup_log_lines_carry_the_configured_stage_durations_in_vllms_format() {
         assert!(prefix.is_match(l), "line without vLLM's prefix: {l}");
     }
 
-    let (i_version, _) = line("vLLM API server version 0.11.0");
+    let (i_version, _) = line(lines.version);
     let (i_args, _) = line("non-default args: {'model_tag': 'Qwen/Qwen3-0.6B'");
     let (i_start, _) = line("Starting to load model Qwen/Qwen3-0.6B...");
     let (i_weights, weights) = line("Loading weights took");
@@ -96,20 +140,24 @@ fn startup_log_lines_carry_the_configured_stage_durations_in_vllms_format() {
     let (i_init, init) = line("init engine (profile, create kv cache, warmup model)");
     let init = captured(
         &init,
-        r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s(?:econds)?",
+        &format!(
+            r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+){}$",
+            lines.init_unit
+        ),
     );
     assert!(
         init >= 1.5 && init >= compile,
         "compile, profile and graph capture take 1.5 s, printed {init}"
     );
-    let (i_serving, serving) = line("Starting vLLM API server 0 on");
+    let (i_serving, serving) = line(lines.serving);
     let url = Regex::new(r"Starting vLLM (?:API )?server(?: \d+)? on (\S+)")
         .unwrap()
         .captures(&serving)
         .unwrap()[1]
         .to_string();
     assert_eq!(url, format!("http://127.0.0.1:{}", e.port));
-    let (i_started, _) = line(&format!("INFO:     Started server process [{}]", e_pid(&log)));
+    let (i_started, started) = line(&format!("INFO:     Started server process [{}]", e_pid(&log)));
+    assert!(started.starts_with(lines.uvicorn), "{started}");
     let (i_waiting, _) = line("INFO:     Waiting for application startup.");
     let (i_ready, _) = line("INFO:     Application startup complete.");
     let order = [

@@ -43,6 +43,7 @@ fn stage_of(stage: ColdStartStage) -> Stage {
         ColdStartStage::Node => Stage::Node,
         ColdStartStage::Image => Stage::ImagePull,
         ColdStartStage::ContainerStart => Stage::ContainerStart,
+        ColdStartStage::EngineStart => Stage::EngineStart,
         ColdStartStage::WeightLoad => Stage::WeightLoad,
         ColdStartStage::Warmup => Stage::Warmup,
         ColdStartStage::Ready => Stage::ApiReady,

@@ -136,6 +136,7 @@ async fn the_pods_a_promotion_created_are_read_in_both_log_formats_until_each_se
     );
     for b in &measured {
         assert_eq!((b.pool.as_str(), b.tier.as_deref()), ("west", Some(PILOT_LIGHT)));
+        assert!(seconds(b, "engineStart").is_some_and(|s| s > 0.0), "{b:?}");
         assert!(seconds(b, "weightLoad").is_some_and(|s| s > 0.0), "{b:?}");
         assert!(seconds(b, "imagePull").is_some(), "{b:?}");
         assert!(

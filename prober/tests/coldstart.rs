@@ -1,10 +1,12 @@
 //! Cold-start timelines from recorded pod, events and `kubectl logs --timestamps` fixtures, in
-//! the newer and the older vLLM log formats.
+//! vLLM 0.10's, 0.11's and 0.32's log formats.
 
 #![allow(clippy::unwrap_used)]
 
 use std::time::Duration;
 
+use jiff::SignedDuration;
+use understudy_prober::coldstart::vllm_log::StartupLog;
 use understudy_prober::coldstart::{self, ColdStartInputs, ColdStartStage as S, StageDuration, Timeline};
 
 fn fixture(dir: &str, file: &str) -> String {
@@ -56,6 +58,20 @@ fn a_newer_vllm_start_behind_karpenter_and_a_fresh_pull_has_every_stage_timed() 
         t.duration(S::ContainerStart),
         ms(1_000),
         "Pulled 12:03:02 → startedAt 12:03:03"
+    );
+    assert_eq!(
+        t.duration(S::EngineStart),
+        Some(Duration::from_nanos(18_020_437_801)),
+        "startedAt 12:03:03 → Starting to load model 12:03:21.020437801"
+    );
+    assert_eq!(
+        t.stage(S::EngineStart).detail,
+        [
+            "API server at +7.2 s",
+            "config resolved at +13.9 s",
+            "engine core at +15.6 s"
+        ],
+        "0.11 on one GPU: the engine core loads the model, no worker process"
     );
     assert_eq!(
         t.duration(S::WeightLoad),
@@ -117,6 +133,11 @@ fn an_older_vllm_start_behind_cluster_autoscaler_with_a_cached_image_and_no_prob
         t.duration(S::ContainerStart),
         ms(1_000),
         "Pulled 09:07:43 → startedAt 09:07:44"
+    );
+    assert_eq!(
+        t.duration(S::EngineStart),
+        ms(17_500),
+        "startedAt 09:07:44 → Starting to load model 09:08:01.5"
     );
     assert_eq!(
         t.duration(S::WeightLoad),
@@ -263,7 +284,7 @@ fn without_kubectl_timestamps_vllms_own_seconds_are_used_and_ready_is_unknown() 
 #[test]
 fn with_no_log_the_vllm_stages_are_unknown_and_the_pod_stages_still_timed() {
     let t = timeline("newer", None, None, |log| log.clear());
-    for stage in [S::WeightLoad, S::Warmup, S::Ready, S::FirstToken] {
+    for stage in [S::EngineStart, S::WeightLoad, S::Warmup, S::Ready, S::FirstToken] {
         assert!(
             matches!(t.stage(stage).duration, StageDuration::Unknown { .. }),
             "{stage}"
@@ -288,8 +309,127 @@ fn the_json_document_names_unknown_stages_and_gives_seconds_for_known_ones() {
     let json = serde_json::to_value(&t).unwrap();
     assert_eq!(json["stages"][0]["stage"], "node");
     assert_eq!(json["stages"][0]["duration"]["seconds"], 160.0);
+    assert_eq!(json["stages"][3]["stage"], "engine-start");
     assert_eq!(
-        json["stages"][6]["duration"]["unknown"],
+        json["stages"][7]["duration"]["unknown"],
         "a successful generating probe"
+    );
+}
+
+/// vLLM 0.32.0 on CPU, a real log; the pod and events are written for the process's start (the
+/// fixture's README).
+const V0_32: &str = "vllm-0.32-cpu";
+
+#[test]
+fn a_vllm_0_32_start_on_cpu_has_every_stage_to_ready_timed_and_they_leave_no_time_out() {
+    let t = timeline(V0_32, None, None, |_| {});
+    let to_ready: Vec<_> = t.stages.iter().take_while(|s| s.stage != S::FirstToken).collect();
+    assert_eq!(to_ready.len(), 7, "node to ready");
+    for s in &to_ready {
+        assert!(
+            s.duration.known().is_some() && s.started.is_some() && s.finished.is_some(),
+            "{} not timed:\n{}",
+            s.stage,
+            coldstart::render_table(&t)
+        );
+    }
+    // From the pod's creation to its readiness, each stage starts where the one before ended.
+    let pod = coldstart::parse_pod(&fixture(V0_32, "pod.json")).unwrap();
+    let near = |a: Option<jiff::Timestamp>, b: Option<jiff::Timestamp>| {
+        b.unwrap().duration_since(a.unwrap()).abs() <= SignedDuration::from_secs(2)
+    };
+    assert!(near(t.created, to_ready[0].started), "node starts at creation");
+    for pair in to_ready.windows(2) {
+        assert!(
+            near(pair[0].finished, pair[1].started),
+            "a gap between {} (ends {:?}) and {} (starts {:?})",
+            pair[0].stage,
+            pair[0].finished,
+            pair[1].stage,
+            pair[1].started
+        );
+    }
+    assert!(
+        near(to_ready[6].finished, pod.condition_true_at("Ready")),
+        "ready ends at the pod's Ready"
+    );
+    let summed: Duration = to_ready.iter().filter_map(|s| s.duration.known()).sum();
+    let created_to_ready = pod
+        .condition_true_at("Ready")
+        .unwrap()
+        .duration_since(t.created.unwrap());
+    assert!(
+        (SignedDuration::try_from(summed).unwrap() - created_to_ready).abs() <= SignedDuration::from_secs(2),
+        "the stages add up to creation → Ready: {summed:?} against {created_to_ready:?}"
+    );
+}
+
+#[test]
+fn a_vllm_0_32_start_on_cpu_spends_most_of_its_time_starting_the_engine() {
+    let t = timeline(V0_32, None, None, |_| {});
+    let biggest = S::ALL
+        .into_iter()
+        .max_by_key(|&stage| t.duration(stage).unwrap_or_default())
+        .unwrap();
+    assert_eq!(biggest, S::EngineStart, "{}", coldstart::render_table(&t));
+    assert_eq!(
+        t.stage(S::EngineStart).detail,
+        [
+            "API server at +6.3 s",
+            "config resolved at +6.3 s",
+            "engine core at +12.3 s",
+            "worker at +19.1 s"
+        ],
+        "the banner, `Resolved architecture`, `Initializing a V1 LLM engine`, the `VllmWorker-0` line"
+    );
+    // On CPU no `Model loading took` is printed: `Loading weights took 0.00 seconds` ends the load.
+    assert!(
+        t.duration(S::WeightLoad)
+            .is_some_and(|d| d < Duration::from_secs(1)),
+        "{:?}",
+        t.stage(S::WeightLoad)
+    );
+    let warmup = &t.stage(S::Warmup).detail;
+    assert!(warmup.iter().any(|d| d == "engine init 0.75 s"), "{warmup:?}");
+    let log = StartupLog::parse(&fixture(V0_32, "logs.txt"));
+    assert_eq!(log.version.as_deref(), Some("0.32.0"), "from the banner");
+}
+
+#[test]
+fn engine_start_is_unknown_naming_its_missing_end() {
+    let no_log = timeline(V0_32, None, None, |log| log.clear());
+    assert_eq!(
+        no_log.stage(S::EngineStart).duration,
+        StageDuration::Unknown {
+            missing: "a timestamped `Starting to load model` line"
+        }
+    );
+    let pod = coldstart::parse_pod(&fixture(V0_32, "pod.json").replace(
+        r#""state": { "running": { "startedAt": "2026-12-03T13:05:56.296288273Z" } },"#,
+        r#""state": {},"#,
+    ))
+    .unwrap();
+    let events: Vec<_> = coldstart::parse_events(&fixture(V0_32, "events.json"))
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.reason != "Started")
+        .collect();
+    let log = fixture(V0_32, "logs.txt");
+    let t = coldstart::build(&ColdStartInputs {
+        pod: &pod,
+        events: &events,
+        log: &log,
+        container: None,
+        first_token: None,
+    });
+    assert_eq!(
+        t.stage(S::EngineStart).duration,
+        StageDuration::Unknown {
+            missing: "the container's running.startedAt or a Started event"
+        }
+    );
+    assert!(
+        t.duration(S::WeightLoad).is_some(),
+        "the log's own stages are unaffected"
     );
 }

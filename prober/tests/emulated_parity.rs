@@ -25,7 +25,7 @@ async fn twin_replicas_agree_and_a_drifted_one_is_reported_by_version_and_contex
         .await
         .unwrap();
     assert!(a.drift(&b).holds(), "{}", a.drift(&b).render());
-    assert_eq!(a.get("runtime.version"), Some("0.11.0"));
+    assert_eq!(a.get("runtime.version"), Some("0.32.0"));
     assert_eq!(a.get("served.Qwen/Qwen3-0.6B.max-model-len"), Some("8192"));
     // How each tokenizes the fixed text and chat (`POST /tokenize`): present, and the same.
     for key in [
@@ -54,7 +54,7 @@ async fn twin_replicas_agree_and_a_drifted_one_is_reported_by_version_and_contex
     );
     assert_eq!(
         report.render(),
-        "runtime.version: 0.11.0 ≠ 0.10.2\nserved.Qwen/Qwen3-0.6B.max-model-len: 8192 ≠ 2048\n"
+        "runtime.version: 0.32.0 ≠ 0.10.2\nserved.Qwen/Qwen3-0.6B.max-model-len: 8192 ≠ 2048\n"
     );
 }
 

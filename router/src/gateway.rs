@@ -477,10 +477,7 @@ impl Gateway {
             RequestOutcome::Forwarded
         };
         self.metrics.request(metric, priority);
-        let sse = head
-            .headers
-            .get(CONTENT_TYPE)
-            .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+        let sse = is_event_stream(&head.headers);
         let in_flight = InFlight {
             endpoint,
             permit,
@@ -597,10 +594,22 @@ impl Gateway {
         }
     }
 
-    /// Sends `upstream` to `endpoint` and waits for its answer's head, up to the first-byte
-    /// timeout, unless the route moves away from the endpoint first.
+    /// Sends `upstream` to `endpoint` and waits for its answer's head and, for a stream, its
+    /// first byte of body, up to the first-byte timeout, unless the route moves away from the
+    /// endpoint first. A stream's head says nothing of the engine: vLLM sends it before the
+    /// engine has produced anything, so a hung engine's streams have a head and no body, and
+    /// until their first byte they may still move to a new route.
     async fn send_unless_moved(&self, endpoint: &Endpoint, upstream: &Outgoing, routed: &Routed) -> Sent {
-        let send = tokio::time::timeout(self.config.first_byte_timeout, self.send(endpoint, upstream));
+        let send = tokio::time::timeout(self.config.first_byte_timeout, async {
+            let mut answer = self.send(endpoint, upstream).await;
+            if let Ok((head, body)) = &mut answer
+                && head.status.is_success()
+                && is_event_stream(&head.headers)
+            {
+                std::future::poll_fn(|cx| body.poll_arrived(cx)).await;
+            }
+            answer
+        });
         tokio::select! {
             biased;
             answer = send => answer.map_or(Sent::TimedOut, Sent::Answer),
@@ -762,10 +771,17 @@ fn deadline_of(headers: &HeaderMap) -> Result<Option<Duration>, Refusal> {
 /// How one send went. Returned once per try and matched at once: boxing the answer would cost an
 /// allocation per request for nothing.
 #[allow(clippy::large_enum_variant)]
+/// Whether an answer is a server-sent event stream.
+fn is_event_stream(headers: &HeaderMap) -> bool {
+    headers
+        .get(CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"))
+}
+
 enum Sent {
     /// The upstream answered, or failed to, before the first-byte timeout.
     Answer(Result<(http::response::Parts, ResponseBody), SendError>),
-    /// No response head within the first-byte timeout.
+    /// No response head, or no first byte of a stream, within the first-byte timeout.
     TimedOut,
     /// The route moved to another pool before the first byte.
     Moved,

@@ -1,5 +1,6 @@
 //! What a route move does to the requests the routers hold, over real sockets: a request a hung
-//! replica took, with no first byte yet, is sent to the new primary when the route moves (and not
+//! replica took, with no first byte yet, is sent to the new primary when the route moves, a stream
+//! whose engine hung after its head as vLLM's does too (and not
 //! when the same endpoints take the route again at a new epoch); a fence that has not read the new
 //! epoch yet holds its endpoint back for a moment and never ejects it, so requests waiting through
 //! a promotion are served as soon as the fence serves.
@@ -70,6 +71,45 @@ fn requests_a_hung_replica_took_are_sent_to_the_new_primary_when_the_route_moves
         0,
         "a move is not a retry"
     );
+}
+
+#[test]
+fn streams_a_hung_engine_gave_only_their_head_are_sent_to_the_new_primary_when_the_route_moves() {
+    // vLLM sends a stream's 200 head before the engine has produced anything: a stopped engine's
+    // streams have a head and no byte of body, which the router must not take for an answer.
+    let hung = Emulator::fast();
+    hung.inject("engine-hung");
+    let standby = Emulator::fast();
+    let router = Arc::new(Router::start(GatewayConfig::default(), None));
+    assert_eq!(router.put_route(&route("a", 1, &[hung.addr()])).status, 200);
+    let clients: Vec<_> = (0..3)
+        .map(|_| {
+            let router = Arc::clone(&router);
+            std::thread::spawn(move || router.complete(&completion(4, true), &[]))
+        })
+        .collect();
+    // Each stream's head reached the router, which holds it: the hung engine's access lines say
+    // it answered them.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while hung.log().matches("POST /v1/completions HTTP/1.1\" 200").count() < 3 {
+        assert!(
+            Instant::now() < deadline,
+            "the hung engine took no streams:\n{}",
+            hung.log()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(router.put_route(&route("b", 2, &[standby.addr()])).status, 200);
+    for client in clients {
+        let reply = client.join().unwrap();
+        assert_eq!(reply.status, 200);
+        assert!(
+            reply.text().ends_with("data: [DONE]\n\n"),
+            "a whole stream: {}",
+            reply.text()
+        );
+    }
+    assert_eq!(metric(&router, "understudy_router_requests_moved_total"), 3);
 }
 
 /// An endpoint that answers each request 200 once `release` is set; counts what it took.

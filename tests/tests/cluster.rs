@@ -333,7 +333,7 @@ async fn emulated_gpu_nodes_run_a_vllm_deployment_as_a_kubelet_would() {
         )
         .await
         .unwrap();
-    assert!(log.contains("Starting vLLM API server"), "{log}");
+    assert!(log.contains("Starting vLLM server on"), "{log}");
     // The prober's own reader, through the API server as the operator reads it.
     let recorded = Recorded::from_api(client.clone(), NS, &pod.name_any(), None)
         .await

@@ -43,6 +43,7 @@ const READ_BY: &[(&str, &[(&str, &str)])] = &[
         ("spec.admission.window", "operator/src/route_push.rs::a_route_taken_by_every_router_is_done_and_carries_pool_endpoints_epoch_and_admission"),
         ("spec.coldStartEstimates.apiReady", "operator/src/controller/status.rs::objective_met_comes_from_the_estimates_for_the_standbys_tier_mix"),
         ("spec.coldStartEstimates.containerStart", "operator/src/controller/status.rs::objective_met_comes_from_the_estimates_for_the_standbys_tier_mix"),
+        ("spec.coldStartEstimates.engineStart", "operator/src/controller/status.rs::objective_met_comes_from_the_estimates_for_the_standbys_tier_mix"),
         ("spec.coldStartEstimates.firstToken", "operator/src/controller/status.rs::objective_met_comes_from_the_estimates_for_the_standbys_tier_mix"),
         ("spec.coldStartEstimates.imagePull", "operator/src/controller/status.rs::objective_met_comes_from_the_estimates_for_the_standbys_tier_mix"),
         ("spec.coldStartEstimates.node", "operator/src/controller/status.rs::objective_met_comes_from_the_estimates_for_the_standbys_tier_mix"),

@@ -22,6 +22,7 @@ pub mod report;
 pub mod scenario;
 pub mod system;
 pub mod timeline;
+pub mod vllm;
 
 use std::io::{IsTerminal, Write};
 use std::net::SocketAddr;
@@ -42,10 +43,13 @@ use understudy_core::failover::{
 };
 use understudy_core::quorum::{Role, StandbyShape};
 use understudy_core::{Epoch, Pool};
+use understudy_prober::outcome::ProbeOutcome;
 use understudy_prober::parity::DriftReport;
 use understudy_prober::parity::flags::{FlagPolicy, flags_fingerprint};
 use understudy_prober::parity::runtime::runtime_fingerprint;
-use understudy_prober::probe::{Endpoint, Expectation, GOLDEN_PREFIX_CHARS, ProbeSpec, probe_round};
+use understudy_prober::probe::{
+    Endpoint, Expectation, GOLDEN_PREFIX_CHARS, ProbeReport, ProbeSpec, probe_round,
+};
 use understudy_prober::report::PoolRound;
 use understudy_prober::sleep::{WakeTimeouts, wake_replica_at_its_level};
 use understudy_router::admission::Priority;
@@ -55,7 +59,7 @@ use self::load::{RequestOutcome, RequestRecord};
 use self::pilot::{ColdStart, Growth, PilotLight};
 use self::replicas::{Launcher, Replica, ReplicaError, Startup};
 use self::report::{AppliedFault, RouteChange, RouterCounts, RunReport, StepSpan, Transition, Verdict};
-use self::scenario::{Checked, FaultKind, PoolName, Topology};
+use self::scenario::{Checked, Engine, FaultKind, PoolName, ProbeKind, Topology};
 use self::system::{RunDir, System};
 
 /// How a run shows its progress.
@@ -97,6 +101,8 @@ pub struct RunOptions {
 pub enum RunError {
     #[error(transparent)]
     Replica(#[from] ReplicaError),
+    #[error(transparent)]
+    Tier(#[from] vllm::NotInstalled),
     #[error("a router or fence: {0}")]
     System(#[from] process::ProcessError),
     #[error("the run's folder: {0}")]
@@ -115,6 +121,9 @@ pub enum RunError {
 
 /// How long a replica may take to start and report ready.
 pub(crate) const START_LIMIT: Duration = Duration::from_secs(30);
+/// How long a real vLLM server may take to be ready: about a minute on two idle cores, twice
+/// that while a build runs beside it.
+const VLLM_START_LIMIT: Duration = Duration::from_secs(300);
 /// How long requests still in flight at the end of the load get to finish.
 const DRAIN_LIMIT: Duration = Duration::from_secs(35);
 
@@ -143,6 +152,8 @@ struct Logic {
     routed: Mutex<Option<Routed>>,
     routers: Vec<RouterAdmin>,
     probe: ProbeSpec,
+    /// How each round judges a replica: generating (understudy's) or `/health` (a baseline).
+    probe_kind: ProbeKind,
     admission: Option<AdmissionSpec>,
     interval: Duration,
     /// How long a promotion may take before its steps stop waiting for all they want.
@@ -310,6 +321,7 @@ async fn set_up(checked: &Checked, options: &RunOptions) -> Result<(Arc<Logic>, 
         routed: Mutex::new(None),
         routers,
         probe,
+        probe_kind: scenario.policy.probe,
         admission: scenario
             .router
             .admission
@@ -356,17 +368,27 @@ async fn start_pools(
         };
         let args = argv[pool.index()][2..].to_vec();
         // The pilot light does not run until a promotion grows it.
-        for i in 0..shape.replicas - shape.pilot_light {
-            let name = format!("{}-{i}", pool_name(pool));
-            let replica = Replica::start(
-                &options.launcher,
-                &name,
-                pool,
-                &scenario.model,
-                &args,
-                Startup::Instant,
-                START_LIMIT,
-            )?;
+        let names: Vec<String> = (0..shape.replicas - shape.pilot_light)
+            .map(|i| format!("{}-{i}", pool_name(pool)))
+            .collect();
+        let started = match shape.engine {
+            Engine::Emulated => names
+                .iter()
+                .map(|name| {
+                    Replica::start(
+                        &options.launcher,
+                        name,
+                        pool,
+                        &scenario.model,
+                        &args,
+                        Startup::Instant,
+                        START_LIMIT,
+                    )
+                })
+                .collect::<Result<Vec<_>, _>>()?,
+            Engine::Vllm => start_real(&names, pool, &scenario.model, &args)?,
+        };
+        for replica in started {
             let fence = system.fence(serving, replica.api).await?;
             pools[serving.index()].replicas.push(replica.api);
             pools[serving.index()].fences.push(fence);
@@ -374,6 +396,27 @@ async fn start_pools(
         }
     }
     Ok((replicas, pools))
+}
+
+/// Starts a pool's real vLLM servers from the tier, all at once: each spends most of its minute
+/// in Python imports and process starts, which overlap well enough on two cores.
+fn start_real(names: &[String], pool: Pool, model: &str, args: &[String]) -> Result<Vec<Replica>, RunError> {
+    let tier = vllm::VllmTier::find()?;
+    std::thread::scope(|scope| {
+        let starting: Vec<_> = names
+            .iter()
+            .map(|name| scope.spawn(|| Replica::start_vllm(&tier, name, pool, model, args, VLLM_START_LIMIT)))
+            .collect();
+        starting
+            .into_iter()
+            .map(|handle| match handle.join() {
+                Ok(started) => started.map_err(RunError::from),
+                Err(_) => Err(RunError::Fault(
+                    "a thread starting a vLLM server panicked".to_owned(),
+                )),
+            })
+            .collect()
+    })
 }
 
 /// Starts the two routers: their admin addresses for the failover logic, their public ones for
@@ -835,7 +878,10 @@ async fn probe_both(logic: &Logic) -> [(Option<CheckResult>, Vec<SocketAddr>); 2
             .iter()
             .map(|a| Endpoint::new(a.ip().to_string(), a.port()))
             .collect();
-        let reports = probe_round(&endpoints, &logic.probe, 0, 0, Duration::ZERO).await;
+        let reports = match logic.probe_kind {
+            ProbeKind::Generate => probe_round(&endpoints, &logic.probe, 0, 0, Duration::ZERO).await,
+            ProbeKind::Health => health_round(&addrs, logic.probe.timeout).await,
+        };
         let quorum = logic.shapes[pool.index()].round_quorum(Role::of(pool == primary));
         let passed = executor::passed(&reports);
         let round = PoolRound {
@@ -847,6 +893,34 @@ async fn probe_both(logic: &Logic) -> [(Option<CheckResult>, Vec<SocketAddr>); 2
     };
     let (a, b) = tokio::join!(round(Pool::A), round(Pool::B));
     [a, b]
+}
+
+/// The baseline's round: `GET /health` of each replica, passed on a 200 within `timeout`, as a
+/// Kubernetes readiness probe judges it. Nothing is generated, so nothing is checked.
+async fn health_round(addrs: &[SocketAddr], timeout: Duration) -> Vec<ProbeReport> {
+    let checks = addrs.iter().map(|addr| async move {
+        let sent = Instant::now();
+        let answer = http::exchange(*addr, "GET", "/health", &[], bytes::Bytes::new(), timeout).await;
+        let took = sent.elapsed();
+        let outcome = match answer {
+            Ok(answer) if answer.status == 200 => ProbeOutcome::Ok {
+                first_token: took,
+                total: took,
+            },
+            Ok(answer) => ProbeOutcome::HttpError(answer.status),
+            Err(http::ExchangeError::Timeout(_)) => ProbeOutcome::Timeout,
+            Err(http::ExchangeError::Connect(_)) => ProbeOutcome::Refused,
+            Err(http::ExchangeError::NoAnswer(_)) => ProbeOutcome::Reset,
+        };
+        ProbeReport {
+            endpoint: Endpoint::new(addr.ip().to_string(), addr.port()),
+            outcome,
+            text: String::new(),
+            first_token: None,
+            total: Some(took),
+        }
+    });
+    futures::future::join_all(checks).await
 }
 
 /// One thing that happens to the system at a scenario time.
@@ -940,18 +1014,22 @@ async fn strike(logic: &Logic, kind: FaultKind, pool: Pool) -> Result<usize, Run
         logic.lease.cut_off(true);
         return Ok(0);
     }
+    let mut count = 0;
     if let Some(text) = kind.emulator_fault() {
         let targets = controls_of(logic, pool);
         for control in &targets {
             inject(*control, text).await?;
         }
-        return Ok(targets.len());
+        count += targets.len();
     }
-    let mut count = 0;
     for replica in lock(&logic.replicas).iter_mut().filter(|r| r.pool == pool) {
         match kind {
             FaultKind::Hang => replica.hang(),
-            _ => replica.crash(),
+            FaultKind::Crash => replica.crash(),
+            // A real vLLM server's engine hangs when its worker stops; the scenario's check
+            // lets no other emulator fault reach a real server.
+            FaultKind::HangEngine if replica.control.is_none() => replica.signal_worker("-STOP"),
+            _ => continue,
         }
         .map_err(|e| RunError::Fault(e.to_string()))?;
         count += 1;
@@ -971,6 +1049,16 @@ async fn heal(logic: &Logic, kind: FaultKind, pool: Pool) -> Result<(), RunError
         }
         FaultKind::Crash => {}
         _ => {
+            if kind == FaultKind::HangEngine {
+                for replica in lock(&logic.replicas)
+                    .iter_mut()
+                    .filter(|r| r.pool == pool && r.control.is_none())
+                {
+                    replica
+                        .signal_worker("-CONT")
+                        .map_err(|e| RunError::Fault(e.to_string()))?;
+                }
+            }
             for control in controls_of(logic, pool) {
                 inject(control, "clear").await?;
             }
@@ -983,7 +1071,7 @@ fn controls_of(logic: &Logic, pool: Pool) -> Vec<SocketAddr> {
     lock(&logic.replicas)
         .iter()
         .filter(|r| r.pool == pool)
-        .map(|r| r.control)
+        .filter_map(|r| r.control)
         .collect()
 }
 
@@ -992,12 +1080,15 @@ async fn sample_memory(logic: Arc<Logic>, peak: Arc<AtomicU64>) {
     let mut ticks = tokio::time::interval(Duration::from_millis(500));
     loop {
         ticks.tick().await;
-        let mut pids: Vec<u32> = lock(&logic.replicas).iter().map(Replica::pid).collect();
-        pids.extend(logic.system.pids());
-        let total: u64 = std::iter::once(std::process::id())
-            .chain(pids)
-            .filter_map(replicas::resident_kib)
+        let replicas: u64 = lock(&logic.replicas)
+            .iter()
+            .map(|r| replicas::replica_resident_kib(r.pid()))
             .sum();
+        let total: u64 = std::iter::once(std::process::id())
+            .chain(logic.system.pids())
+            .filter_map(replicas::resident_kib)
+            .sum::<u64>()
+            + replicas;
         peak.fetch_max(total, Ordering::Relaxed);
     }
 }
@@ -1101,7 +1192,7 @@ fn predicted_detection(checked: &Checked, kind: FaultKind) -> [f64; 2] {
     };
     // A hung or slowed replica's probe takes its whole timeout to fail; the others fail at once.
     let probe = match kind {
-        FaultKind::Hang | FaultKind::Slow => timeout,
+        FaultKind::Hang | FaultKind::HangEngine | FaultKind::Slow => timeout,
         _ => Duration::ZERO,
     };
     let low = (interval * rounds.saturating_sub(1) + probe).saturating_sub(timeout);
@@ -1156,12 +1247,18 @@ fn build_report(
     let routed = first_routed(&journal.transitions);
     let requests = report::count(records, routed_by);
     let in_flight = failed_in_flight(records, fault_at);
+    let ok_after_fault = fault_at.map(|at| {
+        records
+            .iter()
+            .filter(|r| r.outcome == RequestOutcome::Ok && r.sent >= at)
+            .count() as u64
+    });
     let ttft_interactive = report::ttft(records, Some(Priority::Interactive), fault_at, routed, ended);
     let (passed, reasons) = judge(
         &scenario.expect,
         journal.transitions.len() as u32,
         &requests,
-        in_flight,
+        (in_flight, ok_after_fault),
         &ttft_interactive,
     );
     let verdict = match (interrupted, passed) {
@@ -1218,7 +1315,7 @@ fn build_report(
         verdict_reasons: reasons,
         not_measured: vec![
             "a warm promotion times each replica's wake, not the stages inside it; a pilot light's \
-             stages start at its process (no node or image stages here)"
+             stages start at its process (no node, image or container-start stages here)"
                 .to_owned(),
             "answers that are wrong but look fine are counted ok: the load does not check what it gets"
                 .to_owned(),
@@ -1263,7 +1360,7 @@ fn judge(
     expect: &scenario::Expect,
     finished: u32,
     requests: &report::Requests,
-    in_flight: u64,
+    (in_flight, ok_after_fault): (u64, Option<u64>),
     ttft_interactive: &report::Ttft,
 ) -> (bool, Vec<String>) {
     let mut reasons = Vec::new();
@@ -1294,6 +1391,22 @@ fn judge(
             requests.failed,
             if holds { "" } else { ": FAILED" }
         ));
+    }
+    if let Some(most) = expect.max_ok_sent_after_fault {
+        let (holds, line) = match ok_after_fault {
+            Some(ok) => (
+                ok <= most,
+                format!(
+                    "{ok} request(s) sent after the fault succeeded, at most {most} expected of this baseline"
+                ),
+            ),
+            None => (
+                false,
+                "no fault struck a replica, so nothing was sent after one".to_owned(),
+            ),
+        };
+        passed &= holds;
+        reasons.push(format!("{line}{}", if holds { "" } else { ": FAILED" }));
     }
     if let Some(least) = expect.min_failed {
         let holds = requests.failed >= least;

@@ -179,7 +179,8 @@ pub struct StageTime {
 pub struct ColdStart {
     pub replica: String,
     pub tier: &'static str,
-    /// From the process's start; the stages before it (node, image) have no local counterpart.
+    /// From the process's start; the stages before it (node, image, container start) have no
+    /// local counterpart.
     pub stages: Vec<StageTime>,
     /// From the process's start (or the wake's) to its first passing generating probe.
     pub to_first_token_ms: Option<f64>,
@@ -205,7 +206,10 @@ impl ColdStart {
         ColdStart::from_log(&replica.name, tier, replica.spawned, &replica.startup_log)
     }
 
-    /// The stages a stamped startup log shows, for a process started at `spawned`.
+    /// The stages a stamped startup log shows, for a process started at `spawned`. A local process
+    /// runs once it is spawned, with no image to unpack and no container to create, so there is
+    /// no container start to time: its engine start runs from the spawn, as a pod's runs from its
+    /// container's `startedAt`.
     #[must_use]
     pub fn from_log(replica: &str, tier: &'static str, spawned: Timestamp, text: &str) -> ColdStart {
         let log = StartupLog::parse(text);
@@ -217,7 +221,7 @@ impl ColdStart {
             at(log.api_ready),
         );
         let stages = [
-            (ColdStartStage::ContainerStart, between(Some(spawned), loading)),
+            (ColdStartStage::EngineStart, between(Some(spawned), loading)),
             (ColdStartStage::WeightLoad, between(loading, loaded)),
             (ColdStartStage::Warmup, between(loaded, engine)),
             (ColdStartStage::Ready, between(engine, api)),
@@ -291,9 +295,18 @@ mod tests {
 ";
         let mut cold = ColdStart::from_log("b-1", "pilot-light", spawned, log);
         cold.first_token("2026-12-01T10:00:01.100Z".parse().unwrap());
-        let got: Vec<Option<f64>> = cold.stages.iter().map(|s| s.ms).collect();
+        let got: Vec<(&str, Option<f64>)> = cold.stages.iter().map(|s| (s.stage, s.ms)).collect();
         // No `init engine` line: warmup and ready are unknown, never guessed.
-        assert_eq!(got, [Some(200.0), Some(550.0), None, None, Some(50.0)]);
+        assert_eq!(
+            got,
+            [
+                ("engine-start", Some(200.0)),
+                ("weight-load", Some(550.0)),
+                ("warmup", None),
+                ("ready", None),
+                ("first-token", Some(50.0))
+            ]
+        );
         assert_eq!(cold.to_first_token_ms, Some(1_100.0));
         assert_eq!(cold.to_ready(), Some(Duration::from_millis(1_050)));
     }

@@ -1,17 +1,22 @@
 //! The pools' replicas as real processes: one `vllm-emulator` each, on loopback ports it picks
-//! and reports, killed with a real signal when a fault says so and always when the run ends.
+//! and reports, or one real vLLM server from the tier ([`super::vllm`]) on a port picked for it;
+//! killed with a real signal when a fault says so and always when the run ends.
 //!
-//! A [`Replica`] owns its child process: dropping it kills the process and reaps it, so a run
-//! that stops early, by Ctrl-C or by a failure, leaves nothing behind.
+//! A [`Replica`] owns its child process, started in a process group of its own (a vLLM server is
+//! three processes): dropping it kills the group and reaps the child, so a run that stops early,
+//! by Ctrl-C or by a failure, leaves nothing behind.
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read};
 use std::net::SocketAddr;
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
 use understudy_core::Pool;
+
+use super::vllm::{self, VllmTier};
 
 /// How to start an emulator: the program and the arguments before `serve`. The runner re-runs
 /// its own binary (`understudy-gameday emulator serve …`); tests start `vllm-emulator` itself.
@@ -38,6 +43,14 @@ pub enum ReplicaError {
     },
     #[error("signalling replica {name}: {message}")]
     Signal { name: String, message: String },
+    #[error("picking a port for replica {name}: {source}")]
+    Port {
+        name: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("replica {name} is real vLLM, whose API server has no worker process to stop (yet, or any more)")]
+    NoWorker { name: String },
 }
 
 /// How long a replica's startup stages take.
@@ -57,8 +70,8 @@ pub struct Replica {
     pub pool: Pool,
     /// The OpenAI-compatible API, on loopback.
     pub api: SocketAddr,
-    /// The emulator's fault endpoint.
-    pub control: SocketAddr,
+    /// The emulator's fault endpoint; none for a real vLLM server.
+    pub control: Option<SocketAddr>,
     /// When the process was started.
     pub spawned: jiff::Timestamp,
     /// Its log up to readiness, each line stamped when it was read, as `kubectl logs
@@ -85,7 +98,8 @@ fn address_in(line: &str) -> Option<SocketAddr> {
 }
 
 impl Replica {
-    /// Starts replica `name` of `pool` serving `model`, and waits until it is ready.
+    /// Starts replica `name` of `pool` serving `model` with the emulator, and waits until it is
+    /// ready.
     pub fn start(
         launcher: &Launcher,
         name: &str,
@@ -102,42 +116,95 @@ impl Replica {
             .args(["--emu-control-port", "0"])
             .args((startup == Startup::Instant).then_some("--emu-instant"))
             .args(extra)
-            .env("VLLM_SERVER_DEV_MODE", "1")
+            .env("VLLM_SERVER_DEV_MODE", "1");
+        let (mut replica, reported) = Replica::spawn(command, &launcher.program, name, pool, None, limit)?;
+        match reported.control {
+            Some(control) => {
+                replica.control = Some(control);
+                Ok(replica)
+            }
+            None => Err(ReplicaError::NotReady {
+                name: name.to_owned(),
+                limit,
+                tail: reported.tail.join(" | "),
+            }),
+        }
+    }
+
+    /// Starts replica `name` of `pool` as a real vLLM server of the tier's model, served as
+    /// `model`, and waits until it is ready (about a minute on two idle cores).
+    pub fn start_vllm(
+        tier: &VllmTier,
+        name: &str,
+        pool: Pool,
+        model: &str,
+        extra: &[String],
+        limit: Duration,
+    ) -> Result<Replica, ReplicaError> {
+        let port = vllm::free_port().map_err(|source| ReplicaError::Port {
+            name: name.to_owned(),
+            source,
+        })?;
+        let api = SocketAddr::from(([127, 0, 0, 1], port));
+        let command = tier.command(model, port, true, extra);
+        Replica::spawn(command, &tier.python, name, pool, Some(api), limit).map(|(replica, _)| replica)
+    }
+
+    /// Starts `command` in a process group of its own, reading its output, and waits for
+    /// `Application startup complete.` and, when `api` is not known beforehand, the line that
+    /// tells the API's address.
+    fn spawn(
+        mut command: Command,
+        program: &std::path::Path,
+        name: &str,
+        pool: Pool,
+        api: Option<SocketAddr>,
+        limit: Duration,
+    ) -> Result<(Replica, Reported), ReplicaError> {
+        command
+            .process_group(0)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::null());
+            .stderr(Stdio::piped());
         let spawned = jiff::Timestamp::now();
         let mut child = command.spawn().map_err(|source| ReplicaError::Spawn {
-            program: launcher.program.display().to_string(),
+            program: program.display().to_string(),
             source,
         })?;
         let (lines, seen) = mpsc::channel();
-        if let Some(stdout) = child.stdout.take() {
-            // The reader ends with the process; its lines after readiness (one access line per
+        for pipe in [
+            child.stdout.take().map(|s| Box::new(s) as Box<dyn Read + Send>),
+            child.stderr.take().map(|s| Box::new(s) as Box<dyn Read + Send>),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            // The readers end with the process; its lines after readiness (one access line per
             // request) are read and dropped, so that the replica never blocks on a full pipe.
+            let lines = lines.clone();
             std::thread::spawn(move || {
-                for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                for line in BufReader::new(pipe).lines().map_while(Result::ok) {
                     let _ = lines.send(format!("{} {line}", jiff::Timestamp::now()));
                 }
             });
         }
+        drop(lines);
         let mut replica = Replica {
             name: name.to_owned(),
             pool,
-            api: SocketAddr::from(([127, 0, 0, 1], 0)),
-            control: SocketAddr::from(([127, 0, 0, 1], 0)),
+            api: api.unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 0))),
+            control: None,
             spawned,
             startup_log: String::new(),
             child,
             stopped: false,
         };
         let reported = wait_until_ready(&seen, limit);
-        match (reported.api, reported.control, reported.ready) {
-            (Some(api), Some(control), true) => {
+        match (api.or(reported.api), reported.ready) {
+            (Some(api), true) => {
                 replica.api = api;
-                replica.control = control;
-                replica.startup_log = reported.log;
-                Ok(replica)
+                replica.startup_log = reported.log.clone();
+                Ok((replica, reported))
             }
             _ => Err(ReplicaError::NotReady {
                 name: name.to_owned(),
@@ -153,23 +220,20 @@ impl Replica {
         self.child.id()
     }
 
-    /// SIGKILL: the process is gone at once, its port refuses connections.
+    /// SIGKILL to every process of the replica: it is gone at once, its port refuses.
     pub fn crash(&mut self) -> Result<(), ReplicaError> {
         self.stopped = true;
-        self.child.kill().map_err(|e| ReplicaError::Signal {
-            name: self.name.clone(),
-            message: e.to_string(),
-        })?;
+        let killed = self.signal("-KILL");
         let _ = self.child.wait();
-        Ok(())
+        killed
     }
 
-    /// SIGSTOP: the process stays, its connections stay open, nothing answers.
+    /// SIGSTOP to every process of the replica: connections stay open, nothing answers.
     pub fn hang(&mut self) -> Result<(), ReplicaError> {
         self.signal("-STOP")
     }
 
-    /// SIGCONT: a hung process carries on where it stopped.
+    /// SIGCONT: a hung replica carries on where it stopped.
     pub fn resume(&mut self) -> Result<(), ReplicaError> {
         if self.stopped {
             // Crashed: there is nothing to continue.
@@ -178,8 +242,21 @@ impl Replica {
         self.signal("-CONT")
     }
 
+    /// A real vLLM server's worker process, stopped (`-STOP`) or continued (`-CONT`): stopped,
+    /// the API server answers `/health` and takes requests while no generation makes progress.
+    pub fn signal_worker(&mut self, signal_name: &str) -> Result<(), ReplicaError> {
+        let worker = vllm::worker_of(self.child.id()).ok_or_else(|| ReplicaError::NoWorker {
+            name: self.name.clone(),
+        })?;
+        signal(worker, signal_name).map_err(|message| ReplicaError::Signal {
+            name: self.name.clone(),
+            message,
+        })
+    }
+
+    /// Every process of the replica's group.
     fn signal(&self, signal_name: &str) -> Result<(), ReplicaError> {
-        signal(self.child.id(), signal_name).map_err(|message| ReplicaError::Signal {
+        signal_group(self.child.id(), signal_name).map_err(|message| ReplicaError::Signal {
             name: self.name.clone(),
             message,
         })
@@ -198,6 +275,30 @@ pub(crate) fn signal(pid: u32, signal: &str) -> Result<(), String> {
     } else {
         Err(format!("kill {signal} exited with {status}"))
     }
+}
+
+/// Sends `signal` to the process group `group` leads (a replica's, started with
+/// `process_group(0)`).
+fn signal_group(group: u32, signal: &str) -> Result<(), String> {
+    let status = Command::new("kill")
+        .args([signal, "--", &format!("-{group}")])
+        .status()
+        .map_err(|e| e.to_string())?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("kill {signal} -- -{group} exited with {status}"))
+    }
+}
+
+/// The resident memory of a replica, `pid` and the processes below it (a vLLM server's engine
+/// core and worker), in KiB.
+#[must_use]
+pub fn replica_resident_kib(pid: u32) -> u64 {
+    std::iter::once(pid)
+        .chain(vllm::descendants(pid).into_iter().map(|(child, _)| child))
+        .filter_map(resident_kib)
+        .sum()
 }
 
 /// The resident memory of process `pid` in KiB, from `/proc`; `None` when it is gone or this
@@ -241,7 +342,9 @@ fn wait_until_ready(seen: &mpsc::Receiver<String>, limit: Duration) -> Reported 
 impl Drop for Replica {
     fn drop(&mut self) {
         if !self.stopped {
-            // A stopped (SIGSTOP) process still dies of SIGKILL.
+            // A stopped (SIGSTOP) process still dies of SIGKILL; the group holds a vLLM server's
+            // engine core and worker too.
+            let _ = signal_group(self.child.id(), "-KILL");
             let _ = self.child.kill();
             let _ = self.child.wait();
         }

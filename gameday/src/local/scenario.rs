@@ -179,6 +179,36 @@ pub struct PoolShape {
     /// with, after the runner's own: `["--max-num-seqs", "2"]` for two workers.
     #[serde(default)]
     pub args: Vec<String>,
+    /// What serves: the emulator (the default), or real vLLM from the tier
+    /// `tests/vllm/install.sh` installs.
+    #[serde(default)]
+    pub engine: Engine,
+}
+
+/// What a pool's replicas run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Engine {
+    /// `vllm-emulator`: sleep mode, GPU-sized timings, every fault, many replicas.
+    #[default]
+    Emulated,
+    /// Real vLLM (its CPU build) serving the tier's tiny model: about a minute and 4 GB of
+    /// memory per replica, no sleep mode, and only the faults signals make (crash, hang,
+    /// hang-engine).
+    Vllm,
+}
+
+/// How the failover logic judges a replica each round.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ProbeKind {
+    /// A generating probe whose answer is checked against the golden answer (understudy's).
+    #[default]
+    Generate,
+    /// `GET /health` answering 200 within the timeout, as a Kubernetes readiness probe or a
+    /// load balancer's health check judges it: a baseline, blind to an engine that hangs while
+    /// its API server answers.
+    Health,
 }
 
 /// The failover policy, in the FailoverPolicy's own terms.
@@ -215,6 +245,9 @@ pub struct LocalPolicy {
     /// what still runs there).
     #[serde(default = "one_minute")]
     pub drain_for: String,
+    /// How each replica is judged: `generate` (the default) or `health`, a baseline.
+    #[serde(default)]
+    pub probe: ProbeKind,
 }
 
 fn one_minute() -> String {
@@ -255,6 +288,7 @@ impl Default for LocalPolicy {
             min_serving_fraction: None,
             recovery_objective: five_minutes(),
             drain_for: one_minute(),
+            probe: ProbeKind::Generate,
         }
     }
 }
@@ -342,6 +376,9 @@ pub enum FaultKind {
     Crash,
     /// SIGSTOP: connections stay open and nothing answers.
     Hang,
+    /// The engine stops while the API server answers: real vLLM's worker process stopped
+    /// (SIGSTOP), the emulator's `engine-hung`. `/health` stays 200; no generation progresses.
+    HangEngine,
     /// Health answers, generation fails with a 500 (the emulator's `half-failed:error`).
     HalfFailed,
     /// Fluent answers that are not the model's (the emulator's `wrong-output`): only a
@@ -359,6 +396,7 @@ impl FaultKind {
     pub fn emulator_fault(self) -> Option<&'static str> {
         match self {
             FaultKind::Crash | FaultKind::Hang | FaultKind::LostLease => None,
+            FaultKind::HangEngine => Some("engine-hung"),
             FaultKind::HalfFailed => Some("half-failed:error"),
             FaultKind::WrongOutput => Some("wrong-output"),
             FaultKind::Slow => Some("slow:10"),
@@ -378,6 +416,7 @@ impl FaultKind {
         match self {
             FaultKind::Crash => "crash",
             FaultKind::Hang => "hang",
+            FaultKind::HangEngine => "hang-engine",
             FaultKind::HalfFailed => "half-failed",
             FaultKind::WrongOutput => "wrong-output",
             FaultKind::Slow => "slow",
@@ -411,6 +450,10 @@ pub struct Expect {
     /// its name says, and the comparison would be wrong.
     #[serde(default)]
     pub min_failed: Option<u64>,
+    /// The most requests sent after the first fault that may succeed: a baseline that keeps
+    /// serving through the fault was not blind to it, and the comparison would be wrong.
+    #[serde(default)]
+    pub max_ok_sent_after_fault: Option<u64>,
     /// The most the interactive p99 time to first token in the storm after the route may be,
     /// as a multiple of its steady p99 before the fault.
     #[serde(default)]
@@ -607,6 +650,34 @@ impl Scenario {
                 "pools.b",
                 "warm and pilotLight together must be at most replicas, and sleepLevel 1 or 2",
             ));
+        }
+        if b.engine == Engine::Vllm && (b.warm > 0 || b.pilot_light > 0) {
+            return Err(invalid(
+                "pools.b",
+                "a real vLLM pool serves hot: vLLM's CPU build has no sleep mode for a warm tier, \
+                 and a pilot light of real servers is not built yet",
+            ));
+        }
+        for fault in &self.faults {
+            let real = |pool: &PoolShape| pool.engine == Engine::Vllm;
+            let struck_real = match fault.pool {
+                Some(PoolName::A) => real(&self.pools.a),
+                Some(PoolName::B) => real(&self.pools.b),
+                None => real(&self.pools.a) || real(&self.pools.b),
+            };
+            let by_signal = matches!(
+                fault.fault,
+                FaultKind::Crash | FaultKind::Hang | FaultKind::HangEngine | FaultKind::LostLease
+            );
+            if struck_real && !by_signal {
+                return Err(invalid(
+                    "faults[].fault",
+                    format!(
+                        "{} needs the emulator's fault port; a real vLLM pool takes crash, hang and hang-engine",
+                        fault.fault.as_str()
+                    ),
+                ));
+            }
         }
         Ok(())
     }

@@ -949,8 +949,8 @@ mod tests {
         .unwrap()
     }
 
-    const SEED_004: &str = "coldStartEstimates: {node: 6m, imagePull: 2m, containerStart: 10s, weightLoad: 70s, \
-                            warmup: 60s, apiReady: 5s, firstToken: 2s, wakeLevel1: 25s}\n";
+    const SEED_004: &str = "coldStartEstimates: {node: 6m, imagePull: 2m, containerStart: 1s, engineStart: 9s, \
+                            weightLoad: 70s, warmup: 60s, apiReady: 5s, firstToken: 2s, wakeLevel1: 25s}\n";
     const FOUR_AND_FOUR: &str = "[{tier: warm, replicas: 4}, {tier: pilotLight, replicas: 4}]";
     const PILOT_LIGHT: &str = "[{tier: pilotLight, replicas: 8}]";
 

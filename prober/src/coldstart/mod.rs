@@ -3,7 +3,7 @@
 //! One [`Timeline`] per replica, built from the pod's conditions and events ([`kube`]), the
 //! container's `kubectl logs --timestamps` output ([`vllm_log`]) and the first successful
 //! generating probe. The stages are [`ColdStartStage`]s in start order: node, image, container
-//! start, weight load, warmup, ready, first token. A stage whose signal is missing is
+//! start, engine start, weight load, warmup, ready, first token. A stage whose signal is missing is
 //! [`StageDuration::Unknown`] with the missing signal named: this module must never guess a
 //! time, and it does no I/O ([`source`] reads the files or the API).
 
@@ -39,7 +39,11 @@ pub enum ColdStartStage {
     Image,
     /// Image ready → the container process running (create and start).
     ContainerStart,
-    /// `Starting to load model` → `Model loading took`.
+    /// The container running → `Starting to load model`: Python's imports, the API server
+    /// resolving the model's config, the engine core and worker processes starting.
+    EngineStart,
+    /// `Starting to load model` → `Model loading took` (or, where that is not printed, as on CPU,
+    /// `Loading weights took`).
     WeightLoad,
     /// Weights loaded → engine initialised (profiling, KV cache, torch.compile, CUDA graphs).
     Warmup,
@@ -51,10 +55,11 @@ pub enum ColdStartStage {
 }
 
 impl ColdStartStage {
-    pub const ALL: [ColdStartStage; 7] = [
+    pub const ALL: [ColdStartStage; 8] = [
         ColdStartStage::Node,
         ColdStartStage::Image,
         ColdStartStage::ContainerStart,
+        ColdStartStage::EngineStart,
         ColdStartStage::WeightLoad,
         ColdStartStage::Warmup,
         ColdStartStage::Ready,
@@ -66,6 +71,7 @@ impl ColdStartStage {
             ColdStartStage::Node => "node",
             ColdStartStage::Image => "image",
             ColdStartStage::ContainerStart => "container-start",
+            ColdStartStage::EngineStart => "engine-start",
             ColdStartStage::WeightLoad => "weight-load",
             ColdStartStage::Warmup => "warmup",
             ColdStartStage::Ready => "ready",
@@ -223,6 +229,7 @@ pub fn build(inputs: &ColdStartInputs<'_>) -> Timeline {
     let node = node_stage(pod, &events, created);
     let image = image_stage(&events);
     let container_start = container_start_stage(status, &events, image.finished);
+    let engine_start = engine_start_stage(&log, container_start.finished);
     let weight_load = weight_load_stage(&log);
     let warmup = warmup_stage(&log, weight_load.finished);
     let ready = ready_stage(pod, &log, created, warmup.finished);
@@ -231,6 +238,7 @@ pub fn build(inputs: &ColdStartInputs<'_>) -> Timeline {
         node,
         image,
         container_start,
+        engine_start,
         weight_load,
         warmup,
         ready,
@@ -423,6 +431,48 @@ fn container_start_stage(
     }
 }
 
+/// Engine start: the container running → `Starting to load model`, with the milestones the log
+/// shows inside it, each after the container started. Where the engine core loads the model
+/// itself (vLLM 0.11 on one GPU), no worker line is printed and none is named.
+fn engine_start_stage(log: &StartupLog, running: Option<Timestamp>) -> StageReport {
+    let load_start = log.load_started.and_then(|m| m.at);
+    let milestones = [
+        ("API server", log.api_server_started),
+        ("config resolved", log.config_resolved),
+        ("engine core", log.engine_core_started),
+        ("worker", log.worker_started),
+    ];
+    let detail = milestones
+        .into_iter()
+        .filter_map(|(name, mark)| {
+            let at = mark?.at?;
+            if load_start.is_some_and(|end| at > end) {
+                return None;
+            }
+            let after = between(running, Some(at))?;
+            Some(format!("{name} at +{:.1} s", after.as_secs_f64()))
+        })
+        .collect();
+    StageReport {
+        stage: ColdStartStage::EngineStart,
+        duration: match (running, load_start) {
+            (None, _) => StageDuration::Unknown {
+                missing: "the container's running.startedAt or a Started event",
+            },
+            (_, None) => StageDuration::Unknown {
+                missing: "a timestamped `Starting to load model` line",
+            },
+            _ => known_or(
+                between(running, load_start),
+                "loading before the container ran (clock skew)",
+            ),
+        },
+        started: running,
+        finished: load_start,
+        detail,
+    }
+}
+
 /// Weight load: the log's own span, else vLLM's printed seconds.
 fn weight_load_stage(log: &StartupLog) -> StageReport {
     let load_start = log.load_started.and_then(|m| m.at);
@@ -435,7 +485,7 @@ fn weight_load_stage(log: &StartupLog) -> StageReport {
         stage: ColdStartStage::WeightLoad,
         duration: known_or(
             between(load_start, load_end).or_else(|| log.load_seconds.and_then(duration_of)),
-            "`Starting to load model` and `Model loading took` lines",
+            "`Starting to load model` and `Model loading took` (or `Loading weights took`) lines",
         ),
         started: load_start,
         finished: load_end,
@@ -465,7 +515,7 @@ fn warmup_stage(log: &StartupLog, load_end: Option<Timestamp>) -> StageReport {
         stage: ColdStartStage::Warmup,
         duration: known_or(
             between(load_end, engine_ready).or_else(|| log.engine_init_seconds.and_then(duration_of)),
-            "`Model loading took` and `init engine … took` lines",
+            "`Model loading took` (or `Loading weights took`) and `init engine … took` lines",
         ),
         started: load_end,
         finished: engine_ready,
@@ -489,6 +539,8 @@ fn ready_stage(
         detail.push("pod Ready condition".to_string());
     }
     if let Some(d) = between(created, ready_condition) {
+        // To the millisecond, as the table prints times; an API server writes whole seconds.
+        let d = Duration::from_millis(d.as_millis() as u64);
         detail.push(format!("pod Ready at +{}", understudy_core::duration::format(d)));
     }
     StageReport {

@@ -317,6 +317,30 @@ impl ResponseBody {
         Poll::Ready(Some(Ok(out.take())))
     }
 
+    /// Ready once some of the body has arrived, or the connection ended, without taking what
+    /// came: a stream's head can come long before its first event (vLLM sends a stream's 200 at
+    /// once and its first event with the engine's first output).
+    pub fn poll_arrived(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        if self.failed.is_some() || self.decoder.is_done() {
+            return Poll::Ready(());
+        }
+        let Some(connection) = self.connection.as_mut() else {
+            return Poll::Ready(());
+        };
+        if !connection.buf.is_empty() {
+            return Poll::Ready(());
+        }
+        match connection.poll_fill(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Ok(_)) => Poll::Ready(()),
+            Poll::Ready(Err(e)) => {
+                self.connection = None;
+                self.failed = Some(BodyError::Io(e));
+                Poll::Ready(())
+            }
+        }
+    }
+
     /// True once the body has been read to its end.
     #[must_use]
     pub fn is_end_stream(&self) -> bool {
