@@ -475,3 +475,28 @@ async fn with_both_pools_down_nothing_fails_over_and_clients_are_told_to_come_ba
     );
     assert!(report.failed_before_reaching_a_replica > 0, "{report:#?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_engine_behind_a_green_health_blinds_the_health_checked_baseline_and_not_the_generating_probes()
+ {
+    let [baseline, ours] =
+        &run_plan(include_str!("../../examples/gamedays/local/hung-engine.yaml")).await[..]
+    else {
+        panic!("two runs");
+    };
+    // The baseline never noticed: nothing failed over, and every request sent after the hang
+    // failed, as its client saw it.
+    assert_eq!(baseline.verdict, Verdict::Passed, "{baseline:#?}");
+    assert!(baseline.transitions.is_empty(), "{:?}", baseline.transitions);
+    let after = baseline.requests.failed - baseline.failed_in_flight_at_fault;
+    assert!(after > 20, "{:?}", baseline.requests);
+    // Generating probes saw it: b took over, and nothing sent after the hang was lost, streams
+    // whose 200 head had come from the hung engine included.
+    assert_eq!(ours.verdict, Verdict::Passed, "{ours:#?}");
+    assert_eq!(
+        ours.requests.failed, ours.failed_in_flight_at_fault,
+        "{:?}",
+        ours.requests
+    );
+    assert!(ours.requests.moved > 0, "{:?}", ours.requests);
+}

@@ -952,4 +952,32 @@ mod tests {
         }
         assert!(seen >= 7, "{seen} scenarios");
     }
+
+    #[test]
+    fn a_real_vllm_pool_serves_hot_and_takes_only_the_faults_signals_make() {
+        let real = DEFAULT.replace("  b: {replicas: 2}", "  b: {replicas: 2, engine: vllm, warm: 1}");
+        assert!(
+            matches!(
+                Scenario::parse(&real),
+                Err(ScenarioError::Invalid { field: "pools.b", .. })
+            ),
+            "{real}"
+        );
+        let half_failed = DEFAULT
+            .replace("  a: {replicas: 2}", "  a: {replicas: 2, engine: vllm}")
+            .replace("fault: crash", "fault: half-failed");
+        match Scenario::parse(&half_failed) {
+            Err(ScenarioError::Invalid { field, message }) => {
+                assert_eq!(field, "faults[].fault");
+                assert!(message.contains("half-failed"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+        let hung = DEFAULT
+            .replace("  a: {replicas: 2}", "  a: {replicas: 2, engine: vllm}")
+            .replace("fault: crash", "fault: hang-engine");
+        let checked = Scenario::parse(&hung).unwrap();
+        assert_eq!(checked.scenario.pools.a.engine, Engine::Vllm);
+        assert_eq!(checked.scenario.faults[0].fault, FaultKind::HangEngine);
+    }
 }
