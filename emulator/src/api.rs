@@ -166,6 +166,12 @@ async fn gatekeeper(State(state): State<Arc<AppState>>, request: Request, next: 
             return (StatusCode::UNAUTHORIZED, Json(json!({"error": "Unauthorized"}))).into_response();
         }
     }
+    if takes_json(request.uri().path()) && !is_json(request.headers()) {
+        // vLLM's `validate_json_request`, before the body is read.
+        let message = "1 validation error:\n  Unsupported Media Type: Only 'application/json' is allowed";
+        let body = json!({"error": {"message": message, "type": "Bad Request", "param": null, "code": 400}});
+        return (StatusCode::BAD_REQUEST, Json(body)).into_response();
+    }
     // The body is read whole, within a deadline, before any handler: a client that sends half a
     // body is answered 408 and does not hold a handler (every route takes a small JSON body).
     let (parts, body) = request.into_parts();
@@ -173,6 +179,23 @@ async fn gatekeeper(State(state): State<Arc<AppState>>, request: Request, next: 
         Ok(body) => next.run(Request::from_parts(parts, Body::from(body))).await,
         Err(e) => e.into_response(),
     }
+}
+
+/// The routes whose body vLLM reads as JSON, and refuses under any other content type.
+fn takes_json(path: &str) -> bool {
+    matches!(path, "/v1/completions" | "/v1/chat/completions" | "/tokenize")
+}
+
+/// `Content-Type: application/json`, with or without parameters.
+fn is_json(headers: &http::HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            v.split(';')
+                .next()
+                .is_some_and(|t| t.trim().eq_ignore_ascii_case("application/json"))
+        })
 }
 
 /// The whole body within `timeout`: 408 past it, 413 over [`MAX_BODY_BYTES`], 400 when it broke

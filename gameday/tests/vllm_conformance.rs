@@ -222,12 +222,25 @@ enum NoAnswer {
     Broken(String),
 }
 
-/// One request on a fresh connection (`Connection: close`), read to its end within `limit`.
+/// One request on a fresh connection (`Connection: close`), its body sent as JSON, read to its
+/// end within `limit`.
 fn exchange(
     addr: SocketAddr,
     method: &str,
     path: &str,
     body: Option<&str>,
+    limit: Duration,
+) -> Result<Answer, NoAnswer> {
+    exchange_as(addr, method, path, body, "application/json", limit)
+}
+
+/// [`exchange`] with the body sent as `content_type`.
+fn exchange_as(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+    content_type: &str,
     limit: Duration,
 ) -> Result<Answer, NoAnswer> {
     let deadline = Instant::now() + limit;
@@ -238,7 +251,7 @@ fn exchange(
     };
     let body = body.unwrap_or("");
     let request = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: {content_type}\r\n\
          Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
@@ -683,6 +696,32 @@ fn check_bad_json(pair: &mut Pair) -> Verdict {
     Ok(Passed::Yes)
 }
 
+fn check_json_content_type(pair: &mut Pair) -> Verdict {
+    let body = completion(false).to_string();
+    let plain = exchange_as(
+        pair.dev.api,
+        "POST",
+        "/v1/completions",
+        Some(&body),
+        "text/plain",
+        CALL,
+    );
+    let answer = plain.map_err(|e| format!("{e:?}"))?;
+    error_answer(&answer, 400, None)?;
+    ensure(answer.body.contains("application/json"), || answer.body.clone())?;
+    let charset = "application/json; charset=utf-8";
+    let with_charset = exchange_as(
+        pair.dev.api,
+        "POST",
+        "/v1/completions",
+        Some(&body),
+        charset,
+        CALL,
+    );
+    status(&with_charset.map_err(|e| format!("{e:?}"))?, 200)?;
+    Ok(Passed::Yes)
+}
+
 fn check_stream_options_without_a_stream(pair: &mut Pair) -> Verdict {
     let mut body = completion(false);
     body["stream_options"] = json!({"include_usage": true});
@@ -895,7 +934,7 @@ fn check_dead_engine(pair: &mut Pair) -> Verdict {
 }
 
 /// Every check, by what it checks, in the order they run.
-const CHECKS: [(&str, fn(&mut Pair) -> Verdict); 21] = [
+const CHECKS: [(&str, fn(&mut Pair) -> Verdict); 22] = [
     (
         "/health refuses connections while starting, then answers 200",
         check_health_while_starting,
@@ -938,6 +977,10 @@ const CHECKS: [(&str, fn(&mut Pair) -> Verdict); 21] = [
         check_unknown_model,
     ),
     ("bad JSON: 400 with vLLM's error body", check_bad_json),
+    (
+        "a body not sent as application/json: 400, and with a charset: 200",
+        check_json_content_type,
+    ),
     (
         "stream_options on a request that does not stream: 400 BadRequestError",
         check_stream_options_without_a_stream,

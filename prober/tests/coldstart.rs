@@ -36,6 +36,23 @@ fn timeline(
     })
 }
 
+/// The timeline of fixture `dir` with `pod` for its pod JSON and its events of `reason` left out.
+fn timeline_without_event(dir: &str, pod: &str, reason: &str) -> Timeline {
+    let pod = coldstart::parse_pod(pod).unwrap();
+    let events: Vec<_> = coldstart::parse_events(&fixture(dir, "events.json"))
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.reason != reason)
+        .collect();
+    coldstart::build(&ColdStartInputs {
+        pod: &pod,
+        events: &events,
+        log: &fixture(dir, "logs.txt"),
+        container: None,
+        first_token: None,
+    })
+}
+
 fn ms(millis: u64) -> Option<Duration> {
     Some(Duration::from_millis(millis))
 }
@@ -178,20 +195,8 @@ fn the_sidecars_pull_does_not_time_the_serving_container() {
 
 #[test]
 fn a_missing_pulled_event_leaves_image_and_container_start_unknown_not_guessed() {
-    let pod = coldstart::parse_pod(&fixture("newer", "pod.json")).unwrap();
-    let events: Vec<_> = coldstart::parse_events(&fixture("newer", "events.json"))
-        .unwrap()
-        .into_iter()
-        .filter(|e| e.reason != "Pulled")
-        .collect();
-    let log = fixture("newer", "logs.txt");
-    let t = coldstart::build(&ColdStartInputs {
-        pod: &pod,
-        events: &events,
-        log: &log,
-        container: None,
-        first_token: None,
-    });
+    let pod = fixture("newer", "pod.json");
+    let t = timeline_without_event("newer", &pod, "Pulled");
     assert_eq!(
         t.stage(S::Image).duration,
         StageDuration::Unknown {
@@ -404,24 +409,11 @@ fn engine_start_is_unknown_naming_its_missing_end() {
             missing: "a timestamped `Starting to load model` line"
         }
     );
-    let pod = coldstart::parse_pod(&fixture(V0_32, "pod.json").replace(
+    let pod = fixture(V0_32, "pod.json").replace(
         r#""state": { "running": { "startedAt": "2026-12-03T13:05:56.296288273Z" } },"#,
         r#""state": {},"#,
-    ))
-    .unwrap();
-    let events: Vec<_> = coldstart::parse_events(&fixture(V0_32, "events.json"))
-        .unwrap()
-        .into_iter()
-        .filter(|e| e.reason != "Started")
-        .collect();
-    let log = fixture(V0_32, "logs.txt");
-    let t = coldstart::build(&ColdStartInputs {
-        pod: &pod,
-        events: &events,
-        log: &log,
-        container: None,
-        first_token: None,
-    });
+    );
+    let t = timeline_without_event(V0_32, &pod, "Started");
     assert_eq!(
         t.stage(S::EngineStart).duration,
         StageDuration::Unknown {

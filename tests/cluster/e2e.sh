@@ -22,11 +22,21 @@ cargo build -q --locked -p understudy-tests --bins
 cargo build -q --locked -p understudy-cli --bin kubectl-understudy
 target=$(cargo metadata -q --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/debug
 
+# vLLM's CPU image runs as real vLLM when the tier is installed (tests/vllm/install.sh; .ci/run
+# installs it before this tier); without it, the real-vLLM test says SKIPPED.
+real_vllm=()
+if tests/vllm/install.sh --installed >/dev/null; then
+  real_vllm=(--vllm-cpu "$root/tests/vllm/serve.sh")
+  export UNDERSTUDY_CLUSTER_REAL_VLLM=1
+else
+  echo "SKIPPED (in part): the real-vLLM tier is not installed here, so no pod runs real vLLM" >&2
+fi
+
 . "$root/tests/cluster/nodes.sh"
 cluster_up
 nodes_up --nodes 4 --gpus-per-node 2 \
   --vllm "$target/vllm-emulator" --router "$target/understudy-router-e2e" \
-  --operator "$target/understudy-operator" --prober "$target/understudy-prober"
+  --operator "$target/understudy-operator" --prober "$target/understudy-prober" "${real_vllm[@]}"
 
 # (kube-apiserver warns of the integer formats schemars writes, which it does not check.)
 k apply -f "$root/crds/" >/dev/null 2> >(grep -v '^Warning: unrecognized format' >&2)

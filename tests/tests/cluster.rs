@@ -122,6 +122,30 @@ fn vllm_deployment(name: &str, replicas: u32) -> Deployment {
     .unwrap()
 }
 
+/// vLLM's CPU image: the emulated nodes run it as real vLLM (`understudy-gpu-nodes --vllm-cpu`).
+const VLLM_CPU_IMAGE: &str = "public.ecr.aws/q9t5s3a7/vllm-cpu-release-repo:v0.32.0";
+
+/// [`vllm_deployment`] of vLLM's CPU image, real vLLM serving the tier's tiny model: its own
+/// context, no sleep mode (the CPU build has none), and two minutes to start.
+fn vllm_cpu_deployment(name: &str, replicas: u32) -> Deployment {
+    let mut deployment = serde_json::to_value(vllm_deployment(name, replicas)).unwrap();
+    let vllm = &mut deployment["spec"]["template"]["spec"]["containers"][0];
+    vllm["image"] = VLLM_CPU_IMAGE.into();
+    vllm["args"] = json!([MODEL, "--port", "8000"]);
+    vllm["env"] = json!([]);
+    serde_json::from_value(deployment).unwrap()
+}
+
+/// What serves in both pools of a [`TwoPools`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Engine {
+    /// `vllm-emulator`: two replicas a pool, fast probes.
+    Emulated,
+    /// Real vLLM's CPU build: one replica a pool (each takes 4 GB), probes that give a
+    /// generation on two busy cores time to finish.
+    RealCpu,
+}
+
 /// The control token of the fences in [`TwoPools::start_fenced`]'s pods.
 const FENCE_TOKEN: &str = "cluster-test-fence-token";
 
@@ -215,16 +239,17 @@ fn is_ready(pod: &Pod) -> bool {
 
 /// The pods of `app`, once `count` of them are Ready.
 async fn ready_pods(pods: &Api<Pod>, app: &str, count: usize) -> Vec<Pod> {
+    ready_pods_within(pods, app, count, Duration::from_secs(90)).await
+}
+
+/// The pods of `app`, once `count` of them are Ready, waiting up to `limit`.
+async fn ready_pods_within(pods: &Api<Pod>, app: &str, count: usize, limit: Duration) -> Vec<Pod> {
     let params = ListParams::default().labels(&format!("app={app}"));
-    eventually(
-        Duration::from_secs(90),
-        &format!("{count} ready pod(s) of {app}"),
-        || async {
-            let list = pods.list(&params).await.unwrap().items;
-            let ready: Vec<Pod> = list.into_iter().filter(is_ready).collect();
-            (ready.len() == count).then_some(ready)
-        },
-    )
+    eventually(limit, &format!("{count} ready pod(s) of {app}"), || async {
+        let list = pods.list(&params).await.unwrap().items;
+        let ready: Vec<Pod> = list.into_iter().filter(is_ready).collect();
+        (ready.len() == count).then_some(ready)
+    })
     .await
 }
 
@@ -262,6 +287,15 @@ fn sigkill(pid: u32) {
         .status()
         .unwrap();
     assert!(status.success(), "kill -KILL {pid}");
+}
+
+/// SIGKILL to the process group `pid` leads: each emulated container is one.
+fn sigkill_group(pid: u32) {
+    let status = Command::new("kill")
+        .args(["-KILL", "--", &format!("-{pid}")])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill -KILL -- -{pid}");
 }
 
 /// One HTTP/1.1 request on a fresh connection; the status and the body.
@@ -478,13 +512,23 @@ impl TwoPools {
         standby: Standby,
         trigger: serde_json::Value,
     ) -> TwoPools {
-        Self::start_with(client, ns, standby, trigger, false).await
+        Self::start_with(client, ns, standby, trigger, false, Engine::Emulated).await
+    }
+
+    /// One hot replica in each pool, real vLLM's CPU build.
+    async fn start_real(client: Client, ns: &'static str) -> TwoPools {
+        let standby = Standby {
+            replicas: 1,
+            running: 1,
+            tiers: serde_json::Value::Null,
+        };
+        Self::start_with(client, ns, standby, json!({}), false, Engine::RealCpu).await
     }
 
     /// Two hot pools whose replicas each have a fence in front ([`fenced_deployment`]), which
     /// the policy's pools name as their port.
     async fn start_fenced(client: Client, ns: &'static str, trigger: serde_json::Value) -> TwoPools {
-        Self::start_with(client, ns, Standby::hot(), trigger, true).await
+        Self::start_with(client, ns, Standby::hot(), trigger, true, Engine::Emulated).await
     }
 
     async fn start_with(
@@ -493,26 +537,42 @@ impl TwoPools {
         standby: Standby,
         trigger: serde_json::Value,
         fenced: bool,
+        engine: Engine,
     ) -> TwoPools {
+        let (east_replicas, ready_within, probe) = match engine {
+            Engine::Emulated => (
+                2,
+                Duration::from_secs(90),
+                json!({"interval": "1s", "timeout": "800ms", "budgets": {"firstToken": "500ms", "total": "800ms"}}),
+            ),
+            Engine::RealCpu => (
+                1,
+                Duration::from_secs(300),
+                json!({"interval": "2s", "timeout": "1500ms", "budgets": {"firstToken": "1s", "total": "1500ms"}}),
+            ),
+        };
         namespace(&client, ns).await;
         if fenced {
             fence_access(&client, ns).await;
         }
         let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
         let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-        for (name, pool, running) in [("chat-east", "east", 2), ("chat-west", "west", standby.running)] {
-            let deployment = if fenced {
-                fenced_deployment(name, running, pool)
-            } else {
-                vllm_deployment(name, running)
+        for (name, pool, running) in [
+            ("chat-east", "east", east_replicas),
+            ("chat-west", "west", standby.running),
+        ] {
+            let deployment = match (fenced, engine) {
+                (true, _) => fenced_deployment(name, running, pool),
+                (false, Engine::Emulated) => vllm_deployment(name, running),
+                (false, Engine::RealCpu) => vllm_cpu_deployment(name, running),
             };
             deployments
                 .create(&PostParams::default(), &deployment)
                 .await
                 .unwrap();
         }
-        let east = ready_pods(&pods, "chat-east", 2).await;
-        let west = ready_pods(&pods, "chat-west", standby.running as usize).await;
+        let east = ready_pods_within(&pods, "chat-east", east_replicas as usize, ready_within).await;
+        let west = ready_pods_within(&pods, "chat-west", standby.running as usize, ready_within).await;
 
         let dir = tempfile::tempdir().unwrap();
         let (router, admin, gateway) = router_process(dir.path());
@@ -527,8 +587,7 @@ impl TwoPools {
         if !standby.tiers.is_null() {
             west_spec["standby"] = standby.tiers;
         }
-        let mut east_spec =
-            json!({"name": "east", "workload": {"kind": "Deployment", "name": "chat-east"}, "replicas": 2});
+        let mut east_spec = json!({"name": "east", "workload": {"kind": "Deployment", "name": "chat-east"}, "replicas": east_replicas});
         if fenced {
             east_spec["port"] = FENCE_PORT.into();
             west_spec["port"] = FENCE_PORT.into();
@@ -541,7 +600,7 @@ impl TwoPools {
             "spec": {
                 "pools": [east_spec, west_spec],
                 "recoveryObjective": "1m",
-                "probe": {"interval": "1s", "timeout": "800ms", "budgets": {"firstToken": "500ms", "total": "800ms"}},
+                "probe": probe,
                 "trigger": spec_trigger,
             },
         }))
@@ -673,6 +732,14 @@ impl TwoPools {
             sigkill(container_pid(pod));
         }
     }
+
+    /// Kills every process of every container of the primary east, as a node's loss would: a
+    /// real vLLM server's engine core and worker with its API server.
+    fn crash_east_whole(&self) {
+        for pod in &self.east {
+            sigkill_group(container_pid(pod));
+        }
+    }
 }
 
 /// The operator binary as the chart's ServiceAccount, running the policies of namespace `ns`,
@@ -752,6 +819,48 @@ async fn the_operator_as_the_charts_service_account_fails_a_crashed_primary_over
     assert!(failover.finished_at.is_some(), "{failover:?}");
 
     // The chart's ClusterRole was enough: nothing the operator asked for was refused.
+    assert!(refusals(&operator).is_empty(), "{:#?}", refusals(&operator));
+    pools.stop(operator).await;
+}
+
+#[tokio::test]
+async fn two_pools_of_real_vllm_servers_fail_over_when_the_primarys_processes_are_killed() {
+    let Some(client) = cluster().await else { return };
+    if std::env::var_os("UNDERSTUDY_CLUSTER_REAL_VLLM").is_none() {
+        // e2e.sh sets it when the real-vLLM tier is installed and the nodes run vLLM's CPU image.
+        println!("SKIPPED: the emulated nodes run no real vLLM (tests/vllm/install.sh, then e2e.sh)");
+        return;
+    }
+    let pools = TwoPools::start_real(client, "e2e-real-vllm").await;
+    let operator = pools.operator("e2e-operator-real", ADMIN_TOKEN);
+    let home = pools.routed("east", 0).await;
+    assert_eq!(endpoints_held(&home), endpoints_of(&pools.east));
+    let completion =
+        json!({"model": MODEL, "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0})
+            .to_string();
+    let served = |(status, body): (u16, String)| {
+        assert_eq!(status, 200, "{body}");
+        let answer: serde_json::Value = serde_json::from_str(&body).unwrap();
+        // Real vLLM's own stamp, which the emulator's run of the old line lacks.
+        assert!(
+            answer["system_fingerprint"]
+                .as_str()
+                .is_some_and(|f| f.starts_with("vllm-0.32.0-")),
+            "{answer}"
+        );
+        answer["choices"][0]["text"].as_str().unwrap().to_owned()
+    };
+    let json = [("content-type", "application/json")];
+    let before = served(http(pools.gateway, "POST", "/v1/completions", &json, &completion));
+
+    // A node's loss: the API server, the engine core and the worker of every east replica.
+    pools.crash_east_whole();
+    let routed = pools.routed("west", 1).await;
+    assert_eq!(endpoints_held(&routed), endpoints_of(&pools.west));
+    assert_eq!(pools.lease().await, ("1".to_owned(), "west".to_owned()));
+    // West serves the same model: greedy answers agree, the golden answer's premise.
+    let after = served(http(pools.gateway, "POST", "/v1/completions", &json, &completion));
+    assert_eq!(before, after);
     assert!(refusals(&operator).is_empty(), "{:#?}", refusals(&operator));
     pools.stop(operator).await;
 }

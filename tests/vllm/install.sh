@@ -12,6 +12,8 @@
 #
 # Exit 0 when installed; exit 2, with a line starting SKIPPED that names what is missing, when
 # Python 3.11+ or a pinned package cannot be had here. Any other failure is a failure.
+#
+#   tests/vllm/install.sh [--installed]   (--installed: install nothing; exit 0 if installed, 1 if not)
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -24,6 +26,11 @@ model=$cache/model
 model_stamp=$model/.made-by-$(sha256sum "$here/make_model.py" | cut -c1-16)
 
 skip() { echo "SKIPPED: $*" >&2; exit 2; }
+
+if [ "${1:-}" = --installed ]; then
+  [ -e "$stamp" ] && [ -e "$model_stamp" ] && { echo "$cache"; exit 0; }
+  exit 1
+fi
 
 if [ ! -e "$stamp" ]; then
   python=

@@ -266,28 +266,24 @@ impl Replica {
 /// Sends `signal` (`-STOP`, `-TERM`, …) to `pid` through kill(1): the workspace forbids the
 /// unsafe a direct kill(2) needs.
 pub(crate) fn signal(pid: u32, signal: &str) -> Result<(), String> {
-    let status = Command::new("kill")
-        .args([signal, &pid.to_string()])
-        .status()
-        .map_err(|e| e.to_string())?;
-    if status.success() {
-        Ok(())
-    } else {
-        Err(format!("kill {signal} exited with {status}"))
-    }
+    kill(&[signal, &pid.to_string()])
 }
 
 /// Sends `signal` to the process group `group` leads (a replica's, started with
 /// `process_group(0)`).
 fn signal_group(group: u32, signal: &str) -> Result<(), String> {
+    kill(&[signal, "--", &format!("-{group}")])
+}
+
+fn kill(args: &[&str]) -> Result<(), String> {
     let status = Command::new("kill")
-        .args([signal, "--", &format!("-{group}")])
+        .args(args)
         .status()
         .map_err(|e| e.to_string())?;
     if status.success() {
         Ok(())
     } else {
-        Err(format!("kill {signal} -- -{group} exited with {status}"))
+        Err(format!("kill {} exited with {status}", args.join(" ")))
     }
 }
 

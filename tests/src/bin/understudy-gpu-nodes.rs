@@ -32,6 +32,10 @@ struct Args {
     /// The program that runs vLLM images: `vllm-emulator`.
     #[arg(long)]
     vllm: PathBuf,
+    /// The program that runs vLLM's CPU images (`vllm-cpu` in the name) as real vLLM:
+    /// `tests/vllm/serve.sh`. Without it, such images fail to start.
+    #[arg(long)]
+    vllm_cpu: Option<PathBuf>,
     /// The program that runs the router's image (`understudy-router`: the gateway and the fence).
     #[arg(long)]
     router: Option<PathBuf>,
@@ -90,6 +94,10 @@ async fn main() -> anyhow::Result<()> {
         // Absolute, since each container runs in its pod's own directory.
         programs: Programs {
             vllm: std::fs::canonicalize(&args.vllm).context("--vllm")?,
+            vllm_cpu: args
+                .vllm_cpu
+                .map(|path| std::fs::canonicalize(path).context("--vllm-cpu"))
+                .transpose()?,
             understudy: [
                 (Binary::Router, args.router, "--router"),
                 (Binary::Operator, args.operator, "--operator"),

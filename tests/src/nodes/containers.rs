@@ -17,8 +17,12 @@ use tokio::sync::Mutex;
 /// The local programs that stand in for container images.
 #[derive(Debug, Clone)]
 pub struct Programs {
-    /// Runs every image whose name contains `vllm`: `vllm-emulator`, a drop-in for `vllm serve`.
+    /// Runs every image whose name contains `vllm` (but not `vllm-cpu`): `vllm-emulator`, a
+    /// drop-in for `vllm serve`.
     pub vllm: PathBuf,
+    /// Runs images whose name contains `vllm-cpu`, vLLM's CPU build: `tests/vllm/serve.sh`, the
+    /// real vLLM of the tier `tests/vllm/install.sh` installs. None: such images fail to start.
+    pub vllm_cpu: Option<PathBuf>,
     /// Runs understudy's images, each by its binary (`understudy-router`: the gateway and the
     /// fence; `understudy-operator`; `understudy-prober`). An image whose program is not given
     /// fails to start.
@@ -38,6 +42,8 @@ pub enum Binary {
 pub enum Image {
     /// vLLM's OpenAI server, whose entrypoint is `vllm serve`.
     Vllm,
+    /// vLLM's CPU build, run for real ([`Programs::vllm_cpu`]); its entrypoint is `vllm serve` too.
+    VllmCpu,
     /// One of understudy's own images, whose entrypoint is its binary: `understudy-operator`,
     /// `understudy-prober`, or for any other, `understudy-router`.
     Understudy(Binary),
@@ -48,7 +54,9 @@ pub enum Image {
 impl Image {
     #[must_use]
     pub fn of(image: &str) -> Image {
-        if image.contains("vllm") {
+        if image.contains("vllm-cpu") {
+            Image::VllmCpu
+        } else if image.contains("vllm") {
             Image::Vllm
         } else if image.contains("understudy-operator") {
             Image::Understudy(Binary::Operator)
@@ -111,14 +119,14 @@ pub enum StartError {
 pub fn argv(image: Image, container: &Container, pod_ip: Ipv4Addr) -> Vec<String> {
     let command = container.command.clone().unwrap_or_default();
     let mut words: Vec<String> = match image {
-        Image::Vllm if command.is_empty() => vec!["serve".to_owned()],
-        Image::Vllm | Image::Understudy(_) => command.into_iter().skip(1).collect(),
+        Image::Vllm | Image::VllmCpu if command.is_empty() => vec!["serve".to_owned()],
+        Image::Vllm | Image::VllmCpu | Image::Understudy(_) => command.into_iter().skip(1).collect(),
         Image::Inert => command,
     };
     words.extend(container.args.iter().flatten().cloned());
     let ip = pod_ip.to_string();
     let mut words: Vec<String> = words.iter().map(|w| on_pod_address(w, pod_ip)).collect();
-    if image == Image::Vllm {
+    if matches!(image, Image::Vllm | Image::VllmCpu) {
         let given = words.iter().any(|w| w == "--host" || w.starts_with("--host="));
         if !given {
             words.extend(["--host".to_owned(), ip]);
@@ -323,8 +331,9 @@ impl Log {
     }
 }
 
-/// Starts `program` with `argv` and `env`, its output going to `log`. The process is killed if
-/// the handle is dropped.
+/// Starts `program` with `argv` and `env`, its output going to `log`, in a process group of its
+/// own (a container's processes die together: [`kill_group`]). The process is killed if the
+/// handle is dropped.
 pub fn spawn(
     program: &Path,
     argv: &[String],
@@ -340,6 +349,7 @@ pub fn spawn(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true)
+        .process_group(0)
         .spawn()
         .map_err(|source| StartError::Spawn {
             program: program.to_owned(),
@@ -352,6 +362,28 @@ pub fn spawn(
         log.follow(err);
     }
     Ok(child)
+}
+
+/// SIGKILL to every process of the container whose first process is `pid` (its group): a real
+/// vLLM server's engine core and worker die with its API server, as in a container's cgroup.
+pub async fn kill_group(pid: u32) {
+    let _ = Command::new("kill")
+        .args(["-KILL", "--", &format!("-{pid}")])
+        .status()
+        .await;
+}
+
+/// Kills the process group of a container's first process when dropped: `kill_on_drop` kills
+/// the process alone, and the processes it started would outlive it.
+#[derive(Debug)]
+pub struct GroupGuard(pub u32);
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", "--", &format!("-{}", self.0)])
+            .status();
+    }
 }
 
 /// Sends SIGTERM to `pid`, as the kubelet asks a container to stop. `unsafe` is forbidden in
@@ -462,6 +494,10 @@ mod tests {
     #[test]
     fn images_are_told_apart_by_name() {
         assert_eq!(Image::of("vllm/vllm-openai:v0.11.0"), Image::Vllm);
+        assert_eq!(
+            Image::of("public.ecr.aws/q9t5s3a7/vllm-cpu-release-repo:v0.32.0"),
+            Image::VllmCpu
+        );
         assert_eq!(
             Image::of("ghcr.io/understudy-dev/understudy-router:0.1"),
             Image::Understudy(Binary::Router)

@@ -332,6 +332,10 @@ impl PodRun {
         let program = match image {
             Image::Inert => None,
             Image::Vllm => Some(self.kubelet.config.programs.vllm.clone()),
+            Image::VllmCpu => {
+                let program = self.kubelet.config.programs.vllm_cpu.clone();
+                Some(program.ok_or_else(|| StartError::NoProgram(spec.image.clone().unwrap_or_default()))?)
+            }
             Image::Understudy(binary) => {
                 let program = self.kubelet.config.programs.understudy.get(&binary).cloned();
                 let program =
@@ -363,7 +367,12 @@ impl PodRun {
             let (kill, killed) = oneshot::channel::<()>();
             container.kill = Some(kill);
             let (exits, instance) = (self.exits.0.clone(), container.instance);
+            let pid = child.id();
+            // Dropped with the task, as when the nodes stop: the container's whole group goes
+            // with its first process (a real vLLM server's engine core and worker).
+            let group = pid.map(containers::GroupGuard);
             tokio::spawn(async move {
+                let _group = group;
                 tokio::select! {
                     status = child.wait() => {
                         // Killed by a signal: 128 + its number, as a container runtime reports.
@@ -373,7 +382,12 @@ impl PodRun {
                         });
                         let _ = exits.send((index, instance, code));
                     }
-                    _ = killed => { let _ = child.kill().await; }
+                    _ = killed => {
+                        if let Some(pid) = pid {
+                            containers::kill_group(pid).await;
+                        }
+                        let _ = child.kill().await;
+                    }
                 }
             });
         }
