@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The cluster tier's end-to-end suite: a real control plane (up.sh), emulated GPU nodes
-# (`understudy-gpu-nodes`, whose pods are vllm-emulator and router processes on 127.0.0.x), the
+# (`understudy-gpu-nodes`, whose pods are vllm-emulator and router processes on 127.0.0.x, and
+# real vLLM for vLLM's CPU image when the real-vLLM tier is installed), the
 # CRDs applied and the chart rendered by helm (its RBAC and PriorityClass), then `cargo test -p
 # understudy-tests --test cluster`, which starts the operator binary as the chart's
 # ServiceAccount, and the tests elsewhere that are ignored for want of a cluster. Everything it
