@@ -166,7 +166,10 @@ async fn gatekeeper(State(state): State<Arc<AppState>>, request: Request, next: 
             return (StatusCode::UNAUTHORIZED, Json(json!({"error": "Unauthorized"}))).into_response();
         }
     }
-    if takes_json(request.uri().path()) && !is_json(request.headers()) {
+    if request.method() == http::Method::POST
+        && takes_json(request.uri().path())
+        && !is_json(request.headers())
+    {
         // vLLM's `validate_json_request`, before the body is read.
         let message = "1 validation error:\n  Unsupported Media Type: Only 'application/json' is allowed";
         let body = json!({"error": {"message": message, "type": "Bad Request", "param": null, "code": 400}});
@@ -618,6 +621,10 @@ fn stream_response(
                 // vLLM sends the role with the engine's first output, not before it: a stopped
                 // engine's stream has its head and no byte of body.
                 StreamStep::Role => match generation.next().await {
+                    Some(Event::Failed(e)) => (
+                        sse::error_chunk(&e.to_string(), "InternalServerError", 500),
+                        StreamStep::Done,
+                    ),
                     Some(event) => (sse::chat_role_chunk(env), StreamStep::Then(event)),
                     None => (sse::done(), StreamStep::Closed),
                 },

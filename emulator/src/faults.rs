@@ -162,7 +162,6 @@ const HALF_STALL: u8 = 2;
 #[derive(Debug)]
 pub struct FaultBoard {
     hang: AtomicBool,
-    engine_hung: AtomicBool,
     engine_dead: AtomicBool,
     half_failed: AtomicU8,
     slow_bits: AtomicU64,
@@ -178,7 +177,6 @@ impl Default for FaultBoard {
     fn default() -> Self {
         FaultBoard {
             hang: AtomicBool::new(false),
-            engine_hung: AtomicBool::new(false),
             engine_dead: AtomicBool::new(false),
             half_failed: AtomicU8::new(HALF_NONE),
             slow_bits: AtomicU64::new(1.0f64.to_bits()),
@@ -198,7 +196,8 @@ impl FaultBoard {
                 self.exit.send_replace(Some(*code));
             }
             Fault::Hang => self.hang.store(true, Ordering::SeqCst),
-            Fault::EngineHung => self.engine_hung.store(true, Ordering::SeqCst),
+            // The engine's gate holds it (`Engine::apply_fault`): nothing to switch here.
+            Fault::EngineHung => {}
             Fault::EngineDead => self.engine_dead.store(true, Ordering::SeqCst),
             Fault::HalfFailed(HalfFailure::Error) => self.half_failed.store(HALF_ERROR, Ordering::SeqCst),
             Fault::HalfFailed(HalfFailure::Stall) => self.half_failed.store(HALF_STALL, Ordering::SeqCst),
@@ -218,7 +217,6 @@ impl FaultBoard {
             }
             Fault::Clear => {
                 self.hang.store(false, Ordering::SeqCst);
-                self.engine_hung.store(false, Ordering::SeqCst);
                 self.half_failed.store(HALF_NONE, Ordering::SeqCst);
                 self.slow_bits.store(1.0f64.to_bits(), Ordering::SeqCst);
                 self.wrong_output.store(false, Ordering::SeqCst);
@@ -230,10 +228,6 @@ impl FaultBoard {
 
     pub fn hang(&self) -> bool {
         self.hang.load(Ordering::Relaxed)
-    }
-
-    pub fn engine_hung(&self) -> bool {
-        self.engine_hung.load(Ordering::Relaxed)
     }
 
     pub fn engine_dead(&self) -> bool {

@@ -14,7 +14,6 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -54,20 +53,20 @@ struct Server {
 
 impl Server {
     fn real(tier: &VllmTier, dev_mode: bool) -> Server {
+        // vLLM prints its port only once ready: it is picked here.
         let port = vllm::free_port().unwrap();
         let command = tier.command(MODEL, port, dev_mode, &[]);
-        Server::spawn(Kind::Real, command, port, None)
+        let mut server = Server::spawn(Kind::Real, command);
+        server.api = SocketAddr::from(([127, 0, 0, 1], port));
+        server
     }
 
     fn emulated(dev_mode: bool, extra: &[&str]) -> Server {
-        let port = vllm::free_port().unwrap();
-        let control = vllm::free_port().unwrap();
         let mut command = Command::new(env!("CARGO_BIN_EXE_understudy-gameday"));
         command
-            .args(["emulator", "serve", MODEL, "--host", "127.0.0.1", "--port"])
-            .arg(port.to_string())
+            .args(["emulator", "serve", MODEL, "--host", "127.0.0.1", "--port", "0"])
             .args(["--max-model-len", &CONTEXT.to_string(), "--enable-sleep-mode"])
-            .args(["--emu-control-port", &control.to_string()])
+            .args(["--emu-control-port", "0"])
             // A start long enough to knock on, as the real one is.
             .args(["--emu-weights-gib", "4", "--emu-load-gib-per-s", "2"])
             .args(extra);
@@ -76,12 +75,15 @@ impl Server {
         } else {
             command.env_remove("VLLM_SERVER_DEV_MODE");
         }
-        Server::spawn(Kind::Emulated, command, port, Some(control))
+        let mut server = Server::spawn(Kind::Emulated, command);
+        // The emulator binds at once and says where, while it still refuses connections.
+        server.api = server.announced("emulator API endpoint bound");
+        server.control = Some(server.announced("emulator control endpoint on"));
+        server
     }
 
-    fn spawn(kind: Kind, mut command: Command, port: u16, control: Option<u16>) -> Server {
+    fn spawn(kind: Kind, mut command: Command) -> Server {
         command
-            .process_group(0)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
@@ -104,14 +106,35 @@ impl Server {
                 }
             });
         }
-        let loopback = |port| SocketAddr::from(([127, 0, 0, 1], port));
         Server {
             kind,
             child,
-            api: loopback(port),
-            control: control.map(loopback),
+            api: SocketAddr::from(([127, 0, 0, 1], 0)),
+            control: None,
             lines,
             knocks: Vec::new(),
+        }
+    }
+
+    /// The address after `on http://` in the first line containing `what`, within 20 s.
+    fn announced(&self, what: &str) -> SocketAddr {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let log = self.log();
+            let address = log
+                .lines()
+                .find(|l| l.contains(what))
+                .and_then(|l| l.split_once("on http://"))
+                .and_then(|(_, rest)| rest.split_whitespace().next()?.parse().ok());
+            if let Some(address) = address {
+                return address;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no `{what}` line in 20 s:\n{}",
+                tail(&log)
+            );
+            std::thread::sleep(Duration::from_millis(20));
         }
     }
 
@@ -175,8 +198,8 @@ impl Server {
 
 impl Drop for Server {
     fn drop(&mut self) {
-        let group = format!("-{}", self.child.id());
-        let _ = Command::new("kill").args(["-KILL", "--", &group]).status();
+        // A real server's engine core and worker go with its API server.
+        let _ = vllm::signal_tree(self.child.id(), "-KILL");
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -489,6 +512,18 @@ fn check_startup_log(pair: &mut Pair) -> Verdict {
         ("`init engine … took`", log.engine_ready),
         ("`Application startup complete.`", log.api_ready),
     ];
+    // The milestones inside the engine's start, which the `engine-start` stage names (0.32 runs
+    // the model in a worker process of its own).
+    let inside = [
+        ("0.32's banner", log.api_server_started),
+        ("`Initializing a V1 LLM engine`", log.engine_core_started),
+        ("a `(Worker pid=N)` line", log.worker_started),
+    ];
+    for (line, mark) in &inside {
+        ensure(mark.and_then(|m| m.at).is_some(), || {
+            format!("no timestamped {line} in the log")
+        })?;
+    }
     let mut last = None;
     for (line, mark) in marks {
         let at = mark
@@ -933,8 +968,11 @@ fn check_dead_engine(pair: &mut Pair) -> Verdict {
     }
 }
 
+/// A check: what it found of the pair.
+type Check = fn(&mut Pair) -> Verdict;
+
 /// Every check, by what it checks, in the order they run.
-const CHECKS: [(&str, fn(&mut Pair) -> Verdict); 22] = [
+const CHECKS: [(&str, Check); 22] = [
     (
         "/health refuses connections while starting, then answers 200",
         check_health_while_starting,

@@ -83,7 +83,8 @@ struct GatewayArgs {
     /// How long a request may wait for a route, in milliseconds.
     #[arg(long, env = "UNDERSTUDY_QUEUE_DEADLINE_MS", default_value_t = 30_000)]
     queue_deadline_ms: u64,
-    /// How long an upstream may take to send response headers, in milliseconds.
+    /// How long an upstream may take to send response headers, and a stream its first byte of
+    /// body, in milliseconds.
     #[arg(long, env = "UNDERSTUDY_FIRST_BYTE_TIMEOUT_MS", default_value_t = 120_000)]
     first_byte_timeout_ms: u64,
     /// First ejection of a failing endpoint, in milliseconds (multiplied per repeat).

@@ -60,7 +60,8 @@ pub struct GatewayConfig {
     pub tenant_header: http::HeaderName,
     /// The waiting room's bound and deadline.
     pub waiting_room: WaitingRoomConfig,
-    /// How long an upstream may take to send response headers (504 beyond, not retried).
+    /// How long an upstream may take to send response headers, and a stream its first byte of
+    /// body (504 beyond, not retried).
     pub first_byte_timeout: Duration,
     /// How long a connection attempt may take before it counts as refused.
     pub connect_timeout: Duration,
@@ -554,8 +555,11 @@ impl Gateway {
                 arrived: None,
                 stopping: self.stopping.clone(),
             };
-            let answer =
-                tokio::time::timeout(self.config.first_byte_timeout, self.send(&endpoint, &upstream)).await;
+            let answer = tokio::time::timeout(
+                self.config.first_byte_timeout,
+                self.send_to_first_byte(&endpoint, &upstream),
+            )
+            .await;
             let outcome = match answer {
                 Ok(Ok((head, body))) if head.status.is_success() => {
                     endpoint.record(Outcome::Ok, &self.config.ejection, Instant::now());
@@ -600,16 +604,10 @@ impl Gateway {
     /// engine has produced anything, so a hung engine's streams have a head and no body, and
     /// until their first byte they may still move to a new route.
     async fn send_unless_moved(&self, endpoint: &Endpoint, upstream: &Outgoing, routed: &Routed) -> Sent {
-        let send = tokio::time::timeout(self.config.first_byte_timeout, async {
-            let mut answer = self.send(endpoint, upstream).await;
-            if let Ok((head, body)) = &mut answer
-                && head.status.is_success()
-                && is_event_stream(&head.headers)
-            {
-                std::future::poll_fn(|cx| body.poll_arrived(cx)).await;
-            }
-            answer
-        });
+        let send = tokio::time::timeout(
+            self.config.first_byte_timeout,
+            self.send_to_first_byte(endpoint, upstream),
+        );
         tokio::select! {
             biased;
             answer = send => answer.map_or(Sent::TimedOut, Sent::Answer),
@@ -637,6 +635,23 @@ impl Gateway {
                 std::future::pending::<()>().await;
             }
         }
+    }
+
+    /// Sends `req` to `endpoint` and waits for its answer's head and, for a stream, its first
+    /// byte of body (see [`Gateway::send_unless_moved`]).
+    async fn send_to_first_byte(
+        &self,
+        endpoint: &Endpoint,
+        req: &Outgoing,
+    ) -> Result<(http::response::Parts, ResponseBody), SendError> {
+        let mut answer = self.send(endpoint, req).await;
+        if let Ok((head, body)) = &mut answer
+            && head.status.is_success()
+            && is_event_stream(&head.headers)
+        {
+            std::future::poll_fn(|cx| body.poll_arrived(cx)).await;
+        }
+        answer
     }
 
     async fn send(
@@ -768,9 +783,6 @@ fn deadline_of(headers: &HeaderMap) -> Result<Option<Duration>, Refusal> {
     }
 }
 
-/// How one send went. Returned once per try and matched at once: boxing the answer would cost an
-/// allocation per request for nothing.
-#[allow(clippy::large_enum_variant)]
 /// Whether an answer is a server-sent event stream.
 fn is_event_stream(headers: &HeaderMap) -> bool {
     headers
@@ -778,6 +790,9 @@ fn is_event_stream(headers: &HeaderMap) -> bool {
         .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"))
 }
 
+/// How one send went. Returned once per try and matched at once: boxing the answer would cost an
+/// allocation per request for nothing.
+#[allow(clippy::large_enum_variant)]
 enum Sent {
     /// The upstream answered, or failed to, before the first-byte timeout.
     Answer(Result<(http::response::Parts, ResponseBody), SendError>),

@@ -74,7 +74,7 @@ UNDERSTUDY_CLUSTER_CLI="$target/kubectl-understudy" \
 KUBECONFIG="$run/kubeconfig" \
   cargo test -q --locked -p understudy-operator --test controller_cluster --test gameday_mock -- --ignored --test-threads=1
 k create namespace e2e-coldstart >/dev/null
-k -n e2e-coldstart create deployment coldstart --image vllm/vllm-openai:v0.11.0 --port 8000 \
+k -n e2e-coldstart create deployment coldstart --image vllm/vllm-openai:v0.32.0 --port 8000 \
   -- vllm serve Qwen/Qwen3-0.6B --port 8000 >/dev/null
 k -n e2e-coldstart wait --for=condition=Available deployment/coldstart --timeout=90s >/dev/null
 # Without a readiness probe the pod is Ready when its process starts; the reader wants vLLM's

@@ -106,7 +106,7 @@ fn vllm_deployment(name: &str, replicas: u32) -> Deployment {
                     "terminationGracePeriodSeconds": 5,
                     "containers": [{
                         "name": "vllm",
-                        "image": "vllm/vllm-openai:v0.11.0",
+                        "image": "vllm/vllm-openai:v0.32.0",
                         "command": ["vllm", "serve"],
                         "args": [MODEL, "--port", "8000", "--max-model-len", "4096", "--enable-sleep-mode"],
                         // Sleep mode's routes, for a warm standby's replicas.
@@ -838,10 +838,16 @@ async fn two_pools_of_real_vllm_servers_fail_over_when_the_primarys_processes_ar
     let completion =
         json!({"model": MODEL, "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0})
             .to_string();
+    // The pods run real vLLM, not the emulator: their logs have a line only vLLM prints.
+    let pods: Api<Pod> = Api::namespaced(pools.client.clone(), pools.ns);
+    for pod in pools.east.iter().chain(&pools.west) {
+        let log = pods.logs(&pod.name_any(), &LogParams::default()).await.unwrap();
+        assert!(log.contains("Resolved architecture: LlamaForCausalLM"), "{log}");
+        assert!(!log.contains("emulator API endpoint bound"), "{log}");
+    }
     let served = |(status, body): (u16, String)| {
         assert_eq!(status, 200, "{body}");
         let answer: serde_json::Value = serde_json::from_str(&body).unwrap();
-        // Real vLLM's own stamp, which the emulator's run of the old line lacks.
         assert!(
             answer["system_fingerprint"]
                 .as_str()

@@ -1,10 +1,11 @@
 """Makes the tiny model the real-vLLM tier serves: no model hub is reachable from the test machines.
 
-A random Llama in float32 (bfloat16 kernels died of SIGILL on the test machines' CPUs; the tier
-serves it with `--dtype float32`) (2 layers, hidden 128, 2 attention heads over 1 KV head: head dim 64, which the CPU
-attention supports; 16 is refused at the first request) and a byte-level BPE tokenizer trained on a
-fixed text, with a chat template. Deterministic: the same seed and text give the same files, so the
-tier's answers and digests do not change between machines.
+A random Llama of 2 layers, hidden size 128 and 2 attention heads over 1 KV head (head dim 64,
+which the CPU attention supports; 16 is refused at the first request), in float32 (vLLM's
+bfloat16 CPU kernels died of SIGILL on the test machines, so the tier serves it with `--dtype
+float32`), and a byte-level BPE tokenizer trained on a fixed text, with a chat template.
+Deterministic: the same seed and text give the same files, so the tier's answers and digests do
+not change between machines.
 
     python make_model.py OUT_DIR
 """

@@ -1028,7 +1028,7 @@ async fn strike(logic: &Logic, kind: FaultKind, pool: Pool) -> Result<usize, Run
             FaultKind::Crash => replica.crash(),
             // A real vLLM server's engine hangs when its worker stops; the scenario's check
             // lets no other emulator fault reach a real server.
-            FaultKind::HangEngine if replica.control.is_none() => replica.signal_worker("-STOP"),
+            FaultKind::HangEngine if replica.engine == Engine::Vllm => replica.signal_worker("-STOP"),
             _ => continue,
         }
         .map_err(|e| RunError::Fault(e.to_string()))?;
@@ -1052,7 +1052,7 @@ async fn heal(logic: &Logic, kind: FaultKind, pool: Pool) -> Result<(), RunError
             if kind == FaultKind::HangEngine {
                 for replica in lock(&logic.replicas)
                     .iter_mut()
-                    .filter(|r| r.pool == pool && r.control.is_none())
+                    .filter(|r| r.pool == pool && r.engine == Engine::Vllm)
                 {
                     replica
                         .signal_worker("-CONT")
@@ -1080,10 +1080,19 @@ async fn sample_memory(logic: Arc<Logic>, peak: Arc<AtomicU64>) {
     let mut ticks = tokio::time::interval(Duration::from_millis(500));
     loop {
         ticks.tick().await;
-        let replicas: u64 = lock(&logic.replicas)
-            .iter()
-            .map(|r| replicas::replica_resident_kib(r.pid()))
-            .sum();
+        let replicas: u64 = {
+            let replicas = lock(&logic.replicas);
+            // `/proc` is read once a tick, and only when a real server has processes below it.
+            let table = if replicas.iter().any(|r| r.engine == Engine::Vllm) {
+                vllm::ProcessTable::read()
+            } else {
+                vllm::ProcessTable::default()
+            };
+            replicas
+                .iter()
+                .map(|r| replicas::replica_resident_kib(r, &table))
+                .sum()
+        };
         let total: u64 = std::iter::once(std::process::id())
             .chain(logic.system.pids())
             .filter_map(replicas::resident_kib)

@@ -2,13 +2,13 @@
 //! and reports, or one real vLLM server from the tier ([`super::vllm`]) on a port picked for it;
 //! killed with a real signal when a fault says so and always when the run ends.
 //!
-//! A [`Replica`] owns its child process, started in a process group of its own (a vLLM server is
-//! three processes): dropping it kills the group and reaps the child, so a run that stops early,
-//! by Ctrl-C or by a failure, leaves nothing behind.
+//! A [`Replica`] owns its child process and what it started (a vLLM server is three processes):
+//! dropping it kills them all and reaps the child, so a run that stops early, by a failure,
+//! leaves nothing behind; they stay in this process's group, so that a terminal's Ctrl-C reaches
+//! them as it reaches the runner.
 
 use std::io::{BufRead, BufReader, Read};
 use std::net::SocketAddr;
-use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use understudy_core::Pool;
 
+use super::scenario::Engine;
 use super::vllm::{self, VllmTier};
 
 /// How to start an emulator: the program and the arguments before `serve`. The runner re-runs
@@ -70,6 +71,8 @@ pub struct Replica {
     pub pool: Pool,
     /// The OpenAI-compatible API, on loopback.
     pub api: SocketAddr,
+    /// What it runs.
+    pub engine: Engine,
     /// The emulator's fault endpoint; none for a real vLLM server.
     pub control: Option<SocketAddr>,
     /// When the process was started.
@@ -117,7 +120,13 @@ impl Replica {
             .args((startup == Startup::Instant).then_some("--emu-instant"))
             .args(extra)
             .env("VLLM_SERVER_DEV_MODE", "1");
-        let (mut replica, reported) = Replica::spawn(command, &launcher.program, name, pool, None, limit)?;
+        let (mut replica, reported) = Replica::spawn(
+            command,
+            &launcher.program,
+            (name, pool, Engine::Emulated),
+            None,
+            limit,
+        )?;
         match reported.control {
             Some(control) => {
                 replica.control = Some(control);
@@ -147,22 +156,26 @@ impl Replica {
         })?;
         let api = SocketAddr::from(([127, 0, 0, 1], port));
         let command = tier.command(model, port, true, extra);
-        Replica::spawn(command, &tier.python, name, pool, Some(api), limit).map(|(replica, _)| replica)
+        Replica::spawn(
+            command,
+            &tier.python,
+            (name, pool, Engine::Vllm),
+            Some(api),
+            limit,
+        )
+        .map(|(replica, _)| replica)
     }
 
-    /// Starts `command` in a process group of its own, reading its output, and waits for
-    /// `Application startup complete.` and, when `api` is not known beforehand, the line that
-    /// tells the API's address.
+    /// Starts `command`, reading its output, and waits for `Application startup complete.` and,
+    /// when `api` is not known beforehand, the line that tells the API's address.
     fn spawn(
         mut command: Command,
         program: &std::path::Path,
-        name: &str,
-        pool: Pool,
+        (name, pool, engine): (&str, Pool, Engine),
         api: Option<SocketAddr>,
         limit: Duration,
     ) -> Result<(Replica, Reported), ReplicaError> {
         command
-            .process_group(0)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
@@ -193,6 +206,7 @@ impl Replica {
             name: name.to_owned(),
             pool,
             api: api.unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 0))),
+            engine,
             control: None,
             spawned,
             startup_log: String::new(),
@@ -245,6 +259,10 @@ impl Replica {
     /// A real vLLM server's worker process, stopped (`-STOP`) or continued (`-CONT`): stopped,
     /// the API server answers `/health` and takes requests while no generation makes progress.
     pub fn signal_worker(&mut self, signal_name: &str) -> Result<(), ReplicaError> {
+        if self.stopped {
+            // Crashed: its worker went with it.
+            return Ok(());
+        }
         let worker = vllm::worker_of(self.child.id()).ok_or_else(|| ReplicaError::NoWorker {
             name: self.name.clone(),
         })?;
@@ -254,9 +272,9 @@ impl Replica {
         })
     }
 
-    /// Every process of the replica's group.
+    /// Every process of the replica.
     fn signal(&self, signal_name: &str) -> Result<(), ReplicaError> {
-        signal_group(self.child.id(), signal_name).map_err(|message| ReplicaError::Signal {
+        vllm::signal_tree(self.child.id(), signal_name).map_err(|message| ReplicaError::Signal {
             name: self.name.clone(),
             message,
         })
@@ -266,33 +284,28 @@ impl Replica {
 /// Sends `signal` (`-STOP`, `-TERM`, …) to `pid` through kill(1): the workspace forbids the
 /// unsafe a direct kill(2) needs.
 pub(crate) fn signal(pid: u32, signal: &str) -> Result<(), String> {
-    kill(&[signal, &pid.to_string()])
-}
-
-/// Sends `signal` to the process group `group` leads (a replica's, started with
-/// `process_group(0)`).
-fn signal_group(group: u32, signal: &str) -> Result<(), String> {
-    kill(&[signal, "--", &format!("-{group}")])
-}
-
-fn kill(args: &[&str]) -> Result<(), String> {
     let status = Command::new("kill")
-        .args(args)
+        .args([signal, &pid.to_string()])
         .status()
         .map_err(|e| e.to_string())?;
     if status.success() {
         Ok(())
     } else {
-        Err(format!("kill {} exited with {status}", args.join(" ")))
+        Err(format!("kill {signal} exited with {status}"))
     }
 }
 
-/// The resident memory of a replica, `pid` and the processes below it (a vLLM server's engine
-/// core and worker), in KiB.
+/// The resident memory of `replica` and, for a real vLLM server, the processes below it (its
+/// engine core and worker, found in `table`), in KiB.
 #[must_use]
-pub fn replica_resident_kib(pid: u32) -> u64 {
+pub fn replica_resident_kib(replica: &Replica, table: &vllm::ProcessTable) -> u64 {
+    let pid = replica.pid();
+    let below = match replica.engine {
+        Engine::Emulated => Vec::new(),
+        Engine::Vllm => table.below(pid),
+    };
     std::iter::once(pid)
-        .chain(vllm::descendants(pid).into_iter().map(|(child, _)| child))
+        .chain(below.into_iter().map(|(child, _)| child))
         .filter_map(resident_kib)
         .sum()
 }
@@ -338,9 +351,9 @@ fn wait_until_ready(seen: &mpsc::Receiver<String>, limit: Duration) -> Reported 
 impl Drop for Replica {
     fn drop(&mut self) {
         if !self.stopped {
-            // A stopped (SIGSTOP) process still dies of SIGKILL; the group holds a vLLM server's
-            // engine core and worker too.
-            let _ = signal_group(self.child.id(), "-KILL");
+            // A stopped (SIGSTOP) process still dies of SIGKILL; a vLLM server's engine core
+            // and worker go with it.
+            let _ = vllm::signal_tree(self.child.id(), "-KILL");
             let _ = self.child.kill();
             let _ = self.child.wait();
         }

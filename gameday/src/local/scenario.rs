@@ -651,11 +651,23 @@ impl Scenario {
                 "warm and pilotLight together must be at most replicas, and sleepLevel 1 or 2",
             ));
         }
-        if b.engine == Engine::Vllm && (b.warm > 0 || b.pilot_light > 0) {
+        if b.engine == Engine::Vllm && b.pilot_light > 0 {
             return Err(invalid(
                 "pools.b",
-                "a real vLLM pool serves hot: vLLM's CPU build has no sleep mode for a warm tier, \
-                 and a pilot light of real servers is not built yet",
+                "a pilot light of real vLLM servers is not built yet",
+            ));
+        }
+        let real = [("pools.a", &self.pools.a), ("pools.b", b)]
+            .into_iter()
+            .find(|(_, pool)| pool.engine == Engine::Vllm);
+        if let Some((field, _)) = real
+            && b.warm > 0
+        {
+            // A warm tier starts both pools with sleep mode (either may sleep after a failback).
+            return Err(invalid(
+                field,
+                "vLLM's CPU build has no sleep mode, which a warm tier needs: with `engine: vllm`, \
+                 pool b has no warm replicas",
             ));
         }
         for fault in &self.faults {
@@ -955,14 +967,25 @@ mod tests {
 
     #[test]
     fn a_real_vllm_pool_serves_hot_and_takes_only_the_faults_signals_make() {
-        let real = DEFAULT.replace("  b: {replicas: 2}", "  b: {replicas: 2, engine: vllm, warm: 1}");
-        assert!(
-            matches!(
-                Scenario::parse(&real),
-                Err(ScenarioError::Invalid { field: "pools.b", .. })
+        for (pools, field) in [
+            (
+                "  a: {replicas: 2}\n  b: {replicas: 2, engine: vllm, warm: 1}",
+                "pools.b",
             ),
-            "{real}"
-        );
+            (
+                "  a: {replicas: 2, engine: vllm}\n  b: {replicas: 2, warm: 1}",
+                "pools.a",
+            ),
+        ] {
+            let real = DEFAULT.replace("  a: {replicas: 2}\n  b: {replicas: 2}", pools);
+            match Scenario::parse(&real) {
+                Err(ScenarioError::Invalid { field: got, message }) => {
+                    assert_eq!(got, field);
+                    assert!(message.contains("no sleep mode"), "{message}");
+                }
+                other => panic!("{real}: {other:?}"),
+            }
+        }
         let half_failed = DEFAULT
             .replace("  a: {replicas: 2}", "  a: {replicas: 2, engine: vllm}")
             .replace("fault: crash", "fault: half-failed");

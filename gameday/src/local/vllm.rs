@@ -5,8 +5,8 @@
 //!
 //! A vLLM server is three processes: the API server, its engine core (`VLLM::EngineCore`) and the
 //! engine core's worker (`VLLM::Worker`), which holds the model. Stopping the worker is the hang
-//! that `/health` does not see ([`worker_of`]); a server is started in a process group of its
-//! own, so that a crash takes all three, as a pod's death would.
+//! that `/health` does not see ([`worker_of`]); a crash signals all three ([`signal_tree`]), as a
+//! pod's death would.
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
@@ -111,34 +111,71 @@ pub fn free_port() -> std::io::Result<u16> {
     Ok(listener.local_addr()?.port())
 }
 
-/// The processes below `pid` (children, their children, …), each with its name as `/proc`
-/// gives it (`VLLM::EngineCor`, the kernel keeping 15 bytes; `VLLM::Worker`).
+/// Every process's parent and name, as `/proc` gave them at one moment (the name as the kernel
+/// keeps it, 15 bytes: `VLLM::EngineCor`, `VLLM::Worker`).
+#[derive(Debug, Default)]
+pub struct ProcessTable(Vec<(u32, u32, String)>);
+
+impl ProcessTable {
+    /// Reads `/proc` once; empty where there is none.
+    #[must_use]
+    pub fn read() -> ProcessTable {
+        let Ok(entries) = std::fs::read_dir("/proc") else {
+            return ProcessTable::default();
+        };
+        let mut table = Vec::new();
+        for entry in entries.flatten() {
+            let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+                continue;
+            };
+            if let Some((parent, name)) = std::fs::read_to_string(entry.path().join("stat"))
+                .ok()
+                .and_then(|stat| parent_and_name(&stat))
+            {
+                table.push((pid, parent, name));
+            }
+        }
+        ProcessTable(table)
+    }
+
+    /// The processes below `pid`: its children, their children, and so on, with their names.
+    #[must_use]
+    pub fn below(&self, pid: u32) -> Vec<(u32, String)> {
+        let mut found = Vec::new();
+        let mut frontier = vec![pid];
+        while let Some(parent) = frontier.pop() {
+            for (child, _, name) in self.0.iter().filter(|(_, p, _)| *p == parent) {
+                found.push((*child, name.clone()));
+                frontier.push(*child);
+            }
+        }
+        found
+    }
+}
+
+/// The processes below `pid` right now (see [`ProcessTable::below`]).
 #[must_use]
 pub fn descendants(pid: u32) -> Vec<(u32, String)> {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    let mut parents = Vec::new();
-    for entry in entries.flatten() {
-        let Some(child) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
-            continue;
-        };
-        if let Some((parent, name)) = std::fs::read_to_string(entry.path().join("stat"))
-            .ok()
-            .and_then(|stat| parent_and_name(&stat))
-        {
-            parents.push((child, parent, name));
-        }
+    ProcessTable::read().below(pid)
+}
+
+/// Sends `signal` (`-KILL`, `-STOP`, `-CONT`) to `pid` and every process below it, the tree read
+/// first: a vLLM server's engine core and worker go with its API server, and none is left behind
+/// as an orphan. The processes stay in their parent's process group, so that a terminal's Ctrl-C
+/// still reaches them.
+pub fn signal_tree(pid: u32, signal: &str) -> Result<(), String> {
+    let mut pids: Vec<String> = descendants(pid).into_iter().map(|(p, _)| p.to_string()).collect();
+    pids.push(pid.to_string());
+    let status = Command::new("kill")
+        .arg(signal)
+        .args(&pids)
+        .status()
+        .map_err(|e| e.to_string())?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("kill {signal} {} exited with {status}", pids.join(" ")))
     }
-    let mut found = Vec::new();
-    let mut frontier = vec![pid];
-    while let Some(parent) = frontier.pop() {
-        for (child, _, name) in parents.iter().filter(|(_, p, _)| *p == parent) {
-            found.push((*child, name.clone()));
-            frontier.push(*child);
-        }
-    }
-    found
 }
 
 /// The parent pid and the name from a `/proc/PID/stat` line: `PID (NAME) STATE PPID …`, where
