@@ -386,7 +386,12 @@ async fn start_pools(
                     )
                 })
                 .collect::<Result<Vec<_>, _>>()?,
-            Engine::Vllm => start_real(&names, pool, &scenario.model, &args)?,
+            Engine::Vllm => {
+                let (model, args) = (scenario.model.clone(), args.clone());
+                tokio::task::spawn_blocking(move || start_real(&names, pool, &model, &args))
+                    .await
+                    .map_err(|e| RunError::Fault(format!("starting vLLM servers: {e}")))??
+            }
         };
         for replica in started {
             let fence = system.fence(serving, replica.api).await?;
@@ -398,8 +403,9 @@ async fn start_pools(
     Ok((replicas, pools))
 }
 
-/// Starts a pool's real vLLM servers from the tier, all at once: each spends most of its minute
-/// in Python imports and process starts, which overlap well enough on two cores.
+/// Starts a pool's real vLLM servers from the tier, all at once (each spends most of its minute
+/// in Python imports and process starts, which overlap well enough on two cores), blocking until
+/// all are ready: run it off the async workers.
 fn start_real(names: &[String], pool: Pool, model: &str, args: &[String]) -> Result<Vec<Replica>, RunError> {
     let tier = vllm::VllmTier::find()?;
     std::thread::scope(|scope| {
