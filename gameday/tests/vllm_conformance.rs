@@ -12,13 +12,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+use understudy_gameday::local::replicas;
 use understudy_gameday::local::vllm::{self, VllmTier};
 use understudy_prober::coldstart::vllm_log::StartupLog;
 
@@ -91,21 +92,10 @@ impl Server {
             .spawn()
             .unwrap_or_else(|e| panic!("starting {command:?}: {e}"));
         let lines = Arc::new(Mutex::new(Vec::new()));
-        for pipe in [
-            child.stdout.take().map(|s| Box::new(s) as Box<dyn Read + Send>),
-            child.stderr.take().map(|s| Box::new(s) as Box<dyn Read + Send>),
-        ]
-        .into_iter()
-        .flatten()
-        {
-            let lines = Arc::clone(&lines);
-            std::thread::spawn(move || {
-                for line in BufReader::new(pipe).lines().map_while(Result::ok) {
-                    let stamped = format!("{} {line}", jiff::Timestamp::now());
-                    lines.lock().unwrap_or_else(PoisonError::into_inner).push(stamped);
-                }
-            });
-        }
+        let kept = Arc::clone(&lines);
+        replicas::follow_output(&mut child, move |line| {
+            kept.lock().unwrap_or_else(PoisonError::into_inner).push(line);
+        });
         Server {
             kind,
             child,
@@ -179,11 +169,7 @@ impl Server {
 
     fn signal_worker(&self, signal: &str) {
         let worker = vllm::worker_of(self.child.id()).expect("a vLLM server has a worker process");
-        let status = Command::new("kill")
-            .args([signal, &worker.to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success(), "kill {signal} {worker}");
+        replicas::signal(worker, signal).unwrap_or_else(|e| panic!("{e}"));
     }
 
     fn fault(&self, fault: &str) {

@@ -1054,20 +1054,22 @@ async fn heal(logic: &Logic, kind: FaultKind, pool: Pool) -> Result<(), RunError
             }
         }
         FaultKind::Crash => {}
-        _ => {
-            if kind == FaultKind::HangEngine {
-                for replica in lock(&logic.replicas)
-                    .iter_mut()
-                    .filter(|r| r.pool == pool && r.engine == Engine::Vllm)
-                {
-                    replica
-                        .signal_worker("-CONT")
-                        .map_err(|e| RunError::Fault(e.to_string()))?;
-                }
+        FaultKind::HangEngine => {
+            // A real server's worker continues; an emulated engine's fault is cleared below.
+            for replica in lock(&logic.replicas)
+                .iter_mut()
+                .filter(|r| r.pool == pool && r.engine == Engine::Vllm)
+            {
+                replica
+                    .signal_worker("-CONT")
+                    .map_err(|e| RunError::Fault(e.to_string()))?;
             }
-            for control in controls_of(logic, pool) {
-                inject(control, "clear").await?;
-            }
+        }
+        _ => {}
+    }
+    if kind.emulator_fault().is_some() {
+        for control in controls_of(logic, pool) {
+            inject(control, "clear").await?;
         }
     }
     Ok(())

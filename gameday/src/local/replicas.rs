@@ -185,23 +185,11 @@ impl Replica {
             source,
         })?;
         let (lines, seen) = mpsc::channel();
-        for pipe in [
-            child.stdout.take().map(|s| Box::new(s) as Box<dyn Read + Send>),
-            child.stderr.take().map(|s| Box::new(s) as Box<dyn Read + Send>),
-        ]
-        .into_iter()
-        .flatten()
-        {
-            // The readers end with the process; its lines after readiness (one access line per
-            // request) are read and dropped, so that the replica never blocks on a full pipe.
-            let lines = lines.clone();
-            std::thread::spawn(move || {
-                for line in BufReader::new(pipe).lines().map_while(Result::ok) {
-                    let _ = lines.send(format!("{} {line}", jiff::Timestamp::now()));
-                }
-            });
-        }
-        drop(lines);
+        // Its lines after readiness (one access line per request) are read and dropped, so that
+        // the replica never blocks on a full pipe.
+        follow_output(&mut child, move |line| {
+            let _ = lines.send(line);
+        });
         let mut replica = Replica {
             name: name.to_owned(),
             pool,
@@ -281,9 +269,29 @@ impl Replica {
     }
 }
 
+/// Reads `child`'s standard output and error on threads of their own, which end with it, and
+/// hands `each` every line stamped with when it was read, as `kubectl logs --timestamps` stamps
+/// a container's: what the cold-start reader times stages from.
+pub fn follow_output(child: &mut Child, each: impl Fn(String) + Clone + Send + 'static) {
+    for pipe in [
+        child.stdout.take().map(|s| Box::new(s) as Box<dyn Read + Send>),
+        child.stderr.take().map(|s| Box::new(s) as Box<dyn Read + Send>),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        let each = each.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+                each(format!("{} {line}", jiff::Timestamp::now()));
+            }
+        });
+    }
+}
+
 /// Sends `signal` (`-STOP`, `-TERM`, …) to `pid` through kill(1): the workspace forbids the
 /// unsafe a direct kill(2) needs.
-pub(crate) fn signal(pid: u32, signal: &str) -> Result<(), String> {
+pub fn signal(pid: u32, signal: &str) -> Result<(), String> {
     let status = Command::new("kill")
         .args([signal, &pid.to_string()])
         .status()

@@ -893,10 +893,7 @@ mod tests {
             ),
         ] {
             let text = DEFAULT.replace("a: {replicas: 2}\n  b: {replicas: 2}", shapes);
-            match Scenario::parse(&text) {
-                Err(ScenarioError::Invalid { field: got, .. }) => assert_eq!(got, field, "{shapes}"),
-                other => panic!("{shapes}: {other:?}"),
-            }
+            assert_eq!(refusal(&text).0, field, "{shapes}");
         }
     }
 
@@ -965,6 +962,14 @@ mod tests {
         assert!(seen >= 7, "{seen} scenarios");
     }
 
+    /// The field and message a scenario is refused with.
+    fn refusal(text: &str) -> (&'static str, String) {
+        match Scenario::parse(text) {
+            Err(ScenarioError::Invalid { field, message }) => (field, message),
+            other => panic!("{text}: {other:?}"),
+        }
+    }
+
     #[test]
     fn a_real_vllm_pool_serves_hot_and_takes_only_the_faults_signals_make() {
         for (pools, field) in [
@@ -978,24 +983,16 @@ mod tests {
             ),
         ] {
             let real = DEFAULT.replace("  a: {replicas: 2}\n  b: {replicas: 2}", pools);
-            match Scenario::parse(&real) {
-                Err(ScenarioError::Invalid { field: got, message }) => {
-                    assert_eq!(got, field);
-                    assert!(message.contains("no sleep mode"), "{message}");
-                }
-                other => panic!("{real}: {other:?}"),
-            }
+            let (got, message) = refusal(&real);
+            assert_eq!(got, field);
+            assert!(message.contains("no sleep mode"), "{message}");
         }
         let half_failed = DEFAULT
             .replace("  a: {replicas: 2}", "  a: {replicas: 2, engine: vllm}")
             .replace("fault: crash", "fault: half-failed");
-        match Scenario::parse(&half_failed) {
-            Err(ScenarioError::Invalid { field, message }) => {
-                assert_eq!(field, "faults[].fault");
-                assert!(message.contains("half-failed"), "{message}");
-            }
-            other => panic!("{other:?}"),
-        }
+        let (field, message) = refusal(&half_failed);
+        assert_eq!(field, "faults[].fault");
+        assert!(message.contains("half-failed"), "{message}");
         let hung = DEFAULT
             .replace("  a: {replicas: 2}", "  a: {replicas: 2, engine: vllm}")
             .replace("fault: crash", "fault: hang-engine");
