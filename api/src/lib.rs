@@ -11,6 +11,7 @@
 
 pub mod crd;
 pub mod fence_fault;
+pub mod grant;
 pub mod lease;
 pub mod policy;
 pub mod route;

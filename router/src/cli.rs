@@ -25,6 +25,7 @@ use crate::admin::{Admin, AdminToken};
 use crate::endpoint::EjectionPolicy;
 use crate::fence_sidecar::{Fence, FenceState, watch_lease};
 use crate::gateway::{Gateway, GatewayConfig, housekeeping};
+use crate::grant::{Granted, keep_grant};
 use crate::highest_epoch::StateFile;
 use crate::metrics::Metrics;
 use crate::retry::RetryLimits;
@@ -149,7 +150,7 @@ impl ServingArgs {
 }
 
 #[derive(clap::Args, Debug)]
-#[command(group(ArgGroup::new("lease").required(true).args(["policy", "lease_file"])))]
+#[command(group(ArgGroup::new("lease").required(true).args(["policy", "lease_file", "grants"])))]
 struct FenceArgs {
     /// Address the sidecar serves on. Loopback by default: in a pod, give the pod's address so
     /// that the gateway can reach it.
@@ -170,6 +171,11 @@ struct FenceArgs {
     /// A Lease kept in this file instead of Kubernetes, for processes on one machine.
     #[arg(long, env = "UNDERSTUDY_LEASE_FILE", conflicts_with = "policy")]
     lease_file: Option<PathBuf>,
+    /// Serve under grants pushed by the operator (`PUT /understudy/grant` with its token) instead
+    /// of reading a Lease: the fence needs no credentials for the cluster that holds the Lease, and
+    /// stops on its own when its grant runs out.
+    #[arg(long, env = "UNDERSTUDY_GRANTS", conflicts_with_all = ["policy", "lease_file"])]
+    grants: bool,
     /// How often the Lease is read, in milliseconds.
     #[arg(long, env = "UNDERSTUDY_LEASE_POLL_MS", default_value_t = 1_000)]
     lease_poll_ms: u64,
@@ -371,7 +377,17 @@ async fn fence(args: FenceArgs) -> anyhow::Result<()> {
     }
     let state = Arc::new(FenceState::new(args.pool.clone()));
     let poll = Duration::from_millis(args.lease_poll_ms);
+    let mut grants = None;
     match (&args.lease_file, &args.policy) {
+        _ if args.grants => {
+            if control_token.is_none() {
+                anyhow::bail!("--grants needs the operator's token, which every grant must carry");
+            }
+            tracing::info!("serving under the operator's grants");
+            let granted = Granted::new(&args.pool, Arc::clone(&state));
+            tokio::spawn(keep_grant(Arc::clone(&granted)));
+            grants = Some(granted);
+        }
         (Some(path), _) => {
             tracing::info!(lease_file = %path.display(), "watching a lease file");
             tokio::spawn(watch_lease(FileLease::new(path), Arc::clone(&state), poll));
@@ -385,10 +401,14 @@ async fn fence(args: FenceArgs) -> anyhow::Result<()> {
                 poll,
             ));
         }
-        (None, None) => anyhow::bail!("a lease to watch is required: --policy or --lease-file"),
+        (None, None) => anyhow::bail!("a lease to watch is required: --policy, --lease-file or --grants"),
     }
     let draining = Arc::new(AtomicBool::new(false));
-    let fence = Fence::new(state, args.upstream)
+    let mut fence = Fence::new(state, args.upstream);
+    if let Some(granted) = grants {
+        fence = fence.with_grants(granted);
+    }
+    let fence = fence
         .with_drain(Duration::from_millis(args.drain_ms))
         .with_control_token(control_token)
         .with_draining(Arc::clone(&draining));
@@ -451,7 +471,7 @@ mod tests {
     }
 
     #[test]
-    fn a_fence_watches_a_policy_or_a_lease_file_and_exactly_one() {
+    fn a_fence_watches_a_policy_or_a_lease_file_or_takes_grants_and_exactly_one() {
         let Mode::Fence(by_file) = fence_args(&["--lease-file", "/tmp/lease.json"]).unwrap().mode else {
             panic!("not the fence")
         };
@@ -463,11 +483,17 @@ mod tests {
         assert_eq!(by_policy.policy.as_deref(), Some("chat"));
         let both = fence_args(&["--policy", "chat", "--lease-file", "/tmp/lease.json"]);
         assert_eq!(both.unwrap_err().kind(), ErrorKind::ArgumentConflict);
+        let Mode::Fence(granted) = fence_args(&["--grants"]).unwrap().mode else {
+            panic!("not the fence")
+        };
+        assert!(granted.grants && granted.policy.is_none() && granted.lease_file.is_none());
+        let granted_and_read = fence_args(&["--grants", "--policy", "chat"]);
+        assert_eq!(granted_and_read.unwrap_err().kind(), ErrorKind::ArgumentConflict);
         let neither = fence_args(&[]).unwrap_err();
         assert_eq!(neither.kind(), ErrorKind::MissingRequiredArgument);
         let message = neither.to_string();
         assert!(
-            message.contains("--policy") && message.contains("--lease-file"),
+            message.contains("--policy") && message.contains("--lease-file") && message.contains("--grants"),
             "{message}"
         );
     }

@@ -184,7 +184,7 @@ pub async fn wrong_answer(req: Request<Incoming>) -> Result<Response<RouterBody>
 }
 
 /// A request's body, whole, if it is at most `cap` bytes and arrives within ten seconds.
-async fn read_capped(req: Request<Incoming>, cap: usize) -> Result<Bytes, Response<RouterBody>> {
+pub(crate) async fn read_capped(req: Request<Incoming>, cap: usize) -> Result<Bytes, Response<RouterBody>> {
     let read = tokio::time::timeout(
         Duration::from_secs(10),
         Limited::new(req.into_body(), cap).collect(),
@@ -204,7 +204,7 @@ async fn read_capped(req: Request<Incoming>, cap: usize) -> Result<Bytes, Respon
     }
 }
 
-fn json_response(value: &impl Serialize) -> Response<RouterBody> {
+pub(crate) fn json_response(value: &impl Serialize) -> Response<RouterBody> {
     let body = serde_json::to_vec(value).unwrap_or_default();
     let mut resp = Response::new(RouterBody::from(Bytes::from(body)));
     resp.headers_mut()

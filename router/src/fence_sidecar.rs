@@ -21,6 +21,11 @@
 //! failover: the operator pauses control actions, and the data path keeps serving), and the first read after the outage decides, so a
 //! partitioned old primary that comes back fences itself before it serves again.
 //!
+//! Under grants (`--grants`, [`crate::grant`]) the sidecar reads no Lease: the operator pushes it
+//! the right to serve an epoch until a deadline, and it is fenced the moment the deadline passes
+//! (checked by every request, not only by the task that keeps the grant) unless the grantor
+//! renewed it or the other pool's fences vouched for an extension.
+//!
 //! What this module must never do: let a client's generation through while fenced, let a
 //! control call through without the token, or refuse a probe or the operator's control call
 //! because of the fence.
@@ -46,6 +51,7 @@ use crate::admin::AdminToken;
 use crate::body::{Cut, RouterBody};
 use crate::fence_fault::{FAULT_PATH, Faults, FenceFault, wrong_answer};
 use crate::gateway::strip_hop_by_hop;
+use crate::grant::{GRANT_PATH, Granted};
 use crate::path::{FencePath, classify_for_fence};
 use crate::refusal::error_response;
 
@@ -100,6 +106,11 @@ pub struct FenceState {
     pool: String,
     fenced: AtomicBool,
     epoch: AtomicU64,
+    /// Under a grant: the deadline, in milliseconds from `base`, past which it is fenced whatever
+    /// the verdict says; `u64::MAX` for none. Read by every request, so a grant runs out on time
+    /// even when the task that keeps it runs late.
+    until_ms: AtomicU64,
+    base: tokio::time::Instant,
     /// Whether it is fenced, for the generations running to wait on.
     fenced_watch: watch::Sender<bool>,
 }
@@ -112,8 +123,19 @@ impl FenceState {
             pool: pool.into(),
             fenced: AtomicBool::new(true),
             epoch: AtomicU64::new(0),
+            until_ms: AtomicU64::new(u64::MAX),
+            base: tokio::time::Instant::now(),
             fenced_watch: watch::Sender::new(true),
         }
+    }
+
+    /// Takes a verdict that holds until `until` at the latest (`None`: until the next one).
+    pub fn set_until(&self, v: &FenceVerdict, until: Option<tokio::time::Instant>) {
+        let ms = until.map_or(u64::MAX, |until| {
+            u64::try_from(until.saturating_duration_since(self.base).as_millis()).unwrap_or(u64::MAX)
+        });
+        self.until_ms.store(ms, Relaxed);
+        self.set(v);
     }
 
     /// Takes a verdict.
@@ -152,7 +174,13 @@ impl FenceState {
     /// `Some(epoch)` while fenced.
     #[must_use]
     pub fn fenced_at(&self) -> Option<Epoch> {
-        self.fenced.load(Relaxed).then(|| Epoch(self.epoch.load(Relaxed)))
+        let until = self.until_ms.load(Relaxed);
+        let ran_out = until != u64::MAX
+            && u128::from(until)
+                <= tokio::time::Instant::now()
+                    .saturating_duration_since(self.base)
+                    .as_millis();
+        (self.fenced.load(Relaxed) || ran_out).then(|| Epoch(self.epoch.load(Relaxed)))
     }
 }
 
@@ -205,6 +233,8 @@ pub struct Fence {
     faults: Arc<Faults>,
     /// How long a generation running when the pool loses the Lease may go on.
     drain: Duration,
+    /// The serving grant, when the fence serves under grants instead of reading the Lease.
+    grants: Option<Arc<Granted>>,
 }
 
 /// How long a generation running when its pool loses the Lease may go on, unless the fence is
@@ -226,6 +256,7 @@ impl Fence {
             draining: Arc::new(AtomicBool::new(false)),
             faults: Arc::default(),
             drain: DEFAULT_DRAIN,
+            grants: None,
         }
     }
 
@@ -233,6 +264,13 @@ impl Fence {
     #[must_use]
     pub fn with_drain(mut self, drain: Duration) -> Self {
         self.drain = drain;
+        self
+    }
+
+    /// Serves under `grants` (which must keep the same state) instead of a Lease.
+    #[must_use]
+    pub fn with_grants(mut self, grants: Arc<Granted>) -> Self {
+        self.grants = Some(grants);
         self
     }
 
@@ -258,6 +296,18 @@ impl Fence {
                 return refusal;
             }
             return self.faults.call(req).await;
+        }
+        if req.uri().path() == GRANT_PATH {
+            let Some(grants) = &self.grants else {
+                let message = "this fence reads the epoch Lease; it takes no grants";
+                return error_response(StatusCode::NOT_FOUND, "not_found", message);
+            };
+            if req.method() != http::Method::GET
+                && let Some(refusal) = self.refuse_control(&req)
+            {
+                return refusal;
+            }
+            return grants.call(req).await;
         }
         match classify_for_fence(req.uri().path()) {
             FencePath::Probe

@@ -23,6 +23,7 @@ pub mod endpoint;
 pub mod fence_fault;
 pub mod fence_sidecar;
 pub mod gateway;
+pub mod grant;
 pub mod highest_epoch;
 pub mod metrics;
 pub mod path;

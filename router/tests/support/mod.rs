@@ -259,6 +259,26 @@ impl FenceSidecar {
         Self::started(lease, pool, upstream, poll, None, drain)
     }
 
+    /// A sidecar that serves under grants pushed with `token`, reading no Lease.
+    pub fn granted(pool: &str, upstream: SocketAddr, token: &str) -> FenceSidecar {
+        let token = understudy_router::admin::AdminToken::new(token).unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        listener.set_nonblocking(true).unwrap();
+        let pool = pool.to_owned();
+        let bg = Background::run(1, move || async move {
+            let state = Arc::new(FenceState::new(pool.clone()));
+            let granted = understudy_router::grant::Granted::new(&pool, Arc::clone(&state));
+            tokio::spawn(understudy_router::grant::keep_grant(Arc::clone(&granted)));
+            let fence = Fence::new(state, upstream)
+                .with_control_token(Some(token))
+                .with_grants(granted);
+            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+            serve(listener, move |req| fence.clone().handle(req)).await;
+        });
+        FenceSidecar { port, _bg: bg }
+    }
+
     fn started<L: LeaseSource>(
         lease: L,
         pool: &str,
