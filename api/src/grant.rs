@@ -213,6 +213,185 @@ impl GrantTiming {
     }
 }
 
+/// One fence as the grantor reaches it and as the other pool's fences reach it (the same
+/// `host:port` in one flat network).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FenceAddr {
+    pub grantor: String,
+    pub peer: String,
+}
+
+/// One pool's fences, for a grant round.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PoolFences {
+    /// The pool's name, as the Lease's holder names it.
+    pub pool: String,
+    pub fences: Vec<FenceAddr>,
+    /// Whether `fences` is every fence the pool has. `false` when its cluster could not be
+    /// listed: a fence nobody could name can never be counted as revoked.
+    pub complete: bool,
+}
+
+/// What a fence made of a grant.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GrantAnswer {
+    /// It took it: its view after.
+    Took(GrantView),
+    /// It knows a higher epoch already: its view.
+    Stale(GrantView),
+    /// It takes no grants (404): a fence that reads the Lease itself, or vLLM with no fence in
+    /// front. It holds no grant to revoke, and is fenced, or not, by other means.
+    TakesNoGrants,
+    /// No answer, or one that is not a fence's: why.
+    Failed(String),
+}
+
+impl GrantAnswer {
+    /// A fence's answer to `PUT /understudy/grant`, from its status and body.
+    #[must_use]
+    pub fn read(status: u16, body: &[u8]) -> GrantAnswer {
+        let view = serde_json::from_slice::<GrantView>(body);
+        match (status, view) {
+            (200, Ok(view)) => GrantAnswer::Took(view),
+            (409, Ok(view)) => GrantAnswer::Stale(view),
+            (404, _) => GrantAnswer::TakesNoGrants,
+            (status, _) => GrantAnswer::Failed(format!(
+                "answered {status}: {}",
+                String::from_utf8_lossy(&body[..body.len().min(200)])
+            )),
+        }
+    }
+
+    /// The fence's view, when it answered with one.
+    #[must_use]
+    pub fn view(&self) -> Option<&GrantView> {
+        match self {
+            GrantAnswer::Took(view) | GrantAnswer::Stale(view) => Some(view),
+            GrantAnswer::TakesNoGrants | GrantAnswer::Failed(_) => None,
+        }
+    }
+
+    /// Whether the fence can no longer serve below `epoch` under a grant.
+    #[must_use]
+    pub fn revoked_below(&self, epoch: Epoch) -> bool {
+        match self {
+            GrantAnswer::TakesNoGrants => true,
+            answer => answer.view().and_then(|v| v.epoch).is_some_and(|e| e >= epoch),
+        }
+    }
+}
+
+/// One fence's answer to a grant.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FenceAnswer {
+    pub pool: String,
+    pub fence: String,
+    pub answer: GrantAnswer,
+}
+
+/// What one round of grants did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GrantRound {
+    pub epoch: Epoch,
+    pub holder: String,
+    /// Every fence of every other pool took the epoch, so the holder's serve at once.
+    pub prior_revoked: bool,
+    pub answers: Vec<FenceAnswer>,
+}
+
+impl GrantRound {
+    /// The holder's fences that answered standing as `standing`.
+    #[must_use]
+    pub fn holders(&self, standing: GrantStanding) -> usize {
+        self.answers
+            .iter()
+            .filter(|a| a.pool == self.holder)
+            .filter(|a| a.answer.view().is_some_and(|v| v.standing == standing))
+            .count()
+    }
+
+    /// The fences, of any pool, that gave no answer a fence gives.
+    #[must_use]
+    pub fn unanswered(&self) -> usize {
+        self.answers
+            .iter()
+            .filter(|a| matches!(a.answer, GrantAnswer::Failed(_)))
+            .count()
+    }
+
+    /// Whether the holder has fences that take grants: when none of its fences does (each
+    /// answered 404), it is fenced by other means, and nothing waits for its grants.
+    #[must_use]
+    pub fn holder_takes_grants(&self) -> bool {
+        self.answers
+            .iter()
+            .any(|a| a.pool == self.holder && a.answer != GrantAnswer::TakesNoGrants)
+    }
+
+    /// Whether the holder's fences serve: one of them does, or none takes grants.
+    #[must_use]
+    pub fn holder_serves(&self) -> bool {
+        !self.holder_takes_grants()
+            || self.holders(GrantStanding::Serving) + self.holders(GrantStanding::Failsafe) > 0
+    }
+}
+
+/// Grants every fence of `pools` the Lease's `epoch` held by `holder`: first the other pools'
+/// fences (which fences them at once), then the holder's, told whether all of the others took the
+/// epoch and given the others' fences as their peers. `push` sends one grant to one fence's
+/// grantor address and reads its view; it bounds its own time.
+pub async fn grant_round<F, Fut>(
+    timing: &GrantTiming,
+    policy: &str,
+    (epoch, holder): (Epoch, &str),
+    pools: &[PoolFences],
+    wall_now: Duration,
+    push: F,
+) -> GrantRound
+where
+    F: Fn(String, Grant) -> Fut,
+    Fut: std::future::Future<Output = GrantAnswer>,
+{
+    let grant = timing.grant(policy, epoch, holder, wall_now);
+    let (others, ours): (Vec<&PoolFences>, Vec<&PoolFences>) = pools.iter().partition(|p| p.pool != holder);
+    let mut answers = ask_all(&push, &others, &grant).await;
+    let prior_revoked =
+        others.iter().all(|pool| pool.complete) && answers.iter().all(|a| a.answer.revoked_below(epoch));
+    let held = Grant {
+        prior_revoked,
+        peers: others
+            .iter()
+            .flat_map(|pool| pool.fences.iter().map(|f| f.peer.clone()))
+            .collect(),
+        ..grant
+    };
+    answers.extend(ask_all(&push, &ours, &held).await);
+    GrantRound {
+        epoch,
+        holder: holder.to_owned(),
+        prior_revoked,
+        answers,
+    }
+}
+
+/// Sends `grant` to every fence of `pools` at once.
+async fn ask_all<F, Fut>(push: &F, pools: &[&PoolFences], grant: &Grant) -> Vec<FenceAnswer>
+where
+    F: Fn(String, Grant) -> Fut,
+    Fut: std::future::Future<Output = GrantAnswer>,
+{
+    let asks = pools.iter().flat_map(|pool| {
+        pool.fences.iter().map(|fence| async {
+            FenceAnswer {
+                pool: pool.pool.clone(),
+                fence: fence.grantor.clone(),
+                answer: push(fence.grantor.clone(), grant.clone()).await,
+            }
+        })
+    });
+    futures::future::join_all(asks).await
+}
+
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
@@ -240,6 +419,112 @@ mod tests {
         };
         assert!(matches!(skewed.check(), Err(InvalidTiming::WideSkew { .. })));
         assert_eq!(GrantTiming::default().takeover_wait(), Duration::from_secs(11));
+    }
+
+    fn pool(name: &str, fences: &[&str], complete: bool) -> PoolFences {
+        PoolFences {
+            pool: name.to_owned(),
+            fences: fences
+                .iter()
+                .map(|f| FenceAddr {
+                    grantor: (*f).to_owned(),
+                    peer: format!("peer-{f}"),
+                })
+                .collect(),
+            complete,
+        }
+    }
+
+    /// Answers as a fence would, except the ones named in `down`; records what each was sent.
+    async fn round(pools: &[PoolFences], down: &[&str]) -> (GrantRound, Vec<(String, Grant)>) {
+        let sent = std::sync::Mutex::new(Vec::new());
+        let round = grant_round(
+            &GrantTiming::default(),
+            "ns/p",
+            (Epoch(2), "b"),
+            pools,
+            Duration::from_secs(100),
+            |fence, grant: Grant| {
+                sent.lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .push((fence.clone(), grant.clone()));
+                let down = down.contains(&fence.as_str());
+                async move {
+                    if down {
+                        return GrantAnswer::Failed("unreachable".to_owned());
+                    }
+                    let pool = if fence.starts_with('a') { "a" } else { "b" };
+                    let standing = match (pool == grant.holder, grant.prior_revoked) {
+                        (false, _) => GrantStanding::Fenced,
+                        (true, true) => GrantStanding::Serving,
+                        (true, false) => GrantStanding::Waiting,
+                    };
+                    GrantAnswer::Took(GrantView {
+                        pool: pool.to_owned(),
+                        epoch: Some(grant.epoch),
+                        holder: grant.holder,
+                        standing,
+                        remaining_ms: None,
+                        extended: 0,
+                        extension_refused: 0,
+                    })
+                }
+            },
+        )
+        .await;
+        (round, sent.into_inner().unwrap_or_default())
+    }
+
+    #[tokio::test]
+    async fn a_round_revokes_the_old_holder_first_and_tells_the_new_one_whether_it_may_serve_at_once() {
+        let pools = [pool("a", &["a1", "a2"], true), pool("b", &["b1"], true)];
+        let (all, sent) = round(&pools, &[]).await;
+        assert!(all.prior_revoked);
+        assert_eq!((all.holders(GrantStanding::Serving), all.unanswered()), (1, 0));
+        let order: Vec<&str> = sent.iter().map(|(f, _)| f.as_str()).collect();
+        assert_eq!(order, ["a1", "a2", "b1"], "the old holder's fences first");
+        let to_b = &sent[2].1;
+        assert_eq!(to_b.peers, ["peer-a1", "peer-a2"]);
+        assert!(sent[0].1.peers.is_empty() && !sent[0].1.prior_revoked);
+
+        let (one_down, _) = round(&pools, &["a2"]).await;
+        assert!(
+            !one_down.prior_revoked,
+            "a2 may still serve until its grant runs out"
+        );
+        assert_eq!(
+            (one_down.holders(GrantStanding::Waiting), one_down.unanswered()),
+            (1, 1)
+        );
+
+        let unlisted = [pool("a", &["a1"], false), pool("b", &["b1"], true)];
+        let (partial, _) = round(&unlisted, &[]).await;
+        assert!(
+            !partial.prior_revoked,
+            "a fence nobody could list is never revoked"
+        );
+        assert!(partial.holder_takes_grants() && !partial.holder_serves());
+    }
+
+    #[test]
+    fn a_fence_that_takes_no_grants_holds_none_to_revoke_and_a_holder_without_any_is_not_waited_for() {
+        let answer = |pool: &str, answer| FenceAnswer {
+            pool: pool.to_owned(),
+            fence: format!("{pool}1"),
+            answer,
+        };
+        let round = GrantRound {
+            epoch: Epoch(2),
+            holder: "b".to_owned(),
+            prior_revoked: true,
+            answers: vec![
+                answer("a", GrantAnswer::TakesNoGrants),
+                answer("b", GrantAnswer::TakesNoGrants),
+            ],
+        };
+        assert!(GrantAnswer::TakesNoGrants.revoked_below(Epoch(2)));
+        assert!(!GrantAnswer::Failed("down".to_owned()).revoked_below(Epoch(2)));
+        assert!(!round.holder_takes_grants() && round.holder_serves());
     }
 
     #[test]

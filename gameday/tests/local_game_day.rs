@@ -500,3 +500,72 @@ async fn a_hung_engine_behind_a_green_health_blinds_the_health_checked_baseline_
     );
     assert!(ours.requests.moved > 0, "{:?}", ours.requests);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_cut_off_from_the_grantor_and_its_peers_stops_serving_and_the_standby_waits_out_its_grants()
+{
+    let report = run_scenario(include_str!("../../examples/gamedays/local/partition.yaml")).await;
+    assert_eq!(report.verdict, Verdict::Passed, "{report:#?}");
+    let [cut] = report.self_fence.as_slice() else {
+        panic!("one partition: {:?}", report.self_fence)
+    };
+    assert_eq!(
+        (cut.pool.as_str(), cut.fences, cut.served_again),
+        ("a", 2, 0),
+        "{cut:?}"
+    );
+    assert!(cut.stopped_after_ms.is_some(), "{cut:?}");
+    // The standby's fences could not be told a's were revoked: they waited, then served.
+    let b_standings = |standing: &str| {
+        report
+            .fence_standings
+            .iter()
+            .filter(|s| s.pool == "b" && s.standing == standing && s.epoch == Some(1))
+            .count()
+    };
+    assert_eq!(
+        (b_standings("waiting"), b_standings("serving")),
+        (2, 2),
+        "{report:#?}"
+    );
+    // And a's fences, once they stopped, never served at epoch 0 again.
+    let a_stopped = report
+        .fence_standings
+        .iter()
+        .filter(|s| s.pool == "a" && s.standing == "expired")
+        .map(|s| s.at_ms)
+        .min()
+        .unwrap();
+    let a_served_after = report
+        .fence_standings
+        .iter()
+        .any(|s| s.pool == "a" && s.at_ms > a_stopped && s.standing == "serving");
+    assert!(!a_served_after, "{:?}", report.fence_standings);
+    assert_eq!(report.transitions.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_control_plane_lost_the_primary_serves_on_under_grants_its_peers_vouch_for() {
+    let report = run_scenario(include_str!(
+        "../../examples/gamedays/local/lost-control-plane.yaml"
+    ))
+    .await;
+    assert_eq!(report.verdict, Verdict::Passed, "{report:#?}");
+    assert_eq!((report.requests.failed, report.transitions.len()), (0, 0));
+    let on_failsafe = report
+        .fence_standings
+        .iter()
+        .filter(|s| s.pool == "a" && s.standing == "failsafe")
+        .count();
+    assert_eq!(
+        on_failsafe, 2,
+        "both of a's fences extended: {:?}",
+        report.fence_standings
+    );
+    assert!(
+        report.grants.iter().any(|g| g.contains("no grants renewed")),
+        "{:?}",
+        report.grants
+    );
+    assert!(report.fence_standings.iter().all(|s| s.standing != "expired"));
+}

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use understudy_api::crd::AdmissionSpec;
+use understudy_api::grant::GrantRound;
 use understudy_api::lease::{EpochLease, FileLease, LeaseError, LeaseRecord, Unreachable};
 use understudy_api::route::{AdmissionSettings, Route, StreamContract};
 use understudy_core::drive::{
@@ -25,10 +26,12 @@ use understudy_prober::sleep::{
     ReplicaWake, WakeTimeouts, wake_enough, wake_replica_at_its_level, went_on_without,
 };
 
+use super::grants::{self, Granter};
 use super::http::exchange;
 use super::lock;
 use super::pilot::{ColdStart, Growth};
 use super::replicas::Replica;
+use super::system::FenceAddrs;
 
 /// Who the timeline names for a step this executor carried out.
 pub const CARRIED_BY: &str = "local game day";
@@ -98,11 +101,12 @@ impl EpochLease for LogicLease {
     }
 }
 
-/// One pool as the executor reaches it: its replicas' APIs, and the fences in front of them.
+/// One pool as the executor reaches it: its replicas' APIs (through the run's links), and the
+/// fences in front of them.
 #[derive(Clone, Debug, Default)]
 pub struct PoolAddrs {
     pub replicas: Vec<SocketAddr>,
-    pub fences: Vec<SocketAddr>,
+    pub fences: Vec<FenceAddrs>,
 }
 
 /// One router's admin API.
@@ -134,6 +138,8 @@ pub struct Routed {
 #[derive(Debug)]
 pub struct ProcessExecutor<'a> {
     pub lease: &'a LogicLease,
+    /// The fences' grantor.
+    pub granter: &'a Granter,
     /// The pools as they run now: a grown pilot light joins its pool here.
     pub pools: &'a Mutex<[PoolAddrs; 2]>,
     pub routers: &'a [RouterAdmin],
@@ -173,11 +179,34 @@ impl ProcessExecutor<'_> {
     fn replica_name(&self, endpoint: &Endpoint) -> String {
         lock(self.replicas)
             .iter()
-            .find(|r| r.api.port() == endpoint.port && r.api.ip().to_string() == endpoint.host)
+            .find(|r| {
+                let at = r.link.unwrap_or(r.api);
+                at.port() == endpoint.port && at.ip().to_string() == endpoint.host
+            })
             .map_or_else(
                 || format!("{}:{}", endpoint.host, endpoint.port),
                 |r| r.name.clone(),
             )
+    }
+
+    /// Whether `pool`'s fences serve at `epoch` (one is enough), by the last grant round or a
+    /// new one; why not, when they do not.
+    async fn fences_serve(&self, pool: Pool, epoch: Epoch) -> Result<(), String> {
+        let serves = |round: &GrantRound| {
+            round.epoch == epoch && round.holder == pool_name(pool) && round.holder_serves()
+        };
+        if self.granter.last().as_ref().is_some_and(serves) {
+            return Ok(());
+        }
+        match self.granter.round(self.lease, self.pools).await {
+            Ok(round) if serves(&round) => Ok(()),
+            Ok(round) => Err(format!(
+                "{}'s fences do not serve yet: {}",
+                pool_name(pool),
+                grants::summary(&round)
+            )),
+            Err(why) => Err(format!("no grant round: {why}")),
+        }
     }
 
     fn add_stage(&mut self, took: Duration) {
@@ -202,7 +231,7 @@ impl ProcessExecutor<'_> {
             .iter()
             .zip(&addrs.fences)
             .filter(|(replica, _)| replicas.contains(replica))
-            .map(|(_, fence)| *fence)
+            .map(|(_, fence)| fence.data)
             .collect();
         Route {
             // One policy per run, so one route: it takes every model.
@@ -353,15 +382,18 @@ impl Executor for ProcessExecutor<'_> {
         }
     }
 
+    /// Grants the new epoch to every fence at once: the old primary's fences that answer are
+    /// fenced now, and the ones that do not stop when their grants run out, which the new
+    /// primary's fences wait out. Never waits itself.
     async fn fence_old(&mut self, old: Target) -> Outcome {
-        StepOutcome::Done(Completion::handed_off(
-            "fence",
-            format!(
-                "left to {}'s fences, which refuse work below epoch {} once they read the lease; no call was made",
-                pool_name(old.pool),
-                old.epoch
+        let note = match self.granter.round(self.lease, self.pools).await {
+            Ok(round) => format!("granted epoch {}: {}", old.epoch, grants::summary(&round)),
+            Err(why) => format!(
+                "no grant round ({why}); {}'s fences stop when their grants run out",
+                pool_name(old.pool)
             ),
-        ))
+        };
+        StepOutcome::Done(Completion::noted("fence", note))
     }
 
     async fn wake(&mut self, order: WakeOrder) -> Outcome {
@@ -509,6 +541,11 @@ impl Executor for ProcessExecutor<'_> {
                 "no replica of {} answers a generating probe to route to",
                 pool_name(new.pool)
             ));
+        }
+        // A route to fences that refuse serves nobody: it waits for their grants, which is at
+        // most the old holder's grant plus the skew margin.
+        if let Err(why) = self.fences_serve(new.pool, new.epoch).await {
+            return StepOutcome::NotYet(why);
         }
         self.route_to(new.pool, new.epoch, serving, new.overdue).await
     }

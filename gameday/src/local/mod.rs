@@ -12,8 +12,10 @@
 //! whether the run ends, fails, or is interrupted, and the run's folder goes with them.
 
 pub mod executor;
+pub mod grants;
 pub mod http;
 pub mod lag;
+pub mod links;
 pub mod load;
 pub mod pilot;
 pub mod process;
@@ -34,6 +36,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::{Instant, MissedTickBehavior};
 use understudy_api::crd::AdmissionSpec;
+use understudy_api::grant::GrantStanding;
 use understudy_api::lease::{EpochLease, FileLease};
 use understudy_api::route::AdmissionSettings;
 use understudy_core::drive::{StepOutcome, drive};
@@ -55,10 +58,13 @@ use understudy_prober::sleep::{WakeTimeouts, wake_replica_at_its_level};
 use understudy_router::admission::Priority;
 
 use self::executor::{LogicLease, PoolAddrs, ProcessExecutor, Routed, RouterAdmin, pool_name};
+use self::grants::Granter;
 use self::load::{RequestOutcome, RequestRecord};
 use self::pilot::{ColdStart, Growth, PilotLight};
 use self::replicas::{Launcher, Replica, ReplicaError, Startup};
-use self::report::{AppliedFault, RouteChange, RouterCounts, RunReport, StepSpan, Transition, Verdict};
+use self::report::{
+    AppliedFault, RouteChange, RouterCounts, RunReport, SelfFence, StepSpan, Transition, Verdict,
+};
 use self::scenario::{Checked, Engine, FaultKind, PoolName, ProbeKind, Topology};
 use self::system::{RunDir, System};
 
@@ -133,6 +139,8 @@ struct Logic {
     shapes: [StandbyShape; 2],
     /// The lease as the failover logic reaches it (a `lost-lease` fault cuts it off).
     lease: LogicLease,
+    /// Grants the fences their right to serve, from the lease.
+    granter: Granter,
     /// Each pool's `vllm serve` command line, for the flags in its fingerprint.
     argv: [Vec<String>; 2],
     /// Commands given and not yet fed to the machine.
@@ -180,6 +188,20 @@ struct Journal {
     routes: Vec<RouteChange>,
     /// What was done to pool b when it became the standby again, timed.
     standby_shaped: Vec<String>,
+    /// Each grant round that changed what the fences hold, timed.
+    grants: Vec<String>,
+    /// Each fence's standing each time it changed, as the fence itself answered it.
+    standings: Vec<Standing>,
+}
+
+/// A fence's standing from a moment on, as it answered it.
+#[derive(Clone, Debug)]
+struct Standing {
+    at: Duration,
+    pool: Pool,
+    fence: SocketAddr,
+    standing: GrantStanding,
+    epoch: Option<Epoch>,
 }
 
 pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -198,6 +220,8 @@ pub async fn run(checked: &Checked, options: &RunOptions) -> Result<RunReport, R
     if scenario.topology == Topology::ActivePassive {
         tasks.spawn(failover_logic(Arc::clone(&logic), start, stopped.clone()));
     }
+    tasks.spawn(keep_granting(Arc::clone(&logic), start));
+    tasks.spawn(watch_fences(Arc::clone(&logic), start));
     tasks.spawn(show_progress(
         Arc::clone(&logic),
         Arc::clone(&records),
@@ -268,6 +292,7 @@ async fn set_up(checked: &Checked, options: &RunOptions) -> Result<(Arc<Logic>, 
         RunDir::create(options.seed).map_err(RunError::RunDir)?,
     )
     .with_drain(checked.drain_for);
+    let granter = Granter::new(checked.grant, system.token());
     let lease = FileLease::new(system.lease_file());
     lease.create(pool_name(Pool::A), Epoch(0)).await?;
     let argv = [&scenario.pools.a, &scenario.pools.b].map(|shape| serve_argv(scenario, shape));
@@ -310,6 +335,7 @@ async fn set_up(checked: &Checked, options: &RunOptions) -> Result<(Arc<Logic>, 
         }),
         config,
         lease: LogicLease::new(lease),
+        granter,
         argv: argv.clone(),
         commands: Mutex::new(Vec::new()),
         parity: Mutex::new(None),
@@ -334,6 +360,18 @@ async fn set_up(checked: &Checked, options: &RunOptions) -> Result<(Arc<Logic>, 
         state: Mutex::new(FailoverState::new()),
         journal: Mutex::new(Journal::default()),
     });
+    // The home primary's fences serve once granted: every other fence took the epoch.
+    let round = logic
+        .granter
+        .round(&logic.lease, &logic.pools)
+        .await
+        .map_err(RunError::FirstRoute)?;
+    if round.holders(GrantStanding::Serving) != round.answers.iter().filter(|a| a.pool == "a").count() {
+        return Err(RunError::FirstRoute(format!(
+            "the first grants: {}",
+            grants::summary(&round)
+        )));
+    }
     let executor = executor_of(&logic);
     let mut first = executor.route_for(Pool::A, Epoch(0), &first_route);
     // Nothing is being promoted at the start: the first route opens no admission window.
@@ -393,9 +431,9 @@ async fn start_pools(
                     .map_err(|e| RunError::Fault(format!("starting vLLM servers: {e}")))??
             }
         };
-        for replica in started {
-            let fence = system.fence(serving, replica.api).await?;
-            pools[serving.index()].replicas.push(replica.api);
+        for mut replica in started {
+            let (link, fence) = system.front(serving, &mut replica).await?;
+            pools[serving.index()].replicas.push(link);
             pools[serving.index()].fences.push(fence);
             replicas.push(replica);
         }
@@ -520,6 +558,7 @@ async fn golden_probe(checked: &Checked, replica: SocketAddr) -> Result<ProbeSpe
 fn executor_of(logic: &Logic) -> ProcessExecutor<'_> {
     ProcessExecutor {
         lease: &logic.lease,
+        granter: &logic.granter,
         pools: &logic.pools,
         replicas: &logic.replicas,
         cold_starts: &logic.cold_starts,
@@ -629,6 +668,76 @@ async fn put_standby_to_sleep(logic: Arc<Logic>, start: Instant) {
         line.push_str(&format!("; not: {}", failed.join("; ")));
     }
     lock(&logic.journal).standby_shaped.push(line);
+}
+
+/// Renews every fence's grant each renewal period, as the operator does, writing down each round
+/// that changed what the fences hold (and each time the lease could not be read).
+async fn keep_granting(logic: Arc<Logic>, start: Instant) {
+    let mut ticks = tokio::time::interval(logic.granter.timing.renew_every);
+    ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let mut said = String::new();
+    loop {
+        ticks.tick().await;
+        let line = match logic.granter.round(&logic.lease, &logic.pools).await {
+            Ok(round) => grants::summary(&round),
+            Err(why) => format!("no grants renewed: {why}"),
+        };
+        if line != said {
+            let at = report::to_ms(start.elapsed());
+            lock(&logic.journal).grants.push(format!("{at:.0} ms: {line}"));
+            said = line;
+        }
+    }
+}
+
+/// Asks every fence for its grant every 50 ms, straight rather than through the run's links (the
+/// run's own watch, not the failover logic's), and writes down each change of standing.
+async fn watch_fences(logic: Arc<Logic>, start: Instant) {
+    let mut ticks = tokio::time::interval(Duration::from_millis(50));
+    ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let mut last: std::collections::HashMap<SocketAddr, (GrantStanding, Option<Epoch>)> =
+        std::collections::HashMap::new();
+    loop {
+        ticks.tick().await;
+        let fences: Vec<(Pool, SocketAddr)> = {
+            let pools = lock(&logic.pools);
+            [Pool::A, Pool::B]
+                .into_iter()
+                .flat_map(|pool| pools[pool.index()].fences.iter().map(move |f| (pool, f.data)))
+                .collect()
+        };
+        let asks = fences.iter().map(|(pool, fence)| async move {
+            let answer = http::exchange(
+                *fence,
+                "GET",
+                understudy_api::grant::GRANT_PATH,
+                &[],
+                bytes::Bytes::new(),
+                Duration::from_millis(500),
+            )
+            .await;
+            let view = answer
+                .ok()
+                .and_then(|a| serde_json::from_slice::<understudy_api::grant::GrantView>(&a.body).ok());
+            (*pool, *fence, view)
+        });
+        let views = futures::future::join_all(asks).await;
+        let at = start.elapsed();
+        let mut journal = lock(&logic.journal);
+        for (pool, fence, view) in views {
+            let Some(view) = view else { continue };
+            let now = (view.standing, view.epoch);
+            if last.insert(fence, now) != Some(now) {
+                journal.standings.push(Standing {
+                    at,
+                    pool,
+                    fence,
+                    standing: view.standing,
+                    epoch: view.epoch,
+                });
+            }
+        }
+    }
 }
 
 /// Between promotions, wakes the primary's replicas that still sleep (a promotion goes on once
@@ -1020,6 +1129,10 @@ async fn strike(logic: &Logic, kind: FaultKind, pool: Pool) -> Result<usize, Run
         logic.lease.cut_off(true);
         return Ok(0);
     }
+    if kind == FaultKind::Partition {
+        logic.system.links.cut(pool, true);
+        return Ok(lock(&logic.pools)[pool.index()].replicas.len());
+    }
     let mut count = 0;
     if let Some(text) = kind.emulator_fault() {
         let targets = controls_of(logic, pool);
@@ -1048,6 +1161,7 @@ async fn strike(logic: &Logic, kind: FaultKind, pool: Pool) -> Result<usize, Run
 async fn heal(logic: &Logic, kind: FaultKind, pool: Pool) -> Result<(), RunError> {
     match kind {
         FaultKind::LostLease => logic.lease.cut_off(false),
+        FaultKind::Partition => logic.system.links.cut(pool, false),
         FaultKind::Hang => {
             for replica in lock(&logic.replicas).iter_mut().filter(|r| r.pool == pool) {
                 replica.resume().map_err(|e| RunError::Fault(e.to_string()))?;
@@ -1209,7 +1323,7 @@ fn predicted_detection(checked: &Checked, kind: FaultKind) -> [f64; 2] {
     };
     // A hung or slowed replica's probe takes its whole timeout to fail; the others fail at once.
     let probe = match kind {
-        FaultKind::Hang | FaultKind::HangEngine | FaultKind::Slow => timeout,
+        FaultKind::Hang | FaultKind::HangEngine | FaultKind::Slow | FaultKind::Partition => timeout,
         _ => Duration::ZERO,
     };
     let low = (interval * rounds.saturating_sub(1) + probe).saturating_sub(timeout);
@@ -1240,6 +1354,67 @@ fn held_back(events: &[(Duration, Event)]) -> Vec<String> {
 
 /// The run's report: what the clients saw, what the failover logic did, and the verdict on the
 /// scenario's expectations.
+/// For each partition, how its pool's fences stopped, from what they answered the watch.
+fn self_fences(
+    faults: &[AppliedFault],
+    standings: &[Standing],
+    ttl: Duration,
+    ended: Duration,
+) -> Vec<SelfFence> {
+    let partitions = faults.iter().filter(|f| f.fault == FaultKind::Partition.as_str());
+    partitions
+        .filter_map(|fault| {
+            let pool = match fault.pool.as_str() {
+                "a" => Pool::A,
+                "b" => Pool::B,
+                _ => return None,
+            };
+            let from = Duration::from_secs_f64(fault.at_ms / 1e3);
+            let to = fault
+                .ended_ms
+                .map_or(ended, |ms| Duration::from_secs_f64(ms / 1e3));
+            let mut fences: Vec<SocketAddr> = standings
+                .iter()
+                .filter(|s| s.pool == pool)
+                .map(|s| s.fence)
+                .collect();
+            fences.sort();
+            fences.dedup();
+            let (mut serving, mut stopped, mut served_again) = (0, Some(Duration::ZERO), 0);
+            for fence in fences {
+                let mine: Vec<&Standing> = standings.iter().filter(|s| s.fence == fence).collect();
+                let at_cut = mine.iter().rev().find(|s| s.at <= from);
+                let Some(at_cut) = at_cut.filter(|s| s.standing.serves()) else {
+                    continue;
+                };
+                serving += 1;
+                let during = mine.iter().filter(|s| s.at > from && s.at <= to);
+                let stop = during.clone().find(|s| !s.standing.serves());
+                stopped = match (stopped, stop) {
+                    (Some(latest), Some(stop)) => Some(latest.max(stop.at - from)),
+                    _ => None,
+                };
+                if let Some(stop) = stop {
+                    served_again += usize::from(
+                        during
+                            .filter(|s| s.at > stop.at)
+                            .any(|s| s.standing.serves() && s.epoch <= at_cut.epoch),
+                    );
+                }
+            }
+            Some(SelfFence {
+                pool: fault.pool.clone(),
+                fault_at_ms: fault.at_ms,
+                lasted_ms: report::to_ms(to.saturating_sub(from)),
+                fences: serving,
+                stopped_after_ms: stopped.filter(|_| serving > 0).map(report::to_ms),
+                bound_ms: report::to_ms(ttl),
+                served_again,
+            })
+        })
+        .collect()
+}
+
 fn build_report(
     checked: &Checked,
     logic: &Logic,
@@ -1278,6 +1453,24 @@ fn build_report(
         (in_flight, ok_after_fault),
         &ttft_interactive,
     );
+    let self_fence = self_fences(&faults, &journal.standings, checked.grant.ttl, ended);
+    let (mut passed, mut reasons) = (passed, reasons);
+    for cut in &self_fence {
+        if cut.served_again > 0 {
+            passed = false;
+            reasons.push(format!(
+                "{} of {}'s fences served again at the epoch they had stopped at, still cut off",
+                cut.served_again, cut.pool
+            ));
+        }
+        if cut.fences > 0 && cut.stopped_after_ms.is_none() && cut.lasted_ms > cut.bound_ms {
+            passed = false;
+            reasons.push(format!(
+                "{}'s fences served on through a partition longer than their grant",
+                cut.pool
+            ));
+        }
+    }
     let verdict = match (interrupted, passed) {
         (true, _) => Verdict::Interrupted,
         (false, true) => Verdict::Passed,
@@ -1327,6 +1520,22 @@ fn build_report(
         transitions: journal.transitions.clone(),
         routes: journal.routes.clone(),
         standby_shaped: journal.standby_shaped.clone(),
+        grants: journal.grants.clone(),
+        self_fence,
+        fence_standings: journal
+            .standings
+            .iter()
+            .map(|s| report::FenceStanding {
+                at_ms: u64::try_from(s.at.as_millis()).unwrap_or(u64::MAX),
+                pool: pool_name(s.pool).to_owned(),
+                fence: s.fence.to_string(),
+                standing: serde_json::to_value(s.standing)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_owned))
+                    .unwrap_or_default(),
+                epoch: s.epoch.map(|e| e.0),
+            })
+            .collect(),
         cold_starts: lock(&logic.cold_starts).clone(),
         verdict,
         verdict_reasons: reasons,

@@ -132,11 +132,11 @@ impl Growth {
             })
             .await;
             let outcome = match started {
-                Ok(Ok(replica)) => match system.fence(pool, replica.api).await {
-                    Ok(fence) => {
+                Ok(Ok(mut replica)) => match system.front(pool, &mut replica).await {
+                    Ok((link, fence)) => {
                         // The replica joins its pool and its fence together, as one.
                         let mut addrs = lock(&pools);
-                        addrs[pool.index()].replicas.push(replica.api);
+                        addrs[pool.index()].replicas.push(link);
                         addrs[pool.index()].fences.push(fence);
                         drop(addrs);
                         lock(&cold_starts).push(ColdStart::of(&replica, "pilot-light"));

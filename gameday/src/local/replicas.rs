@@ -71,6 +71,8 @@ pub struct Replica {
     pub pool: Pool,
     /// The OpenAI-compatible API, on loopback.
     pub api: SocketAddr,
+    /// Where the failover logic reaches the API: a link the run can cut, once it has one.
+    pub link: Option<SocketAddr>,
     /// What it runs.
     pub engine: Engine,
     /// The emulator's fault endpoint; none for a real vLLM server.
@@ -194,6 +196,7 @@ impl Replica {
             name: name.to_owned(),
             pool,
             api: api.unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 0))),
+            link: None,
             engine,
             control: None,
             spawned,

@@ -167,6 +167,13 @@ pub struct RunReport {
     pub routes: Vec<RouteChange>,
     /// What was done to pool b when it became the standby again after a failback, timed.
     pub standby_shaped: Vec<String>,
+    /// Each grant round that changed what the fences hold, timed.
+    pub grants: Vec<String>,
+    /// For each partition: when the cut-off pool's fences stopped serving, as they answered.
+    pub self_fence: Vec<SelfFence>,
+    /// Each fence's grant each time it changed, as the fence answered a watch that asked it
+    /// every 50 ms.
+    pub fence_standings: Vec<FenceStanding>,
     /// Every replica started during the run (a pilot light), stage by stage.
     pub cold_starts: Vec<ColdStart>,
     pub verdict: Verdict,
@@ -182,6 +189,39 @@ pub struct RunReport {
     /// Every request's record, for the timeline; not in `report.json`.
     #[serde(skip)]
     pub records: Vec<RequestRecord>,
+}
+
+/// A fence's grant from a moment on.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct FenceStanding {
+    pub at_ms: u64,
+    pub pool: String,
+    pub fence: String,
+    /// `none`, `fenced`, `waiting`, `serving`, `failsafe` or `expired`.
+    pub standing: String,
+    pub epoch: Option<u64>,
+}
+
+/// How a pool cut off by a partition fenced itself, as its fences answered a watch that asked
+/// them every 50 ms from outside the partition.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SelfFence {
+    pub pool: String,
+    /// When the partition began, and how long it lasted (to the end of the run when it did not
+    /// end).
+    pub fault_at_ms: f64,
+    pub lasted_ms: f64,
+    /// The fences serving when it began.
+    pub fences: usize,
+    /// From the partition to the last of those fences no longer serving; `None` when one served
+    /// on to the partition's end.
+    pub stopped_after_ms: Option<f64>,
+    /// The bound: no fence serves past its grant's time to live from the last grant it took,
+    /// which was before the partition.
+    pub bound_ms: f64,
+    /// A fence that stopped and then served again at the epoch it stopped at, before the
+    /// partition ended: what must never happen.
+    pub served_again: usize,
 }
 
 /// Whether the run showed what its scenario expects.
@@ -573,6 +613,37 @@ pub fn summary(run: &RunReport) -> String {
     }
     for line in &run.standby_shaped {
         let _ = writeln!(out, "standby: {line}");
+    }
+    for line in &run.grants {
+        let _ = writeln!(out, "grants: {line}");
+    }
+    // The fences' own account, after the first answers.
+    for change in run.fence_standings.iter().skip_while(|c| c.at_ms < 500) {
+        let epoch = change.epoch.map_or_else(|| "-".to_owned(), |e| e.to_string());
+        let _ = writeln!(
+            out,
+            "fence: {:.1} s: {}'s {} {} at epoch {epoch}",
+            change.at_ms as f64 / 1e3,
+            change.pool,
+            change.fence,
+            change.standing
+        );
+    }
+    for cut in &run.self_fence {
+        let stopped = cut.stopped_after_ms.map_or_else(
+            || "kept serving".to_owned(),
+            |ms| format!("stopped serving {:.1} s after it", ms / 1e3),
+        );
+        let _ = writeln!(
+            out,
+            "self-fence: {}'s {} fence(s) cut off at {:.1} s for {:.1} s: {stopped} (bound: the grant's {:.1} s); served again after stopping: {}",
+            cut.pool,
+            cut.fences,
+            cut.fault_at_ms / 1e3,
+            cut.lasted_ms / 1e3,
+            cut.bound_ms / 1e3,
+            cut.served_again
+        );
     }
     if !run.cold_starts.is_empty() {
         out.push_str(&cold_start_table(&run.cold_starts));

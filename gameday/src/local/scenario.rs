@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 use understudy_api::crd::AdmissionSpec;
+use understudy_api::grant::GrantTiming;
 use understudy_core::drive::promotion_deadline;
 use understudy_core::duration;
 
@@ -248,6 +249,46 @@ pub struct LocalPolicy {
     /// How each replica is judged: `generate` (the default) or `health`, a baseline.
     #[serde(default)]
     pub probe: ProbeKind,
+    /// The serving grants the fences take: how long each lasts, how often it is renewed, and
+    /// the clock-skew margin (`understudy_api::grant`).
+    #[serde(default)]
+    pub grant: LocalGrant,
+}
+
+/// The serving grants' timing, in the FailoverPolicy's own terms.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct LocalGrant {
+    pub ttl: String,
+    pub renew_every: String,
+    pub skew: String,
+}
+
+impl Default for LocalGrant {
+    fn default() -> Self {
+        LocalGrant {
+            ttl: "10s".to_owned(),
+            renew_every: "2s".to_owned(),
+            skew: "1s".to_owned(),
+        }
+    }
+}
+
+impl LocalGrant {
+    fn timing(&self) -> Result<GrantTiming, ScenarioError> {
+        let renew_every = parse_duration("policy.grant.renewEvery", &self.renew_every)?;
+        let timing = GrantTiming {
+            ttl: parse_duration("policy.grant.ttl", &self.ttl)?,
+            renew_every,
+            skew: parse_duration("policy.grant.skew", &self.skew)?,
+            // A push answers within a renewal period, and within a second on loopback.
+            push_timeout: renew_every.min(Duration::from_secs(1)),
+        };
+        timing
+            .check()
+            .map_err(|e| invalid("policy.grant", e.to_string()))?;
+        Ok(timing)
+    }
 }
 
 fn one_minute() -> String {
@@ -289,6 +330,7 @@ impl Default for LocalPolicy {
             recovery_objective: five_minutes(),
             drain_for: one_minute(),
             probe: ProbeKind::Generate,
+            grant: LocalGrant::default(),
         }
     }
 }
@@ -386,8 +428,13 @@ pub enum FaultKind {
     WrongOutput,
     /// Prefill and decode ten times slower (the emulator's `slow:10`).
     Slow,
-    /// The failover logic cut off from the lease's store; the fences still read it.
+    /// The failover logic cut off from the lease's store, as when the operator's cluster is lost:
+    /// no grant is renewed, and the fences serve on only while the other pool vouches for them.
     LostLease,
+    /// The pool cut off from the failover logic and from the other pool's fences: its replicas
+    /// and fences run on, and the routers still reach them (its region's clients do), but no
+    /// probe, grant or peer question crosses. Its fences stop when their grants run out.
+    Partition,
 }
 
 impl FaultKind {
@@ -395,7 +442,7 @@ impl FaultKind {
     #[must_use]
     pub fn emulator_fault(self) -> Option<&'static str> {
         match self {
-            FaultKind::Crash | FaultKind::Hang | FaultKind::LostLease => None,
+            FaultKind::Crash | FaultKind::Hang | FaultKind::LostLease | FaultKind::Partition => None,
             FaultKind::HangEngine => Some("engine-hung"),
             FaultKind::HalfFailed => Some("half-failed:error"),
             FaultKind::WrongOutput => Some("wrong-output"),
@@ -421,6 +468,7 @@ impl FaultKind {
             FaultKind::WrongOutput => "wrong-output",
             FaultKind::Slow => "slow",
             FaultKind::LostLease => "lost-lease",
+            FaultKind::Partition => "partition",
         }
     }
 }
@@ -496,6 +544,8 @@ pub struct Checked {
     pub drain_for: Duration,
     /// How long the routers leave a failed endpoint out, when the scenario says.
     pub eject_for: Option<Duration>,
+    /// The serving grants' timing.
+    pub grant: GrantTiming,
 }
 
 fn invalid(field: &'static str, message: impl Into<String>) -> ScenarioError {
@@ -606,6 +656,7 @@ impl Scenario {
         if let Failback::Automatic { healthy_checks: 0 } = self.policy.failback {
             return Err(invalid("policy.failback.healthyChecks", "must be at least 1"));
         }
+        let grant = self.policy.grant.timing()?;
         Ok(Checked {
             scenario: self,
             duration,
@@ -618,6 +669,7 @@ impl Scenario {
             promotion_deadline,
             drain_for,
             eject_for,
+            grant,
         })
     }
 
@@ -679,13 +731,17 @@ impl Scenario {
             };
             let by_signal = matches!(
                 fault.fault,
-                FaultKind::Crash | FaultKind::Hang | FaultKind::HangEngine | FaultKind::LostLease
+                FaultKind::Crash
+                    | FaultKind::Hang
+                    | FaultKind::HangEngine
+                    | FaultKind::LostLease
+                    | FaultKind::Partition
             );
             if struck_real && !by_signal {
                 return Err(invalid(
                     "faults[].fault",
                     format!(
-                        "{} needs the emulator's fault port; a real vLLM pool takes crash, hang and hang-engine",
+                        "{} needs the emulator's fault port; a real vLLM pool takes crash, hang, hang-engine and partition",
                         fault.fault.as_str()
                     ),
                 ));

@@ -1,7 +1,9 @@
 //! The data path as processes of their own: two router gateways and a fence in front of every
-//! replica, each started from the router's own command line, the fences reading the lease from
-//! a file the failover logic moves by compare-and-set. Their files (the lease, the routers' admin
-//! tokens) live in a folder of the run's own, removed with it.
+//! replica, each started from the router's own command line, the fences serving under the grants
+//! the run pushes them from the lease it moves by compare-and-set ([`super::grants`]). Their files
+//! (the lease, the routers' admin tokens, the operator's token) live in a folder of the run's
+//! own, removed with it. The failover logic reaches every replica and fence, and the fences each
+//! other, through links the run can cut ([`Links`]); the routers reach the fences directly.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -11,13 +13,11 @@ use std::time::Duration;
 use understudy_core::Pool;
 
 use super::executor::pool_name;
+use super::links::Links;
 use super::lock;
 use super::process::{Process, ProcessError};
-use super::replicas::Launcher;
+use super::replicas::{Launcher, Replica};
 use super::scenario::Checked;
-
-/// How often a fence reads the lease file.
-const FENCE_POLL_MS: u64 = 100;
 
 /// How long a router or fence may take to report its addresses.
 const LISTEN_LIMIT: Duration = Duration::from_secs(20);
@@ -60,6 +60,17 @@ pub struct RouterAddrs {
     pub token: String,
 }
 
+/// One fence as each party reaches it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FenceAddrs {
+    /// Where the routers send clients' requests: directly.
+    pub data: SocketAddr,
+    /// Where the failover logic pushes its grants: a link to the fence's pool.
+    pub grantor: SocketAddr,
+    /// Where the other pool's fences ask it: a link between the pools.
+    pub peer: SocketAddr,
+}
+
 /// Starts the routers and fences, and keeps them (and kills them when dropped).
 #[derive(Debug)]
 pub struct System {
@@ -68,6 +79,9 @@ pub struct System {
     processes: Mutex<Vec<Process>>,
     /// How long a fence lets a generation run on once its pool lost the lease.
     drain: Duration,
+    /// The operator's token, which every grant carries.
+    token: String,
+    pub links: Links,
 }
 
 impl System {
@@ -78,6 +92,12 @@ impl System {
             dir,
             processes: Mutex::new(Vec::new()),
             drain: Duration::from_secs(60),
+            token: format!(
+                "local-game-day-operator-{}-{}",
+                std::process::id(),
+                fastrand::u64(..)
+            ),
+            links: Links::default(),
         }
     }
 
@@ -88,7 +108,13 @@ impl System {
         self
     }
 
-    /// The lease's file, which the fences read and the failover logic moves.
+    /// The operator's token, which the fences take grants with.
+    #[must_use]
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+
+    /// The lease's file, which the failover logic moves.
     #[must_use]
     pub fn lease_file(&self) -> PathBuf {
         self.dir.path().join("lease.json")
@@ -120,10 +146,17 @@ impl System {
         }
     }
 
-    /// A fence process in front of `upstream`, refusing work while `pool` does not hold the
-    /// lease; its address.
-    pub async fn fence(&self, pool: Pool, upstream: SocketAddr) -> Result<SocketAddr, ProcessError> {
+    /// A fence process in front of `upstream`, serving only under a grant for `pool`; its
+    /// addresses.
+    async fn fence(&self, pool: Pool, upstream: SocketAddr) -> Result<FenceAddrs, ProcessError> {
         let name = format!("fence of {upstream}");
+        let token_file = self.dir.path().join("operator.token");
+        if !token_file.exists() {
+            std::fs::write(&token_file, &self.token).map_err(|source| ProcessError::Spawn {
+                name: name.clone(),
+                source,
+            })?;
+        }
         let args = [
             "fence",
             "--listen",
@@ -132,24 +165,60 @@ impl System {
             &upstream.to_string(),
             "--pool",
             pool_name(pool),
-            "--lease-file",
-            &self.lease_file().display().to_string(),
-            "--lease-poll-ms",
-            &FENCE_POLL_MS.to_string(),
+            "--grants",
+            "--control-token-file",
+            &token_file.display().to_string(),
             "--drain-ms",
             &self.drain.as_millis().to_string(),
         ]
         .map(str::to_owned)
         .to_vec();
         let process = self.start(name.clone(), args, 1).await?;
-        let addr = process.addr("fence").ok_or(ProcessError::NotListening {
-            name,
+        let addr = process.addr("fence").ok_or_else(|| ProcessError::NotListening {
+            name: name.clone(),
             wanted: 1,
             limit: LISTEN_LIMIT,
             tail: "no fence line".to_owned(),
         })?;
         lock(&self.processes).push(process);
-        Ok(addr)
+        let link = |parties: &'static [Pool]| {
+            let name = name.clone();
+            async move {
+                self.links
+                    .relay(parties, addr)
+                    .await
+                    .map_err(|source| ProcessError::Spawn { name, source })
+            }
+        };
+        let parties: &'static [Pool] = match pool {
+            Pool::A => &[Pool::A],
+            Pool::B => &[Pool::B],
+        };
+        Ok(FenceAddrs {
+            data: addr,
+            grantor: link(parties).await?,
+            peer: link(&[Pool::A, Pool::B]).await?,
+        })
+    }
+
+    /// Puts a fence in front of `replica`, serving for `pool`, and a link between it and the
+    /// failover logic: where the logic reaches the replica, and the fence's addresses.
+    pub async fn front(
+        &self,
+        pool: Pool,
+        replica: &mut Replica,
+    ) -> Result<(SocketAddr, FenceAddrs), ProcessError> {
+        let fence = self.fence(pool, replica.api).await?;
+        let link = self
+            .links
+            .relay(&[pool], replica.api)
+            .await
+            .map_err(|source| ProcessError::Spawn {
+                name: format!("the link to {}", replica.name),
+                source,
+            })?;
+        replica.link = Some(link);
+        Ok((link, fence))
     }
 
     /// Router gateway number `i`, with no route yet, set as the scenario's `router` says.
