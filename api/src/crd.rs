@@ -178,6 +178,12 @@ pub struct FailoverPolicySpec {
     #[serde(default)]
     pub stream: StreamSpec,
 
+    /// The serving grants the operator gives the fences that run with `--grants`: the right to
+    /// serve an epoch until a deadline, renewed well before it. A fence whose grant ran out
+    /// refuses work, so a pool cut off from the operator stops on its own.
+    #[serde(default)]
+    pub grants: GrantsSpec,
+
     /// Stops automatic promotion and failback; explicit commands still work.
     #[serde(default)]
     pub paused: bool,
@@ -798,6 +804,31 @@ impl Default for AdmissionSpec {
     }
 }
 
+/// How serving grants are timed; the arithmetic is in `understudy_api::grant`.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct GrantsSpec {
+    /// How long a grant lets a fence serve without another, e.g. `10s`. A pool cut off from the
+    /// operator and from the other pool's fences stops serving at most this long after its last
+    /// grant; a promotion whose old primary could not be told waits this long plus `clockSkew`
+    /// before the new primary serves. At least three renewals. Defaults to 10s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = positive_duration())]
+    pub ttl: Option<GoDuration>,
+
+    /// How often the operator renews every fence's grant, e.g. `2s`. Defaults to 2s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = positive_duration())]
+    pub renew_every: Option<GoDuration>,
+
+    /// How far the operator's and the fences' clocks may disagree, e.g. `1s`: a grant delayed in
+    /// the network never serves past the operator's deadline by more. Below half of `ttl`.
+    /// Defaults to 1s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = non_negative_duration())]
+    pub clock_skew: Option<GoDuration>,
+}
+
 /// The contract for streams cut by a failover.
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
@@ -952,6 +983,41 @@ pub struct FailoverPolicyStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "preserve_unknown_object")]
     pub failover: Option<serde_json::Value>,
+
+    /// The serving grants as the fences answered the operator's last round; absent when the
+    /// fences read the Lease themselves.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grants: Option<GrantsStatus>,
+}
+
+/// The serving grants the fences hold, as they answered one round.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct GrantsStatus {
+    /// The epoch granted, and the pool that holds it.
+    pub epoch: u64,
+    pub holder: String,
+    /// When the round was pushed (RFC 3339).
+    pub granted_at: String,
+    /// Every fence of the other pool took the epoch, so the holder's serve without waiting out
+    /// the old holder's grants.
+    pub prior_revoked: bool,
+    /// How long the holder's serving fences may serve on without another grant, at the least,
+    /// in seconds, as they answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_in_seconds: Option<f64>,
+    /// Each pool's fences by standing: `serving`, `failsafe`, `waiting`, `fenced`, `expired`,
+    /// `none` (no grant yet), `takesNoGrants` (a fence that reads the Lease, or no fence),
+    /// `refused` (it knows a higher epoch than the operator read), `unreachable`.
+    pub pools: Vec<PoolGrants>,
+}
+
+/// One pool's fences by the standing of their grants.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolGrants {
+    pub pool: String,
+    pub fences: BTreeMap<String, u32>,
 }
 
 fn preserve_unknown_object(_: &mut SchemaGenerator) -> Schema {

@@ -153,7 +153,7 @@ impl Default for GrantTiming {
 }
 
 /// Why a [`GrantTiming`] cannot keep its promises.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
 pub enum InvalidTiming {
     #[error("the grant's time to live ({ttl:?}) must be at least three renewal periods ({renew:?} each)")]
     TooFewRenewals { ttl: Duration, renew: Duration },

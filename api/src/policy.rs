@@ -17,6 +17,7 @@ use understudy_core::{
 use crate::crd::{
     ExpectMode, FailbackMode, FailoverPolicySpec, GoDuration, StandbyProofSpec, Tier, WorkloadKind,
 };
+use crate::grant::{GrantTiming, InvalidTiming};
 
 /// Why a spec cannot be run. Each message starts with the field's path in the object.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -69,6 +70,8 @@ pub enum PolicyError {
     },
     #[error("{field} must be greater than zero")]
     ZeroDuration { field: &'static str },
+    #[error("spec.grants: {0}")]
+    Grants(#[from] InvalidTiming),
     #[error("spec.probe.timeout ({timeout}) must be shorter than spec.probe.interval ({interval})")]
     TimeoutNotShorterThanInterval {
         timeout: GoDuration,
@@ -151,6 +154,8 @@ pub struct ValidatedPolicy {
     pub standby_proof: Option<StandbyProof>,
     /// `spec.stream.drainFor`: how long a planned move lets the old primary's streams finish.
     pub drain_for: Duration,
+    /// How the fences' serving grants are timed.
+    pub grants: GrantTiming,
 }
 
 /// How long a planned move lets the old primary's streams finish when the policy does not say:
@@ -233,6 +238,7 @@ pub fn validate(spec: &FailoverPolicySpec) -> Result<ValidatedPolicy, PolicyErro
     {
         return Err(PolicyError::ServingFraction(fraction.to_string()));
     }
+    let grants = check_grants(spec)?;
     let estimates = estimates(spec)?;
     let standby_proof = match &spec.standby_proof {
         Some(proof) => Some(check_standby_proof(proof)?),
@@ -258,7 +264,33 @@ pub fn validate(spec: &FailoverPolicySpec) -> Result<ValidatedPolicy, PolicyErro
         min_serving_fraction: spec.min_serving_fraction,
         estimates,
         standby_proof,
+        grants,
     })
+}
+
+/// The grants' timing from `spec.grants`, defaults filled in, checked against the bounds its
+/// arithmetic rests on.
+fn check_grants(spec: &FailoverPolicySpec) -> Result<GrantTiming, PolicyError> {
+    let defaults = GrantTiming::default();
+    let grants = &spec.grants;
+    let read = |field, value: &Option<GoDuration>, default| match value {
+        Some(text) => parse(field, text),
+        None => Ok(default),
+    };
+    let renew_every = read(
+        "spec.grants.renewEvery",
+        &grants.renew_every,
+        defaults.renew_every,
+    )?;
+    let timing = GrantTiming {
+        ttl: read("spec.grants.ttl", &grants.ttl, defaults.ttl)?,
+        renew_every,
+        skew: read("spec.grants.clockSkew", &grants.clock_skew, defaults.skew)?,
+        // A push to a fence answers within a renewal period, and within a second.
+        push_timeout: renew_every.min(defaults.push_timeout),
+    };
+    timing.check().map_err(PolicyError::Grants)?;
+    Ok(timing)
 }
 
 /// `spec.standbyProof`, parsed.
@@ -852,6 +884,31 @@ recoveryObjective: 5m
         .expect("valid");
         assert_eq!(policy.failover.min_dwell, Duration::ZERO);
         assert_eq!(policy.admission_window, Duration::ZERO);
+    }
+
+    #[test]
+    fn grants_default_to_ten_seconds_renewed_every_two_and_bad_timings_are_refused() {
+        let grants = |extra: &str| validate(&minimal_with(extra)).map(|p| p.grants);
+        assert_eq!(grants(""), Ok(GrantTiming::default()));
+        let short = grants("grants: {ttl: 3s, renewEvery: 500ms, clockSkew: 250ms}\n")
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            (short.ttl, short.renew_every, short.skew, short.push_timeout),
+            (
+                Duration::from_secs(3),
+                Duration::from_millis(500),
+                Duration::from_millis(250),
+                Duration::from_millis(500)
+            )
+        );
+        let few = grants("grants: {ttl: 4s, renewEvery: 2s}\n").map(|_| ()).err();
+        assert!(
+            few.as_ref()
+                .is_some_and(|e| e.to_string().starts_with("spec.grants: ")),
+            "{few:?}"
+        );
+        assert!(grants("grants: {clockSkew: 5s}\n").is_err());
+        assert!(grants("grants: {ttl: soon}\n").is_err());
     }
 
     #[test]

@@ -9,7 +9,7 @@ use std::fmt::Write as _;
 
 use understudy_api::crd::{
     ColdStartBreakdown, Condition, ConditionStatus, FailoverPolicy, FailoverPolicyStatus, FailoverTimeline,
-    GameDay, GameDayRun, Tier, TierGroup, condition_type,
+    GameDay, GameDayRun, GrantsStatus, Tier, TierGroup, condition_type,
 };
 use understudy_core::recovery::Stage;
 
@@ -59,6 +59,7 @@ pub fn policies(policies: &[FailoverPolicy], all_namespaces: bool) -> String {
         "STANDBY",
         "PARITY",
         "OBJECTIVE",
+        "GRANTS",
     ];
     if all_namespaces {
         header.insert(0, "NAMESPACE");
@@ -80,6 +81,11 @@ pub fn policies(policies: &[FailoverPolicy], all_namespaces: bool) -> String {
         ] {
             row.push(status_word(condition(policy, kind)).to_owned());
         }
+        row.push(
+            status
+                .and_then(|s| s.grants.as_ref())
+                .map_or_else(|| "-".to_owned(), grants_short),
+        );
         if all_namespaces {
             row.insert(0, policy.metadata.namespace.clone().unwrap_or_default());
         }
@@ -89,6 +95,43 @@ pub fn policies(policies: &[FailoverPolicy], all_namespaces: bool) -> String {
         return "No FailoverPolicies found.\n".to_owned();
     }
     table.render("")
+}
+
+/// The holder's fences that serve, of all its fences: `2/2 serving`.
+fn grants_short(grants: &GrantsStatus) -> String {
+    let holder = grants.pools.iter().find(|p| p.pool == grants.holder);
+    let count = |standing: &str| holder.and_then(|p| p.fences.get(standing)).copied().unwrap_or(0);
+    let all: u32 = holder.map_or(0, |p| p.fences.values().sum());
+    format!("{}/{all} serving", count("serving") + count("failsafe"))
+}
+
+/// Each pool's fences by the standing of their grants, as they answered the operator's last round.
+fn describe_grants(out: &mut String, grants: Option<&GrantsStatus>) {
+    let Some(grants) = grants else {
+        line(
+            out,
+            "Grants",
+            "none: the fences read the Lease themselves, or the operator has no fence token",
+        );
+        return;
+    };
+    let mut said = format!(
+        "epoch {} held by {}, granted {}",
+        grants.epoch, grants.holder, grants.granted_at
+    );
+    if let Some(left) = grants.expires_in_seconds {
+        said.push_str(&format!("; serving {} more without another", seconds(left)));
+    }
+    if !grants.prior_revoked {
+        said.push_str("; the old holder's fences were not all told (the new holder waits out their grants)");
+    }
+    line(out, "Grants", &said);
+    let mut pools = Table::new(["POOL", "FENCES"]);
+    for pool in &grants.pools {
+        let fences: Vec<String> = pool.fences.iter().map(|(s, n)| format!("{n} {s}")).collect();
+        pools.row([pool.pool.clone(), fences.join(", ")]);
+    }
+    out.push_str(&pools.render("  "));
 }
 
 fn tiers(groups: &[TierGroup]) -> String {
@@ -136,6 +179,7 @@ pub fn describe(policy: &FailoverPolicy) -> String {
         );
     }
     describe_pools(&mut out, policy);
+    describe_grants(&mut out, status.grants.as_ref());
     describe_conditions(&mut out, &status);
     match &status.last_failover {
         None => line(&mut out, "Last failover", "none"),

@@ -20,8 +20,8 @@ fn llama() -> FailoverPolicy {
 fn get_prints_a_row_per_policy_with_its_primary_epoch_state_and_conditions() {
     assert_eq!(
         view::policies(&[llama()], true),
-        "NAMESPACE   NAME    PRIMARY   EPOCH   STATE     READY   STANDBY   PARITY    OBJECTIVE\n\
-         serving     llama   us-west   1       Serving   True    Unknown   Unknown   True\n"
+        "NAMESPACE   NAME    PRIMARY   EPOCH   STATE     READY   STANDBY   PARITY    OBJECTIVE   GRANTS\n\
+         serving     llama   us-west   1       Serving   True    Unknown   Unknown   True        -\n"
     );
     assert_eq!(view::policies(&[], false), "No FailoverPolicies found.\n");
 }
@@ -86,6 +86,38 @@ fn describe_tells_the_pools_conditions_and_last_failover_step_by_step() {
             "AdmissionOpened"
         ]
     );
+}
+
+#[test]
+fn get_and_describe_show_each_pools_fences_by_the_standing_of_their_grants() {
+    let mut policy = llama();
+    let text = view::describe(&policy);
+    assert!(
+        text.contains("Grants:         none: the fences read the Lease themselves"),
+        "{text}"
+    );
+    let status = policy.status.as_mut().unwrap();
+    status.grants = Some(
+        serde_json::from_value(serde_json::json!({
+            "epoch": 1, "holder": "us-west", "grantedAt": "2026-01-05T09:00:08Z", "priorRevoked": false,
+            "expiresInSeconds": 9.2,
+            "pools": [
+                {"pool": "us-east", "fences": {"unreachable": 8}},
+                {"pool": "us-west", "fences": {"serving": 4, "waiting": 4}},
+            ],
+        }))
+        .unwrap(),
+    );
+    let text = view::describe(&policy);
+    for line in [
+        "Grants:         epoch 1 held by us-west, granted 2026-01-05T09:00:08Z; serving 9.2s more without another; \
+         the old holder's fences were not all told (the new holder waits out their grants)\n",
+        "  us-east   8 unreachable\n",
+        "  us-west   4 serving, 4 waiting\n",
+    ] {
+        assert!(text.contains(line), "no {line:?} in:\n{text}");
+    }
+    assert!(view::policies(&[policy], false).contains("True        4/8 serving\n"));
 }
 
 #[test]

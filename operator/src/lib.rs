@@ -12,6 +12,7 @@ pub mod controller;
 pub mod cron;
 pub mod gameday;
 pub mod gpu_health;
+pub mod grants;
 pub mod judge;
 pub mod leader;
 pub mod metrics;

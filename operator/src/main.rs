@@ -26,6 +26,7 @@ use understudy_operator::admin::{self, Readiness, Role};
 use understudy_operator::controller::{self, Context};
 use understudy_operator::gameday;
 use understudy_operator::gpu_health::GpuAgents;
+use understudy_operator::grants::{Granting, Grantor};
 use understudy_operator::leader::{LeaderConfig, LeaderElector, Release};
 use understudy_operator::lease::KubeLease;
 use understudy_operator::metrics::Metrics;
@@ -241,7 +242,17 @@ async fn main() -> anyhow::Result<()> {
     ));
     let urgent_rounds = observations.urgent_rounds();
     let probing = tokio::spawn(observations.clone().run());
-    let steps = steps(&routers, router_token.as_ref(), &replicas);
+    let mut steps = steps(&routers, router_token.as_ref(), &replicas);
+    // With the fences' token, the leader grants them their right to serve.
+    let grantor = replica_token.is_some().then(|| {
+        let grantor = Arc::new(Grantor::new(client.clone(), replicas.clone(), metrics.clone()));
+        steps = Arc::new(Granting {
+            grantor: Arc::clone(&grantor),
+            inner: Arc::clone(&steps),
+        });
+        grantor
+    });
+    let granting = grantor.clone().map(|g| tokio::spawn(g.run()));
     let gamedays = gamedays(
         &args,
         &client,
@@ -250,7 +261,11 @@ async fn main() -> anyhow::Result<()> {
         &routers,
         router_token.as_ref(),
     );
-    let ctx = policies(&args, client, metrics, observations, steps, replicas, watchdog);
+    let mut ctx = policies(&args, client, metrics, observations, steps, replicas, watchdog);
+    if let Some(grantor) = grantor {
+        ctx = ctx.with_grants(grantor);
+    }
+    let ctx = Arc::new(ctx);
     readiness.set(Role::Leading);
     // The controllers stop on SIGTERM or ctrl-c themselves (`shutdown_on_signal`), which ends
     // the first branch; whichever branch ends, they are stopped before the Lease is released.
@@ -272,6 +287,9 @@ async fn main() -> anyhow::Result<()> {
     };
     readiness.set(Role::Stopping);
     probing.abort();
+    if let Some(granting) = granting {
+        granting.abort();
+    }
     step_down(stop_election, election, leader_config).await;
     if let Err(error) = outcome {
         bail!(error);
@@ -458,8 +476,8 @@ fn policies(
     steps: Arc<dyn StepExecutor>,
     replicas: Arc<KubeReplicas>,
     watchdog: Watchdog,
-) -> Arc<Context> {
-    let ctx = Context::new(client, metrics, Some(args.identity.clone()))
+) -> Context {
+    Context::new(client, metrics, Some(args.identity.clone()))
         .with_observations(observations.clone())
         .with_findings(observations)
         .with_steps(steps)
@@ -470,8 +488,7 @@ fn policies(
             image: args.reserve_image.clone(),
             priority_class: args.reserve_priority_class.clone(),
         })
-        .with_watchdog(watchdog);
-    Arc::new(ctx)
+        .with_watchdog(watchdog)
 }
 
 #[cfg(test)]

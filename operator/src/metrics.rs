@@ -67,6 +67,26 @@ pub struct StageLabels {
     pub stage: String,
 }
 
+/// Labels of a grant round or a renewal skipped.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GrantRoundLabels {
+    pub namespace: String,
+    pub policy: String,
+    /// `granted`, or why nothing was: `no_lease`, `lease_unreadable`.
+    pub outcome: &'static str,
+}
+
+/// Labels of a pool's fences in one grant standing.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GrantFenceLabels {
+    pub namespace: String,
+    pub policy: String,
+    pub pool: String,
+    /// From a closed list: `serving`, `failsafe`, `waiting`, `fenced`, `expired`, `none`,
+    /// `takesNoGrants`, `unreachable`.
+    pub standing: &'static str,
+}
+
 /// Every metric the operator exports, registered once.
 pub struct Metrics {
     registry: Registry,
@@ -77,6 +97,9 @@ pub struct Metrics {
     failovers: Family<FailoverLabels, Counter>,
     cold_start: Family<StageLabels, Histogram>,
     conditions: Family<ConditionLabels, Gauge>,
+    grant_rounds: Family<GrantRoundLabels, Counter>,
+    grant_fences: Family<GrantFenceLabels, Gauge>,
+    grants_refused: Family<PolicyLabels, Counter>,
 }
 
 impl fmt::Debug for Metrics {
@@ -143,6 +166,24 @@ impl Metrics {
             "Time each stage of a replica's start took, for the replicas promotions started",
             cold_start.clone(),
         );
+        let grant_rounds = Family::<GrantRoundLabels, Counter>::default();
+        registry.register(
+            "grant_rounds",
+            "Rounds of serving grants pushed to the fences, and renewals skipped, by outcome",
+            grant_rounds.clone(),
+        );
+        let grant_fences = Family::<GrantFenceLabels, Gauge>::default();
+        registry.register(
+            "grant_fences",
+            "Each pool's fences by the standing of their grant, as they answered the last round",
+            grant_fences.clone(),
+        );
+        let grants_refused = Family::<PolicyLabels, Counter>::default();
+        registry.register(
+            "grants_refused",
+            "Grants a fence refused because it had seen a higher epoch",
+            grants_refused.clone(),
+        );
         Metrics {
             registry,
             reconciliations,
@@ -152,6 +193,9 @@ impl Metrics {
             failovers,
             cold_start,
             conditions,
+            grant_rounds,
+            grant_fences,
+            grants_refused,
         }
     }
 
@@ -225,6 +269,58 @@ impl Metrics {
                 self.cold_start.get_or_create(&labels).observe(*seconds);
             }
         }
+    }
+
+    /// Records a grant round: its count, each pool's fences by standing, and the stale refusals.
+    pub fn grant_round(&self, namespace: &str, policy: &str, round: &understudy_api::grant::GrantRound) {
+        self.grant_rounds
+            .get_or_create(&GrantRoundLabels {
+                namespace: namespace.to_owned(),
+                policy: policy.to_owned(),
+                outcome: "granted",
+            })
+            .inc();
+        let mut pools: Vec<&str> = round.answers.iter().map(|a| a.pool.as_str()).collect();
+        pools.sort_unstable();
+        pools.dedup();
+        for pool in pools {
+            let counts = crate::grants::standings(round, pool);
+            for standing in crate::grants::STANDINGS {
+                let n = counts.iter().find(|(s, _)| *s == standing).map_or(0, |(_, n)| *n);
+                self.grant_fences
+                    .get_or_create(&GrantFenceLabels {
+                        namespace: namespace.to_owned(),
+                        policy: policy.to_owned(),
+                        pool: pool.to_owned(),
+                        standing,
+                    })
+                    .set(i64::try_from(n).unwrap_or(i64::MAX));
+            }
+        }
+        let stale = round
+            .answers
+            .iter()
+            .filter(|a| matches!(a.answer, understudy_api::grant::GrantAnswer::Stale(_)))
+            .count();
+        if stale > 0 {
+            self.grants_refused
+                .get_or_create(&PolicyLabels {
+                    namespace: namespace.to_owned(),
+                    policy: policy.to_owned(),
+                })
+                .inc_by(stale as u64);
+        }
+    }
+
+    /// Counts a renewal skipped for `outcome` (`no_lease`, `lease_unreadable`).
+    pub fn grant_renewal_skipped(&self, namespace: &str, policy: &str, outcome: &'static str) {
+        self.grant_rounds
+            .get_or_create(&GrantRoundLabels {
+                namespace: namespace.to_owned(),
+                policy: policy.to_owned(),
+                outcome,
+            })
+            .inc();
     }
 
     /// Forgets a deleted policy's series, so a gauge does not outlive its policy.

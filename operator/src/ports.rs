@@ -191,6 +191,18 @@ pub trait ReplicaEndpoints: Send + Sync + fmt::Debug {
         Box::pin(async { Ok(Vec::new()) })
     }
 
+    /// Every fence of `pool` that may hold a serving grant, to grant to, and whether the list is
+    /// complete: every pod that may run a fence, terminating ones too, whatever their readiness.
+    /// A fence left out of an incomplete list can never be counted as revoked. By default, the
+    /// probed replicas, not known to be complete.
+    fn fences<'a>(
+        &'a self,
+        namespace: &'a str,
+        pool: &'a PoolSpec,
+    ) -> BoxFuture<'a, Result<(Vec<Endpoint>, bool), ResolveError>> {
+        Box::pin(async move { Ok((self.resolve(namespace, pool).await?, false)) })
+    }
+
     /// How `pool`'s workload starts vLLM, from its pod template once every replica runs it;
     /// `None` when that cannot be told (a rollout under way, a LeaderWorkerSet). Its model is the
     /// one the pool is set to serve: a recorded golden answer is kept only while the primary

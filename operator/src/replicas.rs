@@ -148,6 +148,23 @@ impl ReplicaEndpoints for KubeReplicas {
         Box::pin(self.endpoints(namespace, pool))
     }
 
+    fn fences<'a>(
+        &'a self,
+        namespace: &'a str,
+        pool: &'a PoolSpec,
+    ) -> BoxFuture<'a, Result<(Vec<Endpoint>, bool), ResolveError>> {
+        Box::pin(async move {
+            let pods = self.pods(namespace, pool).await?;
+            let fences = pods
+                .iter()
+                .filter_map(|pod| fence_endpoint(pod, pool.port))
+                .map(|endpoint| endpoint.with_bearer(self.bearer.clone()))
+                .collect();
+            // Every pod the workload selects was listed: the ones left out run no fence.
+            Ok((fences, true))
+        })
+    }
+
     fn serving_config<'a>(
         &'a self,
         namespace: &'a str,
@@ -262,6 +279,18 @@ pub fn replica_endpoint(pod: &Pod, port: u16) -> Option<Endpoint> {
     Some(Endpoint::new(ip, port))
 }
 
+/// Where `pod`'s fence may serve: any pod with an address that has not ended, terminating and
+/// unready ones too, since a fence may hold a grant until its process is gone.
+#[must_use]
+pub fn fence_endpoint(pod: &Pod, port: u16) -> Option<Endpoint> {
+    let status = pod.status.as_ref()?;
+    if matches!(status.phase.as_deref(), Some("Succeeded" | "Failed")) {
+        return None;
+    }
+    let ip = status.pod_ip.as_deref().filter(|ip| !ip.is_empty())?;
+    Some(Endpoint::new(ip, port))
+}
+
 /// Fixed endpoints per pool name, for tests and for running without a cluster.
 #[derive(Clone, Debug, Default)]
 pub struct FixedReplicas {
@@ -314,6 +343,16 @@ impl ReplicaEndpoints for FixedReplicas {
     ) -> BoxFuture<'a, Result<Vec<Endpoint>, ResolveError>> {
         let endpoints = self.pools.get(&pool.name).cloned().unwrap_or_default();
         Box::pin(async move { Ok(endpoints) })
+    }
+
+    fn fences<'a>(
+        &'a self,
+        _namespace: &'a str,
+        pool: &'a PoolSpec,
+    ) -> BoxFuture<'a, Result<(Vec<Endpoint>, bool), ResolveError>> {
+        // The list is the pool, whole.
+        let endpoints = self.pools.get(&pool.name).cloned().unwrap_or_default();
+        Box::pin(async move { Ok((endpoints, true)) })
     }
 
     fn serving_config<'a>(

@@ -154,12 +154,12 @@ const FENCE_PORT: u16 = 8001;
 
 /// [`vllm_deployment`] with the fence sidecar in front of vLLM, as `examples/pools/chat.yaml`
 /// runs a pool: vLLM listens on the pod's loopback, and the fence, the one door to it, serves on
-/// [`FENCE_PORT`], watches the policy `chat`'s epoch Lease as `pool`, and takes control calls
-/// with the token in Secret `chat-fence`, under ServiceAccount `chat-fence` ([`fence_access`]).
+/// [`FENCE_PORT`] as `pool` under the operator's grants, and takes grants and control calls with
+/// the token in Secret `chat-fence` ([`fence_access`]). It has no Kubernetes credentials.
 fn fenced_deployment(name: &str, replicas: u32, pool: &str) -> Deployment {
     let mut deployment = serde_json::to_value(vllm_deployment(name, replicas)).unwrap();
     let spec = &mut deployment["spec"]["template"]["spec"];
-    spec["serviceAccountName"] = "chat-fence".into();
+    spec["automountServiceAccountToken"] = false.into();
     let vllm = &mut spec["containers"][0];
     vllm["args"]
         .as_array_mut()
@@ -170,10 +170,8 @@ fn fenced_deployment(name: &str, replicas: u32, pool: &str) -> Deployment {
         "name": "fence",
         "image": "ghcr.io/understudy-dev/understudy-router:test",
         "command": ["understudy-router", "fence"],
-        "args": ["--listen", "0.0.0.0:8001", "--upstream", "127.0.0.1:8000", "--pool", pool,
-                 "--policy", "chat", "--lease-poll-ms", "250"],
+        "args": ["--listen", "0.0.0.0:8001", "--upstream", "127.0.0.1:8000", "--pool", pool, "--grants"],
         "env": [
-            {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
             {"name": "UNDERSTUDY_CONTROL_TOKEN",
              "valueFrom": {"secretKeyRef": {"name": "chat-fence", "key": "token"}}},
         ],
@@ -182,34 +180,16 @@ fn fenced_deployment(name: &str, replicas: u32, pool: &str) -> Deployment {
     serde_json::from_value(deployment).unwrap()
 }
 
-/// What the fences of `ns` need: their ServiceAccount, granted the chart's ClusterRole
-/// `understudy-fence` in `ns` alone, and the Secret holding their control token.
+/// What the fences of `ns` need: the Secret holding their control token, which the operator's
+/// grants and control calls carry. Nothing else: they read nothing from the API server.
 async fn fence_access(client: &Client, ns: &str) {
-    use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
-    use k8s_openapi::api::rbac::v1::RoleBinding;
-    let create = PostParams::default();
-    let account: ServiceAccount =
-        serde_json::from_value(json!({"metadata": {"name": "chat-fence"}})).unwrap();
-    Api::namespaced(client.clone(), ns)
-        .create(&create, &account)
-        .await
-        .unwrap();
-    let binding: RoleBinding = serde_json::from_value(json!({
-        "metadata": {"name": "chat-fence"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "understudy-fence"},
-        "subjects": [{"kind": "ServiceAccount", "name": "chat-fence", "namespace": ns}],
-    }))
-    .unwrap();
-    Api::namespaced(client.clone(), ns)
-        .create(&create, &binding)
-        .await
-        .unwrap();
+    use k8s_openapi::api::core::v1::Secret;
     let secret: Secret = serde_json::from_value(json!({
         "metadata": {"name": "chat-fence"}, "stringData": {"token": FENCE_TOKEN},
     }))
     .unwrap();
     Api::namespaced(client.clone(), ns)
-        .create(&create, &secret)
+        .create(&PostParams::default(), &secret)
         .await
         .unwrap();
 }

@@ -32,6 +32,9 @@ use crate::policy;
 pub(super) async fn apply(policy: &FailoverPolicy, ctx: &Context, namespace: &str) -> Result<Action, Error> {
     // Before validation, so that a spec edited into nonsense stops being probed by its old self.
     ctx.observations.track(policy);
+    if let Some(grants) = &ctx.grants {
+        grants.track(policy);
+    }
     let validated = match policy::validate(&policy.spec) {
         Ok(validated) => validated,
         Err(error) => return report_invalid_spec(ctx, policy, namespace, &error.to_string()).await,

@@ -12,6 +12,7 @@ use understudy_core::Pool;
 use understudy_prober::probe::{Endpoint, Expectation, ProbeReport};
 
 use crate::crd::FailoverPolicy;
+use crate::grants::Grantor;
 use crate::judge::fixed_expectation;
 use crate::metrics::Metrics;
 use crate::ports::ReplicaEndpoints;
@@ -41,6 +42,8 @@ pub struct Context {
     /// replicas that pass the generating probe. Without it the standby is left as it runs and
     /// serving is counted by ready pods.
     pub replicas: Option<Arc<dyn ReplicaEndpoints>>,
+    /// Grants the fences their right to serve; without it the fences read the Lease themselves.
+    pub grants: Option<Arc<Grantor>>,
     /// Consecutive failures per policy, for the error policy's backoff.
     failures: Mutex<HashMap<(String, String), u32>>,
 }
@@ -70,6 +73,7 @@ impl Context {
             steps: Arc::new(HandOffToComponents),
             reserve: ReserveConfig::default(),
             replicas: None,
+            grants: None,
             failures: Mutex::new(HashMap::new()),
         }
     }
@@ -111,6 +115,13 @@ impl Context {
         if let Some(findings) = &self.findings {
             findings.note_probed(&ObjectRef::from_obj(policy), pool, reports);
         }
+    }
+
+    /// Grants the fences of every policy it runs through `grants`.
+    #[must_use]
+    pub fn with_grants(mut self, grants: Arc<Grantor>) -> Self {
+        self.grants = Some(grants);
+        self
     }
 
     #[must_use]

@@ -211,9 +211,13 @@ pub async fn run(
 /// A deleted policy leaves its pools as they are, and its epoch Lease too: serving must not stop
 /// because a policy was removed, and a policy created again under the same name must carry on
 /// from the Lease's epoch rather than start again at 0. Its GPU reserve, which holds GPUs and
-/// serves nothing, goes with it through its owner reference.
+/// serves nothing, goes with it through its owner reference. Its fences are granted nothing more:
+/// the serving pool's go on under their failsafe while the other pool's vouch for them.
 fn cleanup(policy: &FailoverPolicy, ctx: &Context, namespace: &str) -> Result<Action, Error> {
     ctx.observations.forget(&ObjectRef::from_obj(policy));
+    if let Some(grants) = &ctx.grants {
+        grants.forget(&ObjectRef::from_obj(policy));
+    }
     ctx.metrics.forget_policy(namespace, &policy.name_any());
     Ok(Action::await_change())
 }

@@ -65,6 +65,33 @@ async fn report_drift(ctx: &Context, policy: &FailoverPolicy, run: &Run<'_>) {
     send(&ctx.shell, &policy.object_ref(&()), &event).await;
 }
 
+/// Tells, once status records it, when the holder's fences stop being confirmed (some ran out or
+/// cannot be reached: a Warning `GrantsUnconfirmed`), when every one of them serves again
+/// (`GrantsRenewed`), and when a fence refuses a grant because it knows a higher epoch (a Warning
+/// `GrantRefused`).
+async fn report_grants(ctx: &Context, policy: &FailoverPolicy) {
+    let Some(now) = ctx
+        .grants
+        .as_ref()
+        .and_then(|grants| grants.last(&kube::runtime::reflector::ObjectRef::from_obj(policy)))
+        .map(|granted| granted.status())
+    else {
+        return;
+    };
+    let before = policy.status.as_ref().and_then(|s| s.grants.as_ref());
+    let events = crate::grants::events(before, &now);
+    for (type_, reason, note) in events {
+        let event = KubeEvent {
+            type_,
+            reason: reason.to_owned(),
+            note: Some(note),
+            action: "Grant".to_owned(),
+            secondary: None,
+        };
+        send(&ctx.shell, &policy.object_ref(&()), &event).await;
+    }
+}
+
 /// Publishes the notices a status write has recorded, and counts the epoch and a finished
 /// promotion once status records them: after a failed write the next reconcile runs the same
 /// steps again, and would tell and count them twice.
@@ -115,6 +142,7 @@ pub(super) async fn publish_written(
 ) {
     if written {
         report_drift(ctx, policy, run).await;
+        report_grants(ctx, policy).await;
         for breakdown in executed.woken.iter().chain(started) {
             ctx.metrics.cold_start(breakdown);
         }

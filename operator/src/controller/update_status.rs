@@ -66,5 +66,13 @@ pub(super) fn status_of(
         parity: run.parity.as_ref(),
         now: run.now,
     })
+    .map(|mut status| {
+        status.grants = ctx
+            .grants
+            .as_ref()
+            .and_then(|grants| grants.last(&ObjectRef::from_obj(policy)))
+            .map(|granted| granted.status());
+        status
+    })
     .map_err(Error::Record)
 }
