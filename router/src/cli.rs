@@ -22,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 use understudy_api::lease::{FileLease, KubeLease};
 
 use crate::admin::{Admin, AdminToken};
+use crate::break_glass::GrantArgs;
 use crate::endpoint::EjectionPolicy;
 use crate::fence_sidecar::{Fence, FenceState, watch_lease};
 use crate::gateway::{Gateway, GatewayConfig, housekeeping};
@@ -46,6 +47,8 @@ enum Mode {
     Gateway(GatewayArgs),
     /// The fence sidecar beside one vLLM replica.
     Fence(FenceArgs),
+    /// Break glass: grant an epoch to the fences by hand, when the operator cannot.
+    Grant(GrantArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -253,6 +256,17 @@ pub fn run(args: impl IntoIterator<Item = OsString>) -> anyhow::Result<()> {
         match cli.mode {
             Mode::Gateway(args) => gateway(args).await,
             Mode::Fence(args) => fence(args).await,
+            Mode::Grant(args) => {
+                let token = token_text(args.token_file.as_deref(), "UNDERSTUDY_CONTROL_TOKEN")?
+                    .map(|t| t.trim().to_owned())
+                    .filter(|t| !t.is_empty());
+                let Some(token) = token else {
+                    anyhow::bail!(
+                        "the fences' control token is required: --token-file or UNDERSTUDY_CONTROL_TOKEN"
+                    );
+                };
+                crate::break_glass::grant(args, &token).await
+            }
         }
     })
 }
@@ -360,14 +374,21 @@ async fn stop_asked() -> std::io::Result<()> {
 /// A token from `file`, or else from the environment variable `var`; `None` when neither is
 /// given. Never from the command line, which anyone on the machine can read.
 fn read_token(file: Option<&std::path::Path>, var: &str) -> anyhow::Result<Option<AdminToken>> {
-    let text = match (file, std::env::var(var)) {
+    match token_text(file, var)? {
+        Some(text) => Ok(Some(AdminToken::new(&text)?)),
+        None => Ok(None),
+    }
+}
+
+/// A token's text from `file`, or else from the environment variable `var`.
+fn token_text(file: Option<&std::path::Path>, var: &str) -> anyhow::Result<Option<String>> {
+    Ok(match (file, std::env::var(var)) {
         (Some(path), _) => {
-            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?
+            Some(std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?)
         }
-        (None, Ok(token)) => token,
-        (None, Err(_)) => return Ok(None),
-    };
-    Ok(Some(AdminToken::new(&text)?))
+        (None, Ok(token)) => Some(token),
+        (None, Err(_)) => None,
+    })
 }
 
 async fn fence(args: FenceArgs) -> anyhow::Result<()> {

@@ -17,6 +17,7 @@ pub mod admin;
 pub mod admission;
 pub mod balance;
 pub mod body;
+pub mod break_glass;
 pub mod cli;
 pub mod continuation;
 pub mod endpoint;

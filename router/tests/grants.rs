@@ -168,3 +168,80 @@ async fn a_holder_cut_off_from_its_grantor_and_its_peers_stops_serving_when_its_
     });
     drop(a);
 }
+
+/// `understudy-router grant` with the fences' token in the environment: its exit and its output.
+fn break_glass(args: &[String]) -> (bool, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_understudy-router"))
+        .arg("grant")
+        .args(args)
+        .env("UNDERSTUDY_CONTROL_TOKEN", TOKEN)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn break_glass_grants_the_standby_an_epoch_by_hand_and_refuses_a_stale_one() {
+    let e = Emulator::start(&["--emu-zero-cost"], &[]);
+    let west = FenceSidecar::granted("west", e.addr(), TOKEN);
+    let w = west.port;
+    // East, the old primary, is gone: nothing listens where its fence was.
+    let gone = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    blocking(move || {
+        assert_eq!(push(w, &grant(4, "east", &[gone], true), Some(TOKEN)).status, 200);
+        let pools = |epoch: u64, extra: &[&str]| -> Vec<String> {
+            let mut args = vec![
+                "--epoch".to_owned(),
+                epoch.to_string(),
+                "--holder".to_owned(),
+                "west".to_owned(),
+                "--pool".to_owned(),
+                format!("east=127.0.0.1:{gone}"),
+                "--pool".to_owned(),
+                format!("west=127.0.0.1:{w}"),
+            ];
+            args.extend(extra.iter().map(|s| (*s).to_owned()));
+            args
+        };
+        // Without saying east is gone, west takes the epoch and waits out east's grants.
+        let (ok, text) = break_glass(&pools(5, &[]));
+        assert!(ok, "{text}");
+        assert!(text.contains("took it: Waiting"), "{text}");
+        assert_eq!(generates(w), 503);
+        // Said: west serves at once.
+        let (ok, text) = break_glass(&pools(6, &["--old-holder-gone", "--ttl", "10m"]));
+        assert!(ok, "{text}");
+        assert!(
+            text.contains(&format!("west 127.0.0.1:{w}: took it: Serving")),
+            "{text}"
+        );
+        assert_eq!(generates(w), 200);
+        assert!(
+            view(w).remaining_ms.is_some_and(|ms| ms > 60_000),
+            "{:?}",
+            view(w)
+        );
+        // An epoch below what the fence holds is refused, and the command says so.
+        let (ok, text) = break_glass(&pools(5, &["--old-holder-gone"]));
+        assert!(!ok, "{text}");
+        assert!(text.contains("refused it: it holds epoch Some(6)"), "{text}");
+        let (ok, text) = break_glass(&[
+            "--epoch".into(),
+            "7".into(),
+            "--holder".into(),
+            "north".into(),
+            "--pool".into(),
+            format!("west=127.0.0.1:{w}"),
+        ]);
+        assert!(
+            !ok && text.contains("--holder north names none of the --pool given"),
+            "{text}"
+        );
+    });
+    drop(west);
+}
