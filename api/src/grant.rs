@@ -99,6 +99,19 @@ pub enum GrantStanding {
 }
 
 impl GrantStanding {
+    /// Its name, as the view spells it.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            GrantStanding::None => "none",
+            GrantStanding::Fenced => "fenced",
+            GrantStanding::Waiting => "waiting",
+            GrantStanding::Serving => "serving",
+            GrantStanding::Failsafe => "failsafe",
+            GrantStanding::Expired => "expired",
+        }
+    }
+
     /// Whether the fence serves clients' generations.
     #[must_use]
     pub fn serves(self) -> bool {
@@ -289,6 +302,19 @@ pub struct FenceAnswer {
     pub answer: GrantAnswer,
 }
 
+/// Every standing a fence is counted in, in the order they are shown.
+pub const STANDINGS: [&str; 9] = [
+    "serving",
+    "failsafe",
+    "waiting",
+    "fenced",
+    "expired",
+    "none",
+    "takesNoGrants",
+    "refused",
+    "unreachable",
+];
+
 /// What one round of grants did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GrantRound {
@@ -326,6 +352,67 @@ impl GrantRound {
         self.answers
             .iter()
             .any(|a| a.pool == self.holder && a.answer != GrantAnswer::TakesNoGrants)
+    }
+
+    /// `pool`'s fences by standing, as `(standing, count)`, in the order of [`STANDINGS`]:
+    /// [`GrantStanding::name`], or `takesNoGrants`, `refused` (it knows a higher epoch than the
+    /// grantor read) and `unreachable` for fences that gave no view of this grant.
+    #[must_use]
+    pub fn standings(&self, pool: &str) -> Vec<(&'static str, usize)> {
+        let mut counts = [0usize; STANDINGS.len()];
+        for answer in self.answers.iter().filter(|a| a.pool == pool) {
+            let name = match &answer.answer {
+                GrantAnswer::Took(view) => view.standing.name(),
+                GrantAnswer::Stale(_) => "refused",
+                GrantAnswer::TakesNoGrants => "takesNoGrants",
+                GrantAnswer::Failed(_) => "unreachable",
+            };
+            if let Some(i) = STANDINGS.iter().position(|n| *n == name) {
+                counts[i] += 1;
+            }
+        }
+        STANDINGS
+            .into_iter()
+            .zip(counts)
+            .filter(|(_, n)| *n > 0)
+            .collect()
+    }
+
+    /// The pools the round granted to, by name.
+    #[must_use]
+    pub fn pools(&self) -> Vec<&str> {
+        let mut pools: Vec<&str> = self.answers.iter().map(|a| a.pool.as_str()).collect();
+        pools.sort_unstable();
+        pools.dedup();
+        pools
+    }
+
+    /// One line: who holds the epoch, and each pool's fences by standing.
+    #[must_use]
+    pub fn summary(&self) -> String {
+        let parts: Vec<String> = self
+            .pools()
+            .into_iter()
+            .map(|pool| {
+                let said: Vec<String> = self
+                    .standings(pool)
+                    .iter()
+                    .map(|(s, n)| format!("{n} {s}"))
+                    .collect();
+                format!("{pool}: {}", said.join(", "))
+            })
+            .collect();
+        format!(
+            "{} holds epoch {}{}; {}",
+            self.holder,
+            self.epoch,
+            if self.prior_revoked {
+                ""
+            } else {
+                " (the old holder not revoked)"
+            },
+            parts.join("; ")
+        )
     }
 
     /// Whether the holder's fences serve: one of them does, or none takes grants.

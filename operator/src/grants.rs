@@ -249,8 +249,6 @@ impl Granted {
     #[must_use]
     pub fn status(&self) -> GrantsStatus {
         let round = &self.round;
-        let mut pools: Vec<&str> = round.answers.iter().map(|a| a.pool.as_str()).collect();
-        pools.dedup();
         let expires_in_seconds = round
             .answers
             .iter()
@@ -266,11 +264,13 @@ impl Granted {
             granted_at: self.at.to_string(),
             prior_revoked: round.prior_revoked,
             expires_in_seconds,
-            pools: pools
+            pools: round
+                .pools()
                 .into_iter()
                 .map(|pool| PoolGrants {
                     pool: pool.to_owned(),
-                    fences: standings(round, pool)
+                    fences: round
+                        .standings(pool)
                         .into_iter()
                         .map(|(s, n)| (s.to_owned(), u32::try_from(n).unwrap_or(u32::MAX)))
                         .collect(),
@@ -372,7 +372,7 @@ impl Granting {
             .await;
         StepReport::Done {
             carried_by: CARRIED_BY,
-            note: Some(format!("granted epoch {}: {}", request.epoch, summary(&round))),
+            note: Some(format!("granted epoch {}: {}", request.epoch, round.summary())),
         }
     }
 
@@ -394,7 +394,7 @@ impl Granting {
             format!(
                 "{}'s fences do not serve yet: {}",
                 request.pool.name,
-                summary(&round)
+                round.summary()
             )
         })
     }
@@ -416,80 +416,6 @@ impl StepExecutor for Granting {
 
     fn keep_route<'a>(&'a self, request: RouteSyncRequest<'a>) -> BoxFuture<'a, RouteSyncReport> {
         self.inner.keep_route(request)
-    }
-}
-
-/// One line for a round: each pool's fences by standing.
-#[must_use]
-pub fn summary(round: &GrantRound) -> String {
-    let mut pools: Vec<&str> = round.answers.iter().map(|a| a.pool.as_str()).collect();
-    pools.dedup();
-    let parts: Vec<String> = pools
-        .iter()
-        .map(|pool| {
-            let counts = standings(round, pool);
-            let said: Vec<String> = counts.iter().map(|(s, n)| format!("{n} {s}")).collect();
-            format!("{pool}: {}", said.join(", "))
-        })
-        .collect();
-    format!(
-        "{} holds epoch {}{}; {}",
-        round.holder,
-        round.epoch,
-        if round.prior_revoked {
-            ""
-        } else {
-            " (the old holder not revoked)"
-        },
-        parts.join("; ")
-    )
-}
-
-/// Every standing a fence is counted in, in the order they are shown.
-pub const STANDINGS: [&str; 9] = [
-    "serving",
-    "failsafe",
-    "waiting",
-    "fenced",
-    "expired",
-    "none",
-    "takesNoGrants",
-    "refused",
-    "unreachable",
-];
-
-/// `pool`'s fences in `round` by standing, as `(standing, count)`, in a fixed order.
-#[must_use]
-pub fn standings(round: &GrantRound, pool: &str) -> Vec<(&'static str, usize)> {
-    let mut counts = [0usize; STANDINGS.len()];
-    for answer in round.answers.iter().filter(|a| a.pool == pool) {
-        let name = match &answer.answer {
-            GrantAnswer::Took(view) => standing_name(view.standing),
-            // It knows a higher epoch than the Lease read here: this operator is behind.
-            GrantAnswer::Stale(_) => "refused",
-            GrantAnswer::TakesNoGrants => "takesNoGrants",
-            GrantAnswer::Failed(_) => "unreachable",
-        };
-        if let Some(i) = STANDINGS.iter().position(|n| *n == name) {
-            counts[i] += 1;
-        }
-    }
-    STANDINGS
-        .into_iter()
-        .zip(counts)
-        .filter(|(_, n)| *n > 0)
-        .collect()
-}
-
-fn standing_name(standing: understudy_api::grant::GrantStanding) -> &'static str {
-    use understudy_api::grant::GrantStanding;
-    match standing {
-        GrantStanding::None => "none",
-        GrantStanding::Fenced => "fenced",
-        GrantStanding::Waiting => "waiting",
-        GrantStanding::Serving => "serving",
-        GrantStanding::Failsafe => "failsafe",
-        GrantStanding::Expired => "expired",
     }
 }
 

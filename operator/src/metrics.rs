@@ -280,12 +280,9 @@ impl Metrics {
                 outcome: "granted",
             })
             .inc();
-        let mut pools: Vec<&str> = round.answers.iter().map(|a| a.pool.as_str()).collect();
-        pools.sort_unstable();
-        pools.dedup();
-        for pool in pools {
-            let counts = crate::grants::standings(round, pool);
-            for standing in crate::grants::STANDINGS {
+        for pool in round.pools() {
+            let counts = round.standings(pool);
+            for standing in understudy_api::grant::STANDINGS {
                 let n = counts.iter().find(|(s, _)| *s == standing).map_or(0, |(_, n)| *n);
                 self.grant_fences
                     .get_or_create(&GrantFenceLabels {

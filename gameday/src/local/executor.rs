@@ -26,7 +26,7 @@ use understudy_prober::sleep::{
     ReplicaWake, WakeTimeouts, wake_enough, wake_replica_at_its_level, went_on_without,
 };
 
-use super::grants::{self, Granter};
+use super::grants::Granter;
 use super::http::exchange;
 use super::lock;
 use super::pilot::{ColdStart, Growth};
@@ -203,7 +203,7 @@ impl ProcessExecutor<'_> {
             Ok(round) => Err(format!(
                 "{}'s fences do not serve yet: {}",
                 pool_name(pool),
-                grants::summary(&round)
+                round.summary()
             )),
             Err(why) => Err(format!("no grant round: {why}")),
         }
@@ -387,7 +387,7 @@ impl Executor for ProcessExecutor<'_> {
     /// primary's fences wait out. Never waits itself.
     async fn fence_old(&mut self, old: Target) -> Outcome {
         let note = match self.granter.round(self.lease, self.pools).await {
-            Ok(round) => format!("granted epoch {}: {}", old.epoch, grants::summary(&round)),
+            Ok(round) => format!("granted epoch {}: {}", old.epoch, round.summary()),
             Err(why) => format!(
                 "no grant round ({why}); {}'s fences stop when their grants run out",
                 pool_name(old.pool)

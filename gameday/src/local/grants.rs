@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use understudy_api::grant::{
-    FenceAddr, GRANT_PATH, GrantAnswer, GrantRound, GrantStanding, GrantTiming, PoolFences, grant_round,
+    FenceAddr, GRANT_PATH, GrantAnswer, GrantRound, GrantTiming, PoolFences, grant_round,
 };
 use understudy_api::lease::EpochLease;
 use understudy_core::Pool;
@@ -120,58 +120,5 @@ async fn push(
     {
         Ok(answer) => GrantAnswer::read(answer.status, &answer.body),
         Err(e) => GrantAnswer::Failed(format!("{fence}: {e}")),
-    }
-}
-
-/// One line for a round: each pool's fences by standing.
-#[must_use]
-pub fn summary(round: &GrantRound) -> String {
-    let mut parts = Vec::new();
-    for pool in ["a", "b"] {
-        let mut counts: Vec<(GrantStanding, usize)> = Vec::new();
-        let mut unanswered = 0;
-        for answer in round.answers.iter().filter(|a| a.pool == pool) {
-            match answer.answer.view() {
-                Some(view) => match counts.iter_mut().find(|(s, _)| *s == view.standing) {
-                    Some((_, n)) => *n += 1,
-                    None => counts.push((view.standing, 1)),
-                },
-                None => unanswered += 1,
-            }
-        }
-        let mut said: Vec<String> = counts
-            .iter()
-            .map(|(standing, n)| format!("{n} {}", standing_name(*standing)))
-            .collect();
-        if unanswered > 0 {
-            said.push(format!("{unanswered} unreachable"));
-        }
-        if !said.is_empty() {
-            parts.push(format!("{pool}: {}", said.join(", ")));
-        }
-    }
-    format!(
-        "epoch {} held by {}{}; {}",
-        round.epoch,
-        round.holder,
-        if round.prior_revoked {
-            ""
-        } else {
-            " (the old holder not revoked)"
-        },
-        parts.join("; ")
-    )
-}
-
-/// A standing as people read it.
-#[must_use]
-pub fn standing_name(standing: GrantStanding) -> &'static str {
-    match standing {
-        GrantStanding::None => "without a grant",
-        GrantStanding::Fenced => "fenced",
-        GrantStanding::Waiting => "waiting out the old holder",
-        GrantStanding::Serving => "serving",
-        GrantStanding::Failsafe => "serving on the failsafe",
-        GrantStanding::Expired => "expired",
     }
 }

@@ -369,7 +369,7 @@ async fn set_up(checked: &Checked, options: &RunOptions) -> Result<(Arc<Logic>, 
     if round.holders(GrantStanding::Serving) != round.answers.iter().filter(|a| a.pool == "a").count() {
         return Err(RunError::FirstRoute(format!(
             "the first grants: {}",
-            grants::summary(&round)
+            round.summary()
         )));
     }
     let executor = executor_of(&logic);
@@ -679,7 +679,7 @@ async fn keep_granting(logic: Arc<Logic>, start: Instant) {
     loop {
         ticks.tick().await;
         let line = match logic.granter.round(&logic.lease, &logic.pools).await {
-            Ok(round) => grants::summary(&round),
+            Ok(round) => round.summary(),
             Err(why) => format!("no grants renewed: {why}"),
         };
         if line != said {
