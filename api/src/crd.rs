@@ -985,7 +985,7 @@ pub struct FailoverPolicyStatus {
     pub failover: Option<serde_json::Value>,
 
     /// The serving grants as the fences answered the operator's last round; absent when the
-    /// fences read the Lease themselves.
+    /// operator has no fence token, and so grants nothing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grants: Option<GrantsStatus>,
 }

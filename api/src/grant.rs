@@ -172,6 +172,14 @@ pub enum InvalidTiming {
     TooFewRenewals { ttl: Duration, renew: Duration },
     #[error("a push may take at most one renewal period ({renew:?}), not {push:?}")]
     SlowPush { push: Duration, renew: Duration },
+    #[error(
+        "a renewal period ({renew:?}) and two pushes ({push:?} each) must fit inside the time to live ({ttl:?}), or a reachable fence's grant can lapse"
+    )]
+    NoRoomToRenew {
+        ttl: Duration,
+        renew: Duration,
+        push: Duration,
+    },
     #[error("the clock-skew margin ({skew:?}) must be below half the time to live ({ttl:?})")]
     WideSkew { skew: Duration, ttl: Duration },
     #[error("the renewal period must be longer than zero")]
@@ -196,17 +204,15 @@ impl GrantTiming {
         if push > renew {
             return Err(InvalidTiming::SlowPush { push, renew });
         }
+        // The holder's grant is pushed after the other pool's, each push within P: it lands up to
+        // 2P after the round began, and the next one up to R + 2P after that.
+        if renew + push * 2 >= ttl {
+            return Err(InvalidTiming::NoRoomToRenew { ttl, renew, push });
+        }
         if skew * 2 >= ttl {
             return Err(InvalidTiming::WideSkew { skew, ttl });
         }
         Ok(())
-    }
-
-    /// The longest a new holder waits before serving when the old holder's fences did not all
-    /// acknowledge the new epoch: `T + S` from taking its grant.
-    #[must_use]
-    pub fn takeover_wait(&self) -> Duration {
-        self.ttl + self.skew
     }
 
     /// The grant to push at `epoch` to a fence, issued at `wall_now` (since the Unix epoch).
@@ -284,12 +290,15 @@ impl GrantAnswer {
         }
     }
 
-    /// Whether the fence can no longer serve below `epoch` under a grant.
+    /// Whether the fence took `epoch`, so that it can no longer serve below it under a grant. A
+    /// fence that refused it as stale did not: the grantor's read of the Lease is behind, and
+    /// nothing it grants can be trusted.
     #[must_use]
     pub fn revoked_below(&self, epoch: Epoch) -> bool {
         match self {
             GrantAnswer::TakesNoGrants => true,
-            answer => answer.view().and_then(|v| v.epoch).is_some_and(|e| e >= epoch),
+            GrantAnswer::Took(view) => view.epoch.is_some_and(|e| e >= epoch),
+            GrantAnswer::Stale(_) | GrantAnswer::Failed(_) => false,
         }
     }
 }
@@ -345,13 +354,13 @@ impl GrantRound {
             .count()
     }
 
-    /// Whether the holder has fences that take grants: when none of its fences does (each
-    /// answered 404), it is fenced by other means, and nothing waits for its grants.
+    /// Whether the holder's fences take grants. Only when the holder has fences and every one of
+    /// them answered 404 is it fenced by other means, with nothing to wait for; a holder none of
+    /// whose fences was found is not known to be.
     #[must_use]
     pub fn holder_takes_grants(&self) -> bool {
-        self.answers
-            .iter()
-            .any(|a| a.pool == self.holder && a.answer != GrantAnswer::TakesNoGrants)
+        let mut ours = self.answers.iter().filter(|a| a.pool == self.holder).peekable();
+        ours.peek().is_none() || ours.any(|a| a.answer != GrantAnswer::TakesNoGrants)
     }
 
     /// `pool`'s fences by standing, as `(standing, count)`, in the order of [`STANDINGS`]:
@@ -442,17 +451,27 @@ where
     let grant = timing.grant(policy, epoch, holder, wall_now);
     let (others, ours): (Vec<&PoolFences>, Vec<&PoolFences>) = pools.iter().partition(|p| p.pool != holder);
     let mut answers = ask_all(&push, &others, &grant).await;
-    let prior_revoked =
-        others.iter().all(|pool| pool.complete) && answers.iter().all(|a| a.answer.revoked_below(epoch));
+    let complete = others.iter().all(|pool| pool.complete);
+    let prior_revoked = complete && answers.iter().all(|a| a.answer.revoked_below(epoch));
+    // A fence that knows a higher epoch says this grantor is behind: the holder is granted
+    // nothing, and its fences run out.
+    let behind = answers.iter().any(|a| matches!(a.answer, GrantAnswer::Stale(_)));
     let held = Grant {
         prior_revoked,
-        peers: others
-            .iter()
-            .flat_map(|pool| pool.fences.iter().map(|f| f.peer.clone()))
-            .collect(),
+        // Only a whole list can vouch that nobody holds a newer epoch.
+        peers: if complete {
+            others
+                .iter()
+                .flat_map(|pool| pool.fences.iter().map(|f| f.peer.clone()))
+                .collect()
+        } else {
+            Vec::new()
+        },
         ..grant
     };
-    answers.extend(ask_all(&push, &ours, &held).await);
+    if !behind {
+        answers.extend(ask_all(&push, &ours, &held).await);
+    }
     GrantRound {
         epoch,
         holder: holder.to_owned(),
@@ -505,7 +524,13 @@ mod tests {
             ..GrantTiming::default()
         };
         assert!(matches!(skewed.check(), Err(InvalidTiming::WideSkew { .. })));
-        assert_eq!(GrantTiming::default().takeover_wait(), Duration::from_secs(11));
+        let tight = GrantTiming {
+            ttl: Duration::from_secs(3),
+            renew_every: Duration::from_secs(1),
+            skew: Duration::from_millis(500),
+            push_timeout: Duration::from_secs(1),
+        };
+        assert!(matches!(tight.check(), Err(InvalidTiming::NoRoomToRenew { .. })));
     }
 
     fn pool(name: &str, fences: &[&str], complete: bool) -> PoolFences {
@@ -539,6 +564,18 @@ mod tests {
                 async move {
                     if down {
                         return GrantAnswer::Failed("unreachable".to_owned());
+                    }
+                    if fence.ends_with("-ahead") {
+                        let view = GrantView {
+                            pool: "a".to_owned(),
+                            epoch: Some(Epoch(grant.epoch.0 + 1)),
+                            holder: "a".to_owned(),
+                            standing: GrantStanding::Serving,
+                            remaining_ms: None,
+                            extended: 0,
+                            extension_refused: 0,
+                        };
+                        return GrantAnswer::Stale(view);
                     }
                     let pool = if fence.starts_with('a') { "a" } else { "b" };
                     let standing = match (pool == grant.holder, grant.prior_revoked) {
@@ -585,12 +622,20 @@ mod tests {
         );
 
         let unlisted = [pool("a", &["a1"], false), pool("b", &["b1"], true)];
-        let (partial, _) = round(&unlisted, &[]).await;
+        let (partial, sent) = round(&unlisted, &[]).await;
+        assert!(sent[1].1.peers.is_empty(), "a part of a pool cannot vouch for it");
         assert!(
             !partial.prior_revoked,
             "a fence nobody could list is never revoked"
         );
         assert!(partial.holder_takes_grants() && !partial.holder_serves());
+
+        // A fence of a that knows epoch 3 says the grantor is behind: b is granted nothing.
+        let ahead = [pool("a", &["a1", "a2-ahead"], true), pool("b", &["b1"], true)];
+        let (behind, sent) = round(&ahead, &[]).await;
+        assert!(!behind.prior_revoked);
+        assert_eq!(sent.len(), 2, "nothing pushed to b: {sent:?}");
+        assert!(!behind.holder_serves(), "b has no fence that answered");
     }
 
     #[test]

@@ -515,31 +515,41 @@ async fn a_primary_cut_off_from_the_grantor_and_its_peers_stops_serving_and_the_
         "{cut:?}"
     );
     assert!(cut.stopped_after_ms.is_some(), "{cut:?}");
-    // The standby's fences could not be told a's were revoked: they waited, then served.
-    let b_standings = |standing: &str| {
-        report
-            .fence_standings
-            .iter()
-            .filter(|s| s.pool == "b" && s.standing == standing && s.epoch == Some(1))
-            .count()
+    // The standby's fences could not be told a's were revoked: each waited, then served, and
+    // the first of them seen serving was seen after every one of a's was seen stopped.
+    let fences = |pool: &str, standing: &str, epoch: u64| -> std::collections::BTreeMap<String, u64> {
+        let mut first = std::collections::BTreeMap::new();
+        for s in report.fence_standings.iter() {
+            if s.pool == pool && s.standing == standing && s.epoch == Some(epoch) {
+                first.entry(s.fence.clone()).or_insert(s.at_ms);
+            }
+        }
+        first
     };
+    let (waiting, serving, stopped) = (
+        fences("b", "waiting", 1),
+        fences("b", "serving", 1),
+        fences("a", "expired", 0),
+    );
     assert_eq!(
-        (b_standings("waiting"), b_standings("serving")),
-        (2, 2),
-        "{report:#?}"
+        (waiting.len(), serving.len(), stopped.len()),
+        (2, 2, 2),
+        "{:?}",
+        report.fence_standings
+    );
+    let last_stop = stopped.values().max().unwrap();
+    assert!(
+        serving.values().all(|at| at > last_stop),
+        "{:?}",
+        report.fence_standings
     );
     // And a's fences, once they stopped, never served at epoch 0 again.
-    let a_stopped = report
-        .fence_standings
-        .iter()
-        .filter(|s| s.pool == "a" && s.standing == "expired")
-        .map(|s| s.at_ms)
-        .min()
-        .unwrap();
-    let a_served_after = report
-        .fence_standings
-        .iter()
-        .any(|s| s.pool == "a" && s.at_ms > a_stopped && s.standing == "serving");
+    let a_served_after = report.fence_standings.iter().any(|s| {
+        s.pool == "a"
+            && s.at_ms > *last_stop
+            && s.epoch == Some(0)
+            && (s.standing == "serving" || s.standing == "failsafe")
+    });
     assert!(!a_served_after, "{:?}", report.fence_standings);
     assert_eq!(report.transitions.len(), 1);
 }
@@ -552,11 +562,13 @@ async fn with_the_control_plane_lost_the_primary_serves_on_under_grants_its_peer
     .await;
     assert_eq!(report.verdict, Verdict::Passed, "{report:#?}");
     assert_eq!((report.requests.failed, report.transitions.len()), (0, 0));
-    let on_failsafe = report
+    let on_failsafe: std::collections::BTreeSet<&str> = report
         .fence_standings
         .iter()
         .filter(|s| s.pool == "a" && s.standing == "failsafe")
-        .count();
+        .map(|s| s.fence.as_str())
+        .collect();
+    let on_failsafe = on_failsafe.len();
     assert_eq!(
         on_failsafe, 2,
         "both of a's fences extended: {:?}",

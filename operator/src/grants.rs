@@ -47,7 +47,7 @@ const TICK: Duration = Duration::from_millis(200);
 
 /// A round, and when it was pushed.
 #[derive(Clone, Debug)]
-pub struct Granted {
+pub struct LastRound {
     pub at: Timestamp,
     pub round: GrantRound,
 }
@@ -57,7 +57,11 @@ struct Tracked {
     policy: Arc<FailoverPolicy>,
     next: Instant,
     in_flight: bool,
-    last: Option<Granted>,
+    last: Option<LastRound>,
+    /// Held through a round, from before the Lease is read to the last push: a renewal that read
+    /// the Lease before a promotion moved it finishes before the promotion's own round begins,
+    /// so every grant of the old epoch was issued before the new holder's wait began.
+    rounds: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// Grants every tracked policy's fences their right to serve.
@@ -74,8 +78,8 @@ impl fmt::Debug for Grantor {
     }
 }
 
-/// The grants' timing of `policy`: its own, or the defaults for one that does not validate
-/// (which is never promoted, and whose fences keep what they were last granted).
+/// The grants' timing of `policy`: its own, or the defaults for one that does not validate (which
+/// is never promoted; its fences are renewed with the defaults).
 fn timing(policy: &FailoverPolicy) -> GrantTiming {
     validate(&policy.spec).map_or_else(|_| GrantTiming::default(), |v| v.grants)
 }
@@ -109,6 +113,7 @@ impl Grantor {
                 next: Instant::now(),
                 in_flight: false,
                 last: None,
+                rounds: Arc::default(),
             });
     }
 
@@ -119,12 +124,38 @@ impl Grantor {
 
     /// The last round pushed for `policy`.
     #[must_use]
-    pub fn last(&self, policy: &ObjectRef<FailoverPolicy>) -> Option<Granted> {
+    pub fn last(&self, policy: &ObjectRef<FailoverPolicy>) -> Option<LastRound> {
         self.tracked().get(policy).and_then(|t| t.last.clone())
+    }
+
+    /// The lock `policy`'s rounds take turns under.
+    fn rounds(&self, policy: &FailoverPolicy) -> Arc<tokio::sync::Mutex<()>> {
+        self.tracked()
+            .get(&ObjectRef::from_obj(policy))
+            .map_or_else(Arc::default, |t| Arc::clone(&t.rounds))
+    }
+
+    /// The wall clock now, as a grant's issue time.
+    fn wall() -> Duration {
+        Duration::from_millis(u64::try_from(Timestamp::now().as_millisecond()).unwrap_or(0))
     }
 
     /// Grants `epoch` held by `holder` to every fence of `policy`'s pools, and keeps the round.
     pub async fn round(&self, policy: &FailoverPolicy, epoch: Epoch, holder: &str) -> GrantRound {
+        let rounds = self.rounds(policy);
+        let _turn = rounds.lock().await;
+        self.round_issued(policy, epoch, holder, Self::wall()).await
+    }
+
+    /// A round whose grants count as issued at `wall`, taken before anything it was decided from
+    /// was read; the caller holds the policy's turn.
+    async fn round_issued(
+        &self,
+        policy: &FailoverPolicy,
+        epoch: Epoch,
+        holder: &str,
+        wall: Duration,
+    ) -> GrantRound {
         let namespace = policy.namespace().unwrap_or_default();
         let timing = timing(policy);
         let mut pools = Vec::new();
@@ -163,12 +194,11 @@ impl Grantor {
                 }
             }
         };
-        let wall = Duration::from_millis(u64::try_from(Timestamp::now().as_millisecond()).unwrap_or(0));
         let key = format!("{namespace}/{}", policy.name_any());
         let round = grant_round(&timing, &key, (epoch, holder), &pools, wall, push).await;
         self.metrics.grant_round(&namespace, &policy.name_any(), &round);
         if let Some(tracked) = self.tracked().get_mut(&ObjectRef::from_obj(policy)) {
-            tracked.last = Some(Granted {
+            tracked.last = Some(LastRound {
                 at: Timestamp::now(),
                 round: round.clone(),
             });
@@ -180,10 +210,15 @@ impl Grantor {
     async fn renew(&self, policy: &FailoverPolicy) {
         let namespace = policy.namespace().unwrap_or_default();
         let name = policy.name_any();
+        let rounds = self.rounds(policy);
+        let _turn = rounds.lock().await;
+        // Issued before the Lease is read: a grant never outlasts the moment it was decided at.
+        let wall = Self::wall();
         let lease = KubeLease::for_policy(Api::<Lease>::namespaced(self.client.clone(), &namespace), &name);
         match lease.read().await {
             Ok(Some(record)) => {
-                self.round(policy, record.epoch, &record.holder).await;
+                self.round_issued(policy, record.epoch, &record.holder, wall)
+                    .await;
             }
             Ok(None) => self.metrics.grant_renewal_skipped(&namespace, &name, "no_lease"),
             Err(error) => {
@@ -217,12 +252,35 @@ impl Grantor {
             for (key, policy) in due {
                 let grantor = Arc::clone(&self);
                 tokio::spawn(async move {
-                    grantor.renew(&policy).await;
-                    if let Some(t) = grantor.tracked().get_mut(&key) {
-                        t.in_flight = false;
+                    // However the renewal ends (done, out of time, panicked), the next one may run.
+                    let _done = Renewing {
+                        grantor: &grantor,
+                        key: &key,
+                    };
+                    // A renewal is worth nothing once the grants it renews have run out.
+                    let within = timing(&policy).ttl;
+                    if tokio::time::timeout(within, grantor.renew(&policy))
+                        .await
+                        .is_err()
+                    {
+                        tracing::warn!(policy = %key, ?within, "a grant renewal did not finish in time");
                     }
                 });
             }
+        }
+    }
+}
+
+/// Marks a policy's renewal finished when dropped.
+struct Renewing<'a> {
+    grantor: &'a Grantor,
+    key: &'a ObjectRef<FailoverPolicy>,
+}
+
+impl Drop for Renewing<'_> {
+    fn drop(&mut self) {
+        if let Some(t) = self.grantor.tracked().get_mut(self.key) {
+            t.in_flight = false;
         }
     }
 }
@@ -244,7 +302,7 @@ fn pool_fences(pool: &PoolSpec, fences: &[Endpoint], complete: bool) -> PoolFenc
     }
 }
 
-impl Granted {
+impl LastRound {
     /// The round as status shows it.
     #[must_use]
     pub fn status(&self) -> GrantsStatus {
@@ -370,6 +428,15 @@ impl Granting {
             .grantor
             .round(request.policy, request.epoch, &holder.name)
             .await;
+        let takes_none = !round.answers.is_empty()
+            && round
+                .answers
+                .iter()
+                .all(|a| a.answer == GrantAnswer::TakesNoGrants);
+        if takes_none {
+            // Fences that read the Lease themselves, or no fences: fenced by other means.
+            return self.inner.carry_out(request).await;
+        }
         StepReport::Done {
             carried_by: CARRIED_BY,
             note: Some(format!("granted epoch {}: {}", request.epoch, round.summary())),

@@ -116,9 +116,19 @@ impl KubeReplicas {
         let Some(selector) = self.selector(namespace, &pool.workload).await? else {
             return Ok(Vec::new());
         };
+        self.selected(namespace, pool, &selector).await
+    }
+
+    /// The pods `selector` selects, `pool`'s workload's.
+    async fn selected(
+        &self,
+        namespace: &str,
+        pool: &PoolSpec,
+        selector: &Selector,
+    ) -> Result<Vec<Pod>, ResolveError> {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
         let listed = pods
-            .list(&ListParams::default().labels_from(&selector))
+            .list(&ListParams::default().labels_from(selector))
             .await
             .map_err(|source| ResolveError::Pods {
                 kind: pool.workload.kind,
@@ -154,7 +164,12 @@ impl ReplicaEndpoints for KubeReplicas {
         pool: &'a PoolSpec,
     ) -> BoxFuture<'a, Result<(Vec<Endpoint>, bool), ResolveError>> {
         Box::pin(async move {
-            let pods = self.pods(namespace, pool).await?;
+            // A workload that does not exist lists no pods, but its pods may still be going
+            // (deleted in the background, or orphaned): nothing says the list is whole.
+            let Some(selector) = self.selector(namespace, &pool.workload).await? else {
+                return Ok((Vec::new(), false));
+            };
+            let pods = self.selected(namespace, pool, &selector).await?;
             let fences = pods
                 .iter()
                 .filter_map(|pod| fence_endpoint(pod, pool.port))

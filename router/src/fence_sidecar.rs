@@ -463,6 +463,28 @@ mod tests {
         assert!(ready(cut.as_mut()), "fenced for the whole ten seconds");
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn a_deadline_fences_every_request_past_it_even_when_nothing_flips_the_verdict() {
+        let state = FenceState::new("a");
+        let until = tokio::time::Instant::now() + Duration::from_secs(10);
+        state.set_until(&FenceVerdict::Serving(Epoch(1)), Some(until));
+        assert_eq!(state.fenced_at(), None);
+        tokio::time::advance(Duration::from_millis(9_999)).await;
+        assert_eq!(state.fenced_at(), None);
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert_eq!(
+            state.fenced_at(),
+            Some(Epoch(1)),
+            "no task ran, the deadline alone fences"
+        );
+        state.set_until(&FenceVerdict::Serving(Epoch(1)), None);
+        assert_eq!(
+            state.fenced_at(),
+            None,
+            "a verdict without a deadline holds until the next"
+        );
+    }
+
     fn rec(holder: &str, epoch: u64) -> LeaseRecord {
         LeaseRecord {
             holder: holder.into(),

@@ -29,12 +29,14 @@ use crate::fence_fault::{json_response, read_capped};
 use crate::fence_sidecar::{FenceState, FenceVerdict};
 use crate::refusal::error_response;
 
-/// A grant below the highest epoch the fence has seen.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("the fence has seen epoch {seen}; a grant at {offered} is stale")]
+/// A grant below the highest epoch the fence has seen, or at that epoch for another holder.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the fence holds epoch {seen} for {holder}; a grant at {offered} for {offered_holder} is stale")]
 pub struct Stale {
     pub seen: Epoch,
+    pub holder: String,
     pub offered: Epoch,
+    pub offered_holder: String,
 }
 
 /// What one fence holds: the highest epoch it was granted at, who holds it, and, when its own
@@ -50,6 +52,9 @@ pub struct GrantBook {
     extended: bool,
     ttl: Duration,
     renew: Duration,
+    /// The longest `T + S` of any grant this fence has taken: a new holder waits at least this
+    /// long, since the old holder's grants may have been given with it.
+    longest_wait: Duration,
     peers: Vec<String>,
     extensions: u64,
     refusals: u64,
@@ -68,6 +73,7 @@ impl GrantBook {
             extended: false,
             ttl: Duration::ZERO,
             renew: Duration::ZERO,
+            longest_wait: Duration::ZERO,
             peers: Vec::new(),
             extensions: 0,
             refusals: 0,
@@ -77,14 +83,20 @@ impl GrantBook {
     /// Takes `grant` at monotonic `now`, the fence's wall clock reading `wall_now` since the Unix
     /// epoch.
     pub fn take(&mut self, grant: &Grant, now: Instant, wall_now: Duration) -> Result<(), Stale> {
-        if let Some(seen) = self.epoch.filter(|seen| grant.epoch < *seen) {
+        // Below the highest epoch seen, or at it for another holder: the grantor is behind.
+        let conflicting =
+            |seen: &Epoch| grant.epoch < *seen || (grant.epoch == *seen && grant.holder != self.holder);
+        if let Some(seen) = self.epoch.filter(conflicting) {
             return Err(Stale {
                 seen,
+                holder: self.holder.clone(),
                 offered: grant.epoch,
+                offered_holder: grant.holder.clone(),
             });
         }
         let ttl = Duration::from_millis(grant.ttl_ms);
         let skew = Duration::from_millis(grant.skew_ms);
+        self.longest_wait = self.longest_wait.max(ttl + skew);
         let ours = grant.holder == self.pool;
         let held = self.epoch == Some(grant.epoch) && self.holder == self.pool;
         let expired = self.standing(now) == GrantStanding::Expired;
@@ -95,8 +107,9 @@ impl GrantBook {
             self.serve_from = Some(match (grant.prior_revoked, held, self.serve_from) {
                 (true, _, _) => now,
                 (false, true, Some(from)) => from,
-                // A new epoch, with the old holder's grants not known to be revoked: wait them out.
-                _ => now + ttl + skew,
+                // A new epoch, with the old holder's grants not known to be revoked: wait them out,
+                // at the longest any grant this fence saw could have lasted.
+                _ => now + self.longest_wait,
             });
             // A renewal never shortens an extension already confirmed with the peers.
             self.serve_until = Some(match (held, self.serve_until) {
@@ -175,16 +188,17 @@ impl GrantBook {
     }
 
     /// Whether `views` (one per peer, `None` for a peer that did not answer) vouch that nobody
-    /// holds an epoch above ours. Every peer must answer, with an epoch it knows.
+    /// holds an epoch above ours. Every peer must answer, with an epoch it knows: below ours, or
+    /// ours held by our pool.
     #[must_use]
     pub fn vouched(&self, views: &[Option<GrantView>]) -> bool {
         let Some(ours) = self.epoch else { return false };
-        !views.is_empty()
-            && views.iter().all(|view| {
-                view.as_ref()
-                    .and_then(|v| v.epoch)
-                    .is_some_and(|theirs| theirs <= ours)
-            })
+        let vouches = |view: &GrantView| match view.epoch {
+            Some(theirs) if theirs < ours => true,
+            Some(theirs) => theirs == ours && view.holder == self.holder,
+            None => false,
+        };
+        !views.is_empty() && views.iter().all(|view| view.as_ref().is_some_and(vouches))
     }
 
     /// The book as `GET /understudy/grant` shows it.
@@ -240,8 +254,9 @@ impl Granted {
         out
     }
 
-    /// Takes a grant pushed by the grantor.
-    pub fn take(&self, grant: &Grant) -> Result<GrantView, (Stale, GrantView)> {
+    /// Takes a grant pushed by the grantor: the view after it, or, for a stale one, the view it
+    /// was refused with.
+    pub fn take(&self, grant: &Grant) -> Result<GrantView, Box<(Stale, GrantView)>> {
         let wall = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default();
@@ -253,7 +268,9 @@ impl Granted {
             if before != after {
                 tracing::info!(epoch = %grant.epoch, holder = %grant.holder, ?before, ?after, "grant changed");
             }
-            taken.map(|()| book.view(now)).map_err(|stale| (stale, book.view(now)))
+            taken
+                .map(|()| book.view(now))
+                .map_err(|stale| Box::new((stale, book.view(now))))
         });
         self.changed.notify_one();
         taken
@@ -283,7 +300,8 @@ impl Granted {
                 };
                 match self.take(&grant) {
                     Ok(view) => json_response(&view),
-                    Err((stale, view)) => {
+                    Err(refused) => {
+                        let (stale, view) = *refused;
                         tracing::warn!(%stale, "stale grant refused");
                         let mut resp = json_response(&view);
                         *resp.status_mut() = StatusCode::CONFLICT;
@@ -348,8 +366,11 @@ pub async fn keep_grant(granted: Arc<Granted>) {
                     );
                 }
             });
+            // Asked again after half a renewal period, or sooner when the grant runs out.
+            let again = granted.with_book(|book| book.next_change(Instant::now()));
+            let wake = again.map_or(Instant::now() + within, |at| at.min(Instant::now() + within));
             tokio::select! {
-                () = tokio::time::sleep(within) => {}
+                () = tokio::time::sleep_until(wake) => {}
                 () = granted.changed.notified() => {}
             }
             continue;
@@ -464,13 +485,42 @@ mod tests {
             book.take(&revoked(2, "a"), t0, WALL),
             Err(Stale {
                 seen: Epoch(3),
-                offered: Epoch(2)
+                holder: "a".into(),
+                offered: Epoch(2),
+                offered_holder: "a".into(),
             })
         );
+        assert!(book.take(&revoked(3, "b"), t0, WALL).is_err(), "epoch 3 is a's");
         assert_eq!(book.standing(t0), GrantStanding::Serving);
         book.take(&grant(4, "b"), t0, WALL).unwrap();
         assert_eq!(book.verdict(t0), FenceVerdict::Fenced { epoch: Epoch(4) });
         assert_eq!(book.failsafe_from(t0), None, "nothing to extend");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_new_holder_waits_as_long_as_the_longest_grant_it_ever_saw() {
+        let t0 = Instant::now();
+        let mut book = GrantBook::new("b");
+        // While a held epoch 1 its grants lasted a minute; epoch 2 comes with ten seconds.
+        let long = GrantTiming {
+            ttl: secs(60),
+            renew_every: secs(10),
+            ..GrantTiming::default()
+        };
+        book.take(&long.grant("ns/p", Epoch(1), "a", WALL), t0, WALL)
+            .unwrap();
+        book.take(&grant(2, "b"), t0, WALL).unwrap();
+        assert_eq!(book.standing(t0 + secs(5)), GrantStanding::Waiting);
+        // Renewed as it waits, as the grantor does.
+        let renewed = GrantTiming::default().grant("ns/p", Epoch(2), "b", WALL + secs(55));
+        book.take(&renewed, t0 + secs(55), WALL + secs(55)).unwrap();
+        assert_eq!(book.standing(t0 + secs(60)), GrantStanding::Waiting);
+        assert_eq!(book.failsafe_from(t0 + secs(60)), None);
+        assert_eq!(
+            book.standing(t0 + secs(61)),
+            GrantStanding::Serving,
+            "61 s: a minute plus the skew"
+        );
     }
 
     fn view(epoch: Option<u64>) -> Option<GrantView> {
@@ -512,6 +562,11 @@ mod tests {
             "a peer restarted and knows no epoch"
         );
         assert!(!book.vouched(&[]), "nobody to vouch");
+        let other_holder = view(Some(5)).map(|v| GrantView {
+            holder: "b".into(),
+            ..v
+        });
+        assert!(!book.vouched(&[other_holder]), "our epoch, held by another pool");
         book.extend(t0 + secs(4), t0 + secs(4));
         assert_eq!(book.standing(t0 + secs(13)), GrantStanding::Failsafe);
         assert_eq!(book.standing(t0 + secs(14)), GrantStanding::Expired);

@@ -82,8 +82,8 @@ async fn a_holder_serves_through_the_grantors_silence_only_while_the_other_pool_
         FenceSidecar::granted("a", e.addr(), TOKEN),
         FenceSidecar::granted("b", e.addr(), TOKEN),
     );
-    let (a, b) = (a.port, b.port);
-    let (_keep_a, _keep_b) = (a, b);
+    let (a_fence, b_fence) = (a, b);
+    let (a, b) = (a_fence.port, b_fence.port);
     blocking(move || {
         // Before any grant both are fenced, and the grant takes only the operator's token.
         assert_eq!(view(a).standing, GrantStanding::None);
@@ -129,6 +129,11 @@ async fn a_holder_serves_through_the_grantors_silence_only_while_the_other_pool_
             std::thread::sleep(timing().renew_every);
         }
         assert_eq!(generates(b), 200);
+        assert_eq!(
+            view(a).standing,
+            GrantStanding::Expired,
+            "a stopped before b served"
+        );
         // a never comes back at the old epoch on its own; once told the new one, an old grant
         // delayed in the network is refused.
         std::thread::sleep(Duration::from_millis(600));

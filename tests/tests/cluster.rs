@@ -1268,7 +1268,7 @@ async fn a_game_day_that_drifts_the_standby_sees_the_policy_report_it_promote_no
 /// each given up after 10 s; how many were answered 200.
 struct Clients {
     stop: Arc<std::sync::atomic::AtomicBool>,
-    thread: std::thread::JoinHandle<usize>,
+    thread: std::thread::JoinHandle<(usize, usize)>,
 }
 
 impl Clients {
@@ -1279,11 +1279,12 @@ impl Clients {
         let thread = std::thread::spawn(move || {
             let body =
                 json!({"model": MODEL, "prompt": "The capital of France is", "max_tokens": 4}).to_string();
-            let mut answered = 0;
+            let (mut sent, mut answered) = (0, 0);
             for _ in 0..1200 {
                 if stopping.load(Ordering::Relaxed) {
                     break;
                 }
+                sent += 1;
                 let request = format!(
                     "POST /v1/completions HTTP/1.1\r\nHost: {gateway}\r\nConnection: close\r\n\
                      Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
@@ -1302,12 +1303,18 @@ impl Clients {
                 }
                 std::thread::sleep(Duration::from_millis(100));
             }
-            answered
+            (sent, answered)
         });
         Clients { stop, thread }
     }
 
+    /// How many requests were answered 200.
     fn stop(self) -> usize {
+        self.stop_counting().1
+    }
+
+    /// How many requests were sent, and how many of them were answered 200.
+    fn stop_counting(self) -> (usize, usize) {
         self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
         self.thread.join().unwrap()
     }
@@ -1611,4 +1618,97 @@ async fn two_policies_behind_one_router_set_fail_over_apart_under_load() {
     // The GPUs go to the tests after this one; the operator takes its finalizers off meanwhile.
     delete_namespace(&client, ns).await;
     drop(operator);
+}
+
+/// The grant each of `pods`' fences holds, as it answers anyone.
+fn fence_grants(pods: &[Pod]) -> Vec<serde_json::Value> {
+    pods.iter()
+        .map(|pod| {
+            let fence = SocketAddr::new(pod_ip(pod), FENCE_PORT);
+            let (status, body) = http(fence, "GET", "/understudy/grant", &[], "");
+            assert_eq!(status, 200, "{body}");
+            serde_json::from_str(&body).unwrap()
+        })
+        .collect()
+}
+
+/// The operator's cluster lost, in one cluster: the operator killed while its pools serve under
+/// load. The primary's fences serve on past their grants' time to live, extending them only
+/// because the standby's fences vouch that nobody knows a newer epoch; no client sees an error and
+/// nothing is promoted; a new operator's grants take over again at the same epoch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_operator_gone_the_primary_serves_on_under_grants_the_standby_vouches_for() {
+    let Some(client) = cluster().await else { return };
+    let pools = TwoPools::start_fenced(client.clone(), "e2e-grants", json!({})).await;
+    let grants = json!({"spec": {"grants": {"ttl": "6s", "renewEvery": "1s", "clockSkew": "500ms"}}});
+    pools
+        .policies
+        .patch("chat", &PatchParams::default(), &Patch::Merge(&grants))
+        .await
+        .unwrap();
+    let operator = pools.operator("e2e-operator-grants", ADMIN_TOKEN);
+    pools.routed("east", 0).await;
+    eventually(
+        Duration::from_secs(60),
+        "east's fences serving under grants",
+        || async {
+            let status = pools.policies.get("chat").await.unwrap().status?;
+            let grants = status.grants?;
+            let east = grants.pools.iter().find(|p| p.pool == "east")?;
+            (grants.holder == "east" && east.fences.get("serving") == Some(&2)).then_some(())
+        },
+    )
+    .await;
+    let views = fence_grants(&pools.east);
+    assert!(
+        views
+            .iter()
+            .all(|v| v["remainingMs"].as_u64().is_some_and(|ms| ms <= 6_000)),
+        "{views:?}"
+    );
+    assert!(
+        fence_grants(&pools.west)
+            .iter()
+            .all(|v| v["standing"] == "fenced")
+    );
+
+    let clients = Clients::start(pools.gateway);
+    drop(operator);
+    // Three extensions each, two renewal periods apart: well past the 6 s a grant lasts.
+    let extended = eventually(
+        Duration::from_secs(60),
+        "east's fences extending their own grants",
+        || async {
+            let views = fence_grants(&pools.east);
+            views
+                .iter()
+                .all(|v| v["standing"] == "failsafe" && v["extended"].as_u64() >= Some(3))
+                .then_some(views)
+        },
+    )
+    .await;
+    assert!(extended.iter().all(|v| v["epoch"] == 0), "{extended:?}");
+    assert_eq!(pools.lease().await, ("0".to_owned(), "east".to_owned()));
+
+    let operator = pools.operator("e2e-operator-grants-2", ADMIN_TOKEN);
+    eventually(Duration::from_secs(60), "the new operator's grants", || async {
+        fence_grants(&pools.east)
+            .iter()
+            .all(|v| v["standing"] == "serving")
+            .then_some(())
+    })
+    .await;
+    let (sent, answered) = clients.stop_counting();
+    assert!(sent > 50, "{sent} sent");
+    assert_eq!(
+        answered, sent,
+        "every request answered while the operator was gone"
+    );
+    assert_eq!(
+        pools.lease().await,
+        ("0".to_owned(), "east".to_owned()),
+        "nothing promoted"
+    );
+    assert!(refusals(&operator).is_empty(), "{:#?}", refusals(&operator));
+    pools.stop(operator).await;
 }

@@ -54,6 +54,10 @@ impl Granter {
         lease: &LogicLease,
         pools: &Mutex<[PoolAddrs; 2]>,
     ) -> Result<GrantRound, String> {
+        // Issued before the lease is read: a grant never outlasts the moment it was decided at.
+        let wall = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
         let record = match lease.read().await {
             Ok(Some(record)) => record,
             Ok(None) => return Err("the lease does not exist".to_owned()),
@@ -75,9 +79,6 @@ impl Granter {
                 complete: true,
             })
         };
-        let wall = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default();
         let bearer = format!("Bearer {}", self.token);
         let within = self.timing.push_timeout;
         let push = |fence: String, grant| {

@@ -1352,8 +1352,6 @@ fn held_back(events: &[(Duration, Event)]) -> Vec<String> {
     lines
 }
 
-/// The run's report: what the clients saw, what the failover logic did, and the verdict on the
-/// scenario's expectations.
 /// For each partition, how its pool's fences stopped, from what they answered the watch.
 fn self_fences(
     faults: &[AppliedFault],
@@ -1415,6 +1413,8 @@ fn self_fences(
         .collect()
 }
 
+/// The run's report: what the clients saw, what the failover logic did, and the verdict on the
+/// scenario's expectations.
 fn build_report(
     checked: &Checked,
     logic: &Logic,
