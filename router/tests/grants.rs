@@ -20,8 +20,8 @@ const TOKEN: &str = "operator-token";
 /// Short enough for a test, with the ratios of the defaults.
 fn timing() -> GrantTiming {
     GrantTiming {
-        ttl: Duration::from_millis(1_500),
-        renew_every: Duration::from_millis(300),
+        ttl: Duration::from_millis(3_000),
+        renew_every: Duration::from_millis(600),
         skew: Duration::from_millis(100),
         push_timeout: Duration::from_millis(300),
     }
@@ -106,7 +106,7 @@ async fn a_holder_serves_through_the_grantors_silence_only_while_the_other_pool_
         let stale = push(a, &grant(0, "a", &[b], true), Some(TOKEN));
         assert_eq!(stale.status, 409, "{}", stale.text());
 
-        // The grantor goes silent: a's grant would run out in 1.5 s, but b vouches for it.
+        // The grantor goes silent: a's grant would run out in 3 s, but b vouches for it.
         let extended = until(a, "extended by the failsafe", |v| v.extended >= 3);
         assert_eq!(extended.standing, GrantStanding::Failsafe);
         assert_eq!(generates(a), 200, "still serving, three extensions on");
