@@ -19,8 +19,10 @@
 //!   against the fence's own wall clock. The wall-clock bound is what stops a grant delayed in the
 //!   network from serving past `issue + T + S` of true time, as long as the two wall clocks
 //!   differ by at most `S`; the monotonic bound is what holds when they do not.
-//! - **Renewal.** The grantor pushes every `R`; a push lands within `P`. With `R + P < T`, a
-//!   reachable fence's grant never runs out; `T >= 3R` leaves two renewals to miss before the
+//! - **Renewal.** The grantor pushes every `R`; a push lands within `P`, the holder's after the
+//!   other pool's. With `R + 2P < T`, a reachable fence's grant does not run out while reading the
+//!   Lease and listing the fences is quick and the clocks agree (a fence whose clock runs `S`
+//!   ahead sees `S` less of each grant); `T >= 3R` leaves two renewals to miss before the
 //!   failsafe starts ([`GrantTiming::check`]).
 //! - **Taking over.** The new holder's fences take its grant at once only when every fence of the
 //!   old holder acknowledged the new epoch (`priorRevoked`). Otherwise a fence serves from
@@ -28,15 +30,21 @@
 //!   out by `r + T + S`, and every extension it made for itself began before the new holder's
 //!   first fence knew the new epoch, so ran out by then too (failsafe, next).
 //! - **Failsafe.** When the grantor is gone, a holder's fence whose grant has less than `T - 2R`
-//!   left asks every fence of the other pool (`peers`) for its view, each within `P`. Only when
-//!   all of them answer, and none knows an epoch above its own, does it extend its grant to `c +
-//!   T`, `c` being when it began asking. A fence that knows a newer epoch, one that cannot be
+//!   left asks every fence of the other pool named in its last grant (`peers`) for its view, each
+//!   within half a renewal period. Only when all of them answer, and none knows an epoch above its
+//!   own (nor its own epoch for another holder), does it extend its grant to `c + T`, `c` being
+//!   when it began asking. A fence that knows a newer epoch, one that cannot be
 //!   reached, or one that knows no epoch at all (restarted since its last grant) refuses the
 //!   extension: the grant runs out and the pool stops. So the pools keep serving through the loss
 //!   of the control plane exactly while the other pool can vouch that nobody was promoted, as
-//!   Patroni's failsafe mode keeps a primary that can reach every member.
+//!   Patroni's failsafe mode keeps a primary that can reach every member. (A fence of the other
+//!   pool created after that grant is not asked: an uneven partition that lets the old holder
+//!   reach only the other pool's older fences, while the operator reaches only a newer one, is
+//!   the case this does not cover.)
 //! - **Self-fencing.** A holder cut off from both its grantor and its peers stops serving at most
-//!   `T` after the last grant or extension it took, measured on its own clock.
+//!   `T` after the last grant or extension it took, measured on its own clock. A new holder's
+//!   fence waits the longest `T + S` it has seen, in memory: after `spec.grants.ttl` is lowered, a
+//!   fence restarted since knows only the new one.
 //!
 //! One type for both sides of the socket, as [`crate::route`] is. This module only describes a
 //! grant and checks its numbers; it must never decide whether a fence serves (the fence does, in

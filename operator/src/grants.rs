@@ -58,9 +58,10 @@ struct Tracked {
     next: Instant,
     in_flight: bool,
     last: Option<LastRound>,
-    /// Held through a round, from before the Lease is read to the last push: a renewal that read
-    /// the Lease before a promotion moved it finishes before the promotion's own round begins,
-    /// so every grant of the old epoch was issued before the new holder's wait began.
+    /// Held through a round, from before the Lease is read to the last push: in this process, a
+    /// renewal that read the Lease before a promotion moved it finishes before the promotion's
+    /// own round begins. (Across processes, and for a policy tracked anew, it is the grants'
+    /// dates, taken before the Lease is read, and the fences' refusal of stale grants that hold.)
     rounds: Arc<tokio::sync::Mutex<()>>,
 }
 
@@ -434,7 +435,7 @@ impl Granting {
                 .iter()
                 .all(|a| a.answer == GrantAnswer::TakesNoGrants);
         if takes_none {
-            // Fences that read the Lease themselves, or no fences: fenced by other means.
+            // Fences that read the Lease themselves, or vLLM with no fence: fenced by other means.
             return self.inner.carry_out(request).await;
         }
         StepReport::Done {

@@ -33,7 +33,7 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Acquire, Ordering::Relaxed, Ordering::Release};
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -134,8 +134,11 @@ impl FenceState {
         let ms = until.map_or(u64::MAX, |until| {
             u64::try_from(until.saturating_duration_since(self.base).as_millis()).unwrap_or(u64::MAX)
         });
-        self.until_ms.store(ms, Relaxed);
+        // The verdict first, the deadline after it with Release, read first with Acquire: a
+        // request that sees the new deadline sees the new verdict, and one that sees the old
+        // deadline is fenced by it once it has passed.
         self.set(v);
+        self.until_ms.store(ms, Release);
     }
 
     /// Takes a verdict.
@@ -174,7 +177,7 @@ impl FenceState {
     /// `Some(epoch)` while fenced.
     #[must_use]
     pub fn fenced_at(&self) -> Option<Epoch> {
-        let until = self.until_ms.load(Relaxed);
+        let until = self.until_ms.load(Acquire);
         let ran_out = until != u64::MAX
             && u128::from(until)
                 <= tokio::time::Instant::now()

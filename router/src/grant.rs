@@ -136,8 +136,9 @@ impl GrantBook {
         match (self.epoch, self.serve_from, self.serve_until) {
             (None, _, _) => GrantStanding::None,
             _ if self.holder != self.pool => GrantStanding::Fenced,
-            (_, _, Some(until)) if now >= until => GrantStanding::Expired,
+            // Still waiting out the old holder, whether or not this grant lapsed meanwhile.
             (_, Some(from), _) if now < from => GrantStanding::Waiting,
+            (_, _, Some(until)) if now >= until => GrantStanding::Expired,
             _ if self.extended => GrantStanding::Failsafe,
             _ => GrantStanding::Serving,
         }
@@ -511,6 +512,12 @@ mod tests {
             .unwrap();
         book.take(&grant(2, "b"), t0, WALL).unwrap();
         assert_eq!(book.standing(t0 + secs(5)), GrantStanding::Waiting);
+        assert_eq!(
+            book.standing(t0 + secs(30)),
+            GrantStanding::Waiting,
+            "its own grant lapsed meanwhile: still waiting, not serving"
+        );
+        assert_eq!(book.verdict(t0 + secs(30)), FenceVerdict::Fenced { epoch: Epoch(2) });
         // Renewed as it waits, as the grantor does.
         let renewed = GrantTiming::default().grant("ns/p", Epoch(2), "b", WALL + secs(55));
         book.take(&renewed, t0 + secs(55), WALL + secs(55)).unwrap();
