@@ -517,7 +517,10 @@ mod tests {
             GrantStanding::Waiting,
             "its own grant lapsed meanwhile: still waiting, not serving"
         );
-        assert_eq!(book.verdict(t0 + secs(30)), FenceVerdict::Fenced { epoch: Epoch(2) });
+        assert_eq!(
+            book.verdict(t0 + secs(30)),
+            FenceVerdict::Fenced { epoch: Epoch(2) }
+        );
         // Renewed as it waits, as the grantor does.
         let renewed = GrantTiming::default().grant("ns/p", Epoch(2), "b", WALL + secs(55));
         book.take(&renewed, t0 + secs(55), WALL + secs(55)).unwrap();
