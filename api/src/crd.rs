@@ -122,9 +122,11 @@ pub struct FailoverPolicySpec {
             .message("the two pools must have different names"),
         validation = Rule::new(
             "size(self) != 2 || self[0].workload.kind != self[1].workload.kind \
-             || self[0].workload.name != self[1].workload.name"
+             || self[0].workload.name != self[1].workload.name \
+             || (has(self[0].cluster) ? self[0].cluster.name : '') \
+                != (has(self[1].cluster) ? self[1].cluster.name : '')"
         )
-        .message("two pools name the same workload: each pool must run its own replicas"),
+        .message("two pools name the same workload in the same cluster: each pool must run its own replicas"),
     )]
     pub pools: Vec<PoolSpec>,
 
@@ -303,8 +305,13 @@ pub struct PoolSpec {
     #[x_kube(validation = dns_label())]
     pub name: String,
 
-    /// The workload whose pods are this pool's replicas, in the policy's namespace.
+    /// The workload whose pods are this pool's replicas, in the policy's namespace (of the pool's
+    /// cluster).
     pub workload: WorkloadRef,
+
+    /// The cluster the pool lives in, when it is not the operator's own: a region of its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<ClusterRef>,
 
     /// Replicas this pool serves with while it is the primary.
     #[schemars(range(min = 1, max = 1024))]
@@ -322,6 +329,12 @@ pub struct PoolSpec {
 }
 
 impl PoolSpec {
+    /// The name of the cluster the pool lives in; `None` for the operator's own.
+    #[must_use]
+    pub fn cluster_name(&self) -> Option<&str> {
+        self.cluster.as_ref().map(|c| c.name.as_str())
+    }
+
     /// The standby tiers as the operator runs them: an empty list means every replica hot, and a
     /// pool whose every replica is pilot light keeps one of them running, hot ([`keep_one_lit`]).
     #[must_use]
@@ -370,6 +383,46 @@ impl PoolSpec {
             .map(|group| (standby(group), group.replicas))
             .collect())
     }
+}
+
+/// Another cluster, reached with a kubeconfig the operator reads from a Secret in the policy's
+/// namespace. The operator lists the pool's pods there and calls them at their pod IPs, so the
+/// operator's pods must reach the other cluster's pod network (a flat network across clusters, or
+/// a mesh that gives one).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterRef {
+    /// The cluster's name, shown in status and by the CLI, e.g. `us-east-1`.
+    #[schemars(length(max = 63))]
+    #[x_kube(validation = dns_label())]
+    pub name: String,
+
+    /// The Secret, in the policy's namespace, that holds the kubeconfig. Its current context is
+    /// used; certificates and tokens must be inline (`certificate-authority-data`, `token`), since
+    /// the operator has no files of the user's, and no exec plugin runs.
+    pub kubeconfig_secret: SecretKeyRef,
+}
+
+/// A key of a Secret in the policy's namespace.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretKeyRef {
+    /// The Secret's name.
+    #[schemars(length(max = 253))]
+    #[x_kube(
+        validation = Rule::new(format!("self.matches('{DNS_SUBDOMAIN_PATTERN}')"))
+            .message("must be a Kubernetes object name (RFC 1123 subdomain)"),
+    )]
+    pub name: String,
+
+    /// The key whose value is the kubeconfig.
+    #[serde(default = "default_kubeconfig_key")]
+    #[schemars(length(min = 1, max = 253))]
+    pub key: String,
+}
+
+fn default_kubeconfig_key() -> String {
+    "kubeconfig".to_owned()
 }
 
 /// The workload that runs a pool's replicas.

@@ -34,7 +34,7 @@ pub enum PolicyError {
     #[error("spec.pools: the two pools must have different names, both are {name:?}")]
     SamePoolName { name: String },
     #[error(
-        "spec.pools: two pools name the same workload ({kind:?} {name:?}): each pool must run its own replicas"
+        "spec.pools: two pools name the same workload ({kind:?} {name:?}) in the same cluster: each pool must run its own replicas"
     )]
     SameWorkload { kind: WorkloadKind, name: String },
     #[error("{field} must be between {min} and {max}, is {value}")]
@@ -61,6 +61,15 @@ pub enum PolicyError {
     SleepLevelNotWarm { pool: usize, group: usize },
     #[error("spec.pools[{pool}].standby[{group}].reserveGpus applies only to the pilotLight tier")]
     ReserveGpusNotPilotLight { pool: usize, group: usize },
+    #[error(
+        "spec.pools[{pool}].standby[{group}].reserveGpus: GPUs are reserved only in the operator's own cluster, \
+         and this pool lives in cluster {cluster:?}"
+    )]
+    ReserveGpusElsewhere {
+        pool: usize,
+        group: usize,
+        cluster: String,
+    },
     // The parse error is in the message, which status shows whole; it is not also a `source`,
     // or an error chain would print it twice.
     #[error("{field}: {error}")]
@@ -422,6 +431,20 @@ fn check_pools(spec: &FailoverPolicySpec) -> Result<(), PolicyError> {
                 value: pool.workload.name.clone(),
             });
         }
+        if let Some(cluster) = &pool.cluster {
+            if !is_dns_label(&cluster.name) {
+                return Err(PolicyError::NotDnsLabel {
+                    field: format!("spec.pools[{index}].cluster.name"),
+                    value: cluster.name.clone(),
+                });
+            }
+            if !is_object_name(&cluster.kubeconfig_secret.name) {
+                return Err(PolicyError::NotObjectName {
+                    field: format!("spec.pools[{index}].cluster.kubeconfigSecret.name"),
+                    value: cluster.kubeconfig_secret.name.clone(),
+                });
+            }
+        }
         in_range(&format!("spec.pools[{index}].replicas"), pool.replicas, 1, 1024)?;
         in_range(&format!("spec.pools[{index}].port"), pool.port, 1, 65535)?;
         at_most(&format!("spec.pools[{index}].standby"), pool.standby.len(), 8)?;
@@ -443,6 +466,13 @@ fn check_pools(spec: &FailoverPolicySpec) -> Result<(), PolicyError> {
                     group: group_index,
                 });
             }
+            if let (Some(true), Some(cluster)) = (group.reserve_gpus, pool.cluster_name()) {
+                return Err(PolicyError::ReserveGpusElsewhere {
+                    pool: index,
+                    group: group_index,
+                    cluster: cluster.to_owned(),
+                });
+            }
         }
         if !pool.standby.is_empty() {
             let sum: u64 = pool.standby.iter().map(|g| u64::from(g.replicas)).sum();
@@ -458,7 +488,7 @@ fn check_pools(spec: &FailoverPolicySpec) -> Result<(), PolicyError> {
     if a.name == b.name {
         return Err(PolicyError::SamePoolName { name: a.name.clone() });
     }
-    if a.workload == b.workload {
+    if a.workload == b.workload && a.cluster_name() == b.cluster_name() {
         return Err(PolicyError::SameWorkload {
             kind: a.workload.kind,
             name: a.workload.name.clone(),
@@ -943,7 +973,21 @@ recoveryObjective: 5m
                 with_pools(&format!(
                     "  - name: east\n    workload: {{kind: Deployment, name: llm-west}}\n    replicas: 2\n{POOL_B}"
                 )),
-                "spec.pools: two pools name the same workload (Deployment \"llm-west\")",
+                "spec.pools: two pools name the same workload (Deployment \"llm-west\") in the same cluster",
+            ),
+            (
+                with_pools(&format!(
+                    "  - name: east\n    workload: {{kind: Deployment, name: llm}}\n    replicas: 2\n    cluster: {{name: Us-East, kubeconfigSecret: {{name: east}}}}\n{POOL_B}"
+                )),
+                "spec.pools[0].cluster.name \"Us-East\" must be a DNS label",
+            ),
+            (
+                with_pools(&format!(
+                    "{POOL_B}  - name: east\n    workload: {{kind: Deployment, name: llm}}\n    replicas: 2\n    \
+                     cluster: {{name: us-east, kubeconfigSecret: {{name: east}}}}\n    \
+                     standby:\n      - {{tier: pilotLight, replicas: 2, reserveGpus: true}}\n"
+                )),
+                "spec.pools[1].standby[0].reserveGpus: GPUs are reserved only in the operator's own cluster",
             ),
             (
                 with_pools(&format!(
@@ -1038,6 +1082,27 @@ recoveryObjective: 5m
                 "got {message:?}, expected {expected:?}"
             );
         }
+    }
+
+    #[test]
+    fn pools_in_two_clusters_may_name_the_same_workload() {
+        let spec = with_pools(
+            "  - name: east\n    workload: {kind: Deployment, name: llm}\n    replicas: 2\n    \
+             cluster: {name: us-east, kubeconfigSecret: {name: east-kubeconfig}}\n  \
+             - name: west\n    workload: {kind: Deployment, name: llm}\n    replicas: 2\n    \
+             cluster: {name: us-west, kubeconfigSecret: {name: west-kubeconfig, key: config}}\n",
+        );
+        assert!(validate(&spec).is_ok(), "{:?}", validate(&spec).err());
+        assert_eq!(spec.pools[0].cluster_name(), Some("us-east"));
+        let secret = &spec.pools[0].cluster.as_ref().unwrap().kubeconfig_secret;
+        assert_eq!(
+            (secret.name.as_str(), secret.key.as_str()),
+            ("east-kubeconfig", "kubeconfig")
+        );
+        let mut home = spec.clone();
+        home.pools[0].cluster = None;
+        home.pools[1].cluster = None;
+        assert!(validate(&home).is_err(), "the same workload in one cluster");
     }
 
     #[test]

@@ -15,14 +15,16 @@
 //! read is left out of this reconcile, not guessed at.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
-use kube::{Client, ResourceExt};
+use kube::ResourceExt;
 use understudy_core::recovery::Stage;
 use understudy_prober::coldstart::source::Recorded;
 use understudy_prober::coldstart::{ColdStartStage, Timeline};
 
+use crate::clusters::Clusters;
 use crate::crd::{ColdStartBreakdown, ColdStartSummary, PoolSpec, StageSummary};
 use crate::ports::ResolveError;
 use crate::replicas::{KubeReplicas, replica_endpoint};
@@ -141,14 +143,17 @@ pub fn summarize(breakdowns: &[ColdStartBreakdown]) -> Vec<ColdStartSummary> {
 /// does not hold complete yet; `first_answered` says when a replica (`host:port`) first answered
 /// a probe right, its first token. A pod whose record cannot be read is logged and left out.
 pub async fn measure(
-    client: &Client,
+    clusters: &Arc<Clusters>,
     namespace: &str,
     pool: &PoolSpec,
     since: Timestamp,
     known: &[ColdStartBreakdown],
     first_answered: impl Fn(&str) -> Option<Timestamp>,
 ) -> Result<Vec<ColdStartBreakdown>, ResolveError> {
-    let pods = KubeReplicas::new(client.clone()).pods(namespace, pool).await?;
+    let pods = KubeReplicas::in_clusters(clusters.clone())
+        .pods(namespace, pool)
+        .await?;
+    let client = clusters.client(namespace, pool).await?;
     let done = |name: &str| {
         known
             .iter()

@@ -14,7 +14,7 @@ use futures::future::join_all;
 use understudy_prober::agent::NodeReport;
 use understudy_prober::http1;
 
-use crate::peers::LabelledPods;
+use crate::peers::{LabelledPods, PolicyClusters};
 
 /// How long one agent has to answer.
 const READ_TIMEOUT: Duration = Duration::from_secs(3);
@@ -29,16 +29,17 @@ pub enum GpuAgents {
 }
 
 impl GpuAgents {
-    async fn addresses(&self) -> Result<Vec<(String, u16)>, String> {
+    async fn addresses(&self, policy: Option<PolicyClusters<'_>>) -> Result<Vec<(String, u16)>, String> {
         match self {
             GpuAgents::At(at) => Ok(at.clone()),
-            GpuAgents::Labelled(pods) => pods.addresses("GPU agents").await,
+            GpuAgents::Labelled(pods) => pods.addresses("GPU agents", policy).await,
         }
     }
 
-    /// Every agent's report that could be read, and why the others could not.
-    pub async fn reports(&self) -> (Vec<NodeReport>, Vec<String>) {
-        let addresses = match self.addresses().await {
+    /// Every agent's report that could be read (with the agents of every cluster `policy`'s
+    /// pools live in), and why the others could not.
+    pub async fn reports(&self, policy: Option<PolicyClusters<'_>>) -> (Vec<NodeReport>, Vec<String>) {
+        let addresses = match self.addresses(policy).await {
             Ok(addresses) => addresses,
             Err(why) => return (Vec::new(), vec![why]),
         };

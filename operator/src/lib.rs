@@ -6,6 +6,7 @@
 pub use understudy_api::{crd, lease, policy};
 
 pub mod admin;
+pub mod clusters;
 pub mod coldstart;
 pub mod command;
 pub mod controller;

@@ -23,6 +23,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::{Api, Client};
 use tracing_subscriber::EnvFilter;
 use understudy_operator::admin::{self, Readiness, Role};
+use understudy_operator::clusters::Clusters;
 use understudy_operator::controller::{self, Context};
 use understudy_operator::gameday;
 use understudy_operator::gpu_health::GpuAgents;
@@ -205,7 +206,9 @@ async fn main() -> anyhow::Result<()> {
     let client = Client::try_default()
         .await
         .context("building the Kubernetes client")?;
-    let routers = routers(&args, &client);
+    // The operator's own cluster, and the ones its policies' pools name.
+    let clusters = Arc::new(Clusters::new(client.clone()));
+    let routers = routers(&args, &clusters);
     let metrics = Arc::new(Metrics::new());
     let readiness = Readiness::default();
     let watchdog = Watchdog::new(args.stall_after);
@@ -232,10 +235,10 @@ async fn main() -> anyhow::Result<()> {
     tracing::info!(identity = %args.identity, namespace = ?args.namespace, "leading: starting the controller");
 
     // Only the leader probes: its reconciles are the only ones that drain what the probes saw.
-    let replicas = Arc::new(KubeReplicas::new(client.clone()).with_bearer(replica_token.clone()));
+    let replicas = Arc::new(KubeReplicas::in_clusters(clusters.clone()).with_bearer(replica_token.clone()));
     let observations = Arc::new(observations(
         &args,
-        &client,
+        &clusters,
         &replicas,
         &routers,
         router_token.as_ref(),
@@ -255,13 +258,13 @@ async fn main() -> anyhow::Result<()> {
     let granting = grantor.clone().map(|g| tokio::spawn(g.run()));
     let gamedays = gamedays(
         &args,
-        &client,
+        &clusters,
         &watchdog,
         replica_token,
         &routers,
         router_token.as_ref(),
     );
-    let mut ctx = policies(&args, client, metrics, observations, steps, replicas, watchdog);
+    let mut ctx = policies(&args, &clusters, metrics, observations, steps, replicas, watchdog);
     if let Some(grantor) = grantor {
         ctx = ctx.with_grants(grantor);
     }
@@ -326,16 +329,16 @@ fn replica_token(args: &Args) -> anyhow::Result<Option<Bearer>> {
 }
 
 /// The routers: at the given admin URLs, or the pods that match the selector at each use.
-fn routers(args: &Args, client: &Client) -> Routers {
+fn routers(args: &Args, clusters: &Arc<Clusters>) -> Routers {
     match &args.router_selector {
         None => Routers::At(args.router_admin.clone()),
         Some(selector) => Routers::Labelled(LabelledPods {
-            client: client.clone(),
+            clusters: clusters.clone(),
             namespace: args
                 .router_namespace
                 .clone()
                 .or_else(|| std::env::var("POD_NAMESPACE").ok())
-                .unwrap_or_else(|| client.default_namespace().to_owned()),
+                .unwrap_or_else(|| clusters.home().default_namespace().to_owned()),
             selector: selector.clone(),
             port: args.router_admin_port,
         }),
@@ -410,7 +413,7 @@ fn contend(
 /// data path and the GPU agents' verdicts.
 fn observations(
     args: &Args,
-    client: &Client,
+    clusters: &Arc<Clusters>,
     replicas: &Arc<KubeReplicas>,
     routers: &Routers,
     router_token: Option<&RouterToken>,
@@ -423,7 +426,7 @@ fn observations(
     if let Some(selector) = &args.gpu_agent_selector {
         tracing::info!(%selector, namespace = %args.gpu_agent_namespace, "reading the GPU agents' verdicts");
         observations = observations.with_gpu_agents(GpuAgents::Labelled(LabelledPods {
-            client: client.clone(),
+            clusters: clusters.clone(),
             namespace: args.gpu_agent_namespace.clone(),
             selector: selector.clone(),
             port: args.gpu_agent_port,
@@ -450,16 +453,18 @@ fn steps(
 /// The GameDay controller's context.
 fn gamedays(
     args: &Args,
-    client: &Client,
+    clusters: &Arc<Clusters>,
     watchdog: &Watchdog,
     replica_token: Option<Bearer>,
     routers: &Routers,
     router_token: Option<&RouterToken>,
 ) -> Arc<gameday::controller::Context> {
     // Same leader, same client: a game day only ever asks the policy controller to act.
-    let mut gamedays = gameday::controller::Context::new(client.clone(), Some(args.identity.clone()))
-        .with_watchdog(watchdog.clone())
-        .with_replica_token(replica_token);
+    let mut gamedays =
+        gameday::controller::Context::new(clusters.home().clone(), Some(args.identity.clone()))
+            .with_clusters(clusters.clone())
+            .with_watchdog(watchdog.clone())
+            .with_replica_token(replica_token);
     if let Some(token) = router_token {
         // A run's record of loss and its stop conditions come from the routers' counters.
         gamedays = gamedays.with_routers(routers.clone(), token.clone());
@@ -470,14 +475,15 @@ fn gamedays(
 /// The FailoverPolicy controller's context.
 fn policies(
     args: &Args,
-    client: Client,
+    clusters: &Arc<Clusters>,
     metrics: Arc<Metrics>,
     observations: Arc<ProbingObservations>,
     steps: Arc<dyn StepExecutor>,
     replicas: Arc<KubeReplicas>,
     watchdog: Watchdog,
 ) -> Context {
-    Context::new(client, metrics, Some(args.identity.clone()))
+    Context::new(clusters.home().clone(), metrics, Some(args.identity.clone()))
+        .with_clusters(clusters.clone())
         .with_observations(observations.clone())
         .with_findings(observations)
         .with_steps(steps)

@@ -39,7 +39,7 @@ use crate::crd::{ExpectMode, FailoverPolicy, GoldenAnswer, ParityStatus};
 use crate::gpu_health::{self, GpuAgents};
 use crate::judge::{Judge, judge, probe_spec};
 use crate::parity::{self, ServingConfig};
-use crate::peers::Routers;
+use crate::peers::{PolicyClusters, Routers};
 use crate::policy::{self, ProbeTiming, pool_by_name};
 use crate::ports::ReplicaEndpoints;
 use crate::ports::{ObservationSource, ProbeFindings};
@@ -555,7 +555,9 @@ impl ProbingObservations {
         let Some(agents) = &self.gpu_agents else {
             return Vec::new();
         };
-        let (reports, unread) = agents.reports().await;
+        let (reports, unread) = agents
+            .reports(Some(PolicyClusters::of(&plan.namespace, &plan.policy)))
+            .await;
         for why in &unread {
             tracing::warn!(policy = %plan.policy.name_any(), %why, "a GPU agent could not be read; its node counts as healthy");
         }
@@ -653,7 +655,8 @@ impl ProbingObservations {
         let name = &plan.policy.spec.pools.get(primary.index())?.name;
         let epoch = plan.policy.status.as_ref().and_then(|s| s.epoch).unwrap_or(0);
         let key = policy_key(&plan.policy);
-        let routers = match routers.resolve().await {
+        let clusters = PolicyClusters::of(&plan.namespace, &plan.policy);
+        let routers = match routers.resolve(Some(clusters)).await {
             Ok(routers) => routers,
             Err(why) => {
                 tracing::debug!(%why, "no router's signals to read");

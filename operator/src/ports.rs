@@ -20,6 +20,7 @@ use understudy_core::failover::Step;
 use understudy_core::{Epoch, Pool};
 use understudy_prober::probe::{Endpoint, ProbeReport};
 
+use crate::clusters::ClusterError;
 use crate::crd::{FailoverPolicy, GoldenAnswer, ParityStatus, PoolSpec, WorkloadKind};
 use crate::parity::ServingConfig;
 
@@ -169,6 +170,9 @@ pub enum ResolveError {
         #[source]
         source: kube::Error,
     },
+    /// The pool's cluster cannot be reached: its kubeconfig cannot be read or used.
+    #[error(transparent)]
+    Cluster(#[from] ClusterError),
 }
 
 /// Where a pool's replicas can be reached.

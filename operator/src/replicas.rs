@@ -20,7 +20,8 @@ use kube::core::{Expression, Selector};
 use kube::{Client, ResourceExt};
 use understudy_prober::probe::{Bearer, Endpoint};
 
-use crate::crd::{PoolSpec, WorkloadKind, WorkloadRef};
+use crate::clusters::Clusters;
+use crate::crd::{PoolSpec, WorkloadKind};
 use crate::parity::{ServingConfig, serving_config};
 use crate::ports::{ReplicaEndpoints, ResolveError};
 
@@ -29,12 +30,19 @@ const LWS_NAME_LABEL: &str = "leaderworkerset.sigs.k8s.io/name";
 /// The worker index label; the leader, which serves the API, is worker 0.
 const LWS_WORKER_INDEX_LABEL: &str = "leaderworkerset.sigs.k8s.io/worker-index";
 
-/// A pool's replicas are the Running pods its workload selects, at `http://<podIP>:<port>`,
-/// called with the fences' control token when there is one.
+/// A pool's replicas are the Running pods its workload selects in the pool's cluster, at
+/// `http://<podIP>:<port>`, called with the fences' control token when there is one.
+///
+/// A pool in another cluster whose API server cannot be asked is probed at the replicas it was
+/// last listed with: a region lost whole is then seen as its pool failing, not as nothing to see,
+/// and a region cut off from the operator as one it cannot reach. (The operator's own cluster
+/// unreachable leaves it without its Lease, so nothing is promoted then anyway.)
 #[derive(Clone)]
 pub struct KubeReplicas {
-    client: Client,
+    clusters: Arc<Clusters>,
     bearer: Option<Bearer>,
+    /// Each pool in another cluster as last listed, by namespace, cluster and workload.
+    last_listed: Arc<Mutex<HashMap<(String, String, String), Vec<Endpoint>>>>,
 }
 
 impl fmt::Debug for KubeReplicas {
@@ -44,9 +52,26 @@ impl fmt::Debug for KubeReplicas {
 }
 
 impl KubeReplicas {
+    /// Every pool in `client`'s cluster, or in the cluster it names.
     #[must_use]
     pub fn new(client: Client) -> Self {
-        KubeReplicas { client, bearer: None }
+        Self::in_clusters(Arc::new(Clusters::new(client)))
+    }
+
+    /// Every pool in the cluster it names, through `clusters`.
+    #[must_use]
+    pub fn in_clusters(clusters: Arc<Clusters>) -> Self {
+        KubeReplicas {
+            clusters,
+            bearer: None,
+            last_listed: Arc::default(),
+        }
+    }
+
+    /// The clusters the pools are found in.
+    #[must_use]
+    pub fn clusters(&self) -> &Arc<Clusters> {
+        &self.clusters
     }
 
     /// Calls every replica with `bearer`: the control token of the fence sidecars in front of
@@ -63,11 +88,9 @@ impl KubeReplicas {
     ///
     /// A Deployment or StatefulSet selects with `spec.selector`. A LeaderWorkerSet labels its
     /// pods with its name, and only each group's leader (worker 0) serves the API.
-    pub async fn selector(
-        &self,
-        namespace: &str,
-        workload: &WorkloadRef,
-    ) -> Result<Option<Selector>, ResolveError> {
+    pub async fn selector(&self, namespace: &str, pool: &PoolSpec) -> Result<Option<Selector>, ResolveError> {
+        let workload = &pool.workload;
+        let client = self.clusters.client(namespace, pool).await?;
         let read_error = |source| ResolveError::Workload {
             kind: workload.kind,
             name: workload.name.clone(),
@@ -75,14 +98,14 @@ impl KubeReplicas {
         };
         let label_selector: Option<LabelSelector> = match workload.kind {
             WorkloadKind::Deployment => {
-                let api: Api<Deployment> = Api::namespaced(self.client.clone(), namespace);
+                let api: Api<Deployment> = Api::namespaced(client, namespace);
                 match api.get_opt(&workload.name).await.map_err(read_error)? {
                     Some(deployment) => deployment.spec.map(|s| s.selector),
                     None => return Ok(None),
                 }
             }
             WorkloadKind::StatefulSet => {
-                let api: Api<StatefulSet> = Api::namespaced(self.client.clone(), namespace);
+                let api: Api<StatefulSet> = Api::namespaced(client, namespace);
                 match api.get_opt(&workload.name).await.map_err(read_error)? {
                     Some(set) => set.spec.map(|s| s.selector),
                     None => return Ok(None),
@@ -113,7 +136,7 @@ impl KubeReplicas {
     /// The serving pods of `pool`'s workload, whatever their phase; none when the workload does
     /// not exist.
     pub async fn pods(&self, namespace: &str, pool: &PoolSpec) -> Result<Vec<Pod>, ResolveError> {
-        let Some(selector) = self.selector(namespace, &pool.workload).await? else {
+        let Some(selector) = self.selector(namespace, pool).await? else {
             return Ok(Vec::new());
         };
         self.selected(namespace, pool, &selector).await
@@ -126,7 +149,7 @@ impl KubeReplicas {
         pool: &PoolSpec,
         selector: &Selector,
     ) -> Result<Vec<Pod>, ResolveError> {
-        let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        let pods: Api<Pod> = Api::namespaced(self.clusters.client(namespace, pool).await?, namespace);
         let listed = pods
             .list(&ListParams::default().labels_from(selector))
             .await
@@ -138,14 +161,37 @@ impl KubeReplicas {
         Ok(listed.items)
     }
 
-    /// The probe endpoints of `pool`'s replicas.
+    /// The probe endpoints of `pool`'s replicas; for a pool in another cluster that cannot be
+    /// asked, the ones it was last listed with.
     pub async fn endpoints(&self, namespace: &str, pool: &PoolSpec) -> Result<Vec<Endpoint>, ResolveError> {
-        let pods = self.pods(namespace, pool).await?;
-        Ok(pods
-            .iter()
-            .filter_map(|pod| replica_endpoint(pod, pool.port))
-            .map(|endpoint| endpoint.with_bearer(self.bearer.clone()))
-            .collect())
+        let listed = self.pods(namespace, pool).await.map(|pods| {
+            pods.iter()
+                .filter_map(|pod| replica_endpoint(pod, pool.port))
+                .map(|endpoint| endpoint.with_bearer(self.bearer.clone()))
+                .collect::<Vec<_>>()
+        });
+        let Some(cluster) = pool.cluster_name() else {
+            return listed;
+        };
+        let key = (
+            namespace.to_owned(),
+            cluster.to_owned(),
+            pool.workload.name.clone(),
+        );
+        let mut last = self.last_listed.lock().unwrap_or_else(PoisonError::into_inner);
+        match listed {
+            Ok(endpoints) => {
+                last.insert(key, endpoints.clone());
+                Ok(endpoints)
+            }
+            Err(error) => match last.get(&key) {
+                Some(endpoints) if !endpoints.is_empty() => {
+                    tracing::warn!(%cluster, pool = %pool.name, %error, "the pool's cluster cannot be asked; probing its replicas as last listed");
+                    Ok(endpoints.clone())
+                }
+                _ => Err(error),
+            },
+        }
     }
 }
 
@@ -166,7 +212,7 @@ impl ReplicaEndpoints for KubeReplicas {
         Box::pin(async move {
             // A workload that does not exist lists no pods, but its pods may still be going
             // (deleted in the background, or orphaned): nothing says the list is whole.
-            let Some(selector) = self.selector(namespace, &pool.workload).await? else {
+            let Some(selector) = self.selector(namespace, pool).await? else {
                 return Ok((Vec::new(), false));
             };
             let pods = self.selected(namespace, pool, &selector).await?;
@@ -186,7 +232,7 @@ impl ReplicaEndpoints for KubeReplicas {
         pool: &'a PoolSpec,
     ) -> BoxFuture<'a, Result<Option<ServingConfig>, ResolveError>> {
         Box::pin(async move {
-            let template = self.rolled_out_template(namespace, &pool.workload).await?;
+            let template = self.rolled_out_template(namespace, pool).await?;
             Ok(template.as_ref().and_then(serving_config))
         })
     }
@@ -214,8 +260,10 @@ impl KubeReplicas {
     pub async fn rolled_out_template(
         &self,
         namespace: &str,
-        workload: &WorkloadRef,
+        pool: &PoolSpec,
     ) -> Result<Option<PodTemplateSpec>, ResolveError> {
+        let workload = &pool.workload;
+        let client = self.clusters.client(namespace, pool).await?;
         let read_error = |source| ResolveError::Workload {
             kind: workload.kind,
             name: workload.name.clone(),
@@ -223,7 +271,7 @@ impl KubeReplicas {
         };
         let template = match workload.kind {
             WorkloadKind::Deployment => {
-                let api: Api<Deployment> = Api::namespaced(self.client.clone(), namespace);
+                let api: Api<Deployment> = Api::namespaced(client, namespace);
                 let deployment = api.get_opt(&workload.name).await.map_err(read_error)?;
                 deployment.and_then(|d| {
                     let status = d.status.unwrap_or_default();
@@ -239,7 +287,7 @@ impl KubeReplicas {
                 })
             }
             WorkloadKind::StatefulSet => {
-                let api: Api<StatefulSet> = Api::namespaced(self.client.clone(), namespace);
+                let api: Api<StatefulSet> = Api::namespaced(client, namespace);
                 let set = api.get_opt(&workload.name).await.map_err(read_error)?;
                 set.and_then(|s| {
                     let status = s.status.unwrap_or_default();

@@ -29,7 +29,7 @@ use understudy_core::Epoch;
 use understudy_core::failover::Step;
 
 use crate::crd::{FailoverPolicy, PoolSpec};
-use crate::peers::Routers;
+use crate::peers::{PolicyClusters, Routers};
 use crate::ports::ReplicaEndpoints;
 use crate::ports::{
     HandOffToComponents, RouteSyncReport, RouteSyncRequest, StepExecutor, StepReport, StepRequest,
@@ -182,7 +182,9 @@ impl RouterPush {
             Ok((route, _)) => route,
             Err(reason) => return StepReport::NotYet { reason },
         };
-        let routers = match self.routers.resolve().await {
+        let namespace = request.policy.namespace().unwrap_or_default();
+        let clusters = PolicyClusters::of(&namespace, request.policy);
+        let routers = match self.routers.resolve(Some(clusters)).await {
             Ok(routers) => routers,
             Err(reason) => return StepReport::NotYet { reason },
         };
@@ -221,7 +223,9 @@ impl RouterPush {
                 return RouteSyncReport::default();
             }
         };
-        let routers = match self.routers.resolve().await {
+        let namespace = request.policy.namespace().unwrap_or_default();
+        let clusters = PolicyClusters::of(&namespace, request.policy);
+        let routers = match self.routers.resolve(Some(clusters)).await {
             Ok(routers) => routers,
             Err(why) => {
                 tracing::debug!(%why, "the routers cannot be found; the route is kept on them later");

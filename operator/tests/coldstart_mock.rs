@@ -124,7 +124,15 @@ async fn the_pods_a_promotion_created_are_read_in_both_log_formats_until_each_se
         }
     };
     let (measured, _) = play(scenario, async move {
-        coldstart::measure(&client, NS, &pool(), since, &[], answered).await
+        coldstart::measure(
+            &std::sync::Arc::new(understudy_operator::clusters::Clusters::new(client.clone())),
+            NS,
+            &pool(),
+            since,
+            &[],
+            answered,
+        )
+        .await
     })
     .await;
     let measured = measured.unwrap();
@@ -163,7 +171,15 @@ async fn the_pods_a_promotion_created_are_read_in_both_log_formats_until_each_se
         server.expect_no_more().await
     };
     let (again, _) = play(scenario, async move {
-        coldstart::measure(&client, NS, &pool(), since, &known, answered).await
+        coldstart::measure(
+            &std::sync::Arc::new(understudy_operator::clusters::Clusters::new(client.clone())),
+            NS,
+            &pool(),
+            since,
+            &known,
+            answered,
+        )
+        .await
     })
     .await;
     let again = again.unwrap();

@@ -308,7 +308,7 @@ async fn routers_found_by_label_are_their_running_pods_at_the_admin_port_and_non
     use understudy_operator::peers::{LabelledPods, Routers};
     let (client, server) = support::client();
     let routers = Routers::Labelled(LabelledPods {
-        client,
+        clusters: std::sync::Arc::new(understudy_operator::clusters::Clusters::new(client)),
         namespace: NS.to_owned(),
         selector: "app.kubernetes.io/component=router".to_owned(),
         port: 9091,
@@ -331,8 +331,8 @@ async fn routers_found_by_label_are_their_running_pods_at_the_admin_port_and_non
         server.expect_no_more().await
     };
     let resolution = async move {
-        let found = routers.resolve().await;
-        let none = routers.resolve().await;
+        let found = routers.resolve(None).await;
+        let none = routers.resolve(None).await;
         drop(routers);
         (found, none)
     };

@@ -46,16 +46,7 @@ pub(super) async fn measure_cold_starts(
         return Vec::new();
     }
     let first_answered = |endpoint: &str| ctx.observations.first_answered(endpoint);
-    match coldstart::measure(
-        &ctx.shell.client,
-        namespace,
-        spec,
-        started,
-        &known,
-        first_answered,
-    )
-    .await
-    {
+    match coldstart::measure(&ctx.clusters, namespace, spec, started, &known, first_answered).await {
         Ok(measured) if measured.is_empty() => Vec::new(),
         Ok(measured) => {
             let newly_complete = measured

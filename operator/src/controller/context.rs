@@ -11,6 +11,7 @@ use kube::runtime::reflector::ObjectRef;
 use understudy_core::Pool;
 use understudy_prober::probe::{Endpoint, Expectation, ProbeReport};
 
+use crate::clusters::Clusters;
 use crate::crd::FailoverPolicy;
 use crate::grants::Grantor;
 use crate::judge::fixed_expectation;
@@ -44,6 +45,8 @@ pub struct Context {
     pub replicas: Option<Arc<dyn ReplicaEndpoints>>,
     /// Grants the fences their right to serve; without it the fences read the Lease themselves.
     pub grants: Option<Arc<Grantor>>,
+    /// The clusters the pools live in: the shell's client's, or the ones they name.
+    pub clusters: Arc<Clusters>,
     /// Consecutive failures per policy, for the error policy's backoff.
     failures: Mutex<HashMap<(String, String), u32>>,
 }
@@ -66,6 +69,7 @@ impl Context {
     #[must_use]
     pub fn new(client: Client, metrics: Arc<Metrics>, instance: Option<String>) -> Self {
         Context {
+            clusters: Arc::new(Clusters::new(client.clone())),
             shell: Shell::new(client, instance, "Reconcile"),
             metrics,
             observations: Arc::new(NoObservations),
@@ -115,6 +119,13 @@ impl Context {
         if let Some(findings) = &self.findings {
             findings.note_probed(&ObjectRef::from_obj(policy), pool, reports);
         }
+    }
+
+    /// Reaches pools in other clusters through `clusters` (whose own cluster is the shell's).
+    #[must_use]
+    pub fn with_clusters(mut self, clusters: Arc<Clusters>) -> Self {
+        self.clusters = clusters;
+        self
     }
 
     /// Grants the fences of every policy it runs through `grants`.

@@ -6,6 +6,7 @@ use std::time::Duration;
 use kube::runtime::finalizer;
 use understudy_core::failover::Step;
 
+use crate::clusters::ClusterError;
 use crate::lease::LeaseError;
 use crate::reconciler::StatusWrite;
 use crate::reserve::ReserveError;
@@ -62,6 +63,9 @@ pub enum Error {
     /// The operator's record could not be serialized.
     #[error("the operator's record cannot be serialized: {0}")]
     Record(#[source] serde_json::Error),
+    /// A pool's cluster cannot be reached.
+    #[error(transparent)]
+    Cluster(#[from] ClusterError),
     /// Adding or removing the finalizer failed, or the wrapped reconcile did.
     #[error("{0}")]
     Finalizer(#[source] Box<finalizer::Error<Error>>),
@@ -78,6 +82,7 @@ impl Error {
             Error::LostRace => "lost_race",
             Error::ControlPlaneUnreachable(_) => "control_plane_unreachable",
             Error::Workload { .. } => "workload",
+            Error::Cluster(_) => "cluster",
             Error::Reserve { .. } | Error::ReserveShape(_) | Error::ReserveNameTaken { .. } => "reserve",
             Error::StatusPatch(_) | Error::StatusTimeout(_) => "status",
             Error::Record(_) => "record",

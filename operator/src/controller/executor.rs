@@ -79,20 +79,19 @@ impl<'a> KubeExecutor<'a> {
         &self.policy.spec.pools[pool.index()]
     }
 
-    fn workload(&self, pool: Pool) -> Workload {
-        Workload::new(
-            self.ctx.shell.client.clone(),
-            self.namespace,
-            &self.pool(pool).workload,
-        )
+    /// `pool`'s workload, in its cluster.
+    async fn workload(&self, pool: Pool) -> Result<Workload, Error> {
+        let spec = self.pool(pool);
+        let client = self.ctx.clusters.client(self.namespace, spec).await?;
+        Ok(Workload::new(client, self.namespace, &spec.workload))
     }
 
-    fn workload_error(&self, step: Step, pool: Pool, source: kube::Error) -> Outcome {
-        StepOutcome::NotYet(Waiting::Failed(Error::Workload {
+    fn workload_error(&self, step: Step, pool: Pool, source: kube::Error) -> Error {
+        Error::Workload {
             step,
             workload: self.pool(pool).workload.name.clone(),
             source,
-        }))
+        }
     }
 
     /// AwaitServing by the generating probe: done when the quorum of the pool's running replicas
@@ -335,19 +334,26 @@ impl Executor for KubeExecutor<'_> {
     }
 
     async fn scale(&mut self, order: ScaleOrder) -> Outcome {
-        match self.workload(order.pool).scale_up_to(order.replicas).await {
+        let scaled = match self.workload(order.pool).await {
+            Ok(workload) => workload
+                .scale_up_to(order.replicas)
+                .await
+                .map_err(|source| self.workload_error(Step::Scale, order.pool, source)),
+            Err(error) => Err(error),
+        };
+        match scaled {
             Ok(_) => StepOutcome::Done(Completion::by(OPERATOR)),
             // Past the deadline a pool that cannot be grown serves with what runs.
-            Err(source) if let Some(deadline) = order.overdue => {
+            Err(error) if let Some(deadline) = order.overdue => {
                 let note = format!(
                     "past the promotion's deadline of {deadline:?}, it goes on with the replicas that \
-                     run: {} could not be scaled to {}: {source}",
+                     run: {} could not be scaled to {}: {error}",
                     self.pool(order.pool).workload.name,
                     order.replicas
                 );
                 StepOutcome::Done(Completion::noted(OPERATOR, note))
             }
-            Err(source) => self.workload_error(Step::Scale, order.pool, source),
+            Err(error) => StepOutcome::NotYet(Waiting::Failed(error)),
         }
     }
 
@@ -355,7 +361,14 @@ impl Executor for KubeExecutor<'_> {
         if let Some(replicas) = self.ctx.replicas.clone() {
             return self.await_passing(replicas.as_ref(), order).await;
         }
-        match self.workload(order.pool).ready_replicas().await {
+        let ready = match self.workload(order.pool).await {
+            Ok(workload) => workload
+                .ready_replicas()
+                .await
+                .map_err(|source| self.workload_error(Step::AwaitServing, order.pool, source)),
+            Err(error) => Err(error),
+        };
+        match ready {
             Ok(ready) if ready >= order.quorum => StepOutcome::Done(Completion::by(OPERATOR)),
             Ok(ready) if let (true, Some(deadline)) = (ready > 0, order.overdue) => {
                 let note = format!(
@@ -373,7 +386,7 @@ impl Executor for KubeExecutor<'_> {
                 self.pool(order.pool).name,
                 order.quorum
             ))),
-            Err(source) => self.workload_error(Step::AwaitServing, order.pool, source),
+            Err(error) => StepOutcome::NotYet(Waiting::Failed(error)),
         }
     }
 

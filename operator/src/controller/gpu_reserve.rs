@@ -153,7 +153,11 @@ async fn wanted_reserve(
 ) -> Result<Option<(ReservePlan, WorkloadShape)>, Error> {
     if let Some(mut plan) = reserve_plan(policy_name, run.spec, primary) {
         let pool = run.pool_spec(plan.pool);
-        let workload = Workload::new(ctx.shell.client.clone(), namespace, &pool.workload);
+        let workload = Workload::new(
+            ctx.clusters.client(namespace, pool).await?,
+            namespace,
+            &pool.workload,
+        );
         let object = workload.get().await.map_err(|source| Error::Reserve {
             object: format!("reading {:?} {}", pool.workload.kind, pool.workload.name),
             source,
@@ -196,7 +200,8 @@ async fn handing_over(
     if reserved == 0 {
         return Ok(false);
     }
-    let workload = Workload::new(ctx.shell.client.clone(), namespace, &primary_spec.workload);
+    let client = ctx.clusters.client(namespace, primary_spec).await?;
+    let workload = Workload::new(client, namespace, &primary_spec.workload);
     let ready = workload.ready_replicas().await.map_err(|source| Error::Reserve {
         object: format!(
             "reading {:?} {}",

@@ -145,7 +145,14 @@ async fn keep_standby(
         None => Sleep::Not("no golden answer is recorded yet to probe it against".to_owned()),
     };
     let probe = probe_spec(&policy.spec.probe, &validated.probe, Expectation::NonEmpty);
-    let workload = Workload::new(ctx.shell.client.clone(), namespace, &pool.workload);
+    let client = match ctx.clusters.client(namespace, pool).await {
+        Ok(client) => client,
+        Err(error) => {
+            tracing::warn!(policy = %policy.name_any(), %error, "the standby's cluster cannot be reached; its shape is kept later");
+            return;
+        }
+    };
+    let workload = Workload::new(client, namespace, &pool.workload);
     let kept = standby::keep(
         &workload,
         pool,

@@ -2,12 +2,13 @@
 //! the write timeout, and how soon a game day is looked at again.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kube::Client;
 use understudy_prober::probe::Bearer;
 
+use crate::clusters::Clusters;
 use crate::gameday::load;
 use crate::peers::Routers;
 use crate::reconciler::{Shell, WithShell};
@@ -34,6 +35,8 @@ pub struct Context {
     /// The fences' control token, which sets and takes away the faults they play (`hang`,
     /// `halfFailed`); without it the fences refuse them.
     pub replica_token: Option<Bearer>,
+    /// The clusters the pools live in, where their faults are injected.
+    pub clusters: Arc<Clusters>,
     /// Each run's samples of the routers' counters within its stop conditions' window, oldest
     /// first, by `namespace/gameday/run`. Lost on a restart: the window starts again.
     samples: Mutex<HashMap<String, VecDeque<(Duration, load::Counters)>>>,
@@ -51,11 +54,19 @@ impl Context {
     #[must_use]
     pub fn new(client: Client, instance: Option<String>) -> Self {
         Context {
+            clusters: Arc::new(Clusters::new(client.clone())),
             shell: Shell::new(client, instance, "GameDay"),
             routers: None,
             replica_token: None,
             samples: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Injects faults into pools in other clusters through `clusters`.
+    #[must_use]
+    pub fn with_clusters(mut self, clusters: Arc<Clusters>) -> Self {
+        self.clusters = clusters;
+        self
     }
 
     /// Sets and takes away the fences' faults with `token`.

@@ -29,7 +29,15 @@ pub(super) async fn crash(
     let Some((_, pods)) = pool_pods(ctx, namespace, policy, pool).await? else {
         return Ok(Vec::new());
     };
-    let api: Api<Pod> = Api::namespaced(ctx.shell.client.clone(), namespace);
+    let Some(spec) = policy.spec.pools.iter().find(|p| p.name == pool) else {
+        return Ok(Vec::new());
+    };
+    let client = ctx
+        .clusters
+        .client(namespace, spec)
+        .await
+        .map_err(|e| Error::Inject(e.to_string()))?;
+    let api: Api<Pod> = Api::namespaced(client, namespace);
     let now = DeleteParams {
         grace_period_seconds: Some(0),
         ..DeleteParams::default()
@@ -68,7 +76,12 @@ pub(super) async fn set_drift(
             None => Ok(()),
         };
     }
-    let api: Api<Deployment> = Api::namespaced(ctx.shell.client.clone(), namespace);
+    let client = ctx
+        .clusters
+        .client(namespace, spec)
+        .await
+        .map_err(|e| Error::Inject(e.to_string()))?;
+    let api: Api<Deployment> = Api::namespaced(client, namespace);
     let name = &spec.workload.name;
     let deployment = api
         .get(name)
@@ -112,7 +125,7 @@ pub(super) async fn pool_pods<'a>(
     let Some(spec) = policy.spec.pools.iter().find(|p| p.name == pool) else {
         return Ok(None);
     };
-    let pods = KubeReplicas::new(ctx.shell.client.clone())
+    let pods = KubeReplicas::in_clusters(ctx.clusters.clone())
         .pods(namespace, spec)
         .await
         .map_err(|error| Error::Inject(error.to_string()))?;

@@ -223,7 +223,7 @@ impl Pass {
         let command = run.advance(config, name, view.as_ref(), self.now);
         if run.recovery.is_some() {
             let key = format!("{namespace}/{name}/{}", run.id);
-            watch_load(ctx, &key, run, config.stop.as_ref(), self.now).await;
+            watch_load(ctx, &key, run, config.stop.as_ref(), self.now, policy.as_ref()).await;
         }
         Ok((command, policy))
     }

@@ -4,8 +4,11 @@
 use std::time::Duration;
 
 use super::context::Context;
-use crate::crd::{GameDayRun, RequestCounts};
+use kube::ResourceExt;
+
+use crate::crd::{FailoverPolicy, GameDayRun, RequestCounts};
 use crate::gameday::{StopLimits, load};
+use crate::peers::PolicyClusters;
 
 /// Samples the routers' counters for an injected run: the first sample is what the run counts
 /// from, each one updates its record of loss, and the samples of the last window are judged
@@ -16,11 +19,14 @@ pub(super) async fn watch_load(
     run: &mut GameDayRun,
     stop: Option<&StopLimits>,
     now: Duration,
+    policy: Option<&FailoverPolicy>,
 ) {
     let Some((routers, token)) = &ctx.routers else {
         return;
     };
-    let routers = match routers.resolve().await {
+    let namespace = policy.and_then(ResourceExt::namespace).unwrap_or_default();
+    let clusters = policy.map(|policy| PolicyClusters::of(&namespace, policy));
+    let routers = match routers.resolve(clusters).await {
         Ok(routers) => routers,
         Err(why) => {
             tracing::warn!(run = %key, %why, "no router's counters to read");
