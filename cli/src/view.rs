@@ -69,7 +69,7 @@ pub fn policies(policies: &[FailoverPolicy], all_namespaces: bool) -> String {
         let status = policy.status.as_ref();
         let mut row = vec![
             policy.metadata.name.clone().unwrap_or_default(),
-            or_dash(status.and_then(|s| s.primary_pool.as_ref())),
+            or_dash(status.and_then(|s| s.primary_pool.as_ref()).map(|pool| at_cluster(policy, pool))),
             or_dash(status.and_then(|s| s.epoch)),
             or_dash(status.and_then(|s| s.state.as_ref())),
         ];
@@ -95,6 +95,20 @@ pub fn policies(policies: &[FailoverPolicy], all_namespaces: bool) -> String {
         return "No FailoverPolicies found.\n".to_owned();
     }
     table.render("")
+}
+
+/// `pool`, with the cluster it lives in when that is not the operator's own: `east@us-east`.
+fn at_cluster(policy: &FailoverPolicy, pool: &str) -> String {
+    let cluster = policy
+        .spec
+        .pools
+        .iter()
+        .find(|p| p.name == pool)
+        .and_then(|p| p.cluster_name());
+    match cluster {
+        Some(cluster) => format!("{pool}@{cluster}"),
+        None => pool.to_owned(),
+    }
 }
 
 /// The holder's fences that serve, of all its fences: `2/2 serving`.
@@ -224,11 +238,12 @@ fn line(out: &mut String, key: &str, value: &str) {
 /// Each pool, with the tiers it waits in as the standby.
 fn describe_pools(out: &mut String, policy: &FailoverPolicy) {
     out.push_str("Pools:\n");
-    let mut pools = Table::new(["NAME", "WORKLOAD", "REPLICAS", "WAITS AS STANDBY WITH"]);
+    let mut pools = Table::new(["NAME", "CLUSTER", "WORKLOAD", "REPLICAS", "WAITS AS STANDBY WITH"]);
     for pool in &policy.spec.pools {
         let groups = pool.standby_groups();
         pools.row([
             pool.name.clone(),
+            pool.cluster_name().unwrap_or("(the operator's)").to_owned(),
             format!("{:?}/{}", pool.workload.kind, pool.workload.name),
             pool.replicas.to_string(),
             tiers(&groups),

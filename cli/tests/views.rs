@@ -27,6 +27,24 @@ fn get_prints_a_row_per_policy_with_its_primary_epoch_state_and_conditions() {
 }
 
 #[test]
+fn get_and_describe_name_the_cluster_of_a_pool_that_lives_in_another() {
+    let mut policy = llama();
+    policy.spec.pools[1].cluster = Some(
+        serde_json::from_value(serde_json::json!({"name": "us-west-2", "kubeconfigSecret": {"name": "west"}}))
+            .unwrap(),
+    );
+    let row = view::policies(std::slice::from_ref(&policy), false);
+    assert!(row.contains("llama   us-west@us-west-2   1 "), "{row}");
+    let text = view::describe(&policy);
+    for line in [
+        "  us-east   (the operator's)   Deployment/vllm-east   2          1 hot, 1 warm (level 1)\n",
+        "  us-west   us-west-2          Deployment/vllm-west   8          4 warm (level 1), 4 pilot light\n",
+    ] {
+        assert!(text.contains(line), "no {line:?} in:\n{text}");
+    }
+}
+
+#[test]
 fn coldstart_prints_each_replicas_stages_in_the_order_it_went_through_them_and_each_tier() {
     assert_eq!(
         view::cold_starts(&llama()),
@@ -58,7 +76,7 @@ fn describe_tells_the_pools_conditions_and_last_failover_step_by_step() {
     let text = view::describe(&llama());
     for line in [
         "Primary:        us-west at epoch 1\n",
-        "  us-west   Deployment/vllm-west   8          4 warm (level 1), 4 pilot light\n",
+        "  us-west   (the operator's)   Deployment/vllm-west   8          4 warm (level 1), 4 pilot light\n",
         "  ParityHolds     Unknown   NotChecked        no parity check has reported drift",
         "Last failover:  failover us-east → us-west at epoch 1, started 2026-01-05T09:00:06Z, finished 2026-01-05T09:00:06Z\n",
         "  Serving           2026-01-05T09:00:06Z   0s     4 of 8 replicas of us-west answered the generating probe right\n",
