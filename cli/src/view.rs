@@ -69,7 +69,11 @@ pub fn policies(policies: &[FailoverPolicy], all_namespaces: bool) -> String {
         let status = policy.status.as_ref();
         let mut row = vec![
             policy.metadata.name.clone().unwrap_or_default(),
-            or_dash(status.and_then(|s| s.primary_pool.as_ref()).map(|pool| at_cluster(policy, pool))),
+            or_dash(
+                status
+                    .and_then(|s| s.primary_pool.as_ref())
+                    .map(|pool| at_cluster(policy, pool)),
+            ),
             or_dash(status.and_then(|s| s.epoch)),
             or_dash(status.and_then(|s| s.state.as_ref())),
         ];

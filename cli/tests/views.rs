@@ -30,8 +30,10 @@ fn get_prints_a_row_per_policy_with_its_primary_epoch_state_and_conditions() {
 fn get_and_describe_name_the_cluster_of_a_pool_that_lives_in_another() {
     let mut policy = llama();
     policy.spec.pools[1].cluster = Some(
-        serde_json::from_value(serde_json::json!({"name": "us-west-2", "kubeconfigSecret": {"name": "west"}}))
-            .unwrap(),
+        serde_json::from_value(
+            serde_json::json!({"name": "us-west-2", "kubeconfigSecret": {"name": "west"}}),
+        )
+        .unwrap(),
     );
     let row = view::policies(std::slice::from_ref(&policy), false);
     assert!(row.contains("llama   us-west@us-west-2   1 "), "{row}");

@@ -7,7 +7,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeSet;
-use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -16,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Event, Namespace, Node, Pod};
+use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::api::{Api, DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, ResourceExt};
@@ -25,9 +24,13 @@ use understudy_api::crd::{ColdStartBreakdown, FailoverPolicy};
 use understudy_api::lease::EPOCH_ANNOTATION;
 use understudy_prober::coldstart::source::Recorded;
 use understudy_prober::coldstart::{self, ColdStartStage};
+use understudy_tests::cluster::{
+    Clients, FENCE_PORT, FENCE_TOKEN, MODEL, client_from, container_pid, delete_namespace, eventually,
+    fence_access, fence_grants, fenced_deployment, http, is_ready, namespace, pod_ip, ready_pods_within,
+    sigkill, sigkill_group, vllm_deployment,
+};
 use understudy_tests::process::{Process, router_gateway};
 
-const MODEL: &str = "Qwen/Qwen3-0.6B";
 const ROUTER: &str = env!("CARGO_BIN_EXE_understudy-router-e2e");
 const ADMIN_TOKEN: &str = "cluster-test-admin-token";
 const GPU: &str = "nvidia.com/gpu";
@@ -39,87 +42,6 @@ async fn cluster() -> Option<Client> {
         return None;
     };
     Some(client_from(&PathBuf::from(path)).await)
-}
-
-async fn client_from(path: &std::path::Path) -> Client {
-    let kubeconfig = Kubeconfig::read_from(path).unwrap();
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-        .await
-        .unwrap();
-    Client::try_from(config).unwrap()
-}
-
-/// Deletes the namespace `name`, if there is one, and waits until it is gone: its pods deleted
-/// and their processes stopped by the emulated kubelet, their GPUs free again. The policies'
-/// finalizer is the operator's to take off, so one must be running.
-async fn delete_namespace(client: &Client, name: &str) {
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    let _ = namespaces.delete(name, &DeleteParams::default()).await;
-    let until = Instant::now() + Duration::from_secs(60);
-    while namespaces.get_opt(name).await.unwrap().is_some() {
-        assert!(Instant::now() < until, "namespace {name} is still being deleted");
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-}
-
-/// A fresh namespace named `name`. One left by an earlier run that failed is deleted first,
-/// with the finalizers of its policies taken off, as no operator serves them now.
-async fn namespace(client: &Client, name: &str) {
-    let policies: Api<FailoverPolicy> = Api::namespaced(client.clone(), name);
-    for policy in policies.list(&ListParams::default()).await.unwrap().items {
-        let unfinalized = json!({"metadata": {"finalizers": null}});
-        policies
-            .patch(
-                &policy.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(&unfinalized),
-            )
-            .await
-            .unwrap();
-    }
-    delete_namespace(client, name).await;
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    let until = Instant::now() + Duration::from_secs(60);
-    let object = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
-    namespaces.create(&PostParams::default(), &object).await.unwrap();
-    // The controller manager gives every namespace its default ServiceAccount.
-    let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> = Api::namespaced(client.clone(), name);
-    while accounts.get_opt("default").await.unwrap().is_none() {
-        assert!(
-            Instant::now() < until,
-            "namespace {name} got no default ServiceAccount"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-}
-
-/// A Deployment of `replicas` vLLM servers, each on one GPU, ready when `/health` answers.
-fn vllm_deployment(name: &str, replicas: u32) -> Deployment {
-    serde_json::from_value(json!({
-        "metadata": {"name": name},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": {"app": name}},
-            "template": {
-                "metadata": {"labels": {"app": name}},
-                "spec": {
-                    "terminationGracePeriodSeconds": 5,
-                    "containers": [{
-                        "name": "vllm",
-                        "image": "vllm/vllm-openai:v0.32.0",
-                        "command": ["vllm", "serve"],
-                        "args": [MODEL, "--port", "8000", "--max-model-len", "4096", "--enable-sleep-mode"],
-                        // Sleep mode's routes, for a warm standby's replicas.
-                        "env": [{"name": "VLLM_SERVER_DEV_MODE", "value": "1"}],
-                        "ports": [{"name": "http", "containerPort": 8000}],
-                        "resources": {"limits": {"nvidia.com/gpu": "1"}},
-                        "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 1},
-                    }],
-                },
-            },
-        },
-    }))
-    .unwrap()
 }
 
 /// vLLM's CPU image: the emulated nodes run it as real vLLM (`understudy-gpu-nodes --vllm-cpu`).
@@ -146,112 +68,9 @@ enum Engine {
     RealCpu,
 }
 
-/// The control token of the fences in [`TwoPools::start_fenced`]'s pods.
-const FENCE_TOKEN: &str = "cluster-test-fence-token";
-
-/// The port of the fence sidecar in front of each replica, in [`TwoPools::start_fenced`].
-const FENCE_PORT: u16 = 8001;
-
-/// [`vllm_deployment`] with the fence sidecar in front of vLLM, as `examples/pools/chat.yaml`
-/// runs a pool: vLLM listens on the pod's loopback, and the fence, the one door to it, serves on
-/// [`FENCE_PORT`] as `pool` under the operator's grants, and takes grants and control calls with
-/// the token in Secret `chat-fence` ([`fence_access`]). It has no Kubernetes credentials.
-fn fenced_deployment(name: &str, replicas: u32, pool: &str) -> Deployment {
-    let mut deployment = serde_json::to_value(vllm_deployment(name, replicas)).unwrap();
-    let spec = &mut deployment["spec"]["template"]["spec"];
-    spec["automountServiceAccountToken"] = false.into();
-    let vllm = &mut spec["containers"][0];
-    vllm["args"]
-        .as_array_mut()
-        .unwrap()
-        .extend([json!("--host"), json!("127.0.0.1")]);
-    vllm["readinessProbe"]["httpGet"]["port"] = FENCE_PORT.into();
-    spec["containers"].as_array_mut().unwrap().push(json!({
-        "name": "fence",
-        "image": "ghcr.io/understudy-dev/understudy-router:test",
-        "command": ["understudy-router", "fence"],
-        "args": ["--listen", "0.0.0.0:8001", "--upstream", "127.0.0.1:8000", "--pool", pool, "--grants"],
-        "env": [
-            {"name": "UNDERSTUDY_CONTROL_TOKEN",
-             "valueFrom": {"secretKeyRef": {"name": "chat-fence", "key": "token"}}},
-        ],
-        "ports": [{"name": "fence", "containerPort": FENCE_PORT}],
-    }));
-    serde_json::from_value(deployment).unwrap()
-}
-
-/// What the fences of `ns` need: the Secret holding their control token, which the operator's
-/// grants and control calls carry. Nothing else: they read nothing from the API server.
-async fn fence_access(client: &Client, ns: &str) {
-    use k8s_openapi::api::core::v1::Secret;
-    let secret: Secret = serde_json::from_value(json!({
-        "metadata": {"name": "chat-fence"}, "stringData": {"token": FENCE_TOKEN},
-    }))
-    .unwrap();
-    Api::namespaced(client.clone(), ns)
-        .create(&PostParams::default(), &secret)
-        .await
-        .unwrap();
-}
-
-/// Polls `check` every quarter second until it gives a value, for at most `limit`.
-async fn eventually<T, F, Fut>(limit: Duration, what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let until = Instant::now() + limit;
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(Instant::now() < until, "{what}: not within {limit:?}");
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-}
-
-fn is_ready(pod: &Pod) -> bool {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
-
 /// The pods of `app`, once `count` of them are Ready.
 async fn ready_pods(pods: &Api<Pod>, app: &str, count: usize) -> Vec<Pod> {
     ready_pods_within(pods, app, count, Duration::from_secs(90)).await
-}
-
-/// The pods of `app`, once `count` of them are Ready, waiting up to `limit`.
-async fn ready_pods_within(pods: &Api<Pod>, app: &str, count: usize, limit: Duration) -> Vec<Pod> {
-    let params = ListParams::default().labels(&format!("app={app}"));
-    eventually(limit, &format!("{count} ready pod(s) of {app}"), || async {
-        let list = pods.list(&params).await.unwrap().items;
-        let ready: Vec<Pod> = list.into_iter().filter(is_ready).collect();
-        (ready.len() == count).then_some(ready)
-    })
-    .await
-}
-
-fn pod_ip(pod: &Pod) -> IpAddr {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.pod_ip.as_deref())
-        .unwrap()
-        .parse()
-        .unwrap()
-}
-
-/// The process behind a pod's first container: the emulated kubelet writes its id as the
-/// container id.
-fn container_pid(pod: &Pod) -> u32 {
-    let statuses = pod
-        .status
-        .as_ref()
-        .and_then(|s| s.container_statuses.as_ref())
-        .unwrap();
-    let id = statuses[0].container_id.as_deref().unwrap();
-    id.strip_prefix("emulated://").unwrap().parse().unwrap()
 }
 
 fn restart_count(pod: &Pod) -> i32 {
@@ -259,40 +78,6 @@ fn restart_count(pod: &Pod) -> i32 {
         .as_ref()
         .and_then(|s| s.container_statuses.as_ref())
         .map_or(0, |s| s[0].restart_count)
-}
-
-fn sigkill(pid: u32) {
-    let status = Command::new("kill")
-        .args(["-KILL", &pid.to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success(), "kill -KILL {pid}");
-}
-
-/// SIGKILL to the process group `pid` leads: each emulated container is one.
-fn sigkill_group(pid: u32) {
-    let status = Command::new("kill")
-        .args(["-KILL", "--", &format!("-{pid}")])
-        .status()
-        .unwrap();
-    assert!(status.success(), "kill -KILL -- -{pid}");
-}
-
-/// One HTTP/1.1 request on a fresh connection; the status and the body.
-fn http(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> (u16, String) {
-    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).unwrap();
-    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let mut request = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
-    for (name, value) in headers {
-        request.push_str(&format!("{name}: {value}\r\n"));
-    }
-    request.push_str(&format!("Content-Length: {}\r\n\r\n{body}", body.len()));
-    stream.write_all(request.as_bytes()).unwrap();
-    let mut raw = String::new();
-    stream.read_to_string(&mut raw).unwrap();
-    let status = raw.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0);
-    let body = raw.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_owned();
-    (status, body)
 }
 
 #[tokio::test]
@@ -1264,62 +1049,6 @@ async fn a_game_day_that_drifts_the_standby_sees_the_policy_report_it_promote_no
     pools.stop(operator).await;
 }
 
-/// Clients of the router's gateway: one completion every 100 ms (at most 1200) until stopped,
-/// each given up after 10 s; how many were answered 200.
-struct Clients {
-    stop: Arc<std::sync::atomic::AtomicBool>,
-    thread: std::thread::JoinHandle<(usize, usize)>,
-}
-
-impl Clients {
-    fn start(gateway: SocketAddr) -> Clients {
-        use std::sync::atomic::{AtomicBool, Ordering};
-        let stop = Arc::new(AtomicBool::new(false));
-        let stopping = stop.clone();
-        let thread = std::thread::spawn(move || {
-            let body =
-                json!({"model": MODEL, "prompt": "The capital of France is", "max_tokens": 4}).to_string();
-            let (mut sent, mut answered) = (0, 0);
-            for _ in 0..1200 {
-                if stopping.load(Ordering::Relaxed) {
-                    break;
-                }
-                sent += 1;
-                let request = format!(
-                    "POST /v1/completions HTTP/1.1\r\nHost: {gateway}\r\nConnection: close\r\n\
-                     Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-                    body.len()
-                );
-                let answer =
-                    TcpStream::connect_timeout(&gateway, Duration::from_secs(2)).and_then(|mut stream| {
-                        stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-                        stream.write_all(request.as_bytes())?;
-                        let mut raw = String::new();
-                        stream.read_to_string(&mut raw)?;
-                        Ok(raw)
-                    });
-                if answer.is_ok_and(|raw| raw.starts_with("HTTP/1.1 200")) {
-                    answered += 1;
-                }
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            (sent, answered)
-        });
-        Clients { stop, thread }
-    }
-
-    /// How many requests were answered 200.
-    fn stop(self) -> usize {
-        self.stop_counting().1
-    }
-
-    /// How many requests were sent, and how many of them were answered 200.
-    fn stop_counting(self) -> (usize, usize) {
-        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        self.thread.join().unwrap()
-    }
-}
-
 /// The fault each of `pods`' fences plays, as it answers the operator's token.
 fn fence_faults(pods: &[Pod]) -> Vec<serde_json::Value> {
     let auth = format!("Bearer {FENCE_TOKEN}");
@@ -1618,18 +1347,6 @@ async fn two_policies_behind_one_router_set_fail_over_apart_under_load() {
     // The GPUs go to the tests after this one; the operator takes its finalizers off meanwhile.
     delete_namespace(&client, ns).await;
     drop(operator);
-}
-
-/// The grant each of `pods`' fences holds, as it answers anyone.
-fn fence_grants(pods: &[Pod]) -> Vec<serde_json::Value> {
-    pods.iter()
-        .map(|pod| {
-            let fence = SocketAddr::new(pod_ip(pod), FENCE_PORT);
-            let (status, body) = http(fence, "GET", "/understudy/grant", &[], "");
-            assert_eq!(status, 200, "{body}");
-            serde_json::from_str(&body).unwrap()
-        })
-        .collect()
 }
 
 /// The operator's cluster lost, in one cluster: the operator killed while its pools serve under

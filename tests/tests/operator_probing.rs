@@ -565,7 +565,7 @@ fn reading_gpus(east: &Emulator, west: &Emulator, port: u16) -> Operator {
 async fn agent_fails(port: u16, pod: &str) {
     for _ in 0..200 {
         let (reports, _) = GpuAgents::At(vec![("127.0.0.1".to_owned(), port)])
-            .reports()
+            .reports(None)
             .await;
         if reports.iter().any(|r| r.failed_pods().iter().any(|p| p == pod)) {
             return;

@@ -1,0 +1,430 @@
+//! The cluster tier's regional suite: a management cluster that holds the policy, its epoch Lease
+//! and the operator, and two regions, east and west, each a control plane of its own with emulated
+//! GPU nodes, a fenced pool and the chart's router. `tests/cluster/regions.sh` brings them up and
+//! runs these; without it (no `UNDERSTUDY_REGIONS_MANAGEMENT`) each test says so and passes without
+//! checking anything.
+//!
+//! Clients are counted as a GameDay record counts them: each request sent to a region's router,
+//! answered 200 or not. The tests run one at a time in name order; the last one loses east for
+//! good.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::api::{Api, ListParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use understudy_api::crd::FailoverPolicy;
+use understudy_api::lease::EPOCH_ANNOTATION;
+use understudy_tests::cluster::{
+    Clients, FENCE_PORT, FENCE_TOKEN, client_from, container_pids, eventually, fence_access, fence_grants,
+    fenced_deployment, http, namespace, pod_ip, ready_pods_within,
+};
+use understudy_tests::process::Process;
+
+/// The routers' admin port, as the chart runs them.
+const ROUTER_ADMIN_PORT: u16 = 9091;
+/// The routers' gateway port, as the chart runs them.
+const ROUTER_PORT: u16 = 8080;
+
+/// One region: its control plane's run directory (its components' PID files), its admin client,
+/// and the kubeconfig the operator reaches it with.
+struct Region {
+    name: &'static str,
+    run: PathBuf,
+    client: Client,
+    operator_kubeconfig: String,
+}
+
+impl Region {
+    async fn at(name: &'static str, run: PathBuf) -> Region {
+        Region {
+            name,
+            client: client_from(&run.join("kubeconfig")).await,
+            operator_kubeconfig: std::fs::read_to_string(run.join("operator.kubeconfig")).unwrap(),
+            run,
+        }
+    }
+
+    /// The chart's router in this region: its admin and gateway addresses.
+    async fn router(&self) -> (SocketAddr, SocketAddr) {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), "understudy-system");
+        let params = ListParams::default().labels("app.kubernetes.io/component=router");
+        let router = eventually(
+            Duration::from_secs(60),
+            "a router pod with an address",
+            || async {
+                let listed = pods.list(&params).await.unwrap().items;
+                listed
+                    .into_iter()
+                    .find(|p| p.status.as_ref().and_then(|s| s.pod_ip.as_ref()).is_some())
+            },
+        )
+        .await;
+        let ip = pod_ip(&router);
+        (
+            SocketAddr::new(ip, ROUTER_ADMIN_PORT),
+            SocketAddr::new(ip, ROUTER_PORT),
+        )
+    }
+
+    /// Loses the region whole: every process of every pod killed, then its emulated nodes and its
+    /// control plane, as a region's outage takes them.
+    async fn lose(&self) {
+        let pods: Api<Pod> = Api::all(self.client.clone());
+        let pods = pods.list(&ListParams::default()).await.unwrap().items;
+        for pid in pods.iter().flat_map(container_pids) {
+            // A container between restarts has already gone.
+            let _ = Command::new("kill")
+                .args(["-KILL", "--", &format!("-{pid}")])
+                .status();
+        }
+        for component in [
+            "nodes",
+            "kube-apiserver",
+            "etcd",
+            "kube-controller-manager",
+            "kube-scheduler",
+        ] {
+            signal("KILL", &pid_of(&self.run, component));
+        }
+    }
+}
+
+fn pid_of(run: &Path, component: &str) -> String {
+    std::fs::read_to_string(run.join(format!("{component}.pid")))
+        .unwrap()
+        .trim()
+        .to_owned()
+}
+
+fn signal(name: &str, pid: &str) {
+    let status = Command::new("kill")
+        .args([format!("-{name}"), pid.to_owned()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill -{name} {pid}");
+}
+
+/// The three clusters, or `None` (with a note) when they are not up.
+struct Regions {
+    management: Client,
+    management_run: PathBuf,
+    east: Region,
+    west: Region,
+    router_token: String,
+}
+
+async fn regions() -> Option<Regions> {
+    let Ok(management) = std::env::var("UNDERSTUDY_REGIONS_MANAGEMENT") else {
+        eprintln!(
+            "skipped: no regions are up (tests/cluster/regions.sh runs this suite against three control planes)"
+        );
+        return None;
+    };
+    let var = |name: &str| std::env::var(name).unwrap_or_else(|_| panic!("{name}"));
+    let management_run = PathBuf::from(management);
+    Some(Regions {
+        management: client_from(&management_run.join("kubeconfig")).await,
+        management_run,
+        east: Region::at("east", PathBuf::from(var("UNDERSTUDY_REGIONS_EAST"))).await,
+        west: Region::at("west", PathBuf::from(var("UNDERSTUDY_REGIONS_WEST"))).await,
+        router_token: var("UNDERSTUDY_REGIONS_ROUTER_TOKEN"),
+    })
+}
+
+/// A policy in the management cluster whose pools live in the two regions, each a fenced
+/// Deployment `chat` of two replicas serving `model`, under grants that last `ttl`, renewed every
+/// second; the pods of each. Each
+/// test's policy serves a model of its own: the regions' routers keep a deleted policy's route,
+/// and a model is routed by one policy.
+struct RegionalPolicy {
+    ns: &'static str,
+    model: &'static str,
+    policies: Api<FailoverPolicy>,
+    east_pods: Vec<Pod>,
+    west_pods: Vec<Pod>,
+    dir: tempfile::TempDir,
+}
+
+impl Regions {
+    async fn policy(&self, ns: &'static str, model: &'static str, ttl: &str) -> RegionalPolicy {
+        let mut pods = Vec::new();
+        for region in [&self.east, &self.west] {
+            namespace(&region.client, ns).await;
+            fence_access(&region.client, ns).await;
+            let deployments: Api<Deployment> = Api::namespaced(region.client.clone(), ns);
+            let mut deployment = serde_json::to_value(fenced_deployment("chat", 2, region.name)).unwrap();
+            deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+                .as_array_mut()
+                .unwrap()
+                .extend([json!("--served-model-name"), json!(model)]);
+            let deployment: Deployment = serde_json::from_value(deployment).unwrap();
+            deployments
+                .create(&PostParams::default(), &deployment)
+                .await
+                .unwrap();
+        }
+        for region in [&self.east, &self.west] {
+            let api: Api<Pod> = Api::namespaced(region.client.clone(), ns);
+            pods.push(ready_pods_within(&api, "chat", 2, Duration::from_secs(90)).await);
+        }
+        namespace(&self.management, ns).await;
+        let secrets: Api<Secret> = Api::namespaced(self.management.clone(), ns);
+        for region in [&self.east, &self.west] {
+            let secret: Secret = serde_json::from_value(json!({
+                "metadata": {"name": format!("{}-kubeconfig", region.name)},
+                "stringData": {"kubeconfig": region.operator_kubeconfig},
+            }))
+            .unwrap();
+            secrets.create(&PostParams::default(), &secret).await.unwrap();
+        }
+        let pool = |name: &str| {
+            json!({
+                "name": name,
+                "cluster": {"name": format!("us-{name}"), "kubeconfigSecret": {"name": format!("{name}-kubeconfig")}},
+                "workload": {"kind": "Deployment", "name": "chat"},
+                "replicas": 2,
+                "port": FENCE_PORT,
+            })
+        };
+        let policy = serde_json::from_value(json!({
+            "apiVersion": "understudy.dev/v1alpha1",
+            "kind": "FailoverPolicy",
+            "metadata": {"name": "chat"},
+            "spec": {
+                "pools": [pool("east"), pool("west")],
+                "recoveryObjective": "1m",
+                "probe": {"interval": "1s", "timeout": "800ms", "budgets": {"firstToken": "500ms", "total": "800ms"}},
+                "trigger": {"suspectAfter": 1, "promoteAfter": 3, "hardFailure": {"promoteAfter": 2}, "standbyReadyAfter": 2},
+                "grants": {"ttl": ttl, "renewEvery": "1s", "clockSkew": "500ms"},
+            },
+        }))
+        .unwrap();
+        let policies: Api<FailoverPolicy> = Api::namespaced(self.management.clone(), ns);
+        policies.create(&PostParams::default(), &policy).await.unwrap();
+        let west_pods = pods.pop().unwrap();
+        let east_pods = pods.pop().unwrap();
+        RegionalPolicy {
+            ns,
+            model,
+            policies,
+            east_pods,
+            west_pods,
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    /// The operator binary as the chart's ServiceAccount in the management cluster, running the
+    /// policies of `policy`'s namespace, finding the routers by the chart's label in
+    /// understudy-system of every cluster the pools live in.
+    fn operator(&self, policy: &RegionalPolicy, identity: &str) -> Process {
+        let router_token = policy.dir.path().join("router-token");
+        std::fs::write(&router_token, &self.router_token).unwrap();
+        let fence_token = policy.dir.path().join("fence-token");
+        std::fs::write(&fence_token, FENCE_TOKEN).unwrap();
+        let binary = std::env::var("UNDERSTUDY_CLUSTER_OPERATOR").expect("the operator binary");
+        Process::start(
+            Command::new(binary)
+                .env("KUBECONFIG", self.management_run.join("operator.kubeconfig"))
+                .env("RUST_LOG", "info")
+                .env("NO_COLOR", "1")
+                .args(["--identity", identity, "--namespace", policy.ns])
+                .args(["--admin-addr", "127.0.0.1:0"])
+                .args(["--router-selector", "app.kubernetes.io/component=router"])
+                .args(["--router-namespace", "understudy-system"])
+                .arg("--router-token-file")
+                .arg(&router_token)
+                .arg("--replica-token-file")
+                .arg(&fence_token),
+        )
+    }
+
+    /// Waits until the router at `admin` holds `pool` at `epoch` for `policy`.
+    async fn routed(&self, admin: SocketAddr, policy: &RegionalPolicy, pool: &str, epoch: u64) {
+        let what = format!("the router at {admin} holding {pool} at epoch {epoch}");
+        let auth = format!("Bearer {}", self.router_token);
+        eventually(Duration::from_secs(90), &what, || async {
+            let path = format!("/route?policy={}/chat", policy.ns);
+            let (status, body) = http(admin, "GET", &path, &[("authorization", &auth)], "");
+            let holds: serde_json::Value = serde_json::from_str(&body).ok()?;
+            (status == 200 && holds["route"]["pool"] == pool && holds["route"]["epoch"] == epoch)
+                .then_some(())
+        })
+        .await;
+    }
+}
+
+impl RegionalPolicy {
+    /// The epoch Lease's epoch and holder, in the management cluster.
+    async fn lease(&self, management: &Client) -> (String, String) {
+        let leases: Api<Lease> = Api::namespaced(management.clone(), self.ns);
+        let lease = leases.get("chat-epoch").await.unwrap();
+        let epoch = lease
+            .annotations()
+            .get(EPOCH_ANNOTATION)
+            .cloned()
+            .unwrap_or_default();
+        (
+            epoch,
+            lease.spec.and_then(|s| s.holder_identity).unwrap_or_default(),
+        )
+    }
+
+    /// Waits until the status says `pool`'s two fences serve under the operator's grants.
+    async fn serving_under_grants(&self, pool: &str) {
+        eventually(
+            Duration::from_secs(60),
+            &format!("{pool}'s fences serving under grants"),
+            || async {
+                let grants = self.policies.get("chat").await.unwrap().status?.grants?;
+                let fences = grants.pools.iter().find(|p| p.pool == pool)?;
+                (grants.holder == pool && fences.fences.get("serving") == Some(&2)).then_some(())
+            },
+        )
+        .await;
+    }
+}
+
+/// The management cluster lost: its API server and etcd stopped and the operator killed, while
+/// clients load both regions' routers. The pools serve on at epoch 0: east's fences extend their
+/// own grants on west's fences' word, no client sees an error, and nothing is promoted; when the
+/// management cluster is back, a new operator's grants take over at the same epoch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_management_cluster_stops_no_traffic_in_either_region_and_promotes_nothing() {
+    let Some(regions) = regions().await else { return };
+    let policy = regions
+        .policy("regions-management-lost", "chat-management-lost", "6s")
+        .await;
+    let operator = regions.operator(&policy, "regions-operator");
+    let (east_admin, east_gateway) = regions.east.router().await;
+    let (west_admin, west_gateway) = regions.west.router().await;
+    // The route is pushed to the routers of both regions, found by label in each.
+    regions.routed(east_admin, &policy, "east", 0).await;
+    regions.routed(west_admin, &policy, "east", 0).await;
+    policy.serving_under_grants("east").await;
+
+    let clients = [
+        Clients::start_for(east_gateway, policy.model),
+        Clients::start_for(west_gateway, policy.model),
+    ];
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    drop(operator);
+    let management = pid_of(&regions.management_run, "kube-apiserver");
+    let etcd = pid_of(&regions.management_run, "etcd");
+    signal("STOP", &management);
+    signal("STOP", &etcd);
+    let lost_at = Instant::now();
+    // Three extensions each, two renewal periods apart: well past the 6 s a grant lasts.
+    let extended = eventually(
+        Duration::from_secs(60),
+        "east's fences extending their own grants",
+        || async {
+            let views = fence_grants(&policy.east_pods);
+            views
+                .iter()
+                .all(|v| v["standing"] == "failsafe" && v["extended"].as_u64() >= Some(3))
+                .then_some(views)
+        },
+    )
+    .await;
+    eprintln!(
+        "east's fences on their failsafe {:.1}s after the management cluster was lost: {extended:?}",
+        lost_at.elapsed().as_secs_f64()
+    );
+    assert!(extended.iter().all(|v| v["epoch"] == 0), "{extended:?}");
+    signal("CONT", &etcd);
+    signal("CONT", &management);
+
+    let operator = regions.operator(&policy, "regions-operator-2");
+    eventually(Duration::from_secs(60), "the new operator's grants", || async {
+        fence_grants(&policy.east_pods)
+            .iter()
+            .all(|v| v["standing"] == "serving")
+            .then_some(())
+    })
+    .await;
+    for (region, clients) in ["east", "west"].into_iter().zip(clients) {
+        let (sent, answered) = clients.stop_counting();
+        eprintln!("clients of {region}'s router: {answered} of {sent} answered");
+        assert!(sent > 50, "{sent} sent to {region}'s router");
+        assert_eq!(
+            answered, sent,
+            "every request to {region}'s router answered while the management cluster was lost"
+        );
+    }
+    assert_eq!(
+        policy.lease(&regions.management).await,
+        ("0".to_owned(), "east".to_owned()),
+        "nothing promoted"
+    );
+    assert!(
+        fence_grants(&policy.west_pods)
+            .iter()
+            .all(|v| v["standing"] == "fenced"),
+        "west never served"
+    );
+    drop(operator);
+}
+
+/// Region east lost whole, its API server and every process of its pods killed, under load on
+/// west's router: the operator, which can no longer list east, probes east's replicas as last
+/// listed, finds them gone, and promotes west; west's fences, with east's never confirmed revoked,
+/// wait out east's grants before serving, and west's router routes west at epoch 1, having held
+/// its clients' requests meanwhile. Runs last: east does not come back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn region_east_lost_whole_is_failed_over_to_west_which_serves() {
+    let Some(regions) = regions().await else { return };
+    let policy = regions.policy("regions-east-lost", "chat-east-lost", "4s").await;
+    let operator = regions.operator(&policy, "regions-operator-3");
+    let (east_admin, _) = regions.east.router().await;
+    let (west_admin, west_gateway) = regions.west.router().await;
+    regions.routed(east_admin, &policy, "east", 0).await;
+    regions.routed(west_admin, &policy, "east", 0).await;
+    policy.serving_under_grants("east").await;
+
+    let clients = Clients::start_for(west_gateway, policy.model);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    regions.east.lose().await;
+    let lost_at = Instant::now();
+
+    regions.routed(west_admin, &policy, "west", 1).await;
+    let routed_after = lost_at.elapsed();
+    eventually(Duration::from_secs(30), "west's fences serving", || async {
+        fence_grants(&policy.west_pods)
+            .iter()
+            .all(|v| v["standing"] == "serving" && v["epoch"] == 1)
+            .then_some(())
+    })
+    .await;
+    // West serves on: the load goes on past the move.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let (sent, answered) = clients.stop_counting();
+    eprintln!(
+        "west's router routed west at epoch 1 {:.1}s after east was lost; its clients: {answered} of {sent} answered",
+        routed_after.as_secs_f64()
+    );
+    assert!(sent > 20, "{sent} sent");
+    // West's router holds what it cannot place until west's route comes (detection, then east's
+    // 4 s grants and 0.5 s of skew waited out, about 6 s): what a client can lose is the request
+    // east had when it went.
+    assert!(
+        sent - answered <= 1,
+        "{} of {sent} requests to west's router lost",
+        sent - answered
+    );
+    assert_eq!(
+        policy.lease(&regions.management).await,
+        ("1".to_owned(), "west".to_owned())
+    );
+    let status = policy.policies.get("chat").await.unwrap().status.unwrap();
+    assert_eq!(status.primary_pool.as_deref(), Some("west"));
+    drop(operator);
+}
