@@ -20,6 +20,8 @@ echo "building the operator, the emulator, the emulated nodes and the router ...
 cargo build -q --locked -p understudy-operator --bin understudy-operator
 cargo build -q --locked -p understudy-emulator --bin vllm-emulator
 cargo build -q --locked -p understudy-tests --bins
+# The cut library, with which a test cuts the operator off from a region's addresses.
+cargo build -q --locked -p understudy-cut
 target=$(cargo metadata -q --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/debug
 bin=$("$root/tests/cluster/build.sh")
 
@@ -86,7 +88,7 @@ KUBECONFIG
 # Emulated GPU nodes for the region at run directory $1, named $2-node-N, pods from address $3.
 region_nodes() {
   local run=$1 name=$2 first_ip=$3
-  "$target/understudy-gpu-nodes" --kubeconfig "$run/kubeconfig" --nodes 2 --gpus-per-node 2 \
+  "$target/understudy-gpu-nodes" --kubeconfig "$run/kubeconfig" --nodes 2 --gpus-per-node 4 \
     --node-prefix "$name-node" --first-pod-ip "$first_ip" \
     --vllm "$target/vllm-emulator" --router "$target/understudy-router-e2e" \
     --work-dir "$run/nodes" --tls-cert "$run/pki/kubelet.crt" --tls-key "$run/pki/kubelet.key" \
@@ -117,5 +119,6 @@ UNDERSTUDY_REGIONS_MANAGEMENT="$management" \
 UNDERSTUDY_REGIONS_EAST="$east" \
 UNDERSTUDY_REGIONS_WEST="$west" \
 UNDERSTUDY_REGIONS_ROUTER_TOKEN="$router_token" \
+UNDERSTUDY_REGIONS_CUT_LIBRARY="$target/libunderstudy_cut.so" \
 UNDERSTUDY_CLUSTER_OPERATOR="$target/understudy-operator" \
   cargo test --locked -p understudy-tests --test regions -- --test-threads=1 "${test_args[@]}"

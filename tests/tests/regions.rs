@@ -75,6 +75,16 @@ impl Region {
         )
     }
 
+    /// Its API server's address, `https://127.0.0.1:PORT`, as its kubeconfig names it.
+    fn api_server(&self) -> String {
+        let line = self
+            .operator_kubeconfig
+            .split('"')
+            .find(|part| part.starts_with("https://"))
+            .unwrap();
+        line.to_owned()
+    }
+
     /// Loses the region whole: every process of every pod killed, then its emulated nodes and its
     /// control plane, as a region's outage takes them.
     async fn lose(&self) {
@@ -111,6 +121,120 @@ fn signal(name: &str, pid: &str) {
         .status()
         .unwrap();
     assert!(status.success(), "kill -{name} {pid}");
+}
+
+/// A TCP relay on 127.0.0.1 to `upstream`, which a test cuts (every connection through it closed,
+/// new ones closed as they come) and heals: the operator's link to a region's API server, cut
+/// where the machine has no firewall to cut it with. Its kube client keeps connections open, which
+/// the cut library ([`CUT_LIBRARY`]) does not touch.
+struct Relay {
+    addr: SocketAddr,
+    cut: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Relay {
+    async fn start(upstream: SocketAddr) -> Relay {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (cut, cut_seen) = tokio::sync::watch::channel(false);
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((mut client, _)) = listener.accept().await else {
+                    continue;
+                };
+                if *cut_seen.borrow() {
+                    continue;
+                }
+                let mut cut_seen = cut_seen.clone();
+                tokio::spawn(async move {
+                    let Ok(mut server) = tokio::net::TcpStream::connect(upstream).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
+                        _ = cut_seen.wait_for(|cut| *cut) => {}
+                    }
+                });
+            }
+        });
+        Relay { addr, cut, task }
+    }
+
+    fn cut(&self) {
+        self.cut.send_replace(true);
+    }
+
+    fn heal(&self) {
+        self.cut.send_replace(false);
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The environment variable naming the cut library (`tests/cut`, `libunderstudy_cut.so`), which
+/// refuses the operator's new connections to what a file lists.
+const CUT_LIBRARY: &str = "UNDERSTUDY_REGIONS_CUT_LIBRARY";
+
+/// Each fence's standing, sampled every 100 ms from the test (which no cut touches) until
+/// stopped: when each pool's fences served.
+struct Standings {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<Vec<Sample>>,
+}
+
+/// When, whether each of east's fences served and at what epoch, and whether each of west's served.
+struct Sample {
+    at: Instant,
+    east: Vec<(bool, u64)>,
+    west: Vec<bool>,
+}
+
+impl Standings {
+    fn watch(east: &[Pod], west: &[Pod]) -> Standings {
+        let fences = |pods: &[Pod]| -> Vec<SocketAddr> {
+            pods.iter()
+                .map(|p| SocketAddr::new(pod_ip(p), FENCE_PORT))
+                .collect()
+        };
+        let (east, west) = (fences(east), fences(west));
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopping = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut samples = Vec::new();
+            while !stopping.load(std::sync::atomic::Ordering::Relaxed) {
+                let at = Instant::now();
+                let east = east.iter().map(|fence| standing(*fence)).collect();
+                let west = west.iter().map(|fence| standing(*fence).0).collect();
+                samples.push(Sample { at, east, west });
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            samples
+        });
+        Standings { stop, thread }
+    }
+
+    fn stop(self) -> Vec<Sample> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.join().unwrap()
+    }
+}
+
+/// Whether the fence at `fence` serves, and the epoch it knows; a fence that cannot be asked
+/// serves nothing.
+fn standing(fence: SocketAddr) -> (bool, u64) {
+    let Ok(stream) = std::net::TcpStream::connect_timeout(&fence, Duration::from_secs(1)) else {
+        return (false, 0);
+    };
+    drop(stream);
+    let (status, body) = http(fence, "GET", "/understudy/grant", &[], "");
+    let view: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+    let serves = status == 200 && matches!(view["standing"].as_str(), Some("serving" | "failsafe"));
+    (serves, view["epoch"].as_u64().unwrap_or(0))
 }
 
 /// The three clusters, or `None` (with a note) when they are not up.
@@ -156,6 +280,18 @@ struct RegionalPolicy {
 
 impl Regions {
     async fn policy(&self, ns: &'static str, model: &'static str, ttl: &str) -> RegionalPolicy {
+        self.policy_with(ns, model, ttl, None).await
+    }
+
+    /// [`Regions::policy`], the operator reaching east's API server at `east_api` when given (a
+    /// [`Relay`] to it).
+    async fn policy_with(
+        &self,
+        ns: &'static str,
+        model: &'static str,
+        ttl: &str,
+        east_api: Option<SocketAddr>,
+    ) -> RegionalPolicy {
         let mut pods = Vec::new();
         for region in [&self.east, &self.west] {
             namespace(&region.client, ns).await;
@@ -179,9 +315,14 @@ impl Regions {
         namespace(&self.management, ns).await;
         let secrets: Api<Secret> = Api::namespaced(self.management.clone(), ns);
         for region in [&self.east, &self.west] {
+            let mut kubeconfig = region.operator_kubeconfig.clone();
+            if let (Some(relay), "east") = (east_api, region.name) {
+                let server = region.api_server();
+                kubeconfig = kubeconfig.replace(&server, &format!("https://{relay}"));
+            }
             let secret: Secret = serde_json::from_value(json!({
                 "metadata": {"name": format!("{}-kubeconfig", region.name)},
-                "stringData": {"kubeconfig": region.operator_kubeconfig},
+                "stringData": {"kubeconfig": kubeconfig},
             }))
             .unwrap();
             secrets.create(&PostParams::default(), &secret).await.unwrap();
@@ -226,6 +367,11 @@ impl Regions {
     /// policies of `policy`'s namespace, finding the routers by the chart's label in
     /// understudy-system of every cluster the pools live in.
     fn operator(&self, policy: &RegionalPolicy, identity: &str) -> Process {
+        self.operator_with(policy, identity, &[])
+    }
+
+    /// [`Regions::operator`] with `env` besides.
+    fn operator_with(&self, policy: &RegionalPolicy, identity: &str, env: &[(&str, &Path)]) -> Process {
         let router_token = policy.dir.path().join("router-token");
         std::fs::write(&router_token, &self.router_token).unwrap();
         let fence_token = policy.dir.path().join("fence-token");
@@ -243,7 +389,8 @@ impl Regions {
                 .arg("--router-token-file")
                 .arg(&router_token)
                 .arg("--replica-token-file")
-                .arg(&fence_token),
+                .arg(&fence_token)
+                .envs(env.iter().map(|(k, v)| (*k, *v))),
         )
     }
 
@@ -370,6 +517,119 @@ async fn a_lost_management_cluster_stops_no_traffic_in_either_region_and_promote
             .iter()
             .all(|v| v["standing"] == "fenced"),
         "west never served"
+    );
+    drop(operator);
+}
+
+/// Region east cut off from the management cluster, its pods running on: the operator's new
+/// connections to east's pods and routers are refused and its link to east's API server is closed,
+/// under load on west's router. The operator probes east's replicas as last listed, cannot reach
+/// them, and promotes west. East's fences, no longer renewed, serve on while west's fences vouch
+/// for epoch 0, and stop once west's fences take epoch 1, within a grant's time to live; west's
+/// fences serve only after every east fence stopped. When the cut heals, east's fences take
+/// epoch 1 and never serve again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn region_east_cut_off_from_the_management_cluster_stops_serving_before_west_serves() {
+    let Some(regions) = regions().await else { return };
+    let library = PathBuf::from(std::env::var(CUT_LIBRARY).expect(CUT_LIBRARY));
+    let east_api: SocketAddr = regions
+        .east
+        .api_server()
+        .trim_start_matches("https://")
+        .parse()
+        .unwrap();
+    let relay = Relay::start(east_api).await;
+    let policy = regions
+        .policy_with("regions-east-cut", "chat-east-cut", "4s", Some(relay.addr))
+        .await;
+    let cut_file = policy.dir.path().join("cut");
+    let operator = regions.operator_with(
+        &policy,
+        "regions-operator-cut",
+        &[("LD_PRELOAD", &library), ("UNDERSTUDY_CUT_FILE", &cut_file)],
+    );
+    let (east_admin, _) = regions.east.router().await;
+    let (west_admin, west_gateway) = regions.west.router().await;
+    regions.routed(east_admin, &policy, "east", 0).await;
+    regions.routed(west_admin, &policy, "east", 0).await;
+    policy.serving_under_grants("east").await;
+
+    let standings = Standings::watch(&policy.east_pods, &policy.west_pods);
+    let clients = Clients::start_for(west_gateway, policy.model);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // East's pods (and its router) and east's API server, from the operator only.
+    std::fs::write(&cut_file, format!("127.0.1.0/24\n{}\n", relay.addr)).unwrap();
+    relay.cut();
+    let cut_at = Instant::now();
+    regions.routed(west_admin, &policy, "west", 1).await;
+    let routed_after = cut_at.elapsed();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let (sent, answered) = clients.stop_counting();
+
+    std::fs::remove_file(&cut_file).unwrap();
+    relay.heal();
+    let healed_at = Instant::now();
+    eventually(
+        Duration::from_secs(60),
+        "east's fences told epoch 1 once the cut healed",
+        || async {
+            fence_grants(&policy.east_pods)
+                .iter()
+                .all(|v| v["epoch"] == 1 && v["standing"] == "fenced")
+                .then_some(())
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let samples = standings.stop();
+
+    let after_cut: Vec<&Sample> = samples.iter().filter(|s| s.at >= cut_at).collect();
+    let east_serves = |s: &Sample| s.east.iter().any(|(serves, _)| *serves);
+    let east_stopped = after_cut
+        .iter()
+        .find(|s| !east_serves(s))
+        .expect("east's fences never stopped serving")
+        .at;
+    let west_served = after_cut
+        .iter()
+        .find(|s| s.west.iter().any(|serves| *serves))
+        .expect("west's fences never served")
+        .at;
+    eprintln!(
+        "east's fences stopped serving {:.1}s after the cut; west's served from {:.1}s, routed west at epoch 1 {:.1}s; \
+         west's router's clients: {answered} of {sent} answered",
+        (east_stopped - cut_at).as_secs_f64(),
+        (west_served - cut_at).as_secs_f64(),
+        routed_after.as_secs_f64(),
+    );
+    assert!(
+        east_stopped < west_served,
+        "west's fences served while east's still did"
+    );
+    assert!(
+        after_cut
+            .iter()
+            .filter(|s| s.at >= east_stopped)
+            .all(|s| !east_serves(s)),
+        "east's fences served again after they stopped (the cut healed {:.1}s after it began)",
+        (healed_at - cut_at).as_secs_f64()
+    );
+    assert!(
+        samples
+            .iter()
+            .filter(|s| s.at >= healed_at)
+            .all(|s| s.east.iter().all(|(_, epoch)| *epoch <= 1)),
+        "an epoch past 1 at east"
+    );
+    assert!(sent > 20, "{sent} sent");
+    assert!(
+        sent - answered <= 1,
+        "{} of {sent} requests to west's router lost",
+        sent - answered
+    );
+    assert_eq!(
+        policy.lease(&regions.management).await,
+        ("1".to_owned(), "west".to_owned())
     );
     drop(operator);
 }
