@@ -298,6 +298,11 @@ impl ColdStartEstimates {
          || self.standby.map(g, g.replicas).sum() == self.replicas"
     )
         .message("standby tier replicas must add up to the pool's replicas"),
+    validation = Rule::new(
+        "!has(self.cluster) || !has(self.standby) \
+         || self.standby.all(g, !has(g.reserveGpus) || !g.reserveGpus)"
+    )
+        .message("reserveGpus: GPUs are reserved only in the operator's own cluster, and this pool lives in another"),
 )]
 pub struct PoolSpec {
     /// The pool's name, used in status and by the router, e.g. `us-east`.

@@ -1094,10 +1094,10 @@ recoveryObjective: 5m
         );
         assert!(validate(&spec).is_ok(), "{:?}", validate(&spec).err());
         assert_eq!(spec.pools[0].cluster_name(), Some("us-east"));
-        let secret = &spec.pools[0].cluster.as_ref().unwrap().kubeconfig_secret;
+        let secret = spec.pools[0].cluster.as_ref().map(|c| &c.kubeconfig_secret);
         assert_eq!(
-            (secret.name.as_str(), secret.key.as_str()),
-            ("east-kubeconfig", "kubeconfig")
+            secret.map(|s| (s.name.as_str(), s.key.as_str())),
+            Some(("east-kubeconfig", "kubeconfig"))
         );
         let mut home = spec.clone();
         home.pools[0].cluster = None;

@@ -41,9 +41,12 @@ const LWS_WORKER_INDEX_LABEL: &str = "leaderworkerset.sigs.k8s.io/worker-index";
 pub struct KubeReplicas {
     clusters: Arc<Clusters>,
     bearer: Option<Bearer>,
-    /// Each pool in another cluster as last listed, by namespace, cluster and workload.
-    last_listed: Arc<Mutex<HashMap<(String, String, String), Vec<Endpoint>>>>,
+    /// Each pool in another cluster as last listed.
+    last_listed: Arc<Mutex<HashMap<ListedPool, Vec<Endpoint>>>>,
 }
+
+/// A pool in another cluster: its policy's namespace, its cluster and its workload.
+type ListedPool = (String, String, String);
 
 impl fmt::Debug for KubeReplicas {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

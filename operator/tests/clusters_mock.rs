@@ -2,6 +2,8 @@
 //! operator's own cluster, kept for a while, read again later, and kept when it cannot be read
 //! again. What cannot be used says why.
 
+#![allow(clippy::unwrap_used)]
+
 mod support;
 
 use std::time::Duration;
