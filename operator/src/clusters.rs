@@ -7,8 +7,15 @@
 //!
 //! A Secret is read again at most every [`REREAD_AFTER`], so that rotated credentials are picked
 //! up, and its client is kept while the Secret's `resourceVersion` stays the same. A Secret that
-//! cannot be read again keeps the client it gave last: the operator's own API server being slow
-//! must not cut it off from a region.
+//! cannot be read again (within [`READ_TIMEOUT`]) keeps the client it gave last: the operator's own
+//! API server being slow must not cut it off from a region. A Secret deleted, or changed to a
+//! kubeconfig that cannot be used, drops its client: its credentials may have been revoked on
+//! purpose.
+//!
+//! A kubeconfig is the policy author's, and the operator holds its own credentials: one that would
+//! run a program (`exec`, `auth-provider`) or read a file of the operator's (`tokenFile`,
+//! `client-certificate`, `client-key`, `certificate-authority`) is refused before it is used, so
+//! that a Secret can neither run code in the operator nor send its token elsewhere.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -130,9 +137,17 @@ impl Clusters {
             return Ok(cached.client.clone());
         }
         let secrets: Api<Secret> = Api::namespaced(self.home.clone(), namespace);
-        let read = match secrets.get_opt(&at.secret).await {
+        let read = tokio::time::timeout(READ_TIMEOUT, secrets.get_opt(&at.secret))
+            .await
+            .unwrap_or_else(|_| {
+                Err(kube::Error::Service(
+                    format!("no answer within {READ_TIMEOUT:?}").into(),
+                ))
+            });
+        let read = match read {
             Ok(Some(secret)) => secret,
             Ok(None) => {
+                others.remove(&at);
                 return Err(ClusterError::NoSecret {
                     cluster: cluster.name.clone(),
                     secret: at.secret,
@@ -158,7 +173,13 @@ impl Clusters {
             cached.read_at = Instant::now();
             return Ok(cached.client.clone());
         }
-        let client = client_from(cluster, &at, &read).await?;
+        let client = match client_from(cluster, &at, &read).await {
+            Ok(client) => client,
+            Err(error) => {
+                others.remove(&at);
+                return Err(error);
+            }
+        };
         tracing::info!(cluster = %cluster.name, secret = %at.secret, %namespace, "reaching the cluster with the kubeconfig in its Secret");
         others.insert(
             at,
@@ -196,6 +217,7 @@ async fn client_from(cluster: &ClusterRef, at: &SecretKey, secret: &Secret) -> R
         })?;
     let text = String::from_utf8(bytes).map_err(|_| unusable("it is not UTF-8".to_owned()))?;
     let kubeconfig = Kubeconfig::from_yaml(&text).map_err(|e| unusable(e.to_string()))?;
+    outside_the_secret(&kubeconfig).map_err(unusable)?;
     let mut config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
         .map_err(|e| unusable(e.to_string()))?;
@@ -203,4 +225,41 @@ async fn client_from(cluster: &ClusterRef, at: &SecretKey, secret: &Secret) -> R
     config.read_timeout = Some(READ_TIMEOUT);
     config.write_timeout = Some(READ_TIMEOUT);
     Client::try_from(config).map_err(|e| unusable(e.to_string()))
+}
+
+/// Why `kubeconfig` reaches outside its Secret: a program it would run, or a file of the
+/// operator's it would read.
+fn outside_the_secret(kubeconfig: &Kubeconfig) -> Result<(), String> {
+    for named in &kubeconfig.auth_infos {
+        let Some(user) = &named.auth_info else {
+            continue;
+        };
+        let refused = [
+            (user.exec.is_some(), "exec"),
+            (user.auth_provider.is_some(), "auth-provider"),
+            (user.token_file.is_some(), "tokenFile"),
+            (user.client_certificate.is_some(), "client-certificate"),
+            (user.client_key.is_some(), "client-key"),
+        ];
+        if let Some((_, field)) = refused.iter().find(|(set, _)| *set) {
+            return Err(format!(
+                "user {:?} sets {field}, which would run a program or read a file of the operator's; \
+                 give the credentials inline (token, client-certificate-data, client-key-data)",
+                named.name
+            ));
+        }
+    }
+    for named in &kubeconfig.clusters {
+        if named
+            .cluster
+            .as_ref()
+            .is_some_and(|c| c.certificate_authority.is_some())
+        {
+            return Err(format!(
+                "cluster {:?} sets certificate-authority, a file of the operator's; give certificate-authority-data",
+                named.name
+            ));
+        }
+    }
+    Ok(())
 }

@@ -29,26 +29,36 @@ pub enum GpuAgents {
 }
 
 impl GpuAgents {
-    async fn addresses(&self, policy: Option<PolicyClusters<'_>>) -> Result<Vec<(String, u16)>, String> {
+    /// Each agent's address, with the cluster it runs in (`None`: the operator's own).
+    async fn addresses(
+        &self,
+        policy: Option<PolicyClusters<'_>>,
+    ) -> Result<Vec<(Option<String>, String, u16)>, String> {
         match self {
-            GpuAgents::At(at) => Ok(at.clone()),
-            GpuAgents::Labelled(pods) => pods.addresses("GPU agents", policy).await,
+            GpuAgents::At(at) => Ok(at
+                .iter()
+                .map(|(host, port)| (None, host.clone(), *port))
+                .collect()),
+            GpuAgents::Labelled(pods) => pods.addresses_by_cluster("GPU agents", policy).await,
         }
     }
 
     /// Every agent's report that could be read (with the agents of every cluster `policy`'s
-    /// pools live in), and why the others could not.
-    pub async fn reports(&self, policy: Option<PolicyClusters<'_>>) -> (Vec<NodeReport>, Vec<String>) {
+    /// pools live in), each with its cluster, and why the others could not.
+    pub async fn reports(
+        &self,
+        policy: Option<PolicyClusters<'_>>,
+    ) -> (Vec<(Option<String>, NodeReport)>, Vec<String>) {
         let addresses = match self.addresses(policy).await {
             Ok(addresses) => addresses,
             Err(why) => return (Vec::new(), vec![why]),
         };
-        let reads = join_all(addresses.iter().map(|(host, port)| read(host, *port))).await;
+        let reads = join_all(addresses.iter().map(|(_, host, port)| read(host, *port))).await;
         let mut reports = Vec::new();
         let mut unread = Vec::new();
-        for ((host, port), read) in addresses.iter().zip(reads) {
+        for ((cluster, host, port), read) in addresses.into_iter().zip(reads) {
             match read {
-                Ok(report) => reports.push(report),
+                Ok(report) => reports.push((cluster, report)),
                 Err(why) => unread.push(format!("the GPU agent at {host}:{port}: {why}")),
             }
         }
@@ -74,8 +84,50 @@ async fn read(host: &str, port: u16) -> Result<NodeReport, String> {
     serde_json::from_slice(&body).map_err(|error| format!("GET /gpus answered what is not a report: {error}"))
 }
 
-/// The pods, as `namespace/name`, that hold a GPU that failed, in any of `reports`.
+/// The pods that hold a GPU that failed, in any of `reports`, each as its cluster (`None`: the
+/// operator's own) and `namespace/name`: two clusters may each run a pod of the same name.
 #[must_use]
-pub fn failed_pods(reports: &[NodeReport]) -> BTreeSet<String> {
-    reports.iter().flat_map(NodeReport::failed_pods).collect()
+pub fn failed_pods(reports: &[(Option<String>, NodeReport)]) -> BTreeSet<(Option<String>, String)> {
+    reports
+        .iter()
+        .flat_map(|(cluster, report)| {
+            report
+                .failed_pods()
+                .into_iter()
+                .map(move |pod| (cluster.clone(), pod))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn report(failed_pod: &str) -> NodeReport {
+        serde_json::from_value(serde_json::json!({
+            "node": "gpu-node-0", "readAt": "2026-12-03T00:00:00Z", "gpus": [], "free": [],
+            "pods": [
+                {"namespace": "serving", "pod": failed_pod, "container": "vllm", "gpus": ["GPU-0"], "failed": true},
+                {"namespace": "serving", "pod": "chat-1", "container": "vllm", "gpus": ["GPU-1"], "failed": false},
+            ],
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_failed_gpu_is_the_pods_in_the_cluster_whose_agent_reported_it() {
+        let failed = failed_pods(&[
+            (Some("us-east".to_owned()), report("chat-0")),
+            (None, report("chat-2")),
+        ]);
+        let east = (Some("us-east".to_owned()), "serving/chat-0".to_owned());
+        assert!(failed.contains(&east));
+        // The same pod name in another cluster is another pod.
+        assert!(!failed.contains(&(Some("us-west".to_owned()), "serving/chat-0".to_owned())));
+        assert!(!failed.contains(&(None, "serving/chat-0".to_owned())));
+        assert!(failed.contains(&(None, "serving/chat-2".to_owned())));
+        assert_eq!(failed.len(), 2);
+    }
 }

@@ -245,7 +245,12 @@ async fn main() -> anyhow::Result<()> {
     ));
     let urgent_rounds = observations.urgent_rounds();
     let probing = tokio::spawn(observations.clone().run());
-    let mut steps = steps(&routers, router_token.as_ref(), &replicas);
+    let mut steps = steps(
+        &routers,
+        router_token.as_ref(),
+        &replicas,
+        replica_token.is_some(),
+    );
     // With the fences' token, the leader grants them their right to serve.
     let grantor = replica_token.is_some().then(|| {
         let grantor = Arc::new(Grantor::new(client.clone(), replicas.clone(), metrics.clone()));
@@ -441,11 +446,13 @@ fn steps(
     routers: &Routers,
     router_token: Option<&RouterToken>,
     replicas: &Arc<KubeReplicas>,
+    granted: bool,
 ) -> Arc<dyn StepExecutor> {
     let mut steps: Arc<dyn StepExecutor> = Arc::new(HandOffToComponents);
     if let Some(token) = router_token {
         tracing::info!(?routers, "pushing routes to the routers");
-        steps = Arc::new(RouterPush::new(routers.clone(), token.clone(), replicas.clone()));
+        steps =
+            Arc::new(RouterPush::new(routers.clone(), token.clone(), replicas.clone()).with_grants(granted));
     }
     steps
 }

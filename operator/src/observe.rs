@@ -577,9 +577,10 @@ impl ProbingObservations {
                     continue;
                 }
             };
+            let cluster = spec.cluster_name().map(str::to_owned);
             let on_failed: Vec<&String> = names
                 .iter()
-                .filter(|name| failed.contains(&format!("{}/{name}", plan.namespace)))
+                .filter(|name| failed.contains(&(cluster.clone(), format!("{}/{name}", plan.namespace))))
                 .collect();
             let needed = plan.policy.spec.standby_shapes()[pool.index()]
                 .round_quorum(Role::of(pool == primary)) as usize;

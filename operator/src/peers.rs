@@ -66,8 +66,29 @@ impl LabelledPods {
         what: &str,
         policy: Option<PolicyClusters<'_>>,
     ) -> Result<Vec<(String, u16)>, String> {
-        let mut found = self.listed(self.clusters.home().clone(), what).await?;
+        let found = self.addresses_by_cluster(what, policy).await?;
+        let mut found: Vec<(String, u16)> = found.into_iter().map(|(_, ip, port)| (ip, port)).collect();
+        found.sort();
+        found.dedup();
+        Ok(found)
+    }
+
+    /// [`Self::addresses`], each with the cluster it was found in (`None`: the operator's own).
+    pub async fn addresses_by_cluster(
+        &self,
+        what: &str,
+        policy: Option<PolicyClusters<'_>>,
+    ) -> Result<Vec<(Option<String>, String, u16)>, String> {
+        Ok(self.find(what, policy).await?.pods)
+    }
+
+    /// The pods found in each cluster, and the clusters left out with why.
+    pub async fn find(&self, what: &str, policy: Option<PolicyClusters<'_>>) -> Result<Found, String> {
+        let home = self.listed(self.clusters.home().clone(), what).await?;
+        let mut found: Vec<(Option<String>, String, u16)> =
+            home.into_iter().map(|(ip, port)| (None, ip, port)).collect();
         let mut seen = BTreeSet::new();
+        let mut left_out = Vec::new();
         for pool in policy.iter().flat_map(|p| p.pools) {
             let (Some(policy), Some(cluster)) = (policy, pool.cluster_name()) else {
                 continue;
@@ -80,13 +101,20 @@ impl LabelledPods {
                 Err(error) => Err(error.to_string()),
             };
             match listed {
-                Ok(pods) => found.extend(pods),
-                Err(why) => tracing::warn!(%cluster, %why, "a cluster's {what} cannot be found; left out"),
+                Ok(pods) => found.extend(
+                    pods.into_iter()
+                        .map(|(ip, port)| (Some(cluster.to_owned()), ip, port)),
+                ),
+                Err(why) => {
+                    tracing::warn!(%cluster, %why, "a cluster's {what} cannot be found; left out");
+                    left_out.push(format!("cluster {cluster}: {why}"));
+                }
             }
         }
-        found.sort();
-        found.dedup();
-        Ok(found)
+        Ok(Found {
+            pods: found,
+            left_out,
+        })
     }
 
     async fn listed(&self, client: Client, what: &str) -> Result<Vec<(String, u16)>, String> {
@@ -109,6 +137,14 @@ impl LabelledPods {
     }
 }
 
+/// What [`LabelledPods::find`] found: each pod's cluster (`None`: the operator's own), IP and port,
+/// and the clusters whose pods could not be listed, each with why.
+#[derive(Clone, Debug, Default)]
+pub struct Found {
+    pub pods: Vec<(Option<String>, String, u16)>,
+    pub left_out: Vec<String>,
+}
+
 /// Where the routers' admin APIs are.
 #[derive(Clone, Debug)]
 pub enum Routers {
@@ -123,17 +159,32 @@ impl Routers {
     /// empty: no router to call is an error, so that a route is never taken as pushed to "all" of
     /// none.
     pub async fn resolve(&self, policy: Option<PolicyClusters<'_>>) -> Result<Vec<RouterAdminUrl>, String> {
-        let found = match self {
-            Routers::At(at) => at.clone(),
-            Routers::Labelled(pods) => pods
-                .addresses("routers", policy)
-                .await?
-                .into_iter()
-                .filter_map(|(ip, port)| {
-                    let host = if ip.contains(':') { format!("[{ip}]") } else { ip };
-                    format!("http://{host}:{port}").parse().ok()
-                })
-                .collect(),
+        Ok(self.resolve_all(policy).await?.0)
+    }
+
+    /// [`Self::resolve`], with the clusters whose routers could not be listed, each with why.
+    pub async fn resolve_all(
+        &self,
+        policy: Option<PolicyClusters<'_>>,
+    ) -> Result<(Vec<RouterAdminUrl>, Vec<String>), String> {
+        let (found, left_out) = match self {
+            Routers::At(at) => (at.clone(), Vec::new()),
+            Routers::Labelled(pods) => {
+                let Found {
+                    pods: found,
+                    left_out,
+                } = pods.find("routers", policy).await?;
+                let mut urls: Vec<RouterAdminUrl> = found
+                    .into_iter()
+                    .filter_map(|(_, ip, port)| {
+                        let host = if ip.contains(':') { format!("[{ip}]") } else { ip };
+                        format!("http://{host}:{port}").parse().ok()
+                    })
+                    .collect();
+                urls.sort_by_key(ToString::to_string);
+                urls.dedup_by_key(|url| url.to_string());
+                (urls, left_out)
+            }
         };
         if found.is_empty() {
             return Err(match self {
@@ -144,6 +195,6 @@ impl Routers {
                 ),
             });
         }
-        Ok(found)
+        Ok((found, left_out))
     }
 }

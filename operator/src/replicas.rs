@@ -10,6 +10,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
@@ -33,17 +34,25 @@ const LWS_WORKER_INDEX_LABEL: &str = "leaderworkerset.sigs.k8s.io/worker-index";
 /// A pool's replicas are the Running pods its workload selects in the pool's cluster, at
 /// `http://<podIP>:<port>`, called with the fences' control token when there is one.
 ///
-/// A pool in another cluster whose API server cannot be asked is probed at the replicas it was
-/// last listed with: a region lost whole is then seen as its pool failing, not as nothing to see,
-/// and a region cut off from the operator as one it cannot reach. (The operator's own cluster
-/// unreachable leaves it without its Lease, so nothing is promoted then anyway.)
+/// A pool in another cluster whose API server cannot be reached (no connection, no answer, a 5xx)
+/// is probed at the replicas it was last listed with, for at most [`LAST_LISTED_FOR`]: a region
+/// lost whole is then seen as its pool failing, not as nothing to see, and a region cut off from
+/// the operator as one it cannot reach. A refusal (401, 403, 404) or a kubeconfig that cannot be
+/// used is not an outage, and leaves the pool unknown, as in the operator's own cluster. (The
+/// operator's own cluster unreachable leaves it without its Lease, so nothing is promoted then
+/// anyway.) The grants never use the list: [`ReplicaEndpoints::fences`] lists afresh or fails.
 #[derive(Clone)]
 pub struct KubeReplicas {
     clusters: Arc<Clusters>,
     bearer: Option<Bearer>,
-    /// Each pool in another cluster as last listed.
-    last_listed: Arc<Mutex<HashMap<ListedPool, Vec<Endpoint>>>>,
+    /// Each pool in another cluster as last listed, and when.
+    last_listed: Arc<Mutex<HashMap<ListedPool, (Instant, Vec<Endpoint>)>>>,
 }
+
+/// How long a pool in another cluster is probed as last listed while its API server cannot be
+/// reached: long past any promotion's detection, short enough that its pods' addresses are not
+/// given to other pods meanwhile.
+pub const LAST_LISTED_FOR: Duration = Duration::from_secs(600);
 
 /// A pool in another cluster: its policy's namespace, its cluster and its workload.
 type ListedPool = (String, String, String);
@@ -184,16 +193,17 @@ impl KubeReplicas {
         let mut last = self.last_listed.lock().unwrap_or_else(PoisonError::into_inner);
         match listed {
             Ok(endpoints) => {
-                last.insert(key, endpoints.clone());
+                last.insert(key, (Instant::now(), endpoints.clone()));
                 Ok(endpoints)
             }
-            Err(error) => match last.get(&key) {
-                Some(endpoints) if !endpoints.is_empty() => {
-                    tracing::warn!(%cluster, pool = %pool.name, %error, "the pool's cluster cannot be asked; probing its replicas as last listed");
+            Err(error) if is_outage(&error) => match last.get(&key) {
+                Some((at, endpoints)) if !endpoints.is_empty() && at.elapsed() <= LAST_LISTED_FOR => {
+                    tracing::warn!(%cluster, pool = %pool.name, %error, listed_ago = ?at.elapsed(), "the pool's cluster cannot be reached; probing its replicas as last listed");
                     Ok(endpoints.clone())
                 }
                 _ => Err(error),
             },
+            Err(error) => Err(error),
         }
     }
 }
@@ -308,6 +318,19 @@ impl KubeReplicas {
             WorkloadKind::LeaderWorkerSet => None,
         };
         Ok(template)
+    }
+}
+
+/// Whether `error` says the API server could not be reached (no connection, no answer in time, a
+/// 5xx), rather than that it refused or that its kubeconfig cannot be used.
+fn is_outage(error: &ResolveError) -> bool {
+    let (ResolveError::Workload { source, .. } | ResolveError::Pods { source, .. }) = error else {
+        return false;
+    };
+    match source {
+        kube::Error::Api(status) => status.code >= 500,
+        kube::Error::HyperError(_) | kube::Error::Service(_) => true,
+        _ => false,
     }
 }
 

@@ -60,6 +60,9 @@ pub struct RouterPush {
     warnings: Mutex<HashMap<String, WarningBackoff>>,
     /// The model names each pool (`namespace/pool`) was last read to serve.
     models: Mutex<HashMap<String, Vec<String>>>,
+    /// Whether the pools' fences serve only under the operator's grants, so that a region whose
+    /// routers cannot be reached keeps no pool serving past its grant.
+    granted: bool,
 }
 
 impl fmt::Debug for RouterPush {
@@ -82,7 +85,18 @@ impl RouterPush {
             timeout: DEFAULT_PUSH_TIMEOUT,
             warnings: Mutex::default(),
             models: Mutex::default(),
+            granted: false,
         }
+    }
+
+    /// The pools' fences serve under the operator's grants: a Route step goes on without the
+    /// routers of a cluster that cannot be listed, whose fences refuse the old primary's work once
+    /// their grants run out. Without grants nothing would stop those routers from routing the old
+    /// primary, and the step waits for them until the promotion's deadline.
+    #[must_use]
+    pub fn with_grants(mut self, granted: bool) -> Self {
+        self.granted = granted;
+        self
     }
 
     /// The longest one push to one router may take.
@@ -184,12 +198,32 @@ impl RouterPush {
         };
         let namespace = request.policy.namespace().unwrap_or_default();
         let clusters = PolicyClusters::of(&namespace, request.policy);
-        let routers = match self.routers.resolve(Some(clusters)).await {
-            Ok(routers) => routers,
+        let (routers, left_out) = match self.routers.resolve_all(Some(clusters)).await {
+            Ok(found) => found,
             Err(reason) => return StepReport::NotYet { reason },
         };
+        if !left_out.is_empty() && !self.granted && request.overdue.is_none() {
+            return StepReport::NotYet {
+                reason: format!(
+                    "the routers of {} cannot be found; with no serving grants they would go on routing the \
+                     old primary, so the route waits for them until the promotion's deadline",
+                    left_out.join("; ")
+                ),
+            };
+        }
         let answers = self.push(&routers, &route).await;
-        let report = judge(request.step, &route, &answers, request.overdue);
+        let mut report = judge(request.step, &route, &answers, request.overdue);
+        if let (StepReport::Done { note, .. }, false) = (&mut report, left_out.is_empty()) {
+            let left = format!(
+                "left out the routers of {}, which keep the old route until they are reached (the old \
+                 primary's fences refuse it once their grants run out)",
+                left_out.join("; ")
+            );
+            *note = Some(match note.take() {
+                Some(said) => format!("{said}; {left}"),
+                None => left,
+            });
+        }
         let now = Instant::now();
         self.with_warnings(request.policy, |warnings| {
             hold_back(report, &answers, warnings, now)

@@ -59,7 +59,7 @@ async fn a_pool_in_the_operators_own_cluster_reads_no_secret() {
 }
 
 #[tokio::test]
-async fn a_secret_that_is_missing_lacks_the_key_or_holds_no_kubeconfig_says_so() {
+async fn a_secret_missing_its_key_or_a_usable_kubeconfig_or_reaching_outside_itself_is_refused() {
     let (client, server) = support::client();
     let clusters = Clusters::new(client);
     let scenario = |mut server: ApiServer| async move {
@@ -72,11 +72,14 @@ async fn a_secret_that_is_missing_lacks_the_key_or_holds_no_kubeconfig_says_so()
         answer_secret(&mut server, 200, &secret("config", KUBECONFIG, "1")).await;
         answer_secret(&mut server, 200, &secret("kubeconfig", "clusters: [", "2")).await;
         answer_secret(&mut server, 500, &status(500, "InternalError", "etcd is away")).await;
+        answer_secret(&mut server, 200, &secret("kubeconfig", EXEC, "3")).await;
+        answer_secret(&mut server, 200, &secret("kubeconfig", TOKEN_FILE, "4")).await;
+        answer_secret(&mut server, 200, &secret("kubeconfig", CA_FILE, "5")).await;
         server.expect_no_more().await
     };
     let work = async move {
         let mut errors = Vec::new();
-        for _ in 0..4 {
+        for _ in 0..7 {
             errors.push(clusters.client(NS, &pool(true)).await.err().unwrap());
         }
         errors
@@ -95,7 +98,42 @@ async fn a_secret_that_is_missing_lacks_the_key_or_holds_no_kubeconfig_says_so()
         messages[2]
     );
     assert!(matches!(errors[3], ClusterError::Secret { .. }), "{messages:?}");
+    // A kubeconfig that would run a program or read the operator's own files is refused before
+    // anything of it is used.
+    for (message, field) in messages[4..]
+        .iter()
+        .zip(["exec", "tokenFile", "certificate-authority"])
+    {
+        assert!(message.contains(&format!("sets {field}")), "{message}");
+    }
 }
+
+/// [`KUBECONFIG`] with its user running a program for its credentials.
+const EXEC: &str = "apiVersion: v1
+kind: Config
+clusters: [{name: east, cluster: {server: 'https://127.0.0.1:6443', insecure-skip-tls-verify: true}}]
+users: [{name: operator, user: {exec: {apiVersion: client.authentication.k8s.io/v1, command: /bin/sh, args: ['-c', 'touch /tmp/pwned']}}}]
+contexts: [{name: east, context: {cluster: east, user: operator}}]
+current-context: east
+";
+
+/// [`KUBECONFIG`] with its user's token read from the operator's own ServiceAccount token.
+const TOKEN_FILE: &str = "apiVersion: v1
+kind: Config
+clusters: [{name: east, cluster: {server: 'https://attacker.example:443', insecure-skip-tls-verify: true}}]
+users: [{name: operator, user: {tokenFile: /var/run/secrets/kubernetes.io/serviceaccount/token}}]
+contexts: [{name: east, context: {cluster: east, user: operator}}]
+current-context: east
+";
+
+/// [`KUBECONFIG`] with its certificate authority in a file.
+const CA_FILE: &str = "apiVersion: v1
+kind: Config
+clusters: [{name: east, cluster: {server: 'https://127.0.0.1:6443', certificate-authority: /etc/ssl/certs/ca.pem}}]
+users: [{name: operator, user: {token: abc}}]
+contexts: [{name: east, context: {cluster: east, user: operator}}]
+current-context: east
+";
 
 #[tokio::test(start_paused = true)]
 async fn a_kubeconfig_is_kept_for_a_while_read_again_and_kept_when_it_cannot_be_read_again() {

@@ -202,7 +202,7 @@ async fn operator_restarted_mid_promotion_finishes_with_the_same_epoch() {
             // Ready claims the Lease, not a route nobody pushed.
             assert_eq!(applied["conditions"]["Ready"]["reason"], "LeaseHeld");
             let message = applied["conditions"]["Ready"]["message"].as_str().unwrap();
-            assert!(message.contains("not checked here"), "{message}");
+            assert!(message.contains("not recorded here"), "{message}");
             let timeline = &applied["lastFailover"];
             assert_eq!(timeline["epoch"], 2);
             assert_eq!(timeline["kind"], "failover");

@@ -16,10 +16,11 @@ cd "$root"
 test_args=()
 [ "${1:-}" = "--" ] && { shift; test_args=("$@"); }
 
-echo "building the operator, the emulator, the emulated nodes and the router ..." >&2
+echo "building the operator, the emulator, the emulated nodes, the router and kubectl-understudy ..." >&2
 cargo build -q --locked -p understudy-operator --bin understudy-operator
 cargo build -q --locked -p understudy-emulator --bin vllm-emulator
 cargo build -q --locked -p understudy-tests --bins
+cargo build -q --locked -p understudy-cli --bin kubectl-understudy
 # The cut library, with which a test cuts the operator off from a region's addresses.
 cargo build -q --locked -p understudy-cut
 target=$(cargo metadata -q --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/debug
@@ -121,4 +122,5 @@ UNDERSTUDY_REGIONS_WEST="$west" \
 UNDERSTUDY_REGIONS_ROUTER_TOKEN="$router_token" \
 UNDERSTUDY_REGIONS_CUT_LIBRARY="$target/libunderstudy_cut.so" \
 UNDERSTUDY_CLUSTER_OPERATOR="$target/understudy-operator" \
-  cargo test --locked -p understudy-tests --test regions -- --test-threads=1 "${test_args[@]}"
+UNDERSTUDY_CLUSTER_CLI="$target/kubectl-understudy" \
+  timeout 20m cargo test --locked -p understudy-tests --test regions -- --test-threads=1 "${test_args[@]}"

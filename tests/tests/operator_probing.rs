@@ -567,7 +567,10 @@ async fn agent_fails(port: u16, pod: &str) {
         let (reports, _) = GpuAgents::At(vec![("127.0.0.1".to_owned(), port)])
             .reports(None)
             .await;
-        if reports.iter().any(|r| r.failed_pods().iter().any(|p| p == pod)) {
+        if reports
+            .iter()
+            .any(|(_, r)| r.failed_pods().iter().any(|p| p == pod))
+        {
             return;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;

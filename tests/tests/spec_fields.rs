@@ -62,7 +62,7 @@ const READ_BY: &[(&str, &[(&str, &str)])] = &[
         ("spec.parity.enabled", "operator/src/controller/status.rs::with_parity_disabled_a_drift_found_is_neither_shown_nor_held_against_the_standby"),
         ("spec.parity.ignoreFlags", "operator/src/parity.rs::the_policys_ignored_flags_are_left_out_however_they_are_written"),
         ("spec.paused", "operator/tests/controller_commands.rs::a_paused_policy_never_promotes_however_long_its_primary_fails_and_warns_once_why"),
-        ("spec.pools[].cluster.kubeconfigSecret.key", "operator/tests/clusters_mock.rs::a_secret_that_is_missing_lacks_the_key_or_holds_no_kubeconfig_says_so"),
+        ("spec.pools[].cluster.kubeconfigSecret.key", "operator/tests/clusters_mock.rs::a_secret_missing_its_key_or_a_usable_kubeconfig_or_reaching_outside_itself_is_refused"),
         ("spec.pools[].cluster.kubeconfigSecret.name", "tests/tests/regions.rs::region_east_cut_off_from_the_management_cluster_stops_serving_before_west_serves"),
         ("spec.pools[].cluster.name", "tests/tests/regions.rs::a_lost_management_cluster_stops_no_traffic_in_either_region_and_promotes_nothing"),
         ("spec.pools[].name", "operator/src/controller/status.rs::a_new_policy_reports_its_home_pool_holding_the_lease_at_epoch_zero"),

@@ -357,14 +357,15 @@ fn phase_ready(spec: &FailoverPolicySpec, config: &FailoverConfig, machine: &Fai
     let primary = pool_name(spec, machine.primary);
     let standby = pool_name(spec, machine.standby());
     match &machine.phase {
-        // Holding the Lease is all that is known: routes are pushed during a promotion only,
-        // so saying the pool serves would claim a route nobody checked.
+        // Holding the Lease is all that is known here: the routers are kept on the route between
+        // promotions, but what they answered is not recorded in status (a router ahead or
+        // refusing is a Warning Event), so saying the pool serves would claim more than is known.
         Phase::Serving => condition(
             True,
             "LeaseHeld",
             format!(
-                "{primary} holds the epoch Lease at epoch {}; whether the routers route to it is not checked \
-                 here (routes are pushed only during a promotion, to the routers given with --router-admin){}",
+                "{primary} holds the epoch Lease at epoch {}; whether the routers route to it is not recorded \
+                 here (a router that refuses its route raises a Warning Event){}",
                 machine.epoch,
                 if config.paused {
                     "; spec.paused: nothing fails over on its own"
@@ -923,8 +924,8 @@ mod tests {
         );
         assert_eq!(
             ready.message,
-            "us-east holds the epoch Lease at epoch 0; whether the routers route to it is not checked here \
-             (routes are pushed only during a promotion, to the routers given with --router-admin)"
+            "us-east holds the epoch Lease at epoch 0; whether the routers route to it is not recorded here \
+             (a router that refuses its route raises a Warning Event)"
         );
         assert_eq!(
             ready.last_transition_time.as_deref(),
