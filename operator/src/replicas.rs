@@ -46,8 +46,11 @@ pub struct KubeReplicas {
     clusters: Arc<Clusters>,
     bearer: Option<Bearer>,
     /// Each pool in another cluster as last listed, and when.
-    last_listed: Arc<Mutex<HashMap<ListedPool, (Instant, Vec<Endpoint>)>>>,
+    last_listed: Arc<Mutex<HashMap<ListedPool, Listed>>>,
 }
+
+/// When a pool was listed, and its endpoints then.
+type Listed = (Instant, Vec<Endpoint>);
 
 /// How long a pool in another cluster is probed as last listed while its API server cannot be
 /// reached: long past any promotion's detection, short enough that its pods' addresses are not

@@ -331,6 +331,23 @@ impl Clients {
     }
 }
 
+/// The grants of `pods`' fences once each is on its failsafe and has extended its own grant at
+/// least `times` times, within a minute.
+pub async fn extended_on_failsafe(pods: &[Pod], times: u64) -> Vec<serde_json::Value> {
+    eventually(
+        Duration::from_secs(60),
+        "the fences extending their own grants",
+        || async {
+            let views = fence_grants(pods);
+            views
+                .iter()
+                .all(|v| v["standing"] == "failsafe" && v["extended"].as_u64() >= Some(times))
+                .then_some(views)
+        },
+    )
+    .await
+}
+
 /// The grant each of `pods`' fences holds, as it answers anyone.
 pub fn fence_grants(pods: &[Pod]) -> Vec<serde_json::Value> {
     pods.iter()

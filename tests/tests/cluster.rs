@@ -26,8 +26,8 @@ use understudy_prober::coldstart::source::Recorded;
 use understudy_prober::coldstart::{self, ColdStartStage};
 use understudy_tests::cluster::{
     Clients, FENCE_PORT, FENCE_TOKEN, MODEL, client_from, container_pid, delete_namespace, eventually,
-    fence_access, fence_grants, fenced_deployment, http, is_ready, namespace, pod_ip, ready_pods_within,
-    sigkill, sigkill_group, vllm_deployment,
+    extended_on_failsafe, fence_access, fence_grants, fenced_deployment, http, is_ready, namespace, pod_ip,
+    ready_pods_within, sigkill, sigkill_group, vllm_deployment,
 };
 use understudy_tests::process::{Process, router_gateway};
 
@@ -1392,18 +1392,7 @@ async fn with_the_operator_gone_the_primary_serves_on_under_grants_the_standby_v
     let clients = Clients::start(pools.gateway);
     drop(operator);
     // Three extensions each, two renewal periods apart: well past the 6 s a grant lasts.
-    let extended = eventually(
-        Duration::from_secs(60),
-        "east's fences extending their own grants",
-        || async {
-            let views = fence_grants(&pools.east);
-            views
-                .iter()
-                .all(|v| v["standing"] == "failsafe" && v["extended"].as_u64() >= Some(3))
-                .then_some(views)
-        },
-    )
-    .await;
+    let extended = extended_on_failsafe(&pools.east, 3).await;
     assert!(extended.iter().all(|v| v["epoch"] == 0), "{extended:?}");
     assert_eq!(pools.lease().await, ("0".to_owned(), "east".to_owned()));
 

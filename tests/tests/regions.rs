@@ -18,14 +18,14 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Pod, Secret};
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use understudy_api::crd::FailoverPolicy;
 use understudy_api::lease::EPOCH_ANNOTATION;
 use understudy_tests::cluster::{
-    Clients, FENCE_PORT, FENCE_TOKEN, client_from, container_pids, eventually, fence_access, fence_grants,
-    fenced_deployment, http, namespace, pod_ip, ready_pods_within,
+    Clients, FENCE_PORT, FENCE_TOKEN, client_from, container_pids, eventually, extended_on_failsafe,
+    fence_access, fence_grants, fenced_deployment, http, namespace, pod_ip, ready_pods_within,
 };
 use understudy_tests::process::Process;
 
@@ -464,6 +464,98 @@ impl RegionalPolicy {
     }
 }
 
+/// A GameDay in the management cluster crashes east in its own cluster: the GameDay controller
+/// deletes east's serving pods through east's kubeconfig, the policy promotes west on its own, and
+/// the run's record of loss comes from the regions' routers (the management cluster runs none).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_game_day_crashes_east_in_its_region_and_the_policy_promotes_west() {
+    use understudy_api::crd::{GameDay, Verdict};
+
+    let Some(regions) = regions().await else { return };
+    let policy = regions.policy("regions-game-day", "chat-game-day", "4s").await;
+    // The emulated nodes bring a deleted pod back in about a second, where a GPU node takes
+    // minutes: one hard-failed round promotes, or the crash might heal unseen.
+    let trigger = json!({"spec": {"trigger": {"minDwell": "2s", "hardFailure": {"promoteAfter": 1}}}});
+    policy
+        .policies
+        .patch("chat", &PatchParams::default(), &Patch::Merge(&trigger))
+        .await
+        .unwrap();
+    let operator = regions.operator(&policy, "regions-operator-game-day");
+    let (west_admin, west_gateway) = regions.west.router().await;
+    regions.routed(west_admin, &policy, "east", 0).await;
+    policy.serving_under_grants("east").await;
+    eventually(Duration::from_secs(60), "the standby proven", || async {
+        let status = policy.policies.get("chat").await.unwrap().status?;
+        (status.conditions.get("StandbyProven")?.status == understudy_api::crd::ConditionStatus::True)
+            .then_some(())
+    })
+    .await;
+    let clients = Clients::start_for(west_gateway, policy.model);
+    let gamedays: Api<GameDay> = Api::namespaced(regions.management.clone(), policy.ns);
+    let gameday: GameDay = serde_json::from_value(json!({
+        "apiVersion": "understudy.dev/v1alpha1", "kind": "GameDay",
+        "metadata": {"name": "east-crash", "annotations": {"understudy.dev/command": "run"}},
+        "spec": {
+            "policyRef": {"name": "chat"}, "fault": "crash", "steadyState": {"readyFor": "1s"},
+            "maxRecovery": "1m", "failback": {"mode": "manual"},
+        },
+    }))
+    .unwrap();
+    gamedays.create(&PostParams::default(), &gameday).await.unwrap();
+    let status = eventually(Duration::from_secs(120), "a verdict", || async {
+        let status = gamedays.get("east-crash").await.unwrap().status?;
+        status.last_verdict.is_some().then_some(status)
+    })
+    .await;
+    let (sent, answered) = clients.stop_counting();
+    assert_eq!(status.last_verdict, Some(Verdict::Passed), "{status:#?}");
+    let run = &status.last_runs[0];
+    eprintln!(
+        "the game day: {:?}, {}; its record: {:?}; west's router's clients: {answered} of {sent} answered",
+        status.last_verdict,
+        run.reason.as_deref().unwrap_or_default(),
+        run.requests
+    );
+    assert_eq!(run.injected.as_deref(), Some("deleted the serving pods of east"));
+    assert!(
+        run.requests.is_some_and(|r| r.sent > 0),
+        "the run's record of loss, from the regions' routers: {run:?}"
+    );
+    assert_eq!(
+        policy.lease(&regions.management).await,
+        ("1".to_owned(), "west".to_owned())
+    );
+    // East's pods were deleted in east's own cluster.
+    let pods: Api<Pod> = Api::namespaced(regions.east.client.clone(), policy.ns);
+    for pod in &policy.east_pods {
+        let now = pods.get_opt(&pod.name_any()).await.unwrap();
+        assert!(
+            now.is_none_or(|p| p.metadata.uid != pod.metadata.uid),
+            "{} survived",
+            pod.name_any()
+        );
+    }
+    drop(operator);
+}
+
+/// West holds the Lease at epoch 1, and its router's clients sent enough to tell and lost at most
+/// one request: west's router holds what it cannot place until west's route comes (detection,
+/// then east's 4 s grants and 0.5 s of skew waited out, about 6 s), so what a client can lose is
+/// the request east had when it went.
+async fn west_took_over(regions: &Regions, policy: &RegionalPolicy, sent: usize, answered: usize) {
+    assert!(sent > 20, "{sent} sent");
+    assert!(
+        sent - answered <= 1,
+        "{} of {sent} requests to west's router lost",
+        sent - answered
+    );
+    assert_eq!(
+        policy.lease(&regions.management).await,
+        ("1".to_owned(), "west".to_owned())
+    );
+}
+
 /// `kubectl understudy ARGS` on the management cluster's policy in `ns`, as its admin; what it
 /// printed.
 fn kubectl_understudy(regions: &Regions, ns: &str, args: &[&str]) -> String {
@@ -525,18 +617,7 @@ async fn a_lost_management_cluster_stops_no_traffic_in_either_region_and_promote
     let stopped = Stopped::management(&regions.management_run);
     let lost_at = Instant::now();
     // Three extensions each, two renewal periods apart: well past the 6 s a grant lasts.
-    let extended = eventually(
-        Duration::from_secs(60),
-        "east's fences extending their own grants",
-        || async {
-            let views = fence_grants(&policy.east_pods);
-            views
-                .iter()
-                .all(|v| v["standing"] == "failsafe" && v["extended"].as_u64() >= Some(3))
-                .then_some(views)
-        },
-    )
-    .await;
+    let extended = extended_on_failsafe(&policy.east_pods, 3).await;
     eprintln!(
         "east's {} fences on their failsafe at epoch 0, each extended 3 times, {:.1}s after the management cluster was lost",
         extended.len(),
@@ -682,16 +763,7 @@ async fn region_east_cut_off_from_the_management_cluster_stops_serving_before_we
             .all(|s| s.east.iter().all(|(_, epoch)| *epoch <= 1)),
         "an epoch past 1 at east"
     );
-    assert!(sent > 20, "{sent} sent");
-    assert!(
-        sent - answered <= 1,
-        "{} of {sent} requests to west's router lost",
-        sent - answered
-    );
-    assert_eq!(
-        policy.lease(&regions.management).await,
-        ("1".to_owned(), "west".to_owned())
-    );
+    west_took_over(&regions, &policy, sent, answered).await;
     drop(operator);
 }
 
@@ -732,19 +804,7 @@ async fn region_east_lost_whole_is_failed_over_to_west_which_serves() {
         "west's router routed west at epoch 1 {:.1}s after east was lost; its clients: {answered} of {sent} answered",
         routed_after.as_secs_f64()
     );
-    assert!(sent > 20, "{sent} sent");
-    // West's router holds what it cannot place until west's route comes (detection, then east's
-    // 4 s grants and 0.5 s of skew waited out, about 6 s): what a client can lose is the request
-    // east had when it went.
-    assert!(
-        sent - answered <= 1,
-        "{} of {sent} requests to west's router lost",
-        sent - answered
-    );
-    assert_eq!(
-        policy.lease(&regions.management).await,
-        ("1".to_owned(), "west".to_owned())
-    );
+    west_took_over(&regions, &policy, sent, answered).await;
     let status = policy.policies.get("chat").await.unwrap().status.unwrap();
     assert_eq!(status.primary_pool.as_deref(), Some("west"));
     // East's fences could not be told: west's grant said so, and its fences waited out east's.
