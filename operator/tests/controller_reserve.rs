@@ -117,7 +117,17 @@ fn chart_cluster_role() -> Value {
         env!("CARGO_MANIFEST_DIR"),
         "/../charts/understudy/templates/rbac.yaml"
     );
-    let mut text = std::fs::read_to_string(path).unwrap();
+    // A line that is only a template directive (`{{- if … }}`, `{{- end }}`) goes; any other
+    // template expression stands in as a plain value.
+    let mut text: String = std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .filter(|line| {
+            let line = line.trim();
+            !(line.starts_with("{{") && line.ends_with("}}") && line.matches("{{").count() == 1)
+        })
+        .map(|line| format!("{line}\n"))
+        .collect();
     while let Some(start) = text.find("{{") {
         let end = start + text[start..].find("}}").unwrap() + 2;
         text.replace_range(start..end, "x");

@@ -288,11 +288,19 @@ async fn regions() -> Option<Regions> {
     })
 }
 
+/// What a [`RegionalPolicy`] has besides.
+#[derive(Default)]
+struct Extra {
+    /// The operator reaches east's API server here (a [`Relay`] to it).
+    east_api: Option<SocketAddr>,
+    /// West's standby tiers; all hot without.
+    west_standby: Option<serde_json::Value>,
+}
+
 /// A policy in the management cluster whose pools live in the two regions, each a fenced
 /// Deployment `chat` of two replicas serving `model`, under grants that last `ttl`, renewed every
-/// second; the pods of each. Each
-/// test's policy serves a model of its own: the regions' routers keep a deleted policy's route,
-/// and a model is routed by one policy.
+/// second; the pods of each. Each test's policy serves a model of its own: the regions' routers
+/// keep a deleted policy's route, and a model is routed by one policy.
 struct RegionalPolicy {
     ns: &'static str,
     model: &'static str,
@@ -304,18 +312,12 @@ struct RegionalPolicy {
 
 impl Regions {
     async fn policy(&self, ns: &'static str, model: &'static str, ttl: &str) -> RegionalPolicy {
-        self.policy_with(ns, model, ttl, None).await
+        self.policy_with(ns, model, ttl, Extra::default()).await
     }
 
-    /// [`Regions::policy`], the operator reaching east's API server at `east_api` when given (a
-    /// [`Relay`] to it).
-    async fn policy_with(
-        &self,
-        ns: &'static str,
-        model: &'static str,
-        ttl: &str,
-        east_api: Option<SocketAddr>,
-    ) -> RegionalPolicy {
+    /// [`Regions::policy`], with `extra`.
+    async fn policy_with(&self, ns: &'static str, model: &'static str, ttl: &str, extra: Extra) -> RegionalPolicy {
+        let Extra { east_api, west_standby } = extra;
         let mut pods = Vec::new();
         for region in [&self.east, &self.west] {
             namespace(&region.client, ns).await;
@@ -352,13 +354,17 @@ impl Regions {
             secrets.create(&PostParams::default(), &secret).await.unwrap();
         }
         let pool = |name: &str| {
-            json!({
+            let mut pool = json!({
                 "name": name,
                 "cluster": {"name": format!("us-{name}"), "kubeconfigSecret": {"name": format!("{name}-kubeconfig")}},
                 "workload": {"kind": "Deployment", "name": "chat"},
                 "replicas": 2,
                 "port": FENCE_PORT,
-            })
+            });
+            if let (Some(standby), "west") = (&west_standby, name) {
+                pool["standby"] = standby.clone();
+            }
+            pool
         };
         let policy = serde_json::from_value(json!({
             "apiVersion": "understudy.dev/v1alpha1",
@@ -467,12 +473,22 @@ impl RegionalPolicy {
 /// A GameDay in the management cluster crashes east in its own cluster: the GameDay controller
 /// deletes east's serving pods through east's kubeconfig, the policy promotes west on its own, and
 /// the run's record of loss comes from the regions' routers (the management cluster runs none).
+/// West waits as one warm replica and one pilot light, all through west's kubeconfig: scaled to
+/// its shape and put to sleep before, woken and grown by the promotion, and its new replica's cold
+/// start read from west's pod events and log.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_game_day_crashes_east_in_its_region_and_the_policy_promotes_west() {
     use understudy_api::crd::{GameDay, Verdict};
 
     let Some(regions) = regions().await else { return };
-    let policy = regions.policy("regions-game-day", "chat-game-day", "4s").await;
+    let standby = json!([{"tier": "warm", "replicas": 1}, {"tier": "pilotLight", "replicas": 1}]);
+    let extra = Extra {
+        west_standby: Some(standby),
+        ..Extra::default()
+    };
+    let policy = regions
+        .policy_with("regions-game-day", "chat-game-day", "4s", extra)
+        .await;
     // The emulated nodes bring a deleted pod back in about a second, where a GPU node takes
     // minutes: one hard-failed round promotes, or the crash might heal unseen.
     let trigger = json!({"spec": {"trigger": {"minDwell": "2s", "hardFailure": {"promoteAfter": 1}}}});
@@ -485,6 +501,13 @@ async fn a_game_day_crashes_east_in_its_region_and_the_policy_promotes_west() {
     let (west_admin, west_gateway) = regions.west.router().await;
     regions.routed(west_admin, &policy, "east", 0).await;
     policy.serving_under_grants("east").await;
+    // West kept in its shape in its own cluster: one replica running, asleep.
+    let west_deployments: Api<Deployment> = Api::namespaced(regions.west.client.clone(), policy.ns);
+    eventually(Duration::from_secs(60), "west scaled to its warm replica", || async {
+        let deployment = west_deployments.get("chat").await.unwrap();
+        (deployment.spec?.replicas == Some(1)).then_some(())
+    })
+    .await;
     eventually(Duration::from_secs(60), "the standby proven", || async {
         let status = policy.policies.get("chat").await.unwrap().status?;
         (status.conditions.get("StandbyProven")?.status == understudy_api::crd::ConditionStatus::True)
@@ -526,6 +549,19 @@ async fn a_game_day_crashes_east_in_its_region_and_the_policy_promotes_west() {
         policy.lease(&regions.management).await,
         ("1".to_owned(), "west".to_owned())
     );
+    // West's warm replica woken, and its pilot light grown, in west's cluster.
+    let status = policy.policies.get("chat").await.unwrap().status.unwrap();
+    let timeline = serde_json::to_string(&status.last_failover).unwrap();
+    assert!(timeline.contains("from sleep level 1"), "{timeline}");
+    let grown = eventually(Duration::from_secs(60), "west's new replica's cold start", || async {
+        let status = policy.policies.get("chat").await.unwrap().status?;
+        status
+            .cold_start
+            .into_iter()
+            .find(|b| b.pool == "west" && b.tier.as_deref() == Some("pilotLight") && b.stages.get("imagePull").is_some_and(Option::is_some))
+    })
+    .await;
+    eprintln!("west's pilot light, read from west's cluster: {grown:?}");
     // East's pods were deleted in east's own cluster.
     let pods: Api<Pod> = Api::namespaced(regions.east.client.clone(), policy.ns);
     for pod in &policy.east_pods {
@@ -682,7 +718,15 @@ async fn region_east_cut_off_from_the_management_cluster_stops_serving_before_we
         .unwrap();
     let relay = Relay::start(east_api).await;
     let policy = regions
-        .policy_with("regions-east-cut", "chat-east-cut", "4s", Some(relay.addr))
+        .policy_with(
+            "regions-east-cut",
+            "chat-east-cut",
+            "4s",
+            Extra {
+                east_api: Some(relay.addr),
+                ..Extra::default()
+            },
+        )
         .await;
     let cut_file = policy.dir.path().join("cut");
     let operator = regions.operator_with(
