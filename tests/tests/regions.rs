@@ -316,8 +316,17 @@ impl Regions {
     }
 
     /// [`Regions::policy`], with `extra`.
-    async fn policy_with(&self, ns: &'static str, model: &'static str, ttl: &str, extra: Extra) -> RegionalPolicy {
-        let Extra { east_api, west_standby } = extra;
+    async fn policy_with(
+        &self,
+        ns: &'static str,
+        model: &'static str,
+        ttl: &str,
+        extra: Extra,
+    ) -> RegionalPolicy {
+        let Extra {
+            east_api,
+            west_standby,
+        } = extra;
         let mut pods = Vec::new();
         for region in [&self.east, &self.west] {
             namespace(&region.client, ns).await;
@@ -503,10 +512,14 @@ async fn a_game_day_crashes_east_in_its_region_and_the_policy_promotes_west() {
     policy.serving_under_grants("east").await;
     // West kept in its shape in its own cluster: one replica running, asleep.
     let west_deployments: Api<Deployment> = Api::namespaced(regions.west.client.clone(), policy.ns);
-    eventually(Duration::from_secs(60), "west scaled to its warm replica", || async {
-        let deployment = west_deployments.get("chat").await.unwrap();
-        (deployment.spec?.replicas == Some(1)).then_some(())
-    })
+    eventually(
+        Duration::from_secs(60),
+        "west scaled to its warm replica",
+        || async {
+            let deployment = west_deployments.get("chat").await.unwrap();
+            (deployment.spec?.replicas == Some(1)).then_some(())
+        },
+    )
     .await;
     eventually(Duration::from_secs(60), "the standby proven", || async {
         let status = policy.policies.get("chat").await.unwrap().status?;
@@ -553,13 +566,18 @@ async fn a_game_day_crashes_east_in_its_region_and_the_policy_promotes_west() {
     let status = policy.policies.get("chat").await.unwrap().status.unwrap();
     let timeline = serde_json::to_string(&status.last_failover).unwrap();
     assert!(timeline.contains("from sleep level 1"), "{timeline}");
-    let grown = eventually(Duration::from_secs(60), "west's new replica's cold start", || async {
-        let status = policy.policies.get("chat").await.unwrap().status?;
-        status
-            .cold_start
-            .into_iter()
-            .find(|b| b.pool == "west" && b.tier.as_deref() == Some("pilotLight") && b.stages.get("imagePull").is_some_and(Option::is_some))
-    })
+    let grown = eventually(
+        Duration::from_secs(60),
+        "west's new replica's cold start",
+        || async {
+            let status = policy.policies.get("chat").await.unwrap().status?;
+            status.cold_start.into_iter().find(|b| {
+                b.pool == "west"
+                    && b.tier.as_deref() == Some("pilotLight")
+                    && b.stages.get("imagePull").is_some_and(Option::is_some)
+            })
+        },
+    )
     .await;
     eprintln!("west's pilot light, read from west's cluster: {grown:?}");
     // East's pods were deleted in east's own cluster.
