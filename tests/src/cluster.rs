@@ -85,6 +85,17 @@ pub async fn namespace(client: &Client, name: &str) {
     }
 }
 
+/// `deployment` with its vLLM container serving `model` (`--served-model-name`): a router routes
+/// each model by one policy.
+pub fn serving_model(deployment: Deployment, model: &str) -> Deployment {
+    let mut deployment = serde_json::to_value(deployment).unwrap();
+    deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_array_mut()
+        .unwrap()
+        .extend([json!("--served-model-name"), json!(model)]);
+    serde_json::from_value(deployment).unwrap()
+}
+
 /// A Deployment of `replicas` vLLM servers, each on one GPU, ready when `/health` answers.
 pub fn vllm_deployment(name: &str, replicas: u32) -> Deployment {
     serde_json::from_value(json!({

@@ -27,7 +27,7 @@ use understudy_prober::coldstart::{self, ColdStartStage};
 use understudy_tests::cluster::{
     Clients, FENCE_PORT, FENCE_TOKEN, MODEL, client_from, container_pid, delete_namespace, eventually,
     extended_on_failsafe, fence_access, fence_grants, fenced_deployment, http, is_ready, namespace, pod_ip,
-    ready_pods_within, sigkill, sigkill_group, vllm_deployment,
+    ready_pods_within, serving_model, sigkill, sigkill_group, vllm_deployment,
 };
 use understudy_tests::process::{Process, router_gateway};
 
@@ -1192,12 +1192,7 @@ async fn policy_serving(client: &Client, ns: &str, name: &str, model: &str) -> (
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     for pool in ["east", "west"] {
-        let mut deployment = serde_json::to_value(vllm_deployment(&format!("{name}-{pool}"), 1)).unwrap();
-        deployment["spec"]["template"]["spec"]["containers"][0]["args"]
-            .as_array_mut()
-            .unwrap()
-            .extend([json!("--served-model-name"), json!(model)]);
-        let deployment: Deployment = serde_json::from_value(deployment).unwrap();
+        let deployment = serving_model(vllm_deployment(&format!("{name}-{pool}"), 1), model);
         deployments
             .create(&PostParams::default(), &deployment)
             .await

@@ -25,7 +25,7 @@ use understudy_api::crd::FailoverPolicy;
 use understudy_api::lease::EPOCH_ANNOTATION;
 use understudy_tests::cluster::{
     Clients, FENCE_PORT, FENCE_TOKEN, client_from, container_pids, eventually, extended_on_failsafe,
-    fence_access, fence_grants, fenced_deployment, http, namespace, pod_ip, ready_pods_within,
+    fence_access, fence_grants, fenced_deployment, http, namespace, pod_ip, ready_pods_within, serving_model,
 };
 use understudy_tests::process::Process;
 
@@ -332,12 +332,7 @@ impl Regions {
             namespace(&region.client, ns).await;
             fence_access(&region.client, ns).await;
             let deployments: Api<Deployment> = Api::namespaced(region.client.clone(), ns);
-            let mut deployment = serde_json::to_value(fenced_deployment("chat", 2, region.name)).unwrap();
-            deployment["spec"]["template"]["spec"]["containers"][0]["args"]
-                .as_array_mut()
-                .unwrap()
-                .extend([json!("--served-model-name"), json!(model)]);
-            let deployment: Deployment = serde_json::from_value(deployment).unwrap();
+            let deployment = serving_model(fenced_deployment("chat", 2, region.name), model);
             deployments
                 .create(&PostParams::default(), &deployment)
                 .await
