@@ -766,9 +766,13 @@ pub struct ParitySpec {
     )]
     pub ignore_flags: Vec<String>,
 
-    /// How the model artifact is to be fingerprinted. Not compared yet: parity compares flags,
-    /// image, `VLLM_*` environment, runtime version and tokenizer digests, not the weights, and a
-    /// policy that sets this gets the `ArtifactDigestCompared` condition, `False`, saying so.
+    /// Compare the pools' model files too, read at this depth where they lie: `cache` (the
+    /// snapshot commit, the blob digests the Hugging Face cache names files by, and their sizes;
+    /// nothing read), `headers` (also the safetensors headers and tokenizer files) or `full` (also
+    /// the SHA-256 of every file, taken once per file and kept). Each replica's model directory
+    /// must be on a hostPath volume, read by the GPU agent of its node (the chart's
+    /// `agent.modelCacheHostPath`). A key that differs (`artifact.model.file.NAME.sha256`, …)
+    /// blocks promotion as any other; `ArtifactDigestCompared` says whether they were read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub artifact_digest: Option<ArtifactDigest>,
 
@@ -791,7 +795,7 @@ impl Default for ParitySpec {
 }
 
 // How the model artifact is fingerprinted for parity. (No doc comment: the schema would take it
-// over the field's own description, which says the digest is not compared yet.)
+// over the field's own description, which says what each depth reads.)
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[serde(rename_all = "camelCase")]
 pub enum ArtifactDigest {
@@ -802,6 +806,18 @@ pub enum ArtifactDigest {
     Headers,
     /// A hash of every weight file (slow, exact).
     Full,
+}
+
+impl ArtifactDigest {
+    /// As the policy spells it, which is how the node agent is asked for it.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ArtifactDigest::Cache => "cache",
+            ArtifactDigest::Headers => "headers",
+            ArtifactDigest::Full => "full",
+        }
+    }
 }
 
 /// Admission control on a newly promoted primary.
@@ -969,9 +985,8 @@ pub mod condition_type {
     /// The replicas accept the policy's probe; `False` when they refuse the probe itself (an
     /// unknown model, a bad request, a missing key), which leaves both pools unjudged.
     pub const PROBE_ACCEPTED: &str = "ProbeAccepted";
-    /// Whether the pools' model artifacts are compared as `spec.parity.artifactDigest` asks;
-    /// present only when the policy sets it, and `False` (`NotYetCompared`) until weight digests
-    /// are built.
+    /// Whether the last comparison of the pools read both pools' model files as
+    /// `spec.parity.artifactDigest` asks, and why not; present only when the policy sets it.
     pub const ARTIFACT_DIGEST_COMPARED: &str = "ArtifactDigestCompared";
     /// Every type a policy always reports.
     pub const ALL: [&str; 5] = [READY, STANDBY_PROVEN, PARITY_HOLDS, OBJECTIVE_MET, PROBE_ACCEPTED];
@@ -1096,6 +1111,9 @@ pub struct ParityStatus {
     pub checked_at: String,
     /// How many keys were compared.
     pub compared: u32,
+    /// How many of them are the model files' (`artifact.*`), with `spec.parity.artifactDigest`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub artifact_keys: u32,
     /// The keys that differ, which block an automatic promotion.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub drift: Vec<ParityDrift>,
@@ -1106,6 +1124,27 @@ pub struct ParityStatus {
     /// rolling out).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub not_compared: Vec<String>,
+    /// Each pool's model files as last read, with `spec.parity.artifactDigest`: kept so that an
+    /// operator that restarts still compares a pool whose files cannot be read now.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub model_files: Vec<ModelFilesRecord>,
+}
+
+/// A pool's model files as last read: one digest over every `artifact.*` key.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelFilesRecord {
+    pub pool: String,
+    /// The model its template named then.
+    pub model: String,
+    pub digest: String,
+    /// When they were read, RFC 3339.
+    pub read_at: String,
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// One fingerprint key whose values differ; an absent value is a key one side does not have.

@@ -218,6 +218,34 @@ pub fn time_to_serve(
 pub struct Mix(pub Vec<(Standby, u32)>);
 
 impl Mix {
+    /// The same pool with `n` of its level-1 sleepers sleeping at level 2 instead (as many as it
+    /// has, at most).
+    #[must_use]
+    pub fn deeper(&self, n: u32) -> Mix {
+        let mut left = n;
+        let mut mix: Vec<(Standby, u32)> = Vec::with_capacity(self.0.len() + 1);
+        let mut moved = 0;
+        for &(standby, count) in &self.0 {
+            let take = if standby == Standby::Warm(1) {
+                count.min(left)
+            } else {
+                0
+            };
+            left -= take;
+            moved += take;
+            if count > take {
+                mix.push((standby, count - take));
+            }
+        }
+        if moved > 0 {
+            match mix.iter_mut().find(|(standby, _)| *standby == Standby::Warm(2)) {
+                Some((_, count)) => *count += moved,
+                None => mix.push((Standby::Warm(2), moved)),
+            }
+        }
+        Mix(mix)
+    }
+
     #[must_use]
     pub fn replicas(&self) -> u32 {
         self.0.iter().map(|(_, n)| n).sum()
@@ -447,6 +475,25 @@ mod tests {
             .with(Stage::FirstToken, s(2))
             .with(Stage::WakeLevel1, s(25))
             .with(Stage::WakeLevel2, s(75))
+    }
+
+    #[test]
+    fn a_deeper_mix_moves_level_one_sleepers_to_level_two_and_no_more_than_there_are() {
+        let mix = Mix(vec![
+            (Standby::Hot, 1),
+            (Standby::Warm(1), 2),
+            (Standby::Warm(2), 1),
+        ]);
+        assert_eq!(
+            mix.deeper(1),
+            Mix(vec![
+                (Standby::Hot, 1),
+                (Standby::Warm(1), 1),
+                (Standby::Warm(2), 2)
+            ])
+        );
+        assert_eq!(mix.deeper(5), Mix(vec![(Standby::Hot, 1), (Standby::Warm(2), 3)]));
+        assert_eq!(mix.deeper(0), mix);
     }
 
     fn objective(fraction: f64) -> Objective {

@@ -5,14 +5,17 @@
 //! trusted to compute.
 //!
 //! An agent that cannot be read says nothing about its node: its pods count as healthy, and the
-//! reason is logged. This module reads; the state machine decides.
+//! reason is logged. The agents also read their node's model cache for parity
+//! ([`read_model`]). This module reads; the state machine decides.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
 use std::time::Duration;
 
 use futures::future::join_all;
-use understudy_prober::agent::NodeReport;
+use understudy_prober::agent::{HostMemory, NodeReport};
 use understudy_prober::http1;
+use understudy_prober::model_cache::ModelReading;
 
 use crate::peers::{LabelledPods, PolicyClusters};
 
@@ -49,6 +52,36 @@ impl GpuAgents {
         &self,
         policy: Option<PolicyClusters<'_>>,
     ) -> (Vec<(Option<String>, NodeReport)>, Vec<String>) {
+        let (read, unread) = self.read_all(policy).await;
+        let reports = read
+            .into_iter()
+            .map(|(cluster, _, report)| (cluster, report))
+            .collect();
+        (reports, unread)
+    }
+
+    /// Each agent that answered, at the cluster and node its report names, and why the others
+    /// did not answer.
+    pub async fn by_node(&self, policy: Option<PolicyClusters<'_>>) -> (AgentsByNode, Vec<String>) {
+        let (read, unread) = self.read_all(policy).await;
+        let by_node = read
+            .into_iter()
+            .map(|(cluster, (host, port), report)| {
+                let agent = NodeAgent {
+                    host,
+                    port,
+                    memory: report.memory,
+                };
+                ((cluster, report.node), agent)
+            })
+            .collect();
+        (by_node, unread)
+    }
+
+    async fn read_all(
+        &self,
+        policy: Option<PolicyClusters<'_>>,
+    ) -> (Vec<(Option<String>, (String, u16), NodeReport)>, Vec<String>) {
         let addresses = match self.addresses(policy).await {
             Ok(addresses) => addresses,
             Err(why) => return (Vec::new(), vec![why]),
@@ -58,11 +91,78 @@ impl GpuAgents {
         let mut unread = Vec::new();
         for ((cluster, host, port), read) in addresses.into_iter().zip(reads) {
             match read {
-                Ok(report) => reports.push((cluster, report)),
+                Ok(report) => reports.push((cluster, (host, port), report)),
                 Err(why) => unread.push(format!("the GPU agent at {host}:{port}: {why}")),
             }
         }
         (reports, unread)
+    }
+}
+
+/// A node's agent: where it answers, and the node's host memory as it last read it.
+#[derive(Clone, Debug)]
+pub struct NodeAgent {
+    pub host: String,
+    pub port: u16,
+    pub memory: Option<HostMemory>,
+}
+
+/// The agents by the cluster (`None`: the operator's own) and node they report.
+pub type AgentsByNode = BTreeMap<(Option<String>, String), NodeAgent>;
+
+/// The most of a model reading kept: one key per file and digest, for models of hundreds of
+/// shards.
+const MAX_MODEL_READING: usize = 4 << 20;
+
+/// `path` with every byte outside the unreserved set and `/` percent-encoded, for a query.
+fn query_value(path: &str) -> String {
+    let mut encoded = String::with_capacity(path.len());
+    for byte in path.bytes() {
+        if byte.is_ascii_alphanumeric() || b"-._~/".contains(&byte) {
+            encoded.push(char::from(byte));
+        } else {
+            let _ = write!(encoded, "%{byte:02X}");
+        }
+    }
+    encoded
+}
+
+/// The model directory at `path` on the node of the agent at `host:port`, read at `depth`
+/// (`cache`, `headers` or `full`); `None` while the agent takes its first full digest of it.
+pub async fn read_model(
+    host: &str,
+    port: u16,
+    path: &str,
+    depth: &str,
+) -> Result<Option<ModelReading>, String> {
+    let target = format!("/models?path={}&depth={depth}", query_value(path));
+    let call = http1::exchange_up_to(
+        http1::Call {
+            host,
+            port,
+            method: http::Method::GET,
+            target: &target,
+            bearer: None,
+            json: None,
+        },
+        MAX_MODEL_READING,
+    );
+    let (status, body) = tokio::time::timeout(READ_TIMEOUT, call)
+        .await
+        .map_err(|_| format!("the agent gave no answer within {READ_TIMEOUT:?}"))??;
+    match status {
+        http::StatusCode::OK => serde_json::from_slice(&body)
+            .map(Some)
+            .map_err(|error| format!("the agent answered what is not a reading: {error}")),
+        http::StatusCode::ACCEPTED => Ok(None),
+        http::StatusCode::NOT_FOUND if body.is_empty() => {
+            Err("the agent does not read a model cache (the chart's agent.modelCacheHostPath)".to_owned())
+        }
+        status => Err(format!(
+            "the agent answered {}: {}",
+            status.as_u16(),
+            String::from_utf8_lossy(&body).trim()
+        )),
     }
 }
 

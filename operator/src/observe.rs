@@ -16,7 +16,7 @@
 //! never turn "the API server could not be asked" into a failed check: a pool whose pods cannot
 //! be listed gets no check that round, while a pool with no running replica fails hard.
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -31,12 +31,15 @@ use understudy_core::Pool;
 use understudy_core::failover::{CheckResult, Observation, PassiveSignal};
 use understudy_core::quorum::Role;
 use understudy_prober::outcome::ProbeOutcome;
+use understudy_prober::parity::Fingerprint;
 use understudy_prober::parity::flags::FlagPolicy;
+use understudy_prober::parity::model::weight_bytes;
 use understudy_prober::probe::{self, Endpoint, Expectation, ProbeReport, ProbeSpec};
 use understudy_prober::report::PoolRound;
+use understudy_prober::sleep::sleep_level;
 
-use crate::crd::{ExpectMode, FailoverPolicy, GoldenAnswer, ParityStatus};
-use crate::gpu_health::{self, GpuAgents};
+use crate::crd::{ExpectMode, FailoverPolicy, GoldenAnswer, ModelFilesRecord, ParityStatus, Tier};
+use crate::gpu_health::{self, AgentsByNode, GpuAgents};
 use crate::judge::{Judge, judge, probe_spec};
 use crate::parity::{self, ServingConfig};
 use crate::peers::{PolicyClusters, Routers};
@@ -44,6 +47,7 @@ use crate::policy::{self, ProbeTiming, pool_by_name};
 use crate::ports::ReplicaEndpoints;
 use crate::ports::{ObservationSource, ProbeFindings};
 use crate::router_admin::{RouterToken, get_signals, policy_key};
+use crate::standby::HostRoom;
 
 pub use understudy_prober::probe::GOLDEN_PREFIX_CHARS;
 
@@ -101,11 +105,17 @@ struct Tracked {
     probe_accepted: Option<Result<(), String>>,
     /// The last comparison of the pools.
     parity: Option<ParityStatus>,
+    /// Each pool's model files as last read, by [`Pool::index`].
+    model_files: [Option<ModelFilesRead>; 2],
     /// Each pool's replicas (`host:port`) that have passed a generating probe and still run, by
     /// [`Pool::index`]; `None` before the pool's first round.
     passed: [Option<BTreeSet<String>>; 2],
     /// Each pool's replicas that said they were asleep in its last round.
     asleep: [Vec<Endpoint>; 2],
+    /// The level each of those sleeps at.
+    asleep_levels: [Vec<Option<u8>>; 2],
+    /// Host memory for each pool's level-1 sleepers, as its last round read the nodes.
+    host_room: [HostRoom; 2],
     rounds: u64,
     next_round: Instant,
     in_flight: bool,
@@ -120,6 +130,12 @@ struct RoundResult {
     golden: Option<GoldenUpdate>,
     accepted: Option<Result<(), String>>,
     parity: Option<ParityStatus>,
+    /// Each pool's model files read this round, by [`Pool::index`].
+    model_files: [Option<ModelFilesRead>; 2],
+    /// The level each of the standby's replicas that slept in the last round sleeps at.
+    asleep_levels: Vec<(Pool, Vec<Option<u8>>)>,
+    /// The standby's host memory for level-1 sleepers.
+    host_room: Option<(Pool, HostRoom)>,
 }
 
 /// What a round needs, copied out of the map so that no lock is held while probing.
@@ -129,9 +145,52 @@ struct RoundPlan {
     policy: Arc<FailoverPolicy>,
     timing: ProbeTiming,
     golden: Option<GoldenAnswer>,
+    model_files: [Option<ModelFilesRead>; 2],
+    /// Each pool's replicas that said they were asleep in the last round.
+    asleep: [Vec<Endpoint>; 2],
     round: u64,
     seed: u64,
 }
+
+/// A pool's model files as a round read them, and the model its template named then. Model
+/// files change only with a new model, so a pool whose files cannot be read (its node lost, its
+/// agent down) is compared by its last reading while its template names the same model: a
+/// standby that drifted stays drifted when the primary's node goes, which is when it matters.
+///
+/// An operator that restarts has each pool's last reading from `status.parity.modelFiles` by its
+/// digest alone: a pool compared by its digest is compared with the other by theirs.
+#[derive(Clone, Debug)]
+struct ModelFilesRead {
+    /// Its keys, `None` when only its digest is known.
+    fingerprint: Option<Fingerprint>,
+    digest: String,
+    model: String,
+    read_at: String,
+}
+
+/// Each pool's model files as `policy`'s status last recorded them, by [`Pool::index`].
+fn recorded_model_files(policy: &FailoverPolicy) -> [Option<ModelFilesRead>; 2] {
+    let records = policy
+        .status
+        .as_ref()
+        .and_then(|status| status.parity.as_ref())
+        .map(|parity| parity.model_files.as_slice())
+        .unwrap_or_default();
+    [Pool::A, Pool::B].map(|pool| {
+        let name = &policy.spec.pools.get(pool.index())?.name;
+        let record = records.iter().find(|record| record.pool == *name)?;
+        Some(ModelFilesRead {
+            fingerprint: None,
+            digest: record.digest.clone(),
+            model: record.model.clone(),
+            read_at: record.read_at.clone(),
+        })
+    })
+}
+
+/// The most directories of one pool whose model files a round reads: one per node and model
+/// directory its replicas run on.
+const MAX_MODEL_PLACES: usize = 16;
 
 /// The observation source of the running operator: generating probes of both pools of every
 /// tracked policy, once per probe interval.
@@ -279,6 +338,9 @@ impl ProbingObservations {
             golden: update,
             accepted,
             parity,
+            model_files,
+            asleep_levels,
+            host_room,
         } = self.round(&plan).await;
         checks.extend(self.passive(&plan).await);
         let urgent = needs_acting_on(&plan.policy, &checks);
@@ -291,6 +353,17 @@ impl ProbingObservations {
                 }
                 if parity.is_some() || !tracked.policy.spec.parity.enabled {
                     tracked.parity = parity;
+                }
+                for (pool, levels) in asleep_levels {
+                    tracked.asleep_levels[pool.index()] = levels;
+                }
+                if let Some((pool, room)) = host_room {
+                    tracked.host_room[pool.index()] = room;
+                }
+                for (kept, read) in tracked.model_files.iter_mut().zip(model_files) {
+                    if read.is_some() || tracked.policy.spec.parity.artifact_digest.is_none() {
+                        *kept = read;
+                    }
                 }
                 tracked.rounds = tracked.rounds.max(plan.round + 1);
                 for (pool, reports) in probed {
@@ -347,6 +420,8 @@ impl ProbingObservations {
             policy: tracked.policy.clone(),
             timing: tracked.timing,
             golden: tracked.golden.clone(),
+            model_files: tracked.model_files.clone(),
+            asleep: tracked.asleep.clone(),
             round: tracked.rounds,
             seed: stable_seed(policy),
         })
@@ -455,9 +530,20 @@ impl ProbingObservations {
                 }
             }
         };
-        let gpu_failed = self.on_failed_gpus(plan, primary);
-        let ((primary_round, standby_round, golden), parity, gpu_failed) =
-            join3(probing, parity, gpu_failed).await;
+        // The standby's sleepers' levels, for the objective: those the last round found asleep,
+        // read beside this round's probes so that they delay no check.
+        let levels = join_all(
+            plan.asleep[standby.index()]
+                .iter()
+                .map(|endpoint| sleep_level(endpoint, plan.timing.timeout)),
+        );
+        let nodes = join3(
+            self.on_failed_gpus(plan, primary),
+            self.host_room(plan, standby),
+            levels,
+        );
+        let ((primary_round, standby_round, golden), (parity, model_files), (gpu_failed, host_room, levels)) =
+            join3(probing, parity, nodes).await;
         let mut rounds: Vec<PoolRound> = [primary_round, standby_round].into_iter().flatten().collect();
         rounds.sort_by_key(|round| round.pool.index());
         let mut rejected = None;
@@ -509,44 +595,265 @@ impl ProbingObservations {
             golden,
             accepted,
             parity,
+            model_files,
+            asleep_levels: vec![(standby, levels)],
+            host_room: Some((standby, host_room)),
         }
     }
 
-    /// The pools compared ([`crate::parity`]): each one's pod template, and what its first
-    /// replica in address order reports; `None` with `spec.parity.enabled` off.
+    /// The pools compared ([`crate::parity`]): each one's pod template, what its first replica in
+    /// address order reports and, when the policy asks, its model files; `None` with
+    /// `spec.parity.enabled` off. With it, each pool's model files read this round, by
+    /// [`Pool::index`].
     async fn parity(
         &self,
         plan: &RoundPlan,
         primary: Pool,
         endpoints: &[Option<Vec<Endpoint>>; 2],
         configs: [Option<Config>; 2],
-    ) -> Option<ParityStatus> {
+    ) -> (Option<ParityStatus>, [Option<ModelFilesRead>; 2]) {
         let spec = &plan.policy.spec;
         if !spec.parity.enabled {
-            return None;
+            return (None, [None, None]);
         }
         let flags = parity::flag_policy(&spec.parity);
+        let models = configs.each_ref().map(|config| {
+            config
+                .as_ref()
+                .and_then(|config| config.as_ref().ok())
+                .and_then(ServingConfig::model)
+        });
         let [primary_config, standby_config] = configs;
-        let (primary_side, standby_side) = join(
-            Self::parity_side(plan, primary, primary_config, endpoints[0].as_deref(), &flags),
-            Self::parity_side(
+        let ((primary_side, standby_side), artifacts) = join(
+            join(
+                Self::parity_side(plan, primary, primary_config, endpoints[0].as_deref(), &flags),
+                Self::parity_side(
+                    plan,
+                    primary.other(),
+                    standby_config,
+                    endpoints[1].as_deref(),
+                    &flags,
+                ),
+            ),
+            self.artifacts(plan, primary),
+        )
+        .await;
+        let now = Timestamp::from_second(Timestamp::now().as_second())
+            .map_or_else(|_| String::new(), |t| t.to_string());
+        let mut read: [Option<ModelFilesRead>; 2] = [None, None];
+        let (Some(mut primary_side), Some(mut standby_side)) = (primary_side, standby_side) else {
+            return (None, read);
+        };
+        if let Some(artifacts) = artifacts {
+            // Each pool's files as read now, else as last read (by their keys, or by their
+            // digest alone when a restarted operator has it from status) while its template
+            // names the same model.
+            let mut sides = Vec::with_capacity(2);
+            for (role, (fingerprint, mut missing)) in artifacts.into_iter().enumerate() {
+                let pool = if role == 0 { primary } else { primary.other() };
+                let model = models[role].clone();
+                if !fingerprint.0.is_empty() {
+                    let digest = fingerprint.digest();
+                    if let Some(model) = model {
+                        read[pool.index()] = Some(ModelFilesRead {
+                            fingerprint: Some(fingerprint.clone()),
+                            digest: digest.clone(),
+                            model,
+                            read_at: now.clone(),
+                        });
+                    }
+                    sides.push((Some(fingerprint), Some(digest), missing));
+                    continue;
+                }
+                match (&plan.model_files[pool.index()], &model) {
+                    (Some(last), Some(model)) if last.model == *model => {
+                        let name = spec.pools.get(pool.index()).map_or("", |p| p.name.as_str());
+                        missing.push(format!(
+                            "{name}'s model files: compared as read at {}",
+                            last.read_at
+                        ));
+                        sides.push((last.fingerprint.clone(), Some(last.digest.clone()), missing));
+                    }
+                    _ => sides.push((None, None, missing)),
+                }
+            }
+            let by_keys = sides.iter().all(|(keys, _, _)| keys.is_some());
+            for (side, (keys, digest, missing)) in
+                [&mut primary_side, &mut standby_side].into_iter().zip(sides)
+            {
+                let fingerprint = match (by_keys, keys, digest) {
+                    (true, Some(keys), _) => keys,
+                    // A side known by its digest alone: the digests are what is compared.
+                    (false, _, Some(digest)) => {
+                        Fingerprint(BTreeMap::from([(format!("{}digest", parity::ARTIFACT), digest)]))
+                    }
+                    _ => Fingerprint::default(),
+                };
+                side.add_artifact((fingerprint, missing));
+            }
+        }
+        let mut parity = parity::compare(primary_side, standby_side, &spec.parity.allow_drift, now);
+        if spec.parity.artifact_digest.is_some() {
+            parity.model_files = [Pool::A, Pool::B]
+                .into_iter()
+                .filter_map(|pool| {
+                    let kept = read[pool.index()]
+                        .as_ref()
+                        .or(plan.model_files[pool.index()].as_ref())?;
+                    Some(ModelFilesRecord {
+                        pool: spec.pools.get(pool.index())?.name.clone(),
+                        model: kept.model.clone(),
+                        digest: kept.digest.clone(),
+                        read_at: kept.read_at.clone(),
+                    })
+                })
+                .collect();
+        }
+        (Some(parity), read)
+    }
+
+    /// Each pool's model files (the primary's first), read where they lie by the GPU agents of
+    /// their nodes at the depth `spec.parity.artifactDigest` asks; `None` when it asks for none.
+    async fn artifacts(&self, plan: &RoundPlan, primary: Pool) -> Option<[(Fingerprint, Vec<String>); 2]> {
+        let depth = plan.policy.spec.parity.artifact_digest?.as_str();
+        let agents = match &self.gpu_agents {
+            Some(agents) => {
+                let (by_node, unread) = agents
+                    .by_node(Some(PolicyClusters::of(&plan.namespace, &plan.policy)))
+                    .await;
+                for why in &unread {
+                    tracing::warn!(policy = %plan.policy.name_any(), %why, "a GPU agent could not be read; its node's model files are not compared");
+                }
+                Some(by_node)
+            }
+            None => None,
+        };
+        let (a, b) = join(
+            self.artifact(plan, primary, parity::Role::Primary, agents.as_ref(), depth),
+            self.artifact(
                 plan,
                 primary.other(),
-                standby_config,
-                endpoints[1].as_deref(),
-                &flags,
+                parity::Role::Standby,
+                agents.as_ref(),
+                depth,
             ),
         )
         .await;
-        let checked_at = Timestamp::from_second(Timestamp::now().as_second())
-            .ok()?
-            .to_string();
-        Some(parity::compare(
-            primary_side?,
-            standby_side?,
-            &spec.parity.allow_drift,
-            checked_at,
-        ))
+        Some([a, b])
+    }
+
+    /// `pool`'s model files read at `depth` on each node one of its replicas runs on (each
+    /// directory once, [`MAX_MODEL_PLACES`] at most), merged by [`parity::artifact`].
+    async fn artifact(
+        &self,
+        plan: &RoundPlan,
+        pool: Pool,
+        role: parity::Role,
+        agents: Option<&AgentsByNode>,
+        depth: &str,
+    ) -> (Fingerprint, Vec<String>) {
+        let Some(spec) = plan.policy.spec.pools.get(pool.index()) else {
+            return (Fingerprint::default(), Vec::new());
+        };
+        let name = &spec.name;
+        let not_read = |why: String| {
+            (
+                Fingerprint::default(),
+                vec![format!("{name}'s model files: {why}")],
+            )
+        };
+        let Some(agents) = agents else {
+            return not_read("no GPU agents are read (the operator's --gpu-agent-selector)".to_owned());
+        };
+        let places = match self.replicas.model_places(&plan.namespace, spec).await {
+            Ok(places) if places.is_empty() => return not_read("no replica of it is running".to_owned()),
+            Ok(places) => places,
+            Err(error) => return not_read(error.to_string()),
+        };
+        let mut seen = BTreeSet::new();
+        let mut places: Vec<_> = places
+            .into_iter()
+            .filter(|place| seen.insert((place.node.clone(), place.path.clone())))
+            .collect();
+        let left_out = places.len().saturating_sub(MAX_MODEL_PLACES);
+        places.truncate(MAX_MODEL_PLACES);
+        let cluster = spec.cluster_name().map(str::to_owned);
+        let readings = join_all(places.into_iter().map(|place| {
+            let agent = agents.get(&(cluster.clone(), place.node.clone()));
+            async move {
+                let reading = match (place.path, agent) {
+                    (Err(why), _) => Err(format!("pod {}: {why}", place.pod)),
+                    (Ok(_), None) => Err("no GPU agent on it answered".to_owned()),
+                    (Ok(path), Some(agent)) => gpu_health::read_model(&agent.host, agent.port, &path, depth)
+                        .await
+                        .map(|reading| reading.map(|r| r.fingerprint)),
+                };
+                parity::ArtifactReading {
+                    node: place.node,
+                    reading,
+                }
+            }
+        }))
+        .await;
+        let (fingerprint, mut missing) = parity::artifact(name, role, readings);
+        if left_out > 0 {
+            missing.push(format!(
+                "{name}'s model files on {left_out} more node(s): only {MAX_MODEL_PLACES} are read each round"
+            ));
+        }
+        (fingerprint, missing)
+    }
+
+    /// Host memory for `pool`'s level-1 sleepers ([`HostRoom`]): each replica's node and the size
+    /// of its weight files (the model directory's sizes, read where it lies, nothing read of the
+    /// files), and each node's available memory; empty without GPU agents or a level-1 warm tier.
+    async fn host_room(&self, plan: &RoundPlan, pool: Pool) -> HostRoom {
+        let mut room = HostRoom::default();
+        let (Some(agents), Some(spec)) = (&self.gpu_agents, plan.policy.spec.pools.get(pool.index())) else {
+            return room;
+        };
+        let level_one = spec
+            .standby_groups()
+            .iter()
+            .any(|group| group.tier == Tier::Warm && group.sleep_level() == 1);
+        if !level_one {
+            return room;
+        }
+        let (by_node, _) = agents
+            .by_node(Some(PolicyClusters::of(&plan.namespace, &plan.policy)))
+            .await;
+        let places = match self.replicas.model_places(&plan.namespace, spec).await {
+            Ok(places) => places,
+            Err(error) => {
+                tracing::debug!(policy = %plan.policy.name_any(), pool = %spec.name, %error, "could not find where the pool's replicas run");
+                return room;
+            }
+        };
+        let cluster = spec.cluster_name().map(str::to_owned);
+        for ((in_cluster, node), agent) in &by_node {
+            if *in_cluster == cluster
+                && let Some(memory) = agent.memory
+            {
+                room.available.insert(node.clone(), memory.available_bytes);
+            }
+        }
+        let weights = join_all(places.iter().map(|place| {
+            let agent = by_node.get(&(cluster.clone(), place.node.clone()));
+            async move {
+                let (Ok(path), Some(agent)) = (&place.path, agent) else {
+                    return None;
+                };
+                let reading = gpu_health::read_model(&agent.host, agent.port, path, "cache").await;
+                reading.ok().flatten().map(|r| weight_bytes(&r.fingerprint))
+            }
+        }))
+        .await;
+        for (place, weights) in places.into_iter().zip(weights) {
+            if let Some(weights) = weights.filter(|w| *w > 0) {
+                room.replicas.insert(place.endpoint, (place.node, weights));
+            }
+        }
+        room
     }
 
     /// The pools whose replicas on healthy GPUs are fewer than they need, as the node agents
@@ -804,6 +1111,20 @@ impl ProbeFindings for ProbingObservations {
             .unwrap_or_default()
     }
 
+    fn asleep_levels(&self, policy: &ObjectRef<FailoverPolicy>, pool: Pool) -> Vec<Option<u8>> {
+        self.policies()
+            .get(policy)
+            .map(|tracked| tracked.asleep_levels[pool.index()].clone())
+            .unwrap_or_default()
+    }
+
+    fn host_room(&self, policy: &ObjectRef<FailoverPolicy>, pool: Pool) -> HostRoom {
+        self.policies()
+            .get(policy)
+            .map(|tracked| tracked.host_room[pool.index()].clone())
+            .unwrap_or_default()
+    }
+
     fn note_probed(&self, policy: &ObjectRef<FailoverPolicy>, pool: Pool, reports: &[ProbeReport]) {
         if let Some(tracked) = self.policies().get_mut(policy) {
             note_reports(
@@ -866,6 +1187,9 @@ impl ObservationSource for ProbingObservations {
                             .filter(|golden| golden.fits(&policy.spec.probe)),
                         probe_accepted: None,
                         parity: None,
+                        model_files: recorded_model_files(policy),
+                        asleep_levels: [Vec::new(), Vec::new()],
+                        host_room: [HostRoom::default(), HostRoom::default()],
                         passed: [None, None],
                         asleep: [Vec::new(), Vec::new()],
                         rounds: 0,

@@ -5,14 +5,17 @@
 //!
 //! What cannot be read is left out of the comparison on both sides, and said, never guessed: a
 //! pool with no replica running (all pilot light) is compared by its template alone, a workload
-//! that is rolling out by its replicas alone. The model's files are not read here; the prober
-//! reads them where they are (`understudy-prober parity --model-dir`). This module compares; the
-//! state machine decides what drift means (`Observation::Parity`).
+//! that is rolling out by its replicas alone. With `spec.parity.artifactDigest`, the model's
+//! files are compared too (`artifact.*` keys): each replica's model directory is found on its node
+//! from its pod ([`model_host_path`]) and read there by the node's GPU agent
+//! (`understudy_prober::model_cache`); the operator never reads weights itself. This module
+//! compares; the state machine decides what drift means (`Observation::Parity`).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Container, PodTemplateSpec};
+use k8s_openapi::api::core::v1::{Container, PodSpec, PodTemplateSpec};
 use understudy_prober::parity::flags::{FlagPolicy, canonical_flags, flags_fingerprint, runs_vllm};
 use understudy_prober::parity::runtime::runtime_fingerprint;
 use understudy_prober::parity::{Difference, DriftReport, Fingerprint};
@@ -112,19 +115,179 @@ pub fn flag_policy(spec: &ParitySpec) -> FlagPolicy {
     policy
 }
 
+/// The directory on its node that a replica's vLLM loads its model from: the model's path, or
+/// for a Hugging Face id its `models--ORG--NAME` folder in the hub cache, found as
+/// `huggingface_hub` finds it (`--download-dir`, else `HF_HUB_CACHE`, `HUGGINGFACE_HUB_CACHE`,
+/// `HF_HOME/hub`, `XDG_CACHE_HOME/huggingface/hub`, `HOME/.cache/huggingface/hub`, root's home),
+/// followed through the serving container's mounts to the hostPath volume it lies on. `Err` says
+/// why it cannot be told (a variable set from a reference, a `subPathExpr`, a volume that is not
+/// the node's own): only a node's own model cache can be read where it lies.
+pub fn model_host_path(spec: &PodSpec) -> Result<String, String> {
+    let template = PodTemplateSpec {
+        metadata: None,
+        spec: Some(spec.clone()),
+    };
+    let container = serving_container(&template).ok_or("no container serves a model with vLLM")?;
+    let flags = canonical_flags(&argv_of(container), &FlagPolicy::default());
+    let model = flags.get("model").ok_or("its vLLM names no model")?;
+    let env = |name: &str| -> Result<Option<String>, String> {
+        let Some(var) = container.env.iter().flatten().find(|var| var.name == name) else {
+            return Ok(None);
+        };
+        var.value
+            .clone()
+            .map(Some)
+            .ok_or_else(|| format!("{name} is set from a reference, which is not read here"))
+    };
+    let dir = if model.starts_with('/') {
+        PathBuf::from(model)
+    } else {
+        let hub = match flags.get("download-dir") {
+            Some(dir) => dir.clone(),
+            None => hub_cache(&env)?,
+        };
+        Path::new(&hub).join(format!("models--{}", model.replace('/', "--")))
+    };
+    let mount = container
+        .volume_mounts
+        .iter()
+        .flatten()
+        .filter(|mount| dir.starts_with(&mount.mount_path))
+        .max_by_key(|mount| mount.mount_path.len())
+        .ok_or_else(|| format!("its model directory {} is on no volume", dir.display()))?;
+    if mount.sub_path_expr.is_some() {
+        return Err(format!(
+            "its model directory is on volume {} through a subPathExpr",
+            mount.name
+        ));
+    }
+    let host = spec
+        .volumes
+        .iter()
+        .flatten()
+        .find(|volume| volume.name == mount.name)
+        .and_then(|volume| volume.host_path.as_ref())
+        .ok_or_else(|| {
+            format!(
+                "its model directory {} is on volume {}, which is not a hostPath",
+                dir.display(),
+                mount.name
+            )
+        })?;
+    let mut path = PathBuf::from(&host.path);
+    for part in [mount.sub_path.as_deref().unwrap_or("")]
+        .into_iter()
+        .map(Path::new)
+        .chain(dir.strip_prefix(&mount.mount_path).ok())
+    {
+        if !part.as_os_str().is_empty() {
+            path.push(part);
+        }
+    }
+    Ok(path.to_string_lossy().into_owned())
+}
+
+/// The Hugging Face hub cache as `huggingface_hub` finds it in an environment `env` reads.
+fn hub_cache(env: &dyn Fn(&str) -> Result<Option<String>, String>) -> Result<String, String> {
+    for name in ["HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"] {
+        if let Some(cache) = env(name)? {
+            return Ok(cache);
+        }
+    }
+    if let Some(home) = env("HF_HOME")? {
+        return Ok(format!("{home}/hub"));
+    }
+    let cache = match env("XDG_CACHE_HOME")? {
+        Some(cache) => cache,
+        None => format!("{}/.cache", env("HOME")?.unwrap_or_else(|| "/root".to_owned())),
+    };
+    Ok(format!("{cache}/huggingface/hub"))
+}
+
 /// Which reading a key comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Source {
     Template,
     Runtime,
+    Artifact,
 }
+
+/// The prefix of the keys read from the model's files.
+pub const ARTIFACT: &str = "artifact.";
 
 fn source(key: &str) -> Source {
     if key.starts_with("flag.") || key.starts_with("env.") || key == "runtime.image" {
         Source::Template
+    } else if key.starts_with(ARTIFACT) {
+        Source::Artifact
     } else {
         Source::Runtime
     }
+}
+
+/// One node's reading of a pool's model files: its fingerprint, `None` while the node's agent
+/// takes its first full digest, or why it could not be read.
+#[derive(Clone, Debug)]
+pub struct ArtifactReading {
+    pub node: String,
+    pub reading: Result<Option<Fingerprint>, String>,
+}
+
+/// Whose model files a reading is: the primary's are what the standby must match, so where its
+/// nodes disagree the most of them say what it serves; the standby's must all match.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    Primary,
+    Standby,
+}
+
+/// A pool's model files as its nodes read them, one value per key, and what was not read and
+/// why. Where the nodes that read them disagree, the value names each node's (`node-1=…;
+/// node-2=…`), which matches no other pool's and so is drift; but for the primary a value more
+/// than half its nodes read is its value, and the disagreement is said: one node's corrupt copy
+/// under a failing primary must not keep a sound standby from taking over.
+#[must_use]
+pub fn artifact(pool: &str, role: Role, readings: Vec<ArtifactReading>) -> (Fingerprint, Vec<String>) {
+    let mut missing = Vec::new();
+    let mut read = Vec::new();
+    for ArtifactReading { node, reading } in readings {
+        match reading {
+            Ok(Some(fingerprint)) => read.push((node, fingerprint)),
+            Ok(None) => missing.push(format!(
+                "{pool}'s model files on node {node}: the first full digest is being taken"
+            )),
+            Err(why) => missing.push(format!("{pool}'s model files on node {node}: {why}")),
+        }
+    }
+    let keys: BTreeSet<&String> = read.iter().flat_map(|(_, fp)| fp.0.keys()).collect();
+    let mut merged = Fingerprint::default();
+    for key in keys {
+        let values: BTreeSet<Option<&str>> = read.iter().map(|(_, fp)| fp.get(key)).collect();
+        if let [Some(value)] = values.iter().copied().collect::<Vec<_>>()[..] {
+            merged.insert(format!("{ARTIFACT}{key}"), value);
+            continue;
+        }
+        let each = read
+            .iter()
+            .map(|(node, fp)| format!("{node}={}", fp.get(key).unwrap_or("absent")))
+            .collect::<Vec<_>>()
+            .join("; ");
+        let held_by = |value: &str| read.iter().filter(|(_, fp)| fp.get(key) == Some(value)).count();
+        let most = values
+            .iter()
+            .flatten()
+            .find(|value| 2 * held_by(value) > read.len());
+        match (role, most) {
+            (Role::Primary, Some(value)) => {
+                missing.push(format!(
+                    "{pool}'s nodes disagree on {key} ({each}): compared by most of them"
+                ));
+                merged.insert(format!("{ARTIFACT}{key}"), *value);
+            }
+            _ => merged.insert(format!("{ARTIFACT}{key}"), each),
+        }
+    }
+    (merged, missing)
 }
 
 /// One pool's fingerprint, with the readings it has and why it lacks the others.
@@ -176,6 +339,17 @@ pub async fn side(
     side
 }
 
+impl Side {
+    /// Adds the model files' keys ([`artifact`]) and what of them was not read.
+    pub fn add_artifact(&mut self, (fingerprint, missing): (Fingerprint, Vec<String>)) {
+        if !fingerprint.0.is_empty() {
+            self.read.insert(Source::Artifact);
+        }
+        self.fingerprint.extend(fingerprint);
+        self.missing.extend(missing);
+    }
+}
+
 fn drift_of(differences: Vec<Difference>) -> Vec<ParityDrift> {
     differences
         .into_iter()
@@ -204,19 +378,18 @@ pub fn compare(primary: Side, standby: Side, allowed: &[String], checked_at: Str
     let (mut not_compared, standby_missing) = (primary.missing.clone(), standby.missing.clone());
     not_compared.extend(standby_missing);
     let (primary, standby) = (keep(primary), keep(standby));
-    let compared = primary
-        .0
-        .keys()
-        .chain(standby.0.keys())
-        .collect::<BTreeSet<_>>()
-        .len();
+    let compared = primary.0.keys().chain(standby.0.keys()).collect::<BTreeSet<_>>();
+    let artifact_keys = compared.iter().filter(|key| key.starts_with(ARTIFACT)).count();
+    let compared = compared.len();
     let (blocking, allowed): (DriftReport, DriftReport) = primary.drift(&standby).split(allowed);
     ParityStatus {
         checked_at,
         compared: u32::try_from(compared).unwrap_or(u32::MAX),
+        artifact_keys: u32::try_from(artifact_keys).unwrap_or(u32::MAX),
         drift: drift_of(blocking.differences),
         allowed: drift_of(allowed.differences),
         not_compared,
+        model_files: Vec::new(),
     }
 }
 
@@ -346,6 +519,179 @@ spec:
         let parity = compare(primary, standby, &[], "t".to_owned());
         assert_eq!(parity.compared, 0);
         assert_eq!(holds(&parity), None);
+    }
+
+    fn pod_spec(yaml: &str) -> PodSpec {
+        serde_yaml::from_str(yaml).unwrap()
+    }
+
+    #[test]
+    fn a_replicas_model_directory_is_found_on_the_hostpath_its_container_mounts() {
+        let hub = pod_spec(
+            r"
+containers:
+  - name: vllm
+    image: vllm/vllm-openai
+    command: [vllm, serve, meta-llama/Llama-3.1-8B]
+    env: [{name: HF_HOME, value: /cache}]
+    volumeMounts: [{name: models, mountPath: /cache}]
+volumes: [{name: models, hostPath: {path: /var/lib/models}}]
+",
+        );
+        assert_eq!(
+            model_host_path(&hub).unwrap(),
+            "/var/lib/models/hub/models--meta-llama--Llama-3.1-8B"
+        );
+        let path = pod_spec(
+            r"
+containers:
+  - name: vllm
+    image: vllm/vllm-openai
+    args: [--model, /models/qwen, --download-dir, /elsewhere]
+    volumeMounts:
+      - {name: scratch, mountPath: /models/tmp}
+      - {name: cache, mountPath: /models, subPath: team-a}
+volumes:
+  - {name: scratch, emptyDir: {}}
+  - {name: cache, hostPath: {path: /mnt/nvme/models}}
+",
+        );
+        assert_eq!(model_host_path(&path).unwrap(), "/mnt/nvme/models/team-a/qwen");
+        let download_dir = pod_spec(
+            r"
+containers:
+  - name: vllm
+    image: vllm/vllm-openai
+    command: [vllm, serve, org/m, --download-dir, /dl]
+    volumeMounts: [{name: dl, mountPath: /dl}]
+volumes: [{name: dl, hostPath: {path: /data}}]
+",
+        );
+        assert_eq!(model_host_path(&download_dir).unwrap(), "/data/models--org--m");
+        let pvc = pod_spec(
+            r"
+containers:
+  - name: vllm
+    image: vllm/vllm-openai
+    command: [vllm, serve, org/m]
+    volumeMounts: [{name: hf, mountPath: /root/.cache/huggingface}]
+volumes: [{name: hf, persistentVolumeClaim: {claimName: models}}]
+",
+        );
+        assert_eq!(
+            model_host_path(&pvc).unwrap_err(),
+            "its model directory /root/.cache/huggingface/hub/models--org--m is on volume hf, which is not a hostPath"
+        );
+        let xdg = pod_spec(
+            r"
+containers:
+  - name: vllm
+    image: vllm/vllm-openai
+    command: [vllm, serve, org/m]
+    env: [{name: XDG_CACHE_HOME, value: /xdg}]
+    volumeMounts: [{name: c, mountPath: /xdg}]
+volumes: [{name: c, hostPath: {path: /n}}]
+",
+        );
+        assert_eq!(
+            model_host_path(&xdg).unwrap(),
+            "/n/huggingface/hub/models--org--m"
+        );
+        let referenced = pod_spec(
+            r"
+containers:
+  - name: vllm
+    image: vllm/vllm-openai
+    command: [vllm, serve, org/m]
+    env: [{name: HF_HOME, valueFrom: {configMapKeyRef: {name: c, key: home}}}]
+",
+        );
+        assert_eq!(
+            model_host_path(&referenced).unwrap_err(),
+            "HF_HOME is set from a reference, which is not read here"
+        );
+        let expr = pod_spec(
+            r"
+containers:
+  - name: vllm
+    image: vllm/vllm-openai
+    command: [vllm, serve, /models/m]
+    volumeMounts: [{name: c, mountPath: /models, subPathExpr: $(POD)}]
+volumes: [{name: c, hostPath: {path: /n}}]
+",
+        );
+        assert!(model_host_path(&expr).unwrap_err().contains("subPathExpr"));
+        let unmounted =
+            pod_spec("containers: [{name: vllm, image: vllm/vllm-openai, command: [vllm, serve, org/m]}]");
+        assert!(
+            model_host_path(&unmounted)
+                .unwrap_err()
+                .contains("is on no volume")
+        );
+    }
+
+    #[test]
+    fn nodes_that_read_a_pools_model_files_differently_give_a_value_no_other_pool_matches() {
+        let fingerprint = |digest: &str| {
+            let mut fp = Fingerprint::default();
+            fp.insert("model.file.w.sha256", digest);
+            fp.insert("model.file.w.size", "16");
+            fp
+        };
+        let reading = |node: &str, reading| ArtifactReading {
+            node: node.to_owned(),
+            reading,
+        };
+        let (agreed, missing) = artifact(
+            "east",
+            Role::Standby,
+            vec![
+                reading("n1", Ok(Some(fingerprint("aa")))),
+                reading("n2", Ok(Some(fingerprint("aa")))),
+                reading("n3", Ok(None)),
+                reading("n4", Err("no GPU agent on it answered".to_owned())),
+            ],
+        );
+        assert_eq!(agreed.get("artifact.model.file.w.sha256"), Some("aa"));
+        assert_eq!(
+            missing,
+            [
+                "east's model files on node n3: the first full digest is being taken",
+                "east's model files on node n4: no GPU agent on it answered"
+            ]
+        );
+        let split_readings = || {
+            vec![
+                reading("n1", Ok(Some(fingerprint("aa")))),
+                reading("n2", Ok(Some(fingerprint("bb")))),
+            ]
+        };
+        let (split, _) = artifact("west", Role::Standby, split_readings());
+        assert_eq!(split.get("artifact.model.file.w.sha256"), Some("n1=aa; n2=bb"));
+        assert_eq!(split.get("artifact.model.file.w.size"), Some("16"));
+
+        let mut primary = Side::default();
+        primary.add_artifact((agreed, Vec::new()));
+        let mut standby = Side::default();
+        standby.add_artifact((split, Vec::new()));
+        let parity = compare(primary, standby, &[], "t".to_owned());
+        assert_eq!(parity.artifact_keys, 2);
+        assert_eq!(
+            drift_line(&parity.drift),
+            "artifact.model.file.w.sha256 (aa ≠ n1=aa; n2=bb)"
+        );
+
+        // A primary's node with another copy is outvoted, and said; an even split is not.
+        let mut outvoted = split_readings();
+        outvoted.push(reading("n3", Ok(Some(fingerprint("bb")))));
+        let (primary, missing) = artifact("east", Role::Primary, outvoted);
+        assert_eq!(primary.get("artifact.model.file.w.sha256"), Some("bb"));
+        assert_eq!(
+            missing,
+            ["east's nodes disagree on model.file.w.sha256 (n1=aa; n2=bb; n3=bb): compared by most of them"]
+        );
+        let (even, _) = artifact("east", Role::Primary, split_readings());
+        assert_eq!(even.get("artifact.model.file.w.sha256"), Some("n1=aa; n2=bb"));
     }
 
     #[test]

@@ -23,6 +23,7 @@ use understudy_prober::probe::{Endpoint, ProbeReport};
 use crate::clusters::ClusterError;
 use crate::crd::{FailoverPolicy, GoldenAnswer, ParityStatus, PoolSpec, WorkloadKind};
 use crate::parity::ServingConfig;
+use crate::standby::HostRoom;
 
 /// The controller's clock: time since the Unix epoch, so that times recorded in status mean the
 /// same thing to a restarted operator.
@@ -138,6 +139,17 @@ pub trait ProbeFindings: Send + Sync + fmt::Debug {
         Vec::new()
     }
 
+    /// The level each of those sleeps at, by its metrics (`None`: they do not say).
+    fn asleep_levels(&self, _policy: &ObjectRef<FailoverPolicy>, _pool: Pool) -> Vec<Option<u8>> {
+        Vec::new()
+    }
+
+    /// Host memory for `policy`'s `pool`'s level-1 sleepers, as its last round read the nodes;
+    /// empty (no refusal) when nothing was read.
+    fn host_room(&self, _policy: &ObjectRef<FailoverPolicy>, _pool: Pool) -> HostRoom {
+        HostRoom::default()
+    }
+
     /// `reports` are probes of `policy`'s `pool` made outside a round (a promotion's
     /// AwaitServing): what they found counts as a round's would for [`Self::passed`].
     fn note_probed(&self, _policy: &ObjectRef<FailoverPolicy>, _pool: Pool, _reports: &[ProbeReport]) {}
@@ -218,6 +230,28 @@ pub trait ReplicaEndpoints: Send + Sync + fmt::Debug {
     ) -> BoxFuture<'a, Result<Option<ServingConfig>, ResolveError>> {
         Box::pin(async { Ok(None) })
     }
+
+    /// Where the model files of each of `pool`'s Running replicas lie; none when that cannot be
+    /// told.
+    fn model_places<'a>(
+        &'a self,
+        _namespace: &'a str,
+        _pool: &'a PoolSpec,
+    ) -> BoxFuture<'a, Result<Vec<ModelPlace>, ResolveError>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
+}
+
+/// Where one running replica's model files lie, for parity to read them there: its node, and
+/// the model's directory as the node names it (`Err`: why that cannot be told, such as a model
+/// on a volume that is not the node's own).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModelPlace {
+    pub pod: String,
+    /// The replica's `host:port`.
+    pub endpoint: String,
+    pub node: String,
+    pub path: Result<String, String>,
 }
 
 /// A step the controller hands to another component.

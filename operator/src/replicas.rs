@@ -23,8 +23,8 @@ use understudy_prober::probe::{Bearer, Endpoint};
 
 use crate::clusters::Clusters;
 use crate::crd::{PoolSpec, WorkloadKind};
-use crate::parity::{ServingConfig, serving_config};
-use crate::ports::{ReplicaEndpoints, ResolveError};
+use crate::parity::{ServingConfig, model_host_path, serving_config};
+use crate::ports::{ModelPlace, ReplicaEndpoints, ResolveError};
 
 /// The label a LeaderWorkerSet puts on every pod of its groups, with the set's name.
 const LWS_NAME_LABEL: &str = "leaderworkerset.sigs.k8s.io/name";
@@ -267,6 +267,29 @@ impl ReplicaEndpoints for KubeReplicas {
                 .collect())
         })
     }
+
+    fn model_places<'a>(
+        &'a self,
+        namespace: &'a str,
+        pool: &'a PoolSpec,
+    ) -> BoxFuture<'a, Result<Vec<ModelPlace>, ResolveError>> {
+        Box::pin(async move {
+            let pods = self.pods(namespace, pool).await?;
+            Ok(pods
+                .iter()
+                .filter(|pod| replica_endpoint(pod, pool.port).is_some())
+                .filter_map(|pod| {
+                    let spec = pod.spec.as_ref()?;
+                    Some(ModelPlace {
+                        pod: pod.name_any(),
+                        endpoint: replica_endpoint(pod, pool.port)?.authority(),
+                        node: spec.node_name.clone()?,
+                        path: model_host_path(spec),
+                    })
+                })
+                .collect())
+        })
+    }
 }
 
 impl KubeReplicas {
@@ -389,6 +412,7 @@ pub struct FixedReplicas {
     pools: HashMap<String, Vec<Endpoint>>,
     configs: Arc<Mutex<HashMap<String, ServingConfig>>>,
     names: HashMap<String, Vec<String>>,
+    places: HashMap<String, Vec<ModelPlace>>,
 }
 
 impl FixedReplicas {
@@ -416,6 +440,13 @@ impl FixedReplicas {
     #[must_use]
     pub fn with_names(mut self, pool: &str, names: Vec<String>) -> Self {
         self.names.insert(pool.to_owned(), names);
+        self
+    }
+
+    /// The replicas of the pool named `pool` have their model files at `places`.
+    #[must_use]
+    pub fn with_model_places(mut self, pool: &str, places: Vec<ModelPlace>) -> Self {
+        self.places.insert(pool.to_owned(), places);
         self
     }
 
@@ -464,6 +495,15 @@ impl ReplicaEndpoints for FixedReplicas {
     ) -> BoxFuture<'a, Result<Vec<String>, ResolveError>> {
         let names = self.names.get(&pool.name).cloned().unwrap_or_default();
         Box::pin(async move { Ok(names) })
+    }
+
+    fn model_places<'a>(
+        &'a self,
+        _namespace: &'a str,
+        pool: &'a PoolSpec,
+    ) -> BoxFuture<'a, Result<Vec<ModelPlace>, ResolveError>> {
+        let places = self.places.get(&pool.name).cloned().unwrap_or_default();
+        Box::pin(async move { Ok(places) })
     }
 }
 

@@ -8,7 +8,13 @@
 //! not drift from the primary: a broken or drifted replica is never put to sleep to be woken into
 //! a promotion. Nothing happens to the pool that holds the Lease, and
 //! the caller runs this only between promotions, so the pool is fenced before it shrinks.
+//!
+//! Level 1 parks a replica's weights in its node's host memory. A replica whose node has not
+//! the room for them, as the GPU agents read the nodes ([`HostRoom`]), sleeps at level 2
+//! instead (its weights discarded, reloaded on waking), and the pass says so: pushing a node
+//! into swapping or eviction to save seconds of a wake is no trade.
 
+use std::collections::BTreeMap;
 use std::fmt;
 
 use futures::future::join_all;
@@ -33,6 +39,8 @@ pub struct Kept {
     pub put_to_sleep: Vec<String>,
     /// Replicas left awake that should sleep, and why.
     pub left_awake: Vec<(String, String)>,
+    /// Replicas put to sleep at level 2 where their group sleeps at level 1, and why.
+    pub deeper: Vec<(String, String)>,
 }
 
 impl Kept {
@@ -61,6 +69,9 @@ impl fmt::Display for Kept {
                 self.put_to_sleep.join(", ")
             ));
         }
+        for (replica, why) in &self.deeper {
+            parts.push(format!("put {replica} to sleep at level 2, not 1: {why}"));
+        }
         for (replica, why) in &self.left_awake {
             parts.push(format!("left {replica} awake: {why}"));
         }
@@ -81,11 +92,67 @@ pub enum Error {
     Resolve(#[from] ResolveError),
 }
 
+/// Host memory for level-1 sleepers: where each replica runs and how large its weights are, and
+/// how much memory each node has available, as the GPU agents last read them. What it does not
+/// know of, it does not refuse: a replica or a node it has no figure for has room.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HostRoom {
+    /// By replica (`host:port`): its node, and the bytes of its weight files.
+    pub replicas: BTreeMap<String, (String, u64)>,
+    /// By node: the bytes of memory available.
+    pub available: BTreeMap<String, u64>,
+}
+
+impl HostRoom {
+    /// Takes room for the weights of the replica at `authority` (`host:port`) on its node, or
+    /// says why there is none: a level-1 sleeper needs its weights and a tenth more (pinned
+    /// buffers, and the page cache the node goes on needing).
+    pub fn take(&mut self, authority: &str) -> Result<(), String> {
+        let Some((node, weights)) = self.replicas.get(authority) else {
+            return Ok(());
+        };
+        let Some(available) = self.available.get_mut(node) else {
+            return Ok(());
+        };
+        let needed = weights.saturating_add(weights / 10);
+        if *available < needed {
+            return Err(format!(
+                "node {node} has {} of host memory available and its weights need {} with a tenth to spare",
+                binary_size(*available),
+                binary_size(needed)
+            ));
+        }
+        *available -= weights;
+        Ok(())
+    }
+
+    /// Gives back what [`Self::take`] took for the replica at `authority`: it did not sleep.
+    pub fn give_back(&mut self, authority: &str) {
+        if let Some((node, weights)) = self.replicas.get(authority)
+            && let Some(available) = self.available.get_mut(node)
+        {
+            *available = available.saturating_add(*weights);
+        }
+    }
+}
+
+/// `bytes` in GiB, or in MiB below one GiB, to a tenth.
+#[allow(clippy::cast_precision_loss)] // a tenth is all a message needs
+fn binary_size(bytes: u64) -> String {
+    let (unit, name) = if bytes >= 1 << 30 {
+        (1u64 << 30, "GiB")
+    } else {
+        (1 << 20, "MiB")
+    };
+    format!("{:.1} {name}", bytes as f64 / unit as f64)
+}
+
 /// Whether the standby's warm replicas may be put to sleep now.
 #[derive(Clone, Debug)]
 pub enum Sleep {
-    /// Each one that answers the probe as this expects.
-    AfterProbe(Expectation),
+    /// Each one that answers the probe as this expects, at level 1 only where its node has the
+    /// host memory for its weights.
+    AfterProbe(Expectation, HostRoom),
     /// None, for this reason (no golden answer recorded yet; the standby drifts from the
     /// primary): a replica is put to sleep only to be woken into a promotion it is fit for.
     Not(String),
@@ -135,8 +202,8 @@ pub async fn keep(
     if asleep.len() >= wanted {
         return Ok(kept);
     }
-    let expect = match sleep {
-        Sleep::AfterProbe(expect) => expect,
+    let (expect, mut room) = match sleep {
+        Sleep::AfterProbe(expect, room) => (expect, room),
         Sleep::Not(why) => {
             for endpoint in awake.iter().rev().take(wanted - asleep.len()) {
                 kept.left_awake.push((endpoint.to_string(), why.clone()));
@@ -174,12 +241,26 @@ pub async fn keep(
             kept.left_awake.push((endpoint.to_string(), why));
             continue;
         }
-        match put_to_sleep(endpoint, slot.0, timeouts).await {
+        let mut level = slot.0;
+        let mut deeper = None;
+        if level == 1
+            && let Err(why) = room.take(&endpoint.authority())
+        {
+            level = 2;
+            deeper = Some(why);
+        }
+        match put_to_sleep(endpoint, level, timeouts).await {
             Ok(()) => {
-                kept.put_to_sleep.push(format!("{endpoint} (level {})", slot.0));
+                kept.put_to_sleep.push(format!("{endpoint} (level {level})"));
+                kept.deeper.extend(deeper.map(|why| (endpoint.to_string(), why)));
                 slot.1 -= 1;
             }
-            Err(why) => kept.left_awake.push((endpoint.to_string(), why)),
+            Err(why) => {
+                if level == 1 {
+                    room.give_back(&endpoint.authority());
+                }
+                kept.left_awake.push((endpoint.to_string(), why));
+            }
         }
     }
     Ok(kept)

@@ -54,6 +54,7 @@ struct Drifted;
 fn drifted() -> ParityStatus {
     ParityStatus {
         checked_at: "2024-06-01T11:59:55Z".to_owned(),
+        artifact_keys: 0,
         compared: 9,
         drift: vec![ParityDrift {
             key: "flag.max-model-len".to_owned(),
@@ -62,6 +63,7 @@ fn drifted() -> ParityStatus {
         }],
         allowed: Vec::new(),
         not_compared: Vec::new(),
+        model_files: Vec::new(),
     }
 }
 

@@ -21,7 +21,7 @@ use understudy_operator::crd::{FailoverPolicy, GoldenAnswer};
 use understudy_operator::judge::{fixed_expectation, probe_all, probe_spec};
 use understudy_operator::policy::validate;
 use understudy_operator::replicas::FixedReplicas;
-use understudy_operator::standby::{self, Kept, Sleep};
+use understudy_operator::standby::{self, HostRoom, Kept, Sleep};
 use understudy_operator::workload::Workload;
 use understudy_prober::outcome::ProbeOutcome;
 use understudy_prober::probe::{Endpoint, Expectation, ProbeSpec};
@@ -129,7 +129,7 @@ fn judged_by_golden(policy: &FailoverPolicy) -> Expectation {
 async fn keep(policy: &FailoverPolicy, endpoints: &[Endpoint], expect: Option<Expectation>) -> Kept {
     let sleep = expect.map_or_else(
         || Sleep::Not("no golden answer is recorded yet to probe it against".to_owned()),
-        Sleep::AfterProbe,
+        |expect| Sleep::AfterProbe(expect, HostRoom::default()),
     );
     let probe = probe_of(policy, Expectation::NonEmpty);
     let replicas = FixedReplicas::default().with_pool("west", endpoints.to_vec());

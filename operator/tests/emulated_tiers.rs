@@ -998,6 +998,7 @@ async fn four_warm_and_four_pilot_light_route_at_half_capacity_when_the_warm_fou
 async fn a_drifted_warm_standby_is_neither_put_to_sleep_nor_switched_to() {
     let drift = ParityStatus {
         checked_at: "2026-01-05T08:59:50Z".to_owned(),
+        artifact_keys: 0,
         compared: 9,
         drift: vec![ParityDrift {
             key: "flag.max-model-len".to_owned(),

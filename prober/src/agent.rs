@@ -9,7 +9,9 @@
 //!   `DCGM_FI_DEV_FB_FREE`, `DCGM_FI_DEV_XID_ERRORS`, `DCGM_FI_DEV_ECC_DBE_VOL_TOTAL`, with the
 //!   `gpu`, `UUID`, `Hostname` labels and the holding pod's `namespace`, `pod`, `container`), and
 //!   `understudy_gpu_health` (0 healthy, 1 degraded, 2 failed) and `understudy_gpus_free`;
-//! - `/live`, and `/ready` once a first reading is published.
+//! - `/live`, and `/ready` once a first reading is published;
+//! - with the node's model cache mounted, `GET /models`: a model directory's fingerprint for
+//!   parity ([`crate::model_cache`]).
 //!
 //! A node without the NVML library has no GPUs: the report says "no GPUs found" and why, and the
 //! agent keeps serving. A kubelet that cannot be asked leaves the pods unknown, said the same way.
@@ -33,6 +35,7 @@ use understudy_listener::{Limits, serve_service_until};
 
 use crate::gpu::{GpuInventory, GpuState, GpuVerdict, NodeHealth, Thresholds};
 use crate::latest::{self, Latest};
+use crate::model_cache::{self, ModelCache};
 use crate::podresources::{self, PodDevices};
 
 /// One GPU as the agent publishes it.
@@ -79,10 +82,47 @@ pub struct NodeReport {
     /// a node.
     pub free: Vec<String>,
     pub pods: Vec<PodGpus>,
+    /// The node's host memory, where a level-1 sleeper parks its weights; `None` when it could
+    /// not be read (a note says why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<HostMemory>,
     /// What is missing from this report and why: no GPUs found, pods unknown.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
 }
+
+/// A node's memory as the kernel counts it (`/proc/meminfo`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HostMemory {
+    pub total_bytes: u64,
+    /// What can be given to a new allocation without swapping (`MemAvailable`).
+    pub available_bytes: u64,
+}
+
+impl HostMemory {
+    /// `MemTotal` and `MemAvailable` in `meminfo`'s text.
+    pub fn parse(meminfo: &str) -> Result<Self, String> {
+        let field = |name: &str| -> Result<u64, String> {
+            let line = meminfo
+                .lines()
+                .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))
+                .ok_or_else(|| format!("no {name} line"))?;
+            let kib = line.trim().trim_end_matches("kB").trim();
+            kib.parse::<u64>()
+                .ok()
+                .and_then(|kib| kib.checked_mul(1024))
+                .ok_or_else(|| format!("{name} is {line:?}"))
+        };
+        Ok(HostMemory {
+            total_bytes: field("MemTotal")?,
+            available_bytes: field("MemAvailable")?,
+        })
+    }
+}
+
+/// Where the kernel says how much memory the node has.
+pub const MEMINFO: &str = "/proc/meminfo";
 
 impl NodeReport {
     /// The pods on a failed GPU, as `namespace/pod`.
@@ -107,6 +147,8 @@ pub struct Agent {
     /// The resource the GPUs are allocated as.
     pub resource: String,
     pub limits: Thresholds,
+    /// Where the node's memory is read ([`MEMINFO`]).
+    pub meminfo: PathBuf,
 }
 
 impl std::fmt::Debug for Agent {
@@ -168,12 +210,26 @@ impl Agent {
                 Vec::new()
             }
         };
+        let memory = std::fs::read_to_string(&self.meminfo)
+            .map_err(|e| e.to_string())
+            .and_then(|text| HostMemory::parse(&text));
+        let memory = match memory {
+            Ok(memory) => Some(memory),
+            Err(error) => {
+                notes.push(format!(
+                    "the host memory could not be read from {}: {error}",
+                    self.meminfo.display()
+                ));
+                None
+            }
+        };
         NodeReport {
             node: self.node.clone(),
             read_at,
             gpus: reports,
             free: health.free,
             pods,
+            memory,
             notes,
         }
     }
@@ -235,16 +291,31 @@ pub async fn run(mut agent: Agent, interval: Duration, published: Published) {
     }
 }
 
-/// The agent's routes.
-pub fn router(published: Published) -> Router {
-    latest::routes("/gpus")
+/// The agent's routes, with `GET /models` when the node's model cache is mounted.
+pub fn router(published: Published, models: Option<Arc<ModelCache>>) -> Router {
+    let router = latest::routes("/gpus")
         .route("/metrics", get(metrics))
-        .with_state(published)
+        .with_state(published);
+    match models {
+        Some(models) => router.merge(model_cache::routes(models)),
+        None => router,
+    }
 }
 
 /// Serves the agent's routes on `listener` within `limits` until the process ends.
-pub async fn serve(listener: TcpListener, limits: Limits, published: Published) {
-    serve_service_until(listener, router(published), limits, CancellationToken::new()).await;
+pub async fn serve(
+    listener: TcpListener,
+    limits: Limits,
+    published: Published,
+    models: Option<Arc<ModelCache>>,
+) {
+    serve_service_until(
+        listener,
+        router(published, models),
+        limits,
+        CancellationToken::new(),
+    )
+    .await;
 }
 
 async fn metrics(State(published): State<Published>) -> Response {
@@ -344,4 +415,28 @@ pub fn exposition(report: &NodeReport) -> String {
         report.free.len()
     );
     out
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn host_memory_is_read_from_meminfo_in_bytes() {
+        let meminfo =
+            "MemTotal:       2113396736 kB\nMemFree:         1048576 kB\nMemAvailable:   1610612736 kB\n";
+        assert_eq!(
+            HostMemory::parse(meminfo).unwrap(),
+            HostMemory {
+                total_bytes: 2_113_396_736 * 1024,
+                available_bytes: 1_610_612_736 * 1024,
+            }
+        );
+        assert_eq!(
+            HostMemory::parse("MemTotal: 1 kB\n").unwrap_err(),
+            "no MemAvailable line"
+        );
+    }
 }

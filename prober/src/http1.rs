@@ -27,6 +27,11 @@ pub struct Call<'a> {
 /// Makes `call` on a fresh connection; the status and up to [`MAX_ANSWER_BYTES`] of the answer,
 /// or why there is none. No timeout here, the caller bounds it.
 pub async fn exchange(call: Call<'_>) -> Result<(http::StatusCode, Bytes), String> {
+    exchange_up_to(call, MAX_ANSWER_BYTES).await
+}
+
+/// [`exchange`], keeping up to `limit` bytes of the answer.
+pub async fn exchange_up_to(call: Call<'_>, limit: usize) -> Result<(http::StatusCode, Bytes), String> {
     let stream = tokio::net::TcpStream::connect((call.host, call.port))
         .await
         .map_err(|error| format!("cannot connect: {error}"))?;
@@ -51,7 +56,7 @@ pub async fn exchange(call: Call<'_>) -> Result<(http::StatusCode, Bytes), Strin
             Err(error) => Err(format!("the request failed: {error}")),
             Ok(response) => {
                 let status = response.status();
-                let body = Limited::new(response.into_body(), MAX_ANSWER_BYTES)
+                let body = Limited::new(response.into_body(), limit)
                     .collect()
                     .await
                     .map(|b| b.to_bytes())

@@ -8,7 +8,8 @@
 //!   drift report that names each differing key.
 //! - [`coldstart`]: where a replica's cold start went, stage by stage, from pod events, vLLM's
 //!   log lines and the first token.
-//! - [`gpu`]: GPU health through NVML, a node's verdict and its free GPUs.
+//! - [`gpu`]: GPU health through NVML, a node's verdict and its free GPUs; [`agent`] serves it
+//!   on each GPU node, with the fingerprints of the node's model cache ([`model_cache`]).
 //! - [`report`]: observations for the state machine, the JSON document, Prometheus metrics.
 //! - [`admin`]: probing every interval, and the admin port serving the latest round and metrics.
 //!
@@ -20,6 +21,7 @@ pub mod coldstart;
 pub mod gpu;
 pub mod http1;
 pub mod latest;
+pub mod model_cache;
 pub mod outcome;
 pub mod parity;
 pub mod podresources;

@@ -3,6 +3,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
@@ -12,6 +13,7 @@ use understudy_core::Pool;
 use understudy_prober::admin::{self, Published, Watch};
 use understudy_prober::agent;
 use understudy_prober::coldstart::{self, source::Recorded};
+use understudy_prober::model_cache::ModelCache;
 use understudy_prober::outcome::pool_verdict;
 use understudy_prober::parity::Fingerprint;
 use understudy_prober::parity::model::{self, Depth};
@@ -159,6 +161,18 @@ enum Command {
         /// The resource GPUs are allocated as.
         #[arg(long, default_value = understudy_prober::podresources::NVIDIA_GPU)]
         resource: String,
+        /// Where the node's model cache is mounted here, for parity's `GET /models`.
+        #[arg(long, requires = "model_cache_host_path")]
+        model_cache: Option<PathBuf>,
+        /// What the node calls its model cache: the hostPath `--model-cache` mounts.
+        #[arg(long, requires = "model_cache")]
+        model_cache_host_path: Option<PathBuf>,
+        /// A file to keep the full digests taken in, so that a restart hashes only what changed.
+        #[arg(long, requires = "model_cache")]
+        digests_file: Option<PathBuf>,
+        /// How old a full reading of a model directory may be before a request starts the next.
+        #[arg(long, default_value = "60s", value_parser = go_duration)]
+        full_digest_every: Duration,
     },
     /// Compare two replicas (`--endpoint` twice: vLLM's version, each served model's root and
     /// context, how each tokenizes a fixed text and chat) or two model directories
@@ -203,7 +217,7 @@ async fn fingerprints(
         let depth = if full {
             Depth::Full { threads }
         } else {
-            Depth::Cheap
+            Depth::Headers
         };
         let read = |dir: &PathBuf| -> anyhow::Result<Fingerprint> {
             let files = model::locate(dir).with_context(|| format!("reading {}", dir.display()))?;
@@ -249,7 +263,16 @@ async fn main() -> anyhow::Result<()> {
             interval,
             pod_resources_socket,
             resource,
-        } => serve_gpu_agent(node, admin_addr, interval, pod_resources_socket, resource).await?,
+            model_cache,
+            model_cache_host_path,
+            digests_file,
+            full_digest_every,
+        } => {
+            let models = model_cache.zip(model_cache_host_path).map(|(mount, host)| {
+                Arc::new(ModelCache::new(mount, host, digests_file).with_refresh(full_digest_every))
+            });
+            serve_gpu_agent(node, admin_addr, interval, pod_resources_socket, resource, models).await?;
+        }
         Command::Parity {
             endpoint,
             model_dir,
@@ -335,6 +358,7 @@ async fn serve_gpu_agent(
     interval: Duration,
     pod_resources_socket: PathBuf,
     resource: String,
+    models: Option<Arc<ModelCache>>,
 ) -> anyhow::Result<()> {
     anyhow::ensure!(!interval.is_zero(), "--interval must be more than 0s");
     let listener = tokio::net::TcpListener::bind(admin_addr)
@@ -345,6 +369,12 @@ async fn serve_gpu_agent(
         eprintln!("no GPUs found: {why}; serving all the same");
     }
     eprintln!("GPU agent for node {node} on http://{}", listener.local_addr()?);
+    if let Some(models) = &models {
+        eprintln!(
+            "reading the model cache for parity ({} full digests known)",
+            models.known_digests()
+        );
+    }
     let agent = agent::Agent {
         node,
         inventory,
@@ -352,11 +382,12 @@ async fn serve_gpu_agent(
         socket: pod_resources_socket,
         resource,
         limits: understudy_prober::gpu::Thresholds::default(),
+        meminfo: agent::MEMINFO.into(),
     };
     let published = agent::Published::default();
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
-        () = agent::serve(listener, admin::Limits::default(), published.clone()) => anyhow::bail!("the agent's server stopped"),
+        () = agent::serve(listener, admin::Limits::default(), published.clone(), models) => anyhow::bail!("the agent's server stopped"),
         () = agent::run(agent, interval, published) => {}
         _ = tokio::signal::ctrl_c() => {}
         _ = terminate.recv() => {}

@@ -58,6 +58,7 @@ fn agent(gpus: Vec<GpuState>, socket: PathBuf) -> Agent {
         socket,
         resource: NVIDIA_GPU.to_owned(),
         limits: Thresholds::default(),
+        meminfo: understudy_prober::agent::MEMINFO.into(),
     }
 }
 
@@ -79,6 +80,11 @@ async fn a_gpu_that_fell_off_the_bus_fails_the_pod_holding_it_and_only_that_one(
     busy.memory_used_bytes = 70 << 30;
     let mut agent = agent(vec![busy, lost, gpu(2)], socket);
     let report = agent.read("2026-12-02T12:00:00Z".to_owned()).await;
+    let memory = report.memory.expect("this machine's /proc/meminfo");
+    assert!(
+        memory.available_bytes > 0 && memory.available_bytes <= memory.total_bytes,
+        "{memory:?}"
+    );
     let verdicts: Vec<(&str, &str)> = report
         .gpus
         .iter()
@@ -123,6 +129,7 @@ async fn without_nvml_or_a_kubelet_the_report_says_what_it_lacks() {
     let mut agent = Agent {
         inventory: Box::new(NoGpus),
         no_nvml: Some("libnvidia-ml.so.1 cannot be loaded".to_owned()),
+        meminfo: dir.path().join("no-meminfo"),
         ..agent(Vec::new(), dir.path().join("nothing.sock"))
     };
     let report = agent.read("t".to_owned()).await;
@@ -133,6 +140,12 @@ async fn without_nvml_or_a_kubelet_the_report_says_what_it_lacks() {
     );
     assert!(
         report.notes[1].starts_with("which pod holds which GPU is not known: connecting to "),
+        "{:?}",
+        report.notes
+    );
+    assert!(report.memory.is_none());
+    assert!(
+        report.notes[2].starts_with("the host memory could not be read from "),
         "{:?}",
         report.notes
     );

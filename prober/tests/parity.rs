@@ -110,7 +110,7 @@ const FULL: Depth = Depth::Full { threads: 2 };
 
 #[test]
 fn identical_model_directories_agree_at_every_depth() {
-    for depth in [Depth::Cheap, FULL] {
+    for depth in [Depth::Headers, FULL] {
         let (a, _) = fingerprint(&Spec::default(), depth);
         let (b, _) = fingerprint(&Spec::default(), depth);
         assert!(a.drift(&b).holds(), "{depth:?}: {}", a.drift(&b).render());
@@ -124,8 +124,8 @@ fn a_changed_weight_byte_is_named_by_the_cache_for_free_and_by_the_full_digest()
         flip: Some(1000),
         ..Spec::default()
     };
-    let (a, _) = fingerprint(&Spec::default(), Depth::Cheap);
-    let (b, _) = fingerprint(&changed, Depth::Cheap);
+    let (a, _) = fingerprint(&Spec::default(), Depth::Headers);
+    let (b, _) = fingerprint(&changed, Depth::Headers);
     assert_eq!(
         a.drift(&b).keys(),
         vec!["model.file.model-00002-of-00002.safetensors.lfs-sha256"],
@@ -160,8 +160,8 @@ fn a_changed_weight_byte_outside_a_cache_is_seen_only_by_the_full_digest() {
         ..Spec::default()
     };
     assert!(
-        plain(&Spec::default(), Depth::Cheap)
-            .drift(&plain(&changed, Depth::Cheap))
+        plain(&Spec::default(), Depth::Headers)
+            .drift(&plain(&changed, Depth::Headers))
             .holds()
     );
     assert_eq!(
@@ -172,13 +172,13 @@ fn a_changed_weight_byte_outside_a_cache_is_seen_only_by_the_full_digest() {
 
 #[test]
 fn a_changed_shape_is_caught_by_the_cheap_header_digest() {
-    let (a, _) = fingerprint(&Spec::default(), Depth::Cheap);
+    let (a, _) = fingerprint(&Spec::default(), Depth::Headers);
     let (b, _) = fingerprint(
         &Spec {
             rows: 513,
             ..Spec::default()
         },
-        Depth::Cheap,
+        Depth::Headers,
     );
     let report = a.drift(&b);
     let keys = report.keys();
@@ -191,13 +191,13 @@ fn a_changed_shape_is_caught_by_the_cheap_header_digest() {
 
 #[test]
 fn a_changed_tokenizer_file_and_chat_template_are_reported_by_name() {
-    let (a, _) = fingerprint(&Spec::default(), Depth::Cheap);
+    let (a, _) = fingerprint(&Spec::default(), Depth::Headers);
     let (b, _) = fingerprint(
         &Spec {
             tokenizer: r#"{"version":"1.0","model":{"type":"Unigram"}}"#,
             ..Spec::default()
         },
-        Depth::Cheap,
+        Depth::Headers,
     );
     let report = a.drift(&b);
     let keys = report.keys();
@@ -208,7 +208,7 @@ fn a_changed_tokenizer_file_and_chat_template_are_reported_by_name() {
             chat_template: "{{ bos_token }}{{ messages }}",
             ..Spec::default()
         },
-        Depth::Cheap,
+        Depth::Headers,
     );
     let report = a.drift(&c);
     let keys = report.keys();
@@ -243,14 +243,14 @@ fn the_cheap_digest_reads_only_headers_and_small_files_however_large_the_weights
             rows: 64,
             ..Spec::default()
         },
-        Depth::Cheap,
+        Depth::Headers,
     );
     let (_, large) = fingerprint(
         &Spec {
             rows: 262_144,
             ..Spec::default()
         },
-        Depth::Cheap,
+        Depth::Headers,
     );
     // 262144 rows × 64 × 2 bytes = 32 MiB of weights, against 8 KiB.
     assert!(large < 4096, "the cheap digest read {large} bytes");
@@ -270,16 +270,76 @@ fn the_cheap_digest_reads_only_headers_and_small_files_however_large_the_weights
 }
 
 #[test]
+fn the_cache_depth_reads_no_file_and_still_names_a_changed_weight_in_a_cache() {
+    let changed = Spec {
+        flip: Some(1000),
+        ..Spec::default()
+    };
+    let (a, read) = fingerprint(&Spec::default(), Depth::Cache);
+    let (b, _) = fingerprint(&changed, Depth::Cache);
+    assert_eq!(read, 0, "only names and sizes");
+    assert_eq!(a.get("model.commit"), Some(COMMIT));
+    assert!(a.get("model.safetensors-headers").is_none(), "{a:?}");
+    assert_eq!(
+        a.drift(&b).keys(),
+        vec!["model.file.model-00002-of-00002.safetensors.lfs-sha256"]
+    );
+}
+
+/// A cache in `root` whose second shard holds 40,000 rows (about 5 MB), located.
+fn larger_cache(root: &Path) -> model::ModelFiles {
+    let spec = Spec {
+        rows: 40_000,
+        ..Spec::default()
+    };
+    model::locate(&hf_cache(root, &spec)).unwrap()
+}
+
+#[test]
+fn a_full_digest_already_taken_of_an_unchanged_file_is_not_taken_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let located = larger_cache(dir.path());
+    let mut known = model::KnownDigests::default();
+    let (first, cost) = model::fingerprint_known(&located, FULL, &mut known).unwrap();
+    assert_eq!((cost.files_hashed, cost.files_known), (5, 0));
+    // Kept as a file and read back, as the node agent does across a restart.
+    let mut known: model::KnownDigests =
+        serde_json::from_str(&serde_json::to_string(&known).unwrap()).unwrap();
+    let (second, cost) = model::fingerprint_known(&located, FULL, &mut known).unwrap();
+    assert_eq!((cost.files_hashed, cost.files_known), (0, 5));
+    assert!(cost.bytes_read < 4096, "headers and small files only: {cost:?}");
+    assert_eq!(first, second);
+
+    // A shard rewritten in place, same size, other bytes: hashed again, and only it.
+    let shard = located
+        .files
+        .iter()
+        .find(|f| f.name == "model-00002-of-00002.safetensors")
+        .unwrap();
+    let mut bytes = std::fs::read(&shard.path).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    std::fs::write(&shard.path, &bytes).unwrap();
+    let (third, cost) = model::fingerprint_known(&located, FULL, &mut known).unwrap();
+    assert_eq!((cost.files_hashed, cost.files_known), (1, 4));
+    assert_eq!(
+        first.drift(&third).keys(),
+        vec!["model.file.model-00002-of-00002.safetensors.sha256"],
+        "the blob keeps its name: only the full digest sees the change"
+    );
+    std::fs::remove_file(std::fs::canonicalize(&shard.path).unwrap()).unwrap();
+    known.prune();
+    assert_eq!(
+        known.0.len(),
+        4,
+        "what is known of a file that is gone is dropped"
+    );
+}
+
+#[test]
 fn the_full_digest_equals_sha256sum() {
     let dir = tempfile::tempdir().unwrap();
-    let repo = hf_cache(
-        dir.path(),
-        &Spec {
-            rows: 40_000,
-            ..Spec::default()
-        },
-    );
-    let located = model::locate(&repo).unwrap();
+    let located = larger_cache(dir.path());
     let (fp, _) = model::fingerprint(&located, Depth::Full { threads: 3 }).unwrap();
     let output = Command::new("sha256sum")
         .args(located.files.iter().map(|f| &f.path))
@@ -305,10 +365,10 @@ fn a_truncated_safetensors_file_is_an_error_naming_it_not_a_panic() {
     let mut bytes = safetensors("w", 16, None);
     bytes[0..8].copy_from_slice(&(1u64 << 40).to_le_bytes());
     std::fs::write(dir.path().join("broken.safetensors"), &bytes).unwrap();
-    let err = model::fingerprint(&model::locate(dir.path()).unwrap(), Depth::Cheap).unwrap_err();
+    let err = model::fingerprint(&model::locate(dir.path()).unwrap(), Depth::Headers).unwrap_err();
     assert!(err.to_string().contains("broken.safetensors"), "{err}");
     std::fs::write(dir.path().join("broken.safetensors"), b"abc").unwrap();
-    assert!(model::fingerprint(&model::locate(dir.path()).unwrap(), Depth::Cheap).is_err());
+    assert!(model::fingerprint(&model::locate(dir.path()).unwrap(), Depth::Headers).is_err());
 }
 
 /// `understudy-prober parity --model-dir A --model-dir B`, the binary: its exit status and what

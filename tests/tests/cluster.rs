@@ -277,7 +277,7 @@ impl TwoPools {
         standby: Standby,
         trigger: serde_json::Value,
     ) -> TwoPools {
-        Self::start_with(client, ns, standby, trigger, false, Engine::Emulated).await
+        Self::start_with(client, ns, standby, trigger, false, Engine::Emulated, None).await
     }
 
     /// One hot replica in each pool, real vLLM's CPU build.
@@ -287,15 +287,17 @@ impl TwoPools {
             running: 1,
             tiers: serde_json::Value::Null,
         };
-        Self::start_with(client, ns, standby, json!({}), false, Engine::RealCpu).await
+        Self::start_with(client, ns, standby, json!({}), false, Engine::RealCpu, None).await
     }
 
     /// Two hot pools whose replicas each have a fence in front ([`fenced_deployment`]), which
     /// the policy's pools name as their port.
     async fn start_fenced(client: Client, ns: &'static str, trigger: serde_json::Value) -> TwoPools {
-        Self::start_with(client, ns, Standby::hot(), trigger, true, Engine::Emulated).await
+        Self::start_with(client, ns, Standby::hot(), trigger, true, Engine::Emulated, None).await
     }
 
+    /// With `models`, each pool loads its model from `models/POOL` on its node (a hostPath, as
+    /// `HF_HOME`), and the policy compares the model files in full (`artifactDigest: full`).
     async fn start_with(
         client: Client,
         ns: &'static str,
@@ -303,6 +305,7 @@ impl TwoPools {
         trigger: serde_json::Value,
         fenced: bool,
         engine: Engine,
+        models: Option<&std::path::Path>,
     ) -> TwoPools {
         let (east_replicas, ready_within, probe) = match engine {
             Engine::Emulated => (
@@ -326,11 +329,24 @@ impl TwoPools {
             ("chat-east", "east", east_replicas),
             ("chat-west", "west", standby.running),
         ] {
-            let deployment = match (fenced, engine) {
+            let mut deployment = match (fenced, engine) {
                 (true, _) => fenced_deployment(name, running, pool),
                 (false, Engine::Emulated) => vllm_deployment(name, running),
                 (false, Engine::RealCpu) => vllm_cpu_deployment(name, running),
             };
+            if let Some(models) = models {
+                let host = models.join(pool);
+                let mut value = serde_json::to_value(&deployment).unwrap();
+                let spec = &mut value["spec"]["template"]["spec"];
+                spec["volumes"] = json!([{"name": "models", "hostPath": {"path": host.to_str().unwrap()}}]);
+                let vllm = &mut spec["containers"][0];
+                vllm["volumeMounts"] = json!([{"name": "models", "mountPath": "/models"}]);
+                vllm["env"]
+                    .as_array_mut()
+                    .unwrap()
+                    .push(json!({"name": "HF_HOME", "value": "/models"}));
+                deployment = serde_json::from_value(value).unwrap();
+            }
             deployments
                 .create(&PostParams::default(), &deployment)
                 .await
@@ -358,7 +374,7 @@ impl TwoPools {
             west_spec["port"] = FENCE_PORT.into();
         }
         let policies: Api<FailoverPolicy> = Api::namespaced(client.clone(), ns);
-        let policy = serde_json::from_value(json!({
+        let mut policy = json!({
             "apiVersion": "understudy.dev/v1alpha1",
             "kind": "FailoverPolicy",
             "metadata": {"name": "chat"},
@@ -368,8 +384,11 @@ impl TwoPools {
                 "probe": probe,
                 "trigger": spec_trigger,
             },
-        }))
-        .unwrap();
+        });
+        if models.is_some() {
+            policy["spec"]["parity"] = json!({"artifactDigest": "full"});
+        }
+        let policy = serde_json::from_value(policy).unwrap();
         policies.create(&PostParams::default(), &policy).await.unwrap();
         TwoPools {
             client,
@@ -388,6 +407,11 @@ impl TwoPools {
     /// The operator binary as the chart's ServiceAccount, pushing routes to the router with the
     /// token `token`.
     fn operator(&self, identity: &str, token: &str) -> Process {
+        self.operator_with(identity, token, &[])
+    }
+
+    /// [`Self::operator`], with `extra` flags.
+    fn operator_with(&self, identity: &str, token: &str, extra: &[&str]) -> Process {
         let token_file = self.dir.path().join(format!("{identity}-token"));
         std::fs::write(&token_file, token).unwrap();
         let router = format!("http://{}", self.admin);
@@ -398,6 +422,7 @@ impl TwoPools {
             std::fs::write(&fence_token_file, FENCE_TOKEN).unwrap();
             flags.extend(["--replica-token-file", fence_token_file.to_str().unwrap()]);
         }
+        flags.extend(extra);
         operator_process(identity, self.ns, &flags)
     }
 
@@ -1045,6 +1070,172 @@ async fn a_game_day_that_drifts_the_standby_sees_the_policy_report_it_promote_no
             .then_some(())
     })
     .await;
+    assert!(refusals(&operator).is_empty(), "{:#?}", refusals(&operator));
+    pools.stop(operator).await;
+}
+
+/// The node agents as the chart runs them with `agent.modelCacheHostPath`, in `ns`: every node's
+/// `understudy-prober agent`, reading the model cache at `models` (every emulated node's, since
+/// they share this host's files).
+async fn model_reading_agents(client: &Client, ns: &str, models: &std::path::Path) {
+    let models = models.to_str().unwrap();
+    let agents: k8s_openapi::api::apps::v1::DaemonSet = serde_json::from_value(json!({
+        "metadata": {"name": "gpu-agent"},
+        "spec": {
+            "selector": {"matchLabels": {"app": "gpu-agent"}},
+            "template": {
+                "metadata": {"labels": {"app": "gpu-agent"}},
+                "spec": {
+                    "tolerations": [{"operator": "Exists"}],
+                    "containers": [{
+                        "name": "agent",
+                        "image": "understudy-prober:test",
+                        "args": ["agent", "--admin-addr", "0.0.0.0:9400", "--interval", "1s",
+                                 "--model-cache", "/models", "--model-cache-host-path", models],
+                        "env": [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}],
+                        "volumeMounts": [{"name": "models", "mountPath": "/models", "readOnly": true}],
+                    }],
+                    "volumes": [{"name": "models", "hostPath": {"path": models, "type": "Directory"}}],
+                },
+            },
+        },
+    }))
+    .unwrap();
+    Api::<k8s_openapi::api::apps::v1::DaemonSet>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &agents)
+        .await
+        .unwrap();
+}
+
+/// A model directory in `models/POOL` as vLLM finds `MODEL` under `HF_HOME`: a safetensors file
+/// of four F32 weights `weights`, its config and tokenizer config.
+fn write_model(models: &std::path::Path, pool: &str, weights: [u8; 16]) {
+    let dir = models
+        .join(pool)
+        .join("hub")
+        .join(format!("models--{}", MODEL.replace('/', "--")));
+    std::fs::create_dir_all(&dir).unwrap();
+    let header = br#"{"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}}"#;
+    let mut file = (header.len() as u64).to_le_bytes().to_vec();
+    file.extend_from_slice(header);
+    file.extend_from_slice(&weights);
+    // Whole or not at all, as a download lands: a reading never sees it half written.
+    std::fs::write(dir.join("model.partial"), file).unwrap();
+    std::fs::rename(dir.join("model.partial"), dir.join("model.safetensors")).unwrap();
+    for (name, text) in [("config.json", "{}"), ("tokenizer_config.json", "{}")] {
+        if !dir.join(name).exists() {
+            std::fs::write(dir.join(name), text).unwrap();
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_weight_file_that_drifted_on_the_standbys_node_is_named_by_key_and_blocks_promotion() {
+    use understudy_api::crd::ConditionStatus::{False, True};
+
+    let Some(client) = cluster().await else { return };
+    let models = tempfile::tempdir().unwrap();
+    write_model(models.path(), "east", [1; 16]);
+    write_model(models.path(), "west", [1; 16]);
+    let pools = TwoPools::start_with(
+        client.clone(),
+        "e2e-weights",
+        Standby::hot(),
+        json!({"minDwell": "2s"}),
+        false,
+        Engine::Emulated,
+        Some(models.path()),
+    )
+    .await;
+    model_reading_agents(&client, pools.ns, models.path()).await;
+    let agents = [
+        "--gpu-agent-selector",
+        "app=gpu-agent",
+        "--gpu-agent-namespace",
+        pools.ns,
+        "--gpu-agent-port",
+        "9400",
+    ];
+    let operator = pools.operator_with("e2e-operator-1", ADMIN_TOKEN, &agents);
+    pools.routed("east", 0).await;
+    let condition = |status: &understudy_api::crd::FailoverPolicyStatus, name: &str| {
+        status.conditions.get(name).map(|c| (c.status, c.message.clone()))
+    };
+    let steady = eventually(Duration::from_secs(90), "the model files compared", || async {
+        let status = pools.policies.get("chat").await.unwrap().status?;
+        let (compared, _) = condition(&status, "ArtifactDigestCompared")?;
+        let (holds, _) = condition(&status, "ParityHolds")?;
+        (compared == True && holds == True).then_some(status)
+    })
+    .await;
+    let parity = steady.parity.as_ref().unwrap();
+    assert!(parity.artifact_keys >= 5, "{parity:?}");
+    println!(
+        "ArtifactDigestCompared: {}",
+        condition(&steady, "ArtifactDigestCompared").unwrap().1
+    );
+
+    // One weight of west's model changes on its node, the file's size the same.
+    let mut drifted = [1; 16];
+    drifted[15] = 2;
+    write_model(models.path(), "west", drifted);
+    let key = "artifact.model.file.model.safetensors.sha256";
+    let drifted_at = Instant::now();
+    let status = eventually(Duration::from_secs(60), "the drifted weights named", || async {
+        let status = pools.policies.get("chat").await.unwrap().status?;
+        let parity = status.parity.clone()?;
+        let named = parity.drift.iter().map(|d| d.key.as_str()).collect::<Vec<_>>() == [key];
+        (named && condition(&status, "ParityHolds")?.0 == False).then_some(status)
+    })
+    .await;
+    println!(
+        "drift named {:.1} s after the write; ParityHolds: {}",
+        drifted_at.elapsed().as_secs_f64(),
+        condition(&status, "ParityHolds").unwrap().1
+    );
+
+    // East crashes: with parity broken, west is not promoted while east is down (its kubelet
+    // keeps it down 10 s; a standby in parity is promoted in about 3).
+    pools.crash_east();
+    let crashed = Instant::now();
+    while crashed.elapsed() < Duration::from_secs(8) {
+        assert_eq!(
+            pools.lease().await,
+            ("0".to_owned(), "east".to_owned()),
+            "promoted a drifted standby"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let status = pools.policies.get("chat").await.unwrap().status.unwrap();
+    assert_eq!(condition(&status, "ParityHolds").unwrap().0, False, "{status:#?}");
+
+    // The control, once east serves again (or parity restored now would rightly promote west):
+    // west's weights put back, parity holds again, and the next crash promotes it.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), pools.ns);
+    let east = eventually(Duration::from_secs(60), "east restarted and serving", || async {
+        let east = pods
+            .list(&ListParams::default().labels("app=chat-east"))
+            .await
+            .ok()?
+            .items;
+        let restarted = east.iter().all(|pod| restart_count(pod) >= 1 && is_ready(pod));
+        let status = pools.policies.get("chat").await.ok()?.status?;
+        (restarted && status.state.as_deref() == Some("Serving")).then_some(east)
+    })
+    .await;
+    write_model(models.path(), "west", [1; 16]);
+    pools.until_steady(true).await;
+    pools.routed("east", 0).await;
+    for pod in &east {
+        // Its processes as they run since the restart.
+        sigkill(container_pid(pod));
+    }
+    let crashed = Instant::now();
+    pools.routed("west", 1).await;
+    println!(
+        "with parity restored, west routed at epoch 1 {:.1} s after the crash",
+        crashed.elapsed().as_secs_f64()
+    );
     assert!(refusals(&operator).is_empty(), "{:#?}", refusals(&operator));
     pools.stop(operator).await;
 }

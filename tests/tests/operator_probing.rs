@@ -28,16 +28,19 @@ use prober_support::Emulator;
 use understudy_core::Pool;
 use understudy_core::failover::{CheckResult, FailoverConfig, FailoverState, Input, PassiveSignal, Phase};
 use understudy_operator::crd::FailoverPolicy;
+use understudy_operator::crd::{ArtifactDigest, FailoverPolicyStatus};
 use understudy_operator::gpu_health::GpuAgents;
 use understudy_operator::observe::ProbingObservations;
 use understudy_operator::parity::ServingConfig;
 use understudy_operator::peers::Routers;
 use understudy_operator::policy;
+use understudy_operator::ports::ModelPlace;
 use understudy_operator::ports::{Observation, ObservationSource, ProbeFindings};
 use understudy_operator::replicas::FixedReplicas;
 use understudy_operator::router_admin::{RouterAdminUrl, RouterToken};
 use understudy_prober::agent::Agent;
 use understudy_prober::gpu::{GpuInventory, GpuState, Thresholds};
+use understudy_prober::model_cache::ModelCache;
 use understudy_prober::podresources::{self, PodDevices};
 use understudy_router::gateway::GatewayConfig;
 use understudy_router::waiting_room::WaitingRoomConfig;
@@ -510,6 +513,21 @@ fn healthy_gpu(index: u32) -> GpuState {
 /// A real node agent over `gpus` (east's replica holds GPU-0, west's GPU-1, as the kubelet's
 /// pod-resources API says), reading every 20 ms, served on loopback; its port.
 async fn gpu_agent(dir: &std::path::Path, gpus: SharedGpus) -> u16 {
+    gpu_agent_reading(dir, gpus, None).await
+}
+
+/// [`gpu_agent`], reading the node's model cache `models` for parity.
+async fn gpu_agent_reading(dir: &std::path::Path, gpus: SharedGpus, models: Option<Arc<ModelCache>>) -> u16 {
+    gpu_agent_on(dir, gpus, models, understudy_prober::agent::MEMINFO.into()).await
+}
+
+/// [`gpu_agent_reading`], reading the node's memory from `meminfo`.
+async fn gpu_agent_on(
+    dir: &std::path::Path,
+    gpus: SharedGpus,
+    models: Option<Arc<ModelCache>>,
+    meminfo: std::path::PathBuf,
+) -> u16 {
     let socket = dir.join("kubelet.sock");
     let held = |pod: &str, gpu: &str| PodDevices {
         namespace: "serving".to_owned(),
@@ -528,6 +546,7 @@ async fn gpu_agent(dir: &std::path::Path, gpus: SharedGpus) -> u16 {
         socket,
         resource: podresources::NVIDIA_GPU.to_owned(),
         limits: Thresholds::default(),
+        meminfo,
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
@@ -536,6 +555,7 @@ async fn gpu_agent(dir: &std::path::Path, gpus: SharedGpus) -> u16 {
         listener,
         Default::default(),
         published.clone(),
+        models,
     ));
     tokio::spawn(understudy_prober::agent::run(
         agent,
@@ -624,4 +644,314 @@ async fn the_control_a_standbys_failed_gpu_fails_the_standby_not_the_primary() {
         );
     }
     assert_eq!(operator.promoting(), None);
+}
+
+/// A model directory with one safetensors file of `weights` (16 bytes: four F32), its config and
+/// its tokenizer config, as a node's model cache holds one.
+fn model_dir(dir: &std::path::Path, weights: &[u8; 16]) {
+    std::fs::create_dir_all(dir).unwrap();
+    write_weights(dir, weights);
+    std::fs::write(
+        dir.join("config.json"),
+        r#"{"architectures":["LlamaForCausalLM"]}"#,
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("tokenizer_config.json"),
+        r#"{"chat_template":"{{ messages }}"}"#,
+    )
+    .unwrap();
+}
+
+/// Writes the model's safetensors file in `dir`, holding `weights`.
+fn write_weights(dir: &std::path::Path, weights: &[u8; 16]) {
+    let header = br#"{"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}}"#;
+    let mut file = (header.len() as u64).to_le_bytes().to_vec();
+    file.extend_from_slice(header);
+    file.extend_from_slice(weights);
+    // Whole or not at all, as a download lands: a reading never sees it half written.
+    std::fs::write(dir.join("model.partial"), file).unwrap();
+    std::fs::rename(dir.join("model.partial"), dir.join("model.safetensors")).unwrap();
+}
+
+/// Waits until the agent at `port` has a full reading of `path` whose weights digest is not
+/// `not`; that digest.
+async fn full_reading(
+    port: u16,
+    path: &str,
+    not: Option<&str>,
+) -> understudy_prober::model_cache::ModelReading {
+    let key = "model.file.model.safetensors.sha256";
+    for _ in 0..500 {
+        let reading = understudy_operator::gpu_health::read_model("127.0.0.1", port, path, "full")
+            .await
+            .unwrap();
+        let taken = |r: &understudy_prober::model_cache::ModelReading| {
+            r.fingerprint
+                .get(key)
+                .is_some_and(|d| Some(d) != not && !d.starts_with("changed since"))
+        };
+        if let Some(reading) = reading.filter(taken) {
+            return reading;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the agent never read {path} in full");
+}
+
+#[tokio::test]
+async fn a_standby_whose_weights_differ_on_its_node_drifts_by_key_and_is_not_promoted() {
+    let east = Emulator::ready(&[], KEEP_ALIVE);
+    let west = Emulator::ready(&[], &[]);
+    let dir = tempfile::tempdir().unwrap();
+    // The node's model cache: east's replica loads one directory of it, west's another.
+    let cache = dir.path().join("models");
+    let (east_dir, west_dir) = (cache.join("east/m"), cache.join("west/m"));
+    model_dir(&east_dir, &[1; 16]);
+    model_dir(&west_dir, &[1; 16]);
+    let digests = dir.path().join("digests.json");
+    let models = ModelCache::new(cache.clone(), cache.clone(), Some(digests.clone()));
+    let port = gpu_agent_reading(dir.path(), SharedGpus::default(), Some(Arc::new(models))).await;
+
+    let place = |pod: &str, path: &std::path::Path| ModelPlace {
+        pod: pod.to_owned(),
+        endpoint: format!("{pod}:8000"),
+        node: "gpu-node-1".to_owned(),
+        path: Ok(path.to_str().unwrap().to_owned()),
+    };
+    let mut policy = failover_policy();
+    policy.spec.parity.artifact_digest = Some(ArtifactDigest::Full);
+    let mut operator = Operator::observing(&east, &west, None, policy.clone());
+    let replicas = operator
+        .replicas
+        .clone()
+        .with_model_places("east", vec![place("vllm-east-0", &east_dir)])
+        .with_model_places("west", vec![place("vllm-west-0", &west_dir)]);
+    for pool in ["east", "west"] {
+        replicas.set_config(pool, serving(&[], &[]));
+    }
+    let observing = |replicas: &FixedReplicas| {
+        ProbingObservations::new(Arc::new(replicas.clone()))
+            .with_max_jitter(Duration::ZERO)
+            .with_gpu_agents(GpuAgents::At(vec![("127.0.0.1".to_owned(), port)]))
+    };
+    operator.observations = observing(&replicas);
+    operator.observations.track(&policy);
+
+    let agents = GpuAgents::At(vec![("127.0.0.1".to_owned(), port)]);
+    while agents.reports(None).await.0.is_empty() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The first full digests are taken in the background: not compared yet, and said.
+    operator.round().await;
+    let parity = operator.observations.parity(&operator.key()).unwrap();
+    assert_eq!(parity.artifact_keys, 0, "{parity:?}");
+    assert!(
+        parity.not_compared.contains(
+            &"east's model files on node gpu-node-1: the first full digest is being taken".to_owned()
+        ),
+        "{parity:?}"
+    );
+    let before = full_reading(port, west_dir.to_str().unwrap(), None).await;
+    full_reading(port, east_dir.to_str().unwrap(), None).await;
+    operator.round().await;
+    let parity = operator.observations.parity(&operator.key()).unwrap();
+    assert!(parity.drift.is_empty() && parity.artifact_keys >= 5, "{parity:?}");
+    assert_eq!(operator.parity.last(), Some(&true));
+
+    // One weight of west's changes in place, its size the same: only the full digest sees it.
+    let mut changed = [1; 16];
+    changed[15] = 2;
+    write_weights(&west_dir, &changed);
+    let digest = before.fingerprint.get("model.file.model.safetensors.sha256");
+    // Asked at once, the agent does not answer the old digest: the file changed since it read it.
+    let now =
+        understudy_operator::gpu_health::read_model("127.0.0.1", port, west_dir.to_str().unwrap(), "full")
+            .await
+            .unwrap()
+            .unwrap();
+    assert!(
+        now.fingerprint
+            .get("model.file.model.safetensors.sha256")
+            .is_some_and(|d| d.starts_with("changed since ")),
+        "{now:?}"
+    );
+    let after = full_reading(port, west_dir.to_str().unwrap(), digest).await;
+    assert_eq!(
+        after.cost.files_hashed, 1,
+        "only the rewritten file is hashed again: {:?}",
+        after.cost
+    );
+    assert_eq!(after.cost.files_known, 2, "{:?}", after.cost);
+    let kept = std::fs::read_to_string(&digests).unwrap();
+    assert!(
+        kept.contains(west_dir.join("model.safetensors").to_str().unwrap()),
+        "{kept}"
+    );
+
+    // East fails, and its model files can no longer be read (as when its node is lost): they
+    // are compared as last read, so west stays drifted.
+    east.inject("engine-dead");
+    std::fs::remove_dir_all(&east_dir).unwrap();
+    for _ in 0..4 {
+        operator.round().await;
+        let parity = operator.observations.parity(&operator.key()).unwrap();
+        let keys: Vec<&str> = parity.drift.iter().map(|d| d.key.as_str()).collect();
+        assert_eq!(
+            keys,
+            ["artifact.model.file.model.safetensors.sha256"],
+            "{parity:?}"
+        );
+    }
+    let parity = operator.observations.parity(&operator.key()).unwrap();
+    assert!(
+        parity
+            .not_compared
+            .iter()
+            .any(|line| line.starts_with("east's model files: compared as read at ")),
+        "{parity:?}"
+    );
+    assert_eq!(operator.parity.last(), Some(&false));
+    assert_eq!(
+        operator.promoting(),
+        None,
+        "a standby with other weights is not promoted"
+    );
+
+    // An operator that starts now has each pool's files from status, by their digest alone:
+    // east's still cannot be read, and west is compared with it by digest.
+    let mut recorded = policy.clone();
+    recorded.status = Some(FailoverPolicyStatus {
+        parity: operator.observations.parity(&operator.key()),
+        ..FailoverPolicyStatus::default()
+    });
+    assert_eq!(
+        recorded
+            .status
+            .as_ref()
+            .unwrap()
+            .parity
+            .as_ref()
+            .unwrap()
+            .model_files
+            .len(),
+        2
+    );
+    let restarted = observing(&replicas);
+    restarted.track(&recorded);
+    let key = operator.key();
+    assert!(restarted.probe_now(&key).await);
+    let parity = restarted.parity(&key).unwrap();
+    let keys: Vec<&str> = parity.drift.iter().map(|d| d.key.as_str()).collect();
+    assert_eq!(keys, ["artifact.digest"], "{parity:?}");
+}
+
+#[tokio::test]
+async fn a_warm_replica_whose_node_lacks_host_memory_for_its_weights_sleeps_at_level_two() {
+    use understudy_operator::standby::{self, Sleep};
+
+    const DEV_MODE: &[(&str, &str)] = &[("VLLM_SERVER_DEV_MODE", "1")];
+    let east = Emulator::ready(&[], &[]);
+    let west: Vec<Emulator> = (0..3)
+        .map(|_| Emulator::ready(&["--enable-sleep-mode"], DEV_MODE))
+        .collect();
+    let mut endpoints: Vec<_> = west.iter().map(|e| e.endpoint.clone()).collect();
+    endpoints.sort_by_key(ToString::to_string);
+    let dir = tempfile::tempdir().unwrap();
+    // Two nodes' worth of one: the node has 3 MiB available, each replica's weights take 2 MiB.
+    let cache = dir.path().join("models");
+    let model = cache.join("m");
+    std::fs::create_dir_all(&model).unwrap();
+    std::fs::write(model.join("model.safetensors"), vec![0u8; 2 << 20]).unwrap();
+    let meminfo = dir.path().join("meminfo");
+    std::fs::write(&meminfo, "MemTotal: 8192 kB\nMemAvailable: 3072 kB\n").unwrap();
+    let models = ModelCache::new(cache.clone(), cache.clone(), None);
+    let port = gpu_agent_on(dir.path(), SharedGpus::default(), Some(Arc::new(models)), meminfo).await;
+    let agents = GpuAgents::At(vec![("127.0.0.1".to_owned(), port)]);
+    while agents.reports(None).await.0.is_empty() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    let spec = serde_yaml::from_str(
+        "
+pools:
+  - {name: east, workload: {kind: Deployment, name: vllm-east}, replicas: 1}
+  - name: west
+    workload: {kind: Deployment, name: vllm-west}
+    replicas: 3
+    standby: [{tier: hot, replicas: 1}, {tier: warm, replicas: 2, sleepLevel: 1}]
+recoveryObjective: 5m
+probe: {interval: 10s, timeout: 5s}
+",
+    )
+    .unwrap();
+    let mut policy = FailoverPolicy::new("llama", spec);
+    policy.metadata.namespace = Some("serving".to_owned());
+    let places = endpoints
+        .iter()
+        .enumerate()
+        .map(|(i, endpoint)| ModelPlace {
+            pod: format!("vllm-west-{i}"),
+            endpoint: endpoint.authority(),
+            node: "gpu-node-1".to_owned(),
+            path: Ok(model.to_str().unwrap().to_owned()),
+        })
+        .collect();
+    let replicas = FixedReplicas::default()
+        .with_pool("east", vec![east.endpoint.clone()])
+        .with_pool("west", endpoints.clone())
+        .with_model_places("west", places);
+    let observations = ProbingObservations::new(Arc::new(replicas.clone()))
+        .with_max_jitter(Duration::ZERO)
+        .with_gpu_agents(agents);
+    observations.track(&policy);
+    let key = ObjectRef::from_obj(&policy);
+    assert!(observations.probe_now(&key).await);
+    let room = observations.host_room(&key, Pool::B);
+    assert_eq!(room.available["gpu-node-1"], 3 << 20, "{room:?}");
+    assert_eq!(room.replicas.len(), 3, "{room:?}");
+
+    // Kept in shape: the first to sleep takes 2 MiB of the 3; the next has no room at level 1.
+    let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+    let workload = understudy_operator::workload::Workload::new(
+        kube::Client::try_from(config).unwrap(),
+        "serving",
+        &policy.spec.pools[1].workload,
+    );
+    let probe = understudy_operator::judge::probe_spec(
+        &policy.spec.probe,
+        &policy::validate(&policy.spec).unwrap().probe,
+        understudy_prober::probe::Expectation::NonEmpty,
+    );
+    let kept = standby::keep(
+        &workload,
+        &policy.spec.pools[1],
+        &replicas,
+        "serving",
+        &probe,
+        Sleep::AfterProbe(understudy_prober::probe::Expectation::NonEmpty, room),
+        understudy_prober::sleep::WakeTimeouts::default(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        kept.put_to_sleep,
+        [
+            format!("{} (level 1)", endpoints[2]),
+            format!("{} (level 2)", endpoints[1])
+        ]
+    );
+    assert_eq!(kept.deeper.len(), 1, "{kept}");
+    assert_eq!(
+        kept.deeper[0].1,
+        "node gpu-node-1 has 1.0 MiB of host memory available and its weights need 2.2 MiB with a tenth to spare"
+    );
+    assert!(kept.to_string().contains("not 1: node gpu-node-1"), "{kept}");
+    // The rounds read the levels the status counts the standby's wake by: of the replicas the
+    // round before found asleep.
+    assert!(observations.probe_now(&key).await);
+    assert!(observations.probe_now(&key).await);
+    let mut levels = observations.asleep_levels(&key, Pool::B);
+    levels.sort();
+    assert_eq!(levels, [Some(1), Some(2)]);
 }

@@ -58,7 +58,7 @@ const READ_BY: &[(&str, &[(&str, &str)])] = &[
         ("spec.grants.ttl", "tests/tests/operator_grants.rs::a_grant_carries_the_policys_time_to_live_renewal_period_and_clock_skew_and_names_the_other_pools_fences"),
         ("spec.minServingFraction", "operator/tests/emulated_tiers.rs::four_warm_and_four_pilot_light_route_at_half_capacity_when_the_warm_four_answer"),
         ("spec.parity.allowDrift", "tests/tests/operator_probing.rs::template_drift_names_each_flag_and_keys_the_policy_allows_block_nothing"),
-        ("spec.parity.artifactDigest", "operator/src/controller/status.rs::a_policy_that_asks_for_artifact_digests_is_told_they_are_not_compared_yet"),
+        ("spec.parity.artifactDigest", "tests/tests/operator_probing.rs::a_standby_whose_weights_differ_on_its_node_drifts_by_key_and_is_not_promoted"),
         ("spec.parity.enabled", "operator/src/controller/status.rs::with_parity_disabled_a_drift_found_is_neither_shown_nor_held_against_the_standby"),
         ("spec.parity.ignoreFlags", "operator/src/parity.rs::the_policys_ignored_flags_are_left_out_however_they_are_written"),
         ("spec.paused", "operator/tests/controller_commands.rs::a_paused_policy_never_promotes_however_long_its_primary_fails_and_warns_once_why"),

@@ -20,6 +20,7 @@ use crate::ports::ReplicaEndpoints;
 use crate::ports::{HandOffToComponents, NoObservations, ObservationSource, ProbeFindings, StepExecutor};
 use crate::reconciler::{Shell, WithShell};
 use crate::reserve::ReserveConfig;
+use crate::standby::HostRoom;
 
 /// The finalizer the controller puts on every FailoverPolicy it runs.
 pub const FINALIZER: &str = "understudy.dev/cleanup";
@@ -104,6 +105,24 @@ impl Context {
     /// rounds found them; `None` while nothing is known.
     pub(crate) fn passed(&self, policy: &FailoverPolicy, pool: Pool) -> Option<BTreeSet<String>> {
         self.findings.as_ref()?.passed(&ObjectRef::from_obj(policy), pool)
+    }
+
+    /// Host memory for `policy`'s `pool`'s level-1 sleepers, as the probing rounds' last read the
+    /// nodes.
+    pub(crate) fn host_room(&self, policy: &FailoverPolicy, pool: Pool) -> HostRoom {
+        self.findings
+            .as_ref()
+            .map(|findings| findings.host_room(&ObjectRef::from_obj(policy), pool))
+            .unwrap_or_default()
+    }
+
+    /// The level each replica of `policy`'s `pool` that sleeps sleeps at, as the probing rounds'
+    /// last read them.
+    pub(crate) fn asleep_levels(&self, policy: &FailoverPolicy, pool: Pool) -> Vec<Option<u8>> {
+        self.findings
+            .as_ref()
+            .map(|findings| findings.asleep_levels(&ObjectRef::from_obj(policy), pool))
+            .unwrap_or_default()
     }
 
     /// `policy`'s `pool`'s replicas that said they were asleep in the probing rounds' last.

@@ -141,7 +141,7 @@ async fn keep_standby(
             "it drifts from the primary: {}",
             parity::drift_line(parity_drift)
         )),
-        Some(expect) => Sleep::AfterProbe(expect),
+        Some(expect) => Sleep::AfterProbe(expect, ctx.host_room(policy, standby_pool)),
         None => Sleep::Not("no golden answer is recorded yet to probe it against".to_owned()),
     };
     let probe = probe_spec(&policy.spec.probe, &validated.probe, Expectation::NonEmpty);

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use understudy_core::failover::{
     ControlPlane, FailoverConfig, FailoverState, Phase, Promotion, Step, TransitionKind as MachineKind,
 };
-use understudy_core::recovery::{Objective, Stage, StageTimes, judge, secs};
+use understudy_core::recovery::{Objective, Stage, StageTimes, Standby, judge, secs};
 use understudy_core::{Epoch, Pool};
 
 use crate::coldstart;
@@ -170,6 +170,8 @@ pub struct StatusFacts<'a> {
     pub standby_proof: Option<&'a StandbyProofRecord>,
     /// The last comparison of the pools; `None` keeps the previous status's.
     pub parity: Option<&'a ParityStatus>,
+    /// The level each of the standby's sleeping replicas sleeps at, as the probes last read it.
+    pub standby_asleep_levels: &'a [Option<u8>],
     pub now: Duration,
 }
 
@@ -203,8 +205,16 @@ pub fn desired_status(facts: &StatusFacts<'_>) -> Result<FailoverPolicyStatus, s
         machine,
         facts.lease_behind,
         facts.probe_accepted,
-        &cold_start,
         standby_proof.as_ref(),
+    );
+    conditions.insert(
+        condition_type::OBJECTIVE_MET.to_owned(),
+        objective_met(
+            facts.spec,
+            machine.standby(),
+            &cold_start,
+            facts.standby_asleep_levels,
+        ),
     );
     if let Some(ready) = conditions.get_mut(condition_type::READY)
         && ready.reason == "Promoting"
@@ -219,7 +229,7 @@ pub fn desired_status(facts: &StatusFacts<'_>) -> Result<FailoverPolicyStatus, s
     if let Some(digest) = facts.spec.parity.artifact_digest {
         conditions.insert(
             condition_type::ARTIFACT_DIGEST_COMPARED.to_owned(),
-            artifact_digest_not_compared(digest),
+            artifact_digest_compared(digest, facts.spec.parity.enabled, parity.as_ref()),
         );
     }
     Ok(FailoverPolicyStatus {
@@ -265,21 +275,63 @@ fn recorded(golden: &GoldenAnswer, previous: Option<&GoldenAnswer>, now: Duratio
     }
 }
 
-/// `ArtifactDigestCompared` for a policy that sets `spec.parity.artifactDigest`: not yet, and
-/// what parity does compare meanwhile.
-fn artifact_digest_not_compared(digest: ArtifactDigest) -> Condition {
-    let how = serde_json::to_value(digest)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_owned))
-        .unwrap_or_default();
-    condition(
-        ConditionStatus::False,
-        "NotYetCompared",
-        format!(
-            "spec.parity.artifactDigest ({how}) is not compared yet: parity compares serving flags, \
-             image, VLLM_* environment, runtime version and tokenizer digests, not the weights"
-        ),
-    )
+/// `ArtifactDigestCompared` for a policy that sets `spec.parity.artifactDigest`: whether the last
+/// comparison of the pools read both pools' model files, and if not, why.
+fn artifact_digest_compared(
+    digest: ArtifactDigest,
+    enabled: bool,
+    parity: Option<&ParityStatus>,
+) -> Condition {
+    let how = digest.as_str();
+    if !enabled {
+        return condition(
+            ConditionStatus::False,
+            "ParityOff",
+            format!("the pools' model files ({how}) are not compared: spec.parity.enabled is false"),
+        );
+    }
+    let Some(parity) = parity else {
+        return condition(
+            ConditionStatus::False,
+            "NotYetCompared",
+            format!("the pools' model files ({how}) have not been compared yet"),
+        );
+    };
+    let why_not: Vec<&str> = parity
+        .not_compared
+        .iter()
+        .filter(|line| line.contains("'s model files"))
+        .map(String::as_str)
+        .collect();
+    if parity.artifact_keys == 0 {
+        let why = if why_not.is_empty() {
+            "neither pool's were read".to_owned()
+        } else {
+            why_not.join("; ")
+        };
+        return condition(
+            ConditionStatus::False,
+            "NotCompared",
+            format!(
+                "the pools' model files ({how}) were not compared at {}: {why}",
+                parity.checked_at
+            ),
+        );
+    }
+    let drifted = parity
+        .drift
+        .iter()
+        .filter(|d| d.key.starts_with(crate::parity::ARTIFACT))
+        .count();
+    let mut message = format!(
+        "the pools' model files ({how}) were compared at {}: {} keys, {drifted} drifted",
+        parity.checked_at, parity.artifact_keys
+    );
+    if !why_not.is_empty() {
+        message.push_str("; not read: ");
+        message.push_str(&why_not.join("; "));
+    }
+    condition(ConditionStatus::True, "Compared", message)
 }
 
 fn condition(status: ConditionStatus, reason: &str, message: String) -> Condition {
@@ -298,17 +350,14 @@ fn conditions(
     machine: &FailoverState,
     lease_behind: Option<Epoch>,
     probe_accepted: Option<Result<(), &str>>,
-    cold_start: &[ColdStartBreakdown],
     proof: Option<&StandbyProofRecord>,
 ) -> BTreeMap<String, Condition> {
     let ready = ready(spec, config, machine, lease_behind);
     let standby_proven = standby_proven(spec, config, machine, proof);
-    let objective = objective_met(spec, machine.standby(), cold_start);
     let probe = probe(probe_accepted);
     BTreeMap::from([
         (condition_type::READY.to_owned(), ready),
         (condition_type::STANDBY_PROVEN.to_owned(), standby_proven),
-        (condition_type::OBJECTIVE_MET.to_owned(), objective),
         (condition_type::PROBE_ACCEPTED.to_owned(), probe),
     ])
 }
@@ -561,7 +610,16 @@ pub fn timeline_note(timeline: &FailoverTimeline) -> String {
 /// detection plus the time its tier mix takes, from the slowest measured time of each stage in
 /// `cold_start`, else the policy's estimate. `Unknown`, naming the stage, while a stage the mix
 /// goes through has neither.
-fn objective_met(spec: &FailoverPolicySpec, standby: Pool, cold_start: &[ColdStartBreakdown]) -> Condition {
+///
+/// A warm replica asleep at level 2 where its group asks for level 1 (a node short of host
+/// memory for its weights puts it there, [`crate::standby::HostRoom`]) is counted at level 2, as
+/// it would wake, and the message says so.
+fn objective_met(
+    spec: &FailoverPolicySpec,
+    standby: Pool,
+    cold_start: &[ColdStartBreakdown],
+    asleep_levels: &[Option<u8>],
+) -> Condition {
     use ConditionStatus::{False, True, Unknown};
     let Ok(policy) = validate(spec) else {
         return condition(Unknown, "InvalidSpec", "the spec does not validate".to_owned());
@@ -569,7 +627,21 @@ fn objective_met(spec: &FailoverPolicySpec, standby: Pool, cold_start: &[ColdSta
     let Some(pool) = spec.pools.get(standby.index()) else {
         return condition(Unknown, "InvalidSpec", "the spec has no standby pool".to_owned());
     };
-    let mix = pool.standby_mix();
+    let asked = pool.standby_mix();
+    let asked_at = |standby: Standby| -> u32 {
+        asked
+            .0
+            .iter()
+            .filter(|(s, _)| *s == standby)
+            .map(|(_, n)| n)
+            .sum()
+    };
+    let at_level_two =
+        u32::try_from(asleep_levels.iter().filter(|level| **level == Some(2)).count()).unwrap_or(u32::MAX);
+    let deeper = at_level_two
+        .saturating_sub(asked_at(Standby::Warm(2)))
+        .min(asked_at(Standby::Warm(1)));
+    let mix = asked.deeper(deeper);
     let quorum = spec.standby_shapes()[standby.index()].serving_quorum();
     let objective = Objective {
         objective: policy.recovery_objective,
@@ -585,6 +657,14 @@ fn objective_met(spec: &FailoverPolicySpec, standby: Pool, cold_start: &[ColdSta
         (true, _) => "from spec.coldStartEstimates",
         (false, true) => "from measured cold starts",
         (false, false) => "from measured cold starts, and spec.coldStartEstimates where none was measured",
+    };
+    let source = if deeper == 0 {
+        source.to_owned()
+    } else {
+        format!(
+            "{source}; {deeper} of its level-1 warm replicas sleep at level 2, where a node short of \
+             host memory for their weights put them, and are counted so"
+        )
     };
     match judge(&mix, &times, &objective) {
         Ok(judged) if judged.met => condition(
@@ -844,6 +924,7 @@ mod tests {
             cold_start: None,
             standby_proof: None,
             parity: None,
+            standby_asleep_levels: &[],
             now: NOW,
         })
         .unwrap()
@@ -871,6 +952,7 @@ mod tests {
             cold_start: None,
             standby_proof: None,
             parity,
+            standby_asleep_levels: &[],
             now: NOW,
         })
         .unwrap()
@@ -885,7 +967,7 @@ mod tests {
     }
 
     #[test]
-    fn a_policy_that_asks_for_artifact_digests_is_told_they_are_not_compared_yet() {
+    fn a_policy_that_asks_for_artifact_digests_is_told_whether_the_model_files_were_compared() {
         let machine = record(FailoverState::new());
         let status = status_of(&machine, None);
         assert!(
@@ -903,10 +985,57 @@ mod tests {
             (ConditionStatus::False, "NotYetCompared")
         );
         assert!(
-            compared.message.contains("(headers) is not compared yet"),
+            compared.message.contains("(headers) have not been compared yet"),
             "{}",
             compared.message
         );
+
+        let mut parity = ParityStatus {
+            checked_at: "2024-06-01T12:00:00Z".to_owned(),
+            artifact_keys: 0,
+            compared: 4,
+            drift: Vec::new(),
+            allowed: Vec::new(),
+            not_compared: vec![
+                "us-west's model files on node gpu-7: no GPU agent on it answered".to_owned(),
+                "us-west's runtime: no replica of it is running".to_owned(),
+            ],
+            model_files: Vec::new(),
+        };
+        let status = status_under(&spec, &machine, None, Some(&parity));
+        let compared = &status.conditions[condition_type::ARTIFACT_DIGEST_COMPARED];
+        assert_eq!(
+            (
+                compared.status,
+                compared.reason.as_str(),
+                compared.message.as_str()
+            ),
+            (
+                ConditionStatus::False,
+                "NotCompared",
+                "the pools' model files (headers) were not compared at 2024-06-01T12:00:00Z: \
+                 us-west's model files on node gpu-7: no GPU agent on it answered"
+            )
+        );
+
+        parity.artifact_keys = 3;
+        parity.not_compared.clear();
+        parity.drift = vec![crate::crd::ParityDrift {
+            key: "artifact.model.file.model.safetensors.sha256".to_owned(),
+            primary: Some("ab".to_owned()),
+            standby: Some("cd".to_owned()),
+        }];
+        let status = status_under(&spec, &machine, None, Some(&parity));
+        let compared = &status.conditions[condition_type::ARTIFACT_DIGEST_COMPARED];
+        assert_eq!(
+            (compared.status, compared.message.as_str()),
+            (
+                ConditionStatus::True,
+                "the pools' model files (headers) were compared at 2024-06-01T12:00:00Z: 3 keys, 1 drifted"
+            )
+        );
+        let holds = &status.conditions[condition_type::PARITY_HOLDS];
+        assert_eq!(holds.status, ConditionStatus::False, "{holds:?}");
     }
 
     #[test]
@@ -959,7 +1088,7 @@ mod tests {
 
     #[test]
     fn objective_met_comes_from_the_estimates_for_the_standbys_tier_mix() {
-        let met = objective_met(&tiered(FOUR_AND_FOUR, SEED_004), Pool::B, &[]);
+        let met = objective_met(&tiered(FOUR_AND_FOUR, SEED_004), Pool::B, &[], &[]);
         assert_eq!(
             (met.status, met.reason.as_str()),
             (ConditionStatus::True, "WithinObjective")
@@ -969,7 +1098,7 @@ mod tests {
             "4 × warm (level 1) + 4 × pilot light has 4 of 8 replicas serving 1m12s after a fault \
              (detection 45s), within the 5m objective (from spec.coldStartEstimates)"
         );
-        let missed = objective_met(&tiered(PILOT_LIGHT, SEED_004), Pool::B, &[]);
+        let missed = objective_met(&tiered(PILOT_LIGHT, SEED_004), Pool::B, &[], &[]);
         assert_eq!(
             (missed.status, missed.reason.as_str()),
             (ConditionStatus::False, "ObjectiveMissed")
@@ -989,8 +1118,34 @@ mod tests {
     }
 
     #[test]
+    fn a_level_one_replica_put_to_level_two_for_want_of_host_memory_is_counted_at_level_two() {
+        // Four warm at level 1 asked; one sleeps at level 2, and one says nothing of its level.
+        let levels = [Some(1), Some(2), Some(1), None];
+        let unknown = objective_met(&tiered(FOUR_AND_FOUR, SEED_004), Pool::B, &[], &levels);
+        assert_eq!(unknown.status, ConditionStatus::Unknown, "{}", unknown.message);
+        assert!(
+            unknown.message.starts_with("no time for the wakeLevel2 stage"),
+            "{}",
+            unknown.message
+        );
+        let estimates = SEED_004.replace("wakeLevel1: 25s", "wakeLevel1: 25s, wakeLevel2: 40s");
+        let met = objective_met(&tiered(FOUR_AND_FOUR, &estimates), Pool::B, &[], &levels);
+        assert_eq!(
+            met.message,
+            "3 × warm (level 1) + 4 × pilot light + 1 × warm (level 2) has 4 of 8 replicas serving \
+             1m27s after a fault (detection 45s), within the 5m objective (from spec.coldStartEstimates; \
+             1 of its level-1 warm replicas sleep at level 2, where a node short of host memory for \
+             their weights put them, and are counted so)"
+        );
+        // A pool that asks for level 2 sleeps there by its own choice.
+        let asked = "[{tier: warm, replicas: 4, sleepLevel: 2}, {tier: pilotLight, replicas: 4}]";
+        let chosen = objective_met(&tiered(asked, &estimates), Pool::B, &[], &[Some(2), Some(2)]);
+        assert!(!chosen.message.contains("host memory"), "{}", chosen.message);
+    }
+
+    #[test]
     fn objective_met_is_unknown_naming_the_stage_nobody_measured_or_estimated() {
-        let unknown = objective_met(&tiered(FOUR_AND_FOUR, ""), Pool::B, &[]);
+        let unknown = objective_met(&tiered(FOUR_AND_FOUR, ""), Pool::B, &[], &[]);
         assert_eq!(
             (unknown.status, unknown.reason.as_str()),
             (ConditionStatus::Unknown, "ColdStartNotMeasured")
@@ -1013,7 +1168,7 @@ mod tests {
         // Nodes came up in 3 and 6 s, not the 6 minutes estimated: pilot light now misses the
         // objective by 18 s, not by 6 minutes (a hang is detected in 45 s).
         let measured = [breakdown("west-0", 3.0), breakdown("west-1", 6.0)];
-        let met = objective_met(&tiered(PILOT_LIGHT, SEED_004), Pool::B, &measured);
+        let met = objective_met(&tiered(PILOT_LIGHT, SEED_004), Pool::B, &measured, &[]);
         assert_eq!(met.status, ConditionStatus::False, "{}", met.message);
         assert!(
             met.message.contains("5m18s"),
@@ -1418,6 +1573,7 @@ mod tests {
     fn with_parity_disabled_a_drift_found_is_neither_shown_nor_held_against_the_standby() {
         let drifted = ParityStatus {
             checked_at: "2024-06-01T11:59:00Z".to_owned(),
+            artifact_keys: 0,
             compared: 12,
             drift: vec![crate::crd::ParityDrift {
                 key: "flag.max-model-len".to_owned(),

@@ -48,6 +48,7 @@ pub(super) fn status_of(
             .and_then(|status| status.golden_answer.clone())
             .filter(|golden| golden.fits(&run.spec.probe)),
     };
+    let standby_asleep_levels = ctx.asleep_levels(policy, run.machine.standby());
     desired_status(&StatusFacts {
         spec: run.spec,
         config: run.config,
@@ -64,6 +65,7 @@ pub(super) fn status_of(
         cold_start: run.cold_start.as_deref(),
         standby_proof: run.standby_proof.as_ref(),
         parity: run.parity.as_ref(),
+        standby_asleep_levels: &standby_asleep_levels,
         now: run.now,
     })
     .map(|mut status| {

@@ -30,6 +30,20 @@ impl Fingerprint {
         self.0.get(key).map(String::as_str)
     }
 
+    /// One SHA-256 over every key and value, in key order: equal for equal fingerprints.
+    #[must_use]
+    pub fn digest(&self) -> String {
+        use sha2::{Digest, Sha256};
+        let mut hasher = Sha256::new();
+        for (key, value) in &self.0 {
+            hasher.update(key.as_bytes());
+            hasher.update([0]);
+            hasher.update(value.as_bytes());
+            hasher.update([b'\n']);
+        }
+        model::hex(&hasher.finalize())
+    }
+
     /// Adds every entry of `other` (its keys win).
     pub fn extend(&mut self, other: Fingerprint) {
         self.0.extend(other.0);

@@ -1,5 +1,7 @@
 //! A model directory's fingerprint: what the Hugging Face cache already proves, a cheap digest
-//! over safetensors headers and sizes, and (when asked) a full streamed SHA-256 of every file.
+//! over safetensors headers and sizes, and (when asked) a full streamed SHA-256 of every file,
+//! remembered by file identity ([`KnownDigests`]) so that a file is hashed again only once it
+//! changed.
 //!
 //! The cache proves a lot for free: `refs/main` names the snapshot commit, and a snapshot's
 //! symlinks point at `blobs/<sha256>` for LFS files (the weights), so their content digests are
@@ -8,11 +10,14 @@
 //! one large buffer per thread. This module reads files and nothing else; it must never write,
 //! and the cheap path must never read weight bytes.
 
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{self, Read};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::Fingerprint;
@@ -90,10 +95,11 @@ fn is_hex(s: &str, len: usize) -> bool {
 pub fn locate(path: &Path) -> Result<ModelFiles, Error> {
     let refs_main = path.join("refs").join("main");
     let (snapshot, commit) = if refs_main.is_file() {
-        let commit = std::fs::read_to_string(&refs_main)
-            .map_err(io_error(&refs_main))?
-            .trim()
-            .to_owned();
+        let mut commit = String::new();
+        File::open(&refs_main)
+            .and_then(|file| file.take(256).read_to_string(&mut commit))
+            .map_err(io_error(&refs_main))?;
+        let commit = commit.trim().to_owned();
         if !is_hex(&commit, 40) {
             return Err(Error::Layout {
                 path: refs_main,
@@ -126,9 +132,20 @@ fn walk(root: &Path, dir: &Path, out: &mut Vec<ModelFile>) -> Result<(), Error> 
         let path = entry.path();
         let link = std::fs::symlink_metadata(&path).map_err(io_error(&path))?;
         let meta = std::fs::metadata(&path).map_err(io_error(&path))?;
+        let layout = |reason: &str| Error::Layout {
+            path: path.clone(),
+            reason: reason.to_owned(),
+        };
         if meta.is_dir() {
+            // A linked directory may lead anywhere, back up the tree too: not followed.
+            if link.file_type().is_symlink() {
+                return Err(layout("a link to a directory, which is not followed"));
+            }
             walk(root, &path, out)?;
             continue;
+        }
+        if !meta.is_file() {
+            return Err(layout("neither a file nor a directory"));
         }
         let blob = if link.file_type().is_symlink() {
             let target = std::fs::read_link(&path).map_err(io_error(&path))?;
@@ -232,9 +249,10 @@ pub fn cheap_digest(model: &ModelFiles, count: &AtomicU64) -> Result<String, Err
     Ok(hex(&hasher.finalize()))
 }
 
-/// Streams one file through SHA-256 with the caller's buffer.
-pub fn sha256_file(path: &Path, buf: &mut [u8], count: &AtomicU64) -> Result<String, Error> {
-    let mut reader = CountingReader::new(File::open(path).map_err(io_error(path))?, count);
+/// Streams one file of `size` bytes (no more is read) through SHA-256 with the caller's buffer.
+pub fn sha256_file(path: &Path, size: u64, buf: &mut [u8], count: &AtomicU64) -> Result<String, Error> {
+    let file = File::open(path).map_err(io_error(path))?.take(size);
+    let mut reader = CountingReader::new(file, count);
     let mut hasher = Sha256::new();
     loop {
         let n = reader.read(buf).map_err(io_error(path))?;
@@ -265,7 +283,7 @@ pub fn full_digests(
                     loop {
                         let k = next.fetch_add(1, Ordering::Relaxed);
                         let Some(&i) = order.get(k) else { return Ok(done) };
-                        done.push((i, sha256_file(&paths[i].0, &mut buf, count)?));
+                        done.push((i, sha256_file(&paths[i].0, paths[i].1, &mut buf, count)?));
                     }
                 })
             })
@@ -293,16 +311,72 @@ pub fn full_digests(
 /// How deep a model fingerprint reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Depth {
-    /// Cache facts, sizes, safetensors headers and the tokenizer files: O(files) bytes.
-    Cheap,
+    /// What the cache's names and the files' sizes say: the snapshot commit, each LFS file's
+    /// SHA-256 and each Git file's SHA-1 as its blob is named. No file is read.
+    Cache,
+    /// All of that, plus the safetensors headers and the tokenizer files: O(files) bytes.
+    Headers,
     /// All of that plus the SHA-256 of every file, on this many threads.
     Full { threads: usize },
 }
 
 /// What a fingerprint cost to take.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct DigestCost {
     pub bytes_read: u64,
+    /// Files whose full digest was taken this time.
+    pub files_hashed: u64,
+    /// Files whose full digest was known from an earlier reading of the same file.
+    pub files_known: u64,
+}
+
+/// What makes a file the one whose digest was taken: its device, inode, size and modification
+/// and change times. Writing to it, or renaming another file over it, changes one of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileIdentity {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime_ns: i128,
+    ctime_ns: i128,
+}
+
+impl FileIdentity {
+    /// The identity of the file at `path`, following symbolic links.
+    pub fn of(path: &Path) -> Result<Self, Error> {
+        let meta = std::fs::metadata(path).map_err(io_error(path))?;
+        let ns = |secs: i64, nanos: i64| i128::from(secs) * 1_000_000_000 + i128::from(nanos);
+        Ok(FileIdentity {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            size: meta.size(),
+            mtime_ns: ns(meta.mtime(), meta.mtime_nsec()),
+            ctime_ns: ns(meta.ctime(), meta.ctime_nsec()),
+        })
+    }
+}
+
+/// One full digest taken, and of which file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Known {
+    pub identity: FileIdentity,
+    pub sha256: String,
+}
+
+/// Full digests already taken, by the file's real path (a cache's blob, which snapshots share):
+/// a file whose identity is unchanged is not read again. Kept by whoever takes digests over time
+/// (the node agent, across restarts in a file of its own).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct KnownDigests(pub BTreeMap<PathBuf, Known>);
+
+impl KnownDigests {
+    /// Drops what is known of files that are gone or changed.
+    pub fn prune(&mut self) {
+        self.0
+            .retain(|path, known| FileIdentity::of(path).is_ok_and(|now| now == known.identity));
+    }
 }
 
 /// The chat template's digest: `chat_template` in `tokenizer_config.json`, else the
@@ -322,15 +396,63 @@ fn chat_template(model: &ModelFiles, count: &AtomicU64) -> Result<Option<String>
     match model.files.iter().find(|f| f.name == "chat_template.jinja") {
         Some(f) => {
             let mut buf = vec![0u8; 64 * 1024];
-            Ok(Some(sha256_file(&f.path, &mut buf, count)?))
+            Ok(Some(sha256_file(&f.path, f.size, &mut buf, count)?))
         }
         None => Ok(None),
     }
 }
 
+/// Each of `model`'s files by its real path (links followed, as to a cache's blob) and its
+/// identity now, in the model's order.
+pub fn identities(model: &ModelFiles) -> Result<Vec<(PathBuf, FileIdentity)>, Error> {
+    model
+        .files
+        .iter()
+        .map(|file| {
+            let path = std::fs::canonicalize(&file.path).map_err(io_error(&file.path))?;
+            let identity = FileIdentity::of(&path)?;
+            Ok((path, identity))
+        })
+        .collect()
+}
+
+/// The bytes of a model's weight files, from the sizes its fingerprint records: what a level-1
+/// sleep parks in host memory. Its `.safetensors` files when it has any (vLLM loads those, and a
+/// repository that also ships `.bin` or `original/*.pth` copies would count twice), else its
+/// `.bin`, `.pt`, `.pth` and `.gguf` files.
+#[must_use]
+pub fn weight_bytes(fingerprint: &Fingerprint) -> u64 {
+    let sizes = |extensions: &[&str]| -> u64 {
+        fingerprint
+            .0
+            .iter()
+            .filter_map(|(key, value)| {
+                let name = key.strip_prefix("model.file.")?.strip_suffix(".size")?;
+                let weights = extensions.iter().any(|ext| name.ends_with(ext));
+                weights.then(|| value.parse::<u64>().ok()).flatten()
+            })
+            .sum()
+    };
+    match sizes(&[".safetensors"]) {
+        0 => sizes(&[".bin", ".pt", ".pth", ".gguf"]),
+        safetensors => safetensors,
+    }
+}
+
 /// The model's fingerprint at `depth`, and what it cost.
 pub fn fingerprint(model: &ModelFiles, depth: Depth) -> Result<(Fingerprint, DigestCost), Error> {
+    fingerprint_known(model, depth, &mut KnownDigests::default())
+}
+
+/// [`fingerprint`], hashing in full only the files `known` has no digest of for their identity
+/// now, and adding the digests it takes to `known`.
+pub fn fingerprint_known(
+    model: &ModelFiles,
+    depth: Depth,
+    known: &mut KnownDigests,
+) -> Result<(Fingerprint, DigestCost), Error> {
     let count = AtomicU64::new(0);
+    let mut cost = DigestCost::default();
     let mut fp = Fingerprint::default();
     if let Some(commit) = &model.commit {
         fp.insert("model.commit", commit.clone());
@@ -345,6 +467,9 @@ pub fn fingerprint(model: &ModelFiles, depth: Depth) -> Result<(Fingerprint, Dig
             None => {}
         }
     }
+    if depth == Depth::Cache {
+        return Ok((fp, cost));
+    }
     fp.insert("model.safetensors-headers", cheap_digest(model, &count)?);
     let mut buf = vec![0u8; 64 * 1024];
     for file in model.files.iter().filter(|f| {
@@ -353,22 +478,50 @@ pub fn fingerprint(model: &ModelFiles, depth: Depth) -> Result<(Fingerprint, Dig
     }) {
         fp.insert(
             format!("tokenizer.{}.sha256", file.name),
-            sha256_file(&file.path, &mut buf, &count)?,
+            sha256_file(&file.path, file.size, &mut buf, &count)?,
         );
     }
     if let Some(template) = chat_template(model, &count)? {
         fp.insert("tokenizer.chat-template.sha256", template);
     }
     if let Depth::Full { threads } = depth {
-        let paths: Vec<(PathBuf, u64)> = model.files.iter().map(|f| (f.path.clone(), f.size)).collect();
-        for (file, digest) in model.files.iter().zip(full_digests(&paths, threads, &count)?) {
-            fp.insert(format!("model.file.{}.sha256", file.name), digest);
+        // Each file by its real path and identity, read before hashing and again after: a
+        // file written while it was hashed is not kept as known.
+        let real = identities(model)?;
+        let unknown: Vec<&(PathBuf, FileIdentity)> = real
+            .iter()
+            .filter(|(path, identity)| known.0.get(path).is_none_or(|k| k.identity != *identity))
+            .collect();
+        cost.files_hashed = unknown.len() as u64;
+        cost.files_known = (real.len() - unknown.len()) as u64;
+        let sizes: Vec<(PathBuf, u64)> = unknown.iter().map(|(path, id)| (path.clone(), id.size)).collect();
+        for ((path, identity), sha256) in unknown.into_iter().zip(full_digests(&sizes, threads, &count)?) {
+            if FileIdentity::of(path)? != *identity {
+                return Err(Error::Layout {
+                    path: path.clone(),
+                    reason: "it changed while it was hashed".into(),
+                });
+            }
+            known.0.insert(
+                path.clone(),
+                Known {
+                    identity: *identity,
+                    sha256,
+                },
+            );
+        }
+        for (file, (path, _)) in model.files.iter().zip(&real) {
+            let sha256 = known
+                .0
+                .get(path)
+                .map(|k| k.sha256.clone())
+                .ok_or_else(|| Error::Layout {
+                    path: path.clone(),
+                    reason: "its digest was not taken".into(),
+                })?;
+            fp.insert(format!("model.file.{}.sha256", file.name), sha256);
         }
     }
-    Ok((
-        fp,
-        DigestCost {
-            bytes_read: count.load(Ordering::Relaxed),
-        },
-    ))
+    cost.bytes_read = count.load(Ordering::Relaxed);
+    Ok((fp, cost))
 }
