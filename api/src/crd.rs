@@ -1130,7 +1130,8 @@ pub struct ParityStatus {
     pub model_files: Vec<ModelFilesRecord>,
 }
 
-/// A pool's model files as last read: one digest over every `artifact.*` key.
+/// A pool's model files as last read: one digest over its `artifact.*` keys that
+/// `spec.parity.allowDrift` does not let differ.
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct ModelFilesRecord {
@@ -1138,6 +1139,8 @@ pub struct ModelFilesRecord {
     /// The model its template named then.
     pub model: String,
     pub digest: String,
+    /// The depth they were read at (`spec.parity.artifactDigest`).
+    pub depth: String,
     /// When they were read, RFC 3339.
     pub read_at: String,
 }

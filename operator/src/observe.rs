@@ -163,7 +163,11 @@ struct RoundPlan {
 struct ModelFilesRead {
     /// Its keys, `None` when only its digest is known.
     fingerprint: Option<Fingerprint>,
+    /// Over the keys `allowDrift` does not let differ ([`parity::blocking_digest`]).
     digest: String,
+    /// The depth it was read at (`cache`, `headers`, `full`): another depth's reading is not
+    /// this one's.
+    depth: String,
     model: String,
     read_at: String,
 }
@@ -182,6 +186,7 @@ fn recorded_model_files(policy: &FailoverPolicy) -> [Option<ModelFilesRead>; 2] 
         Some(ModelFilesRead {
             fingerprint: None,
             digest: record.digest.clone(),
+            depth: record.depth.clone(),
             model: record.model.clone(),
             read_at: record.read_at.clone(),
         })
@@ -648,16 +653,21 @@ impl ProbingObservations {
             // Each pool's files as read now, else as last read (by their keys, or by their
             // digest alone when a restarted operator has it from status) while its template
             // names the same model.
+            // Only a settled reading is kept: one whose nodes agree, none of its files being
+            // digested again.
+            let depth = spec.parity.artifact_digest.map_or("", |d| d.as_str());
+            let allowed = &spec.parity.allow_drift;
             let mut sides = Vec::with_capacity(2);
             for (role, (fingerprint, mut missing)) in artifacts.into_iter().enumerate() {
                 let pool = if role == 0 { primary } else { primary.other() };
                 let model = models[role].clone();
                 if !fingerprint.0.is_empty() {
-                    let digest = fingerprint.digest();
-                    if let Some(model) = model {
+                    let digest = parity::blocking_digest(&fingerprint, allowed);
+                    if let Some(model) = model.filter(|_| parity::settled(&fingerprint)) {
                         read[pool.index()] = Some(ModelFilesRead {
                             fingerprint: Some(fingerprint.clone()),
                             digest: digest.clone(),
+                            depth: depth.to_owned(),
                             model,
                             read_at: now.clone(),
                         });
@@ -666,7 +676,7 @@ impl ProbingObservations {
                     continue;
                 }
                 match (&plan.model_files[pool.index()], &model) {
-                    (Some(last), Some(model)) if last.model == *model => {
+                    (Some(last), Some(model)) if last.model == *model && last.depth == depth => {
                         let name = spec.pools.get(pool.index()).map_or("", |p| p.name.as_str());
                         missing.push(format!(
                             "{name}'s model files: compared as read at {}",
@@ -704,6 +714,7 @@ impl ProbingObservations {
                         pool: spec.pools.get(pool.index())?.name.clone(),
                         model: kept.model.clone(),
                         digest: kept.digest.clone(),
+                        depth: kept.depth.clone(),
                         read_at: kept.read_at.clone(),
                     })
                 })

@@ -18,7 +18,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Container, PodSpec, PodTemplateSpec};
 use understudy_prober::parity::flags::{FlagPolicy, canonical_flags, flags_fingerprint, runs_vllm};
 use understudy_prober::parity::runtime::runtime_fingerprint;
-use understudy_prober::parity::{Difference, DriftReport, Fingerprint};
+use understudy_prober::parity::{Difference, DriftReport, Fingerprint, allows};
 use understudy_prober::probe::Endpoint;
 
 use crate::crd::{ParityDrift, ParitySpec, ParityStatus};
@@ -271,18 +271,18 @@ pub fn artifact(pool: &str, role: Role, readings: Vec<ArtifactReading>) -> (Fing
             .iter()
             .map(|(node, fp)| format!("{node}={}", fp.get(key).unwrap_or("absent")))
             .collect::<Vec<_>>()
-            .join("; ");
-        let held_by = |value: &str| read.iter().filter(|(_, fp)| fp.get(key) == Some(value)).count();
-        let most = values
-            .iter()
-            .flatten()
-            .find(|value| 2 * held_by(value) > read.len());
+            .join(SPLIT);
+        // A file most of the primary's nodes lack is one it does not have: absence is a vote.
+        let held_by = |value: Option<&str>| read.iter().filter(|(_, fp)| fp.get(key) == value).count();
+        let most = values.iter().find(|value| 2 * held_by(**value) > read.len());
         match (role, most) {
             (Role::Primary, Some(value)) => {
                 missing.push(format!(
                     "{pool}'s nodes disagree on {key} ({each}): compared by most of them"
                 ));
-                merged.insert(format!("{ARTIFACT}{key}"), *value);
+                if let Some(value) = value {
+                    merged.insert(format!("{ARTIFACT}{key}"), *value);
+                }
             }
             _ => merged.insert(format!("{ARTIFACT}{key}"), each),
         }
@@ -337,6 +337,36 @@ pub async fn side(
         },
     }
     side
+}
+
+/// Whether `fingerprint` (a pool's [`artifact`] keys) is a settled reading, fit to be kept as the
+/// pool's: no node's file was answered as changed and being digested again, and its nodes agree.
+#[must_use]
+pub fn settled(fingerprint: &Fingerprint) -> bool {
+    fingerprint
+        .0
+        .values()
+        .all(|value| !value.starts_with(CHANGED) && !value.contains(SPLIT))
+}
+
+/// How the node agent answers a file that changed since its last full digest.
+const CHANGED: &str = understudy_prober::model_cache::CHANGED;
+/// What separates the nodes' values in a key they disagree on.
+const SPLIT: &str = "; ";
+
+/// The digest of `fingerprint`'s keys that `allowed` (the policy's `allowDrift`) does not let
+/// differ: what a pool known by its digest alone is compared by.
+#[must_use]
+pub fn blocking_digest(fingerprint: &Fingerprint, allowed: &[String]) -> String {
+    Fingerprint(
+        fingerprint
+            .0
+            .iter()
+            .filter(|(key, _)| !allowed.iter().any(|pattern| allows(pattern, key)))
+            .map(|(key, value)| (key.clone(), value.clone()))
+            .collect(),
+    )
+    .digest()
 }
 
 impl Side {

@@ -19,7 +19,7 @@
 //! link in the cache, that leads out of it is refused, and a linked directory is not followed.
 //! This module only reads the cache: it must never write there.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -35,6 +35,9 @@ use tokio::time::Instant;
 
 use crate::parity::Fingerprint;
 use crate::parity::model::{self, Depth, DigestCost, FileIdentity, KnownDigests, ModelFiles};
+
+/// How a file that changed since the last full digest is answered, before the time it changed.
+pub const CHANGED: &str = "changed since ";
 
 /// How old a full reading may be before a request starts the next one.
 pub const FULL_REFRESH: Duration = Duration::from_secs(60);
@@ -69,10 +72,11 @@ struct FullReading {
     last: Option<(Instant, Result<Read, String>)>,
 }
 
-/// A reading, and each file it read by name, real path and identity then.
+/// A reading, the snapshot it read, and each file it read by name, real path and identity then.
 #[derive(Clone, Debug)]
 struct Read {
     reading: ModelReading,
+    commit: Option<String>,
     files: Vec<(String, PathBuf, FileIdentity)>,
 }
 
@@ -212,28 +216,51 @@ impl ModelCache {
             fingerprint,
             cost,
         };
+        let commit = files.commit.clone();
         let files = files
             .files
             .into_iter()
             .zip(identities)
             .map(|(file, (real, identity))| (file.name, real, identity))
             .collect();
-        Ok(Read { reading, files })
+        Ok(Read {
+            reading,
+            commit,
+            files,
+        })
     }
 
-    /// The files of `path` whose identity is not the one `read` took them at, or that came or
-    /// went since: answered as changed, not by their old digests.
+    /// The files of `path` that are not what `read` read: another snapshot, a name that leads to
+    /// another file or to the same one changed, a file that came or went. Answered as changed,
+    /// not by their old digests.
     fn changed_since(&self, path: &str, local: &Path, read: &Read) -> BTreeSet<String> {
-        let mut changed: BTreeSet<String> = read
+        let all = || read.files.iter().map(|(name, _, _)| name.clone()).collect();
+        let Ok(now) = self.locate(path, local) else {
+            return all();
+        };
+        if now.commit != read.commit {
+            let mut changed: BTreeSet<String> = all();
+            changed.extend(now.files.iter().map(|file| file.name.clone()));
+            return changed;
+        }
+        let then: BTreeMap<&String, (&PathBuf, &FileIdentity)> = read
             .files
             .iter()
-            .filter(|(_, real, identity)| FileIdentity::of(real).ok().as_ref() != Some(identity))
-            .map(|(name, _, _)| name.clone())
+            .map(|(name, real, identity)| (name, (real, identity)))
             .collect();
-        if let Ok(now) = self.locate(path, local) {
-            let then: BTreeSet<&String> = read.files.iter().map(|(name, _, _)| name).collect();
-            let names: BTreeSet<&String> = now.files.iter().map(|file| &file.name).collect();
-            changed.extend(names.symmetric_difference(&then).map(|name| (*name).clone()));
+        let mut changed: BTreeSet<String> = then
+            .keys()
+            .filter(|name| !now.files.iter().any(|file| file.name == ***name))
+            .map(|name| (*name).clone())
+            .collect();
+        for file in &now.files {
+            let same = then.get(&file.name).is_some_and(|(real, identity)| {
+                std::fs::canonicalize(&file.path).is_ok_and(|now| now == **real)
+                    && FileIdentity::of(real).is_ok_and(|now| now == **identity)
+            });
+            if !same {
+                changed.insert(file.name.clone());
+            }
         }
         changed
     }
@@ -273,21 +300,23 @@ fn unpanicked<T>(read: impl FnOnce() -> Result<T, String>) -> Result<T, String> 
 }
 
 async fn models(State(cache): State<Arc<ModelCache>>, Query(query): Query<ModelQuery>) -> Response {
+    // Every reading touches the file system, which may be slow: never on the agent's one thread,
+    // which also publishes the GPUs' health.
+    tokio::task::spawn_blocking(move || model_answer(&cache, query))
+        .await
+        .unwrap_or_else(|e| answer(Err(format!("the reading failed: {e}"))))
+}
+
+fn model_answer(cache: &Arc<ModelCache>, query: ModelQuery) -> Response {
     let local = match cache.local(&query.path) {
         Ok(local) => local,
         Err(why) => return (StatusCode::NOT_FOUND, format!("{why}\n")).into_response(),
     };
     match query.depth.as_str() {
         "cache" | "headers" => {
-            let read = tokio::task::spawn_blocking(move || {
-                unpanicked(|| cache.read_now(&query.path, &local, &query.depth)).map(|read| read.reading)
-            });
-            answer(
-                read.await
-                    .unwrap_or_else(|e| Err(format!("the reading failed: {e}"))),
-            )
+            answer(unpanicked(|| cache.read_now(&query.path, &local, &query.depth)).map(|read| read.reading))
         }
-        "full" => full(&cache, query.path, local),
+        "full" => full(cache, query.path, local),
         other => (
             StatusCode::BAD_REQUEST,
             format!("depth {other:?} is none of cache, headers, full\n"),
@@ -300,16 +329,34 @@ async fn models(State(cache): State<Arc<ModelCache>>, Query(query): Query<ModelQ
 /// next one when there is none under way and the last is old enough ([`FULL_REFRESH`]) or a file
 /// changed; `202` while the first runs.
 fn full(cache: &Arc<ModelCache>, path: String, local: PathBuf) -> Response {
+    // What changed is found with no lock held: it reads the file system.
+    let last = {
+        let readings = cache.full.lock().unwrap_or_else(PoisonError::into_inner);
+        readings.get(&local).and_then(|reading| match &reading.last {
+            Some((_, Ok(read))) => Some(read.clone()),
+            _ => None,
+        })
+    };
+    let changed = last.map_or_else(BTreeSet::new, |read| cache.changed_since(&path, &local, &read));
     let mut readings = cache.full.lock().unwrap_or_else(PoisonError::into_inner);
     if !readings.contains_key(&local) && readings.len() >= MAX_FULL_READINGS {
-        let why = format!("{MAX_FULL_READINGS} model directories are read in full already\n");
-        return (StatusCode::SERVICE_UNAVAILABLE, why).into_response();
+        // The directory read longest ago, and not being read, makes room.
+        let oldest = readings
+            .iter()
+            .filter(|(_, reading)| !reading.running)
+            .min_by_key(|(_, reading)| reading.last.as_ref().map(|(at, _)| *at))
+            .map(|(dir, _)| dir.clone());
+        match oldest {
+            Some(dir) => {
+                readings.remove(&dir);
+            }
+            None => {
+                let why = format!("{MAX_FULL_READINGS} model directories are being read in full\n");
+                return (StatusCode::SERVICE_UNAVAILABLE, why).into_response();
+            }
+        }
     }
     let reading = readings.entry(local.clone()).or_default();
-    let changed = match &reading.last {
-        Some((_, Ok(read))) => cache.changed_since(&path, &local, read),
-        _ => BTreeSet::new(),
-    };
     let stale = !changed.is_empty()
         || reading
             .last
@@ -332,7 +379,7 @@ fn full(cache: &Arc<ModelCache>, path: String, local: PathBuf) -> Response {
             let mut reading = read.reading.clone();
             for name in changed {
                 let key = format!("model.file.{name}.sha256");
-                let since = format!("changed since {}; being digested again", reading.read_at);
+                let since = format!("{CHANGED}{}: being digested again", reading.read_at);
                 reading.fingerprint.insert(key, since);
             }
             answer(Ok(reading))
@@ -369,6 +416,45 @@ mod tests {
         ] {
             assert!(cache.lexical(refused).is_err(), "{refused}");
         }
+    }
+
+    #[test]
+    fn a_new_snapshot_or_a_rewritten_file_is_changed_since_the_last_reading() {
+        let dir = tempfile::tempdir().unwrap();
+        let repo = dir.path().join("models--org--m");
+        let snapshot = |commit: &str, blob: &str, bytes: &[u8]| {
+            let at = repo.join("snapshots").join(commit);
+            std::fs::create_dir_all(&at).unwrap();
+            std::fs::create_dir_all(repo.join("blobs")).unwrap();
+            std::fs::write(repo.join("blobs").join(blob), bytes).unwrap();
+            std::os::unix::fs::symlink(format!("../../blobs/{blob}"), at.join("w.bin")).unwrap();
+            std::fs::create_dir_all(repo.join("refs")).unwrap();
+            std::fs::write(repo.join("refs/main"), commit).unwrap();
+        };
+        let (a, b) = ("a".repeat(40), "b".repeat(40));
+        snapshot(&a, &"1".repeat(64), b"one");
+        let cache = ModelCache::new(dir.path().into(), "/host".into(), None);
+        let local = cache.local("/host/models--org--m").unwrap();
+        let read = cache.read_now("/host/models--org--m", &local, "full").unwrap();
+        assert!(
+            cache
+                .changed_since("/host/models--org--m", &local, &read)
+                .is_empty()
+        );
+        // The same names in another snapshot: every one is changed.
+        snapshot(&b, &"2".repeat(64), b"two");
+        let changed = cache.changed_since("/host/models--org--m", &local, &read);
+        assert_eq!(changed, BTreeSet::from(["w.bin".to_owned()]));
+        // Back on the first snapshot, its blob rewritten in place: changed too.
+        std::fs::write(repo.join("refs/main"), &a).unwrap();
+        assert!(
+            cache
+                .changed_since("/host/models--org--m", &local, &read)
+                .is_empty()
+        );
+        std::fs::write(repo.join("blobs").join("1".repeat(64)), b"ONE").unwrap();
+        let changed = cache.changed_since("/host/models--org--m", &local, &read);
+        assert_eq!(changed, BTreeSet::from(["w.bin".to_owned()]));
     }
 
     #[test]

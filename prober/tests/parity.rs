@@ -286,6 +286,36 @@ fn the_cache_depth_reads_no_file_and_still_names_a_changed_weight_in_a_cache() {
     );
 }
 
+#[test]
+fn the_weights_a_sleep_parks_are_the_files_vllm_loads_counted_once() {
+    let sizes = |files: &[(&str, u64)]| {
+        let mut fp = understudy_prober::parity::Fingerprint::default();
+        for (name, size) in files {
+            fp.insert(format!("model.file.{name}.size"), size.to_string());
+        }
+        model::weight_bytes(&fp)
+    };
+    let sharded = [
+        ("model-00001-of-00002.safetensors", 5),
+        ("model-00002-of-00002.safetensors", 4),
+    ];
+    assert_eq!(sizes(&sharded), 9);
+    let mut with_copies = sharded.to_vec();
+    with_copies.extend([
+        ("consolidated.safetensors", 9),
+        ("original/consolidated.00.pth", 9),
+        ("pytorch_model.bin", 9),
+        ("tokenizer.json", 1),
+    ]);
+    assert_eq!(
+        sizes(&with_copies),
+        9,
+        "copies in other formats are not loaded too"
+    );
+    assert_eq!(sizes(&[("consolidated.safetensors", 7), ("config.json", 1)]), 7);
+    assert_eq!(sizes(&[("pytorch_model.bin", 3), ("config.json", 1)]), 3);
+}
+
 /// A cache in `root` whose second shard holds 40,000 rows (about 5 MB), located.
 fn larger_cache(root: &Path) -> model::ModelFiles {
     let spec = Spec {

@@ -844,6 +844,20 @@ async fn a_standby_whose_weights_differ_on_its_node_drifts_by_key_and_is_not_pro
     let parity = restarted.parity(&key).unwrap();
     let keys: Vec<&str> = parity.drift.iter().map(|d| d.key.as_str()).collect();
     assert_eq!(keys, ["artifact.digest"], "{parity:?}");
+
+    // The control: west's weight put back, its digest is east's recorded one, and parity holds.
+    write_weights(&west_dir, &[1; 16]);
+    full_reading(
+        port,
+        west_dir.to_str().unwrap(),
+        after.fingerprint.get("model.file.model.safetensors.sha256"),
+    )
+    .await;
+    let restarted = observing(&replicas);
+    restarted.track(&recorded);
+    assert!(restarted.probe_now(&key).await);
+    let parity = restarted.parity(&key).unwrap();
+    assert!(parity.drift.is_empty() && parity.artifact_keys == 1, "{parity:?}");
 }
 
 #[tokio::test]

@@ -418,24 +418,35 @@ pub fn identities(model: &ModelFiles) -> Result<Vec<(PathBuf, FileIdentity)>, Er
 
 /// The bytes of a model's weight files, from the sizes its fingerprint records: what a level-1
 /// sleep parks in host memory. Its `.safetensors` files when it has any (vLLM loads those, and a
-/// repository that also ships `.bin` or `original/*.pth` copies would count twice), else its
-/// `.bin`, `.pt`, `.pth` and `.gguf` files.
+/// repository that also ships `.bin` or `original/*.pth` copies would count twice; Mistral's
+/// `consolidated.safetensors` beside sharded ones is such a copy), else its `.bin`, `.pt`, `.pth`
+/// and `.gguf` files.
 #[must_use]
 pub fn weight_bytes(fingerprint: &Fingerprint) -> u64 {
-    let sizes = |extensions: &[&str]| -> u64 {
-        fingerprint
-            .0
+    let files: Vec<(&str, u64)> = fingerprint
+        .0
+        .iter()
+        .filter_map(|(key, value)| {
+            let name = key.strip_prefix("model.file.")?.strip_suffix(".size")?;
+            Some((name, value.parse::<u64>().ok()?))
+        })
+        .collect();
+    let sizes = |weights: &dyn Fn(&str) -> bool| -> u64 {
+        files
             .iter()
-            .filter_map(|(key, value)| {
-                let name = key.strip_prefix("model.file.")?.strip_suffix(".size")?;
-                let weights = extensions.iter().any(|ext| name.ends_with(ext));
-                weights.then(|| value.parse::<u64>().ok()).flatten()
-            })
+            .filter(|(name, _)| weights(name))
+            .map(|(_, size)| size)
             .sum()
     };
-    match sizes(&[".safetensors"]) {
-        0 => sizes(&[".bin", ".pt", ".pth", ".gguf"]),
-        safetensors => safetensors,
+    let sharded = |name: &str| name.ends_with(".safetensors") && !name.ends_with("consolidated.safetensors");
+    match (sizes(&sharded), sizes(&|name| name.ends_with(".safetensors"))) {
+        (0, 0) => sizes(&|name| {
+            [".bin", ".pt", ".pth", ".gguf"]
+                .iter()
+                .any(|ext| name.ends_with(ext))
+        }),
+        (0, consolidated) => consolidated,
+        (sharded, _) => sharded,
     }
 }
 
