@@ -13,7 +13,7 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use futures::future::join_all;
-use understudy_prober::agent::{HostMemory, NodeReport};
+use understudy_prober::agent::NodeReport;
 use understudy_prober::http1;
 use understudy_prober::model_cache::ModelReading;
 
@@ -67,12 +67,8 @@ impl GpuAgents {
         let by_node = read
             .into_iter()
             .map(|(cluster, (host, port), report)| {
-                let agent = NodeAgent {
-                    host,
-                    port,
-                    memory: report.memory,
-                };
-                ((cluster, report.node), agent)
+                let node = report.node.clone();
+                ((cluster, node), NodeAgent { host, port, report })
             })
             .collect();
         (by_node, unread)
@@ -99,12 +95,28 @@ impl GpuAgents {
     }
 }
 
-/// A node's agent: where it answers, and the node's host memory as it last read it.
+/// A node's agent: where it answers, and its last report of the node.
 #[derive(Clone, Debug)]
 pub struct NodeAgent {
     pub host: String,
     pub port: u16,
-    pub memory: Option<HostMemory>,
+    pub report: NodeReport,
+}
+
+/// The pods that hold a GPU that failed, as `agents` report them, each as its cluster (`None`:
+/// the operator's own) and `namespace/name`: two clusters may each run a pod of the same name.
+#[must_use]
+pub fn failed_pods(agents: &AgentsByNode) -> BTreeSet<(Option<String>, String)> {
+    agents
+        .iter()
+        .flat_map(|((cluster, _), agent)| {
+            agent
+                .report
+                .failed_pods()
+                .into_iter()
+                .map(move |pod| (cluster.clone(), pod))
+        })
+        .collect()
 }
 
 /// The agents by the cluster (`None`: the operator's own) and node they report.
@@ -184,21 +196,6 @@ async fn read(host: &str, port: u16) -> Result<NodeReport, String> {
     serde_json::from_slice(&body).map_err(|error| format!("GET /gpus answered what is not a report: {error}"))
 }
 
-/// The pods that hold a GPU that failed, in any of `reports`, each as its cluster (`None`: the
-/// operator's own) and `namespace/name`: two clusters may each run a pod of the same name.
-#[must_use]
-pub fn failed_pods(reports: &[(Option<String>, NodeReport)]) -> BTreeSet<(Option<String>, String)> {
-    reports
-        .iter()
-        .flat_map(|(cluster, report)| {
-            report
-                .failed_pods()
-                .into_iter()
-                .map(move |pod| (cluster.clone(), pod))
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -218,10 +215,21 @@ mod tests {
 
     #[test]
     fn a_failed_gpu_is_the_pods_in_the_cluster_whose_agent_reported_it() {
-        let failed = failed_pods(&[
-            (Some("us-east".to_owned()), report("chat-0")),
-            (None, report("chat-2")),
-        ]);
+        let agent = |node: &str, pod: &str| {
+            let mut report = report(pod);
+            report.node = node.to_owned();
+            let agent = NodeAgent {
+                host: "127.0.0.1".to_owned(),
+                port: 9400,
+                report,
+            };
+            (node.to_owned(), agent)
+        };
+        let (east, home) = (agent("gpu-node-0", "chat-0"), agent("gpu-node-0", "chat-2"));
+        let failed = failed_pods(&AgentsByNode::from([
+            ((Some("us-east".to_owned()), east.0), east.1),
+            ((None, home.0), home.1),
+        ]));
         let east = (Some("us-east".to_owned()), "serving/chat-0".to_owned());
         assert!(failed.contains(&east));
         // The same pod name in another cluster is another pod.

@@ -20,7 +20,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use futures::future::{join, join_all, join3};
+use futures::future::{BoxFuture, FutureExt, Shared, join, join_all, join3};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
@@ -192,6 +192,9 @@ fn recorded_model_files(policy: &FailoverPolicy) -> [Option<ModelFilesRead>; 2] 
         })
     })
 }
+
+/// The GPU agents as one round reads them, once, for all that uses them.
+type RoundAgents<'a> = Shared<BoxFuture<'a, Option<Arc<AgentsByNode>>>>;
 
 /// The most directories of one pool whose model files a round reads: one per node and model
 /// directory its replicas run on.
@@ -493,7 +496,8 @@ impl ProbingObservations {
         let (primary_endpoints, standby_endpoints) =
             join(self.resolve(plan, primary), self.resolve(plan, standby)).await;
         let compared = [primary_endpoints.clone(), standby_endpoints.clone()];
-        let parity = self.parity(plan, primary, &compared, configs);
+        let agents = self.read_agents(plan);
+        let parity = self.parity(plan, primary, &compared, configs, agents.clone());
         let probing = async {
             match judge {
                 Judge::Fixed(expect) => {
@@ -543,8 +547,8 @@ impl ProbingObservations {
                 .map(|endpoint| sleep_level(endpoint, plan.timing.timeout)),
         );
         let nodes = join3(
-            self.on_failed_gpus(plan, primary),
-            self.host_room(plan, standby),
+            self.on_failed_gpus(plan, primary, agents.clone()),
+            self.host_room(plan, standby, agents),
             levels,
         );
         let ((primary_round, standby_round, golden), (parity, model_files), (gpu_failed, host_room, levels)) =
@@ -616,6 +620,7 @@ impl ProbingObservations {
         primary: Pool,
         endpoints: &[Option<Vec<Endpoint>>; 2],
         configs: [Option<Config>; 2],
+        agents: RoundAgents<'_>,
     ) -> (Option<ParityStatus>, [Option<ModelFilesRead>; 2]) {
         let spec = &plan.policy.spec;
         if !spec.parity.enabled {
@@ -640,7 +645,7 @@ impl ProbingObservations {
                     &flags,
                 ),
             ),
-            self.artifacts(plan, primary),
+            self.artifacts(plan, primary, agents),
         )
         .await;
         let now = Timestamp::from_second(Timestamp::now().as_second())
@@ -725,27 +730,21 @@ impl ProbingObservations {
 
     /// Each pool's model files (the primary's first), read where they lie by the GPU agents of
     /// their nodes at the depth `spec.parity.artifactDigest` asks; `None` when it asks for none.
-    async fn artifacts(&self, plan: &RoundPlan, primary: Pool) -> Option<[(Fingerprint, Vec<String>); 2]> {
+    async fn artifacts(
+        &self,
+        plan: &RoundPlan,
+        primary: Pool,
+        agents: RoundAgents<'_>,
+    ) -> Option<[(Fingerprint, Vec<String>); 2]> {
         let depth = plan.policy.spec.parity.artifact_digest?.as_str();
-        let agents = match &self.gpu_agents {
-            Some(agents) => {
-                let (by_node, unread) = agents
-                    .by_node(Some(PolicyClusters::of(&plan.namespace, &plan.policy)))
-                    .await;
-                for why in &unread {
-                    tracing::warn!(policy = %plan.policy.name_any(), %why, "a GPU agent could not be read; its node's model files are not compared");
-                }
-                Some(by_node)
-            }
-            None => None,
-        };
+        let agents = agents.await;
         let (a, b) = join(
-            self.artifact(plan, primary, parity::Role::Primary, agents.as_ref(), depth),
+            self.artifact(plan, primary, parity::Role::Primary, agents.as_deref(), depth),
             self.artifact(
                 plan,
                 primary.other(),
                 parity::Role::Standby,
-                agents.as_ref(),
+                agents.as_deref(),
                 depth,
             ),
         )
@@ -815,12 +814,33 @@ impl ProbingObservations {
         (fingerprint, missing)
     }
 
+    /// The GPU agents of every cluster `plan`'s policy lives in, read once for the round (by
+    /// [`Self::on_failed_gpus`], [`Self::artifacts`] and [`Self::host_room`]); `None` without
+    /// agents. One that cannot be read says nothing of its node, and a warning says so.
+    fn read_agents<'a>(&'a self, plan: &'a RoundPlan) -> RoundAgents<'a> {
+        async move {
+            let agents = self.gpu_agents.as_ref()?;
+            let (by_node, unread) = agents
+                .by_node(Some(PolicyClusters::of(&plan.namespace, &plan.policy)))
+                .await;
+            for why in &unread {
+                tracing::warn!(policy = %plan.policy.name_any(), %why, "a GPU agent could not be read; its node counts as healthy and its model files are not read");
+            }
+            Some(Arc::new(by_node))
+        }
+        .boxed()
+        .shared()
+    }
+
     /// Host memory for `pool`'s level-1 sleepers ([`HostRoom`]): each replica's node and the size
     /// of its weight files (the model directory's sizes, read where it lies, nothing read of the
     /// files), and each node's available memory; empty without GPU agents or a level-1 warm tier.
-    async fn host_room(&self, plan: &RoundPlan, pool: Pool) -> HostRoom {
+    async fn host_room(&self, plan: &RoundPlan, pool: Pool, agents: RoundAgents<'_>) -> HostRoom {
         let mut room = HostRoom::default();
-        let (Some(agents), Some(spec)) = (&self.gpu_agents, plan.policy.spec.pools.get(pool.index())) else {
+        let (true, Some(spec)) = (
+            self.gpu_agents.is_some(),
+            plan.policy.spec.pools.get(pool.index()),
+        ) else {
             return room;
         };
         let level_one = spec
@@ -830,9 +850,9 @@ impl ProbingObservations {
         if !level_one {
             return room;
         }
-        let (by_node, _) = agents
-            .by_node(Some(PolicyClusters::of(&plan.namespace, &plan.policy)))
-            .await;
+        let Some(by_node) = agents.await else {
+            return room;
+        };
         let places = match self.replicas.model_places(&plan.namespace, spec).await {
             Ok(places) => places,
             Err(error) => {
@@ -841,9 +861,9 @@ impl ProbingObservations {
             }
         };
         let cluster = spec.cluster_name().map(str::to_owned);
-        for ((in_cluster, node), agent) in &by_node {
+        for ((in_cluster, node), agent) in by_node.iter() {
             if *in_cluster == cluster
-                && let Some(memory) = agent.memory
+                && let Some(memory) = agent.report.memory
             {
                 room.available.insert(node.clone(), memory.available_bytes);
             }
@@ -869,17 +889,11 @@ impl ProbingObservations {
 
     /// The pools whose replicas on healthy GPUs are fewer than they need, as the node agents
     /// report the GPUs ([`crate::gpu_health`]); none without agents.
-    async fn on_failed_gpus(&self, plan: &RoundPlan, primary: Pool) -> Vec<Pool> {
-        let Some(agents) = &self.gpu_agents else {
+    async fn on_failed_gpus(&self, plan: &RoundPlan, primary: Pool, agents: RoundAgents<'_>) -> Vec<Pool> {
+        let Some(agents) = agents.await else {
             return Vec::new();
         };
-        let (reports, unread) = agents
-            .reports(Some(PolicyClusters::of(&plan.namespace, &plan.policy)))
-            .await;
-        for why in &unread {
-            tracing::warn!(policy = %plan.policy.name_any(), %why, "a GPU agent could not be read; its node counts as healthy");
-        }
-        let failed = gpu_health::failed_pods(&reports);
+        let failed = gpu_health::failed_pods(&agents);
         if failed.is_empty() {
             return Vec::new();
         }
