@@ -10,6 +10,7 @@ pub mod drive;
 pub mod duration;
 pub mod epoch;
 pub mod failover;
+pub mod load_proof;
 pub mod pool;
 pub mod quorum;
 pub mod recovery;

@@ -1043,7 +1043,7 @@ fn needs_acting_on(policy: &FailoverPolicy, checks: &[Observation]) -> bool {
         || checks.iter().any(|check| match check {
             Observation::Check { pool, result } => *pool == primary && *result != CheckResult::Pass,
             Observation::Passive { .. } => true,
-            Observation::Parity { .. } => false,
+            Observation::Parity { .. } | Observation::LoadProof { .. } => false,
         })
 }
 

@@ -1,7 +1,8 @@
 //! The gateway's admin API, on its own port: `PUT /route` (epoch-fenced per policy; `?force=true`
 //! lets a person take an epoch far above the highest seen), `GET /route?policy=<ns/name>` (what the
 //! router holds for one policy; no `policy` asks for the unnamed one), `GET /signals` (passive
-//! signals for the operator, one entry per policy's route), `GET /metrics`, and `/live`,
+//! signals for the operator, one entry per policy's route), `GET /shapes?policy=<ns/name>` (the
+//! shapes of the requests routed for a policy, which load proofs replay), `GET /metrics`, and `/live`,
 //! `/ready`. Everything except the probes and metrics needs `Authorization: Bearer <token>`.
 //!
 //! This module must never take a route without the token, answer a stale route with anything
@@ -20,6 +21,7 @@ use understudy_api::route::{Route, RouterHolds};
 
 use crate::body::RouterBody;
 use crate::metrics::{Metrics, Routing};
+use crate::shapes::Shapes;
 use crate::signals::{PoolSignals, pool_signal};
 use crate::table::{Applied, RouteError, RouteTable};
 
@@ -82,6 +84,8 @@ pub struct Admin {
     pub token: AdminToken,
     /// Set when the router is stopping: `/ready` fails first, so callers stop sending.
     pub draining: Arc<AtomicBool>,
+    /// The request shapes the gateway recorded, for `GET /shapes`.
+    pub shapes: Arc<Shapes>,
 }
 
 fn json(status: StatusCode, value: &serde_json::Value) -> Response<RouterBody> {
@@ -146,7 +150,16 @@ impl Admin {
             (&Method::PUT, "/route") => self.put_route(req).await,
             (&Method::GET, "/route") => self.get_route(req.uri().query()),
             (&Method::GET, "/signals") => self.signals(),
-            (_, "/route" | "/signals") => error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed"),
+            (&Method::GET, "/shapes") => match policy_of(req.uri().query()) {
+                Ok(policy) => json(
+                    StatusCode::OK,
+                    &serde_json::json!(self.shapes.sample(&policy, Instant::now())),
+                ),
+                Err(why) => error(StatusCode::BAD_REQUEST, why),
+            },
+            (_, "/route" | "/signals" | "/shapes") => {
+                error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed")
+            }
             _ => error(StatusCode::NOT_FOUND, "no such admin route"),
         }
     }

@@ -310,6 +310,7 @@ async fn gateway(args: GatewayArgs) -> anyhow::Result<()> {
         metrics,
         token,
         draining: Arc::clone(&draining),
+        shapes: Arc::clone(gw.shapes()),
     };
     let public = TcpListener::bind(args.listen)
         .await

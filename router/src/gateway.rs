@@ -44,6 +44,7 @@ use crate::metrics::{Metrics, RequestOutcome};
 use crate::path::{PublicPath, classify};
 use crate::refusal::Refusal;
 use crate::retry::{RetryBudget, RetryLimits};
+use crate::shapes::{PROBE_HEADER, Shapes};
 use crate::table::{RouteSet, RouteTable, Routed};
 use crate::upstream::codec::is_hop_by_hop;
 use crate::upstream::{Outgoing, ResponseBody, SendError};
@@ -98,6 +99,8 @@ pub struct Gateway {
     stopping: CancellationToken,
     /// Hashes what names a tenant, with a key of this process's own.
     tenant_hasher: std::hash::RandomState,
+    /// The shapes of the requests routed, per policy, for load proofs.
+    shapes: Arc<Shapes>,
 }
 
 /// Removes the connection-scoped headers before a message crosses the proxy.
@@ -121,6 +124,7 @@ impl Gateway {
             metrics,
             stopping: CancellationToken::new(),
             tenant_hasher: std::hash::RandomState::new(),
+            shapes: Arc::new(Shapes::default()),
         })
     }
 
@@ -134,6 +138,12 @@ impl Gateway {
     #[must_use]
     pub fn routes(&self) -> &Arc<RouteTable> {
         &self.routes
+    }
+
+    /// The shapes of the requests it routed, for `GET /shapes`.
+    #[must_use]
+    pub fn shapes(&self) -> &Arc<Shapes> {
+        &self.shapes
     }
 
     /// Closes the current route's idle upstream connections that have waited past their
@@ -260,6 +270,8 @@ impl Gateway {
         let mut permit = None;
         let mut admitted_by: Option<Arc<Admission>> = None;
         let mut tries = Tries::new();
+        // A probe is no user's traffic: a load proof must not replay it.
+        let mut shape_recorded = parts.headers.contains_key(PROBE_HEADER);
         loop {
             // The routes it arrived under on the first pass; the routes now after any wait.
             let set = arrived_under.take().unwrap_or_else(|| self.routes.routes());
@@ -291,6 +303,11 @@ impl Gateway {
                 (ask.priority, ask.shed_listed) = state.priority_of(&parts.headers);
                 *priority = ask.priority;
                 stay.priority = ask.priority;
+                if !shape_recorded && parts.method == Method::POST {
+                    self.shapes
+                        .record(&state.route.policy, &body, ask.priority, arrived);
+                    shape_recorded = true;
+                }
             }
             let now = Instant::now();
             if permit.is_none() {

@@ -7,7 +7,8 @@
 //! budget ([`retry`]), holds requests in a waiting room while a promotion is under way
 //! ([`waiting_room`]), admits work by priority and a ramping budget after a new route
 //! ([`admission`]), ejects failing endpoints and publishes what it saw as passive signals
-//! ([`endpoint`], [`signals`]), and never lets a cut stream look finished ([`body`]): it ends
+//! ([`endpoint`], [`signals`]), keeps a sample of request shapes for load proofs ([`shapes`]), and
+//! never lets a cut stream look finished ([`body`]): it ends
 //! retryable, or is carried on by another endpoint ([`continuation`]). The **fence** sidecar
 //! ([`fence_sidecar`]) runs beside each vLLM replica and refuses generation when its pool does not
 //! hold the epoch Lease. Routes are the contract of `understudy_api::route`, which the operator
@@ -30,6 +31,7 @@ pub mod metrics;
 pub mod path;
 pub mod refusal;
 pub mod retry;
+pub mod shapes;
 pub mod signals;
 pub mod table;
 pub mod upstream;

@@ -779,3 +779,40 @@ fn a_request_waiting_when_a_second_policy_arrives_takes_the_route_of_its_model()
     assert_eq!(r.put_route(&of("ns/code", "code", 1, code.addr())).status, 200);
     assert_eq!(waiting.join().unwrap(), 200, "served by the route of its model");
 }
+
+#[test]
+fn the_shapes_of_routed_requests_are_served_for_load_proofs_without_their_text_or_probes() {
+    let e = Emulator::fast();
+    let r = Router::start(GatewayConfig::default(), None);
+    assert_eq!(r.put_route(&route("a", 1, &[e.addr()])).status, 200);
+    let secret =
+        serde_json::json!({"prompt": "a secret prompt of 32 characters", "max_tokens": 5}).to_string();
+    assert_eq!(r.complete(&secret, &[]).status, 200);
+    assert_eq!(
+        r.complete(&completion(3, true), &[("x-understudy-priority", "batch")])
+            .status,
+        200
+    );
+    // A probe is no user's traffic.
+    assert_eq!(
+        r.complete(&completion(9, false), &[("x-understudy-probe", "1")])
+            .status,
+        200
+    );
+    let sample = r.admin_get("/shapes").json();
+    let shapes = sample["shapes"].as_array().unwrap();
+    assert_eq!(shapes.len(), 2, "{sample}");
+    assert_eq!(shapes[0]["promptTokens"], 8, "{sample}");
+    assert_eq!(shapes[0]["maxTokens"], 5, "{sample}");
+    assert_eq!(shapes[0]["stream"], false, "{sample}");
+    assert_eq!(shapes[1]["maxTokens"], 3, "{sample}");
+    assert_eq!(shapes[1]["stream"], true, "{sample}");
+    assert_eq!(shapes[1]["priority"], "batch", "{sample}");
+    assert!(!sample.to_string().contains("secret"), "{sample}");
+    // Another policy's sample is its own; the admin token is required.
+    assert_eq!(
+        r.admin_get("/shapes?policy=ns/other").json()["shapes"],
+        serde_json::json!([])
+    );
+    assert_eq!(request(r.admin, "GET", "/shapes", &[], "").status, 401);
+}

@@ -72,6 +72,9 @@ pub enum Observation {
     Passive { pool: Pool, signal: PassiveSignal },
     /// Whether the two pools agree on model, tokenizer, runtime and flags.
     Parity { holds: bool },
+    /// Whether a pool kept the thresholds of its last load proof (the primary's recorded traffic
+    /// replayed against it); `true` also where a failed proof must not block promotion.
+    LoadProof { pool: Pool, proven: bool },
 }
 
 impl From<Observation> for Input {
@@ -80,6 +83,7 @@ impl From<Observation> for Input {
             Observation::Check { pool, result } => Input::Check { pool, result },
             Observation::Passive { pool, signal } => Input::Passive { pool, signal },
             Observation::Parity { holds } => Input::Parity { holds },
+            Observation::LoadProof { pool, proven } => Input::LoadProof { pool, proven },
         }
     }
 }
@@ -93,6 +97,8 @@ pub enum Input {
     Passive { pool: Pool, signal: PassiveSignal },
     /// Whether the two pools agree on model, tokenizer, runtime and flags.
     Parity { holds: bool },
+    /// Whether a pool kept the thresholds of its last load proof.
+    LoadProof { pool: Pool, proven: bool },
     /// The lease as just read: who holds it, at which epoch.
     LeaseObserved { holder: Pool, epoch: Epoch },
     /// Whether the lease's store can be reached at all.
@@ -364,6 +370,8 @@ pub enum Event {
 pub enum Blocked {
     StandbyNotEligible,
     ParityBroken,
+    /// The standby failed its last load proof.
+    LoadProofFailed,
     Paused,
     Dwell,
     ControlPlaneUnreachable,
@@ -386,6 +394,10 @@ pub struct FailoverState {
     /// Health of pool A and pool B, by [`Pool::index`].
     pub health: [PoolHealth; 2],
     pub parity_holds: bool,
+    /// Pools whose last load proof failed, by [`Pool::index`]; absent from records written before
+    /// load proofs.
+    #[serde(default)]
+    pub load_proof_failed: [bool; 2],
     pub control_plane: ControlPlane,
     /// False after a lost compare-and-set, until the lease has been read again.
     pub lease_known: bool,
@@ -407,6 +419,7 @@ impl FailoverState {
             phase: Phase::Serving,
             health: [PoolHealth::default(); 2],
             parity_holds: true,
+            load_proof_failed: [false; 2],
             control_plane: ControlPlane::Reachable,
             lease_known: true,
             last_transition_end: None,
@@ -487,6 +500,7 @@ impl FailoverState {
                 }
             }
             Input::Parity { holds } => self.parity_holds = holds,
+            Input::LoadProof { pool, proven } => self.load_proof_failed[pool.index()] = !proven,
             Input::LeaseObserved { holder, epoch } => self.observe_lease(holder, epoch, now, out),
             Input::ControlPlane(reach) => {
                 if reach != self.control_plane {
@@ -615,6 +629,8 @@ impl FailoverState {
         let standby = self.health(self.standby());
         if !self.parity_holds {
             Some(Blocked::ParityBroken)
+        } else if self.load_proof_failed[self.standby().index()] {
+            Some(Blocked::LoadProofFailed)
         } else if standby.failures > 0 || standby.passes < config.standby_ready_after {
             Some(Blocked::StandbyNotEligible)
         } else {

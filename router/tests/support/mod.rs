@@ -161,6 +161,7 @@ impl Router {
             metrics,
             token: AdminToken::new(TOKEN).unwrap(),
             draining: Default::default(),
+            shapes: Arc::clone(gw.shapes()),
         };
         let bg = Background::run(2, move || async move {
             let public = tokio::net::TcpListener::from_std(public).unwrap();
