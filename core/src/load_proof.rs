@@ -74,6 +74,36 @@ pub fn estimate_tokens(chars: usize) -> u32 {
     u32::try_from(chars.div_ceil(4)).unwrap_or(u32::MAX).max(1)
 }
 
+/// The longest synthetic prompt a replay sends, in tokens, whatever a sample says.
+pub const MAX_PROMPT_TOKENS: u32 = 1 << 18;
+
+/// Common words, each one token for the tokenizers vLLM serves (and for the emulator's).
+const WORDS: [&str; 32] = [
+    "the", "of", "and", "to", "in", "is", "that", "for", "it", "as", "was", "with", "be", "by", "on", "not",
+    "he", "this", "are", "or", "his", "from", "at", "which", "but", "have", "an", "had", "they", "you",
+    "were", "their",
+];
+
+/// A prompt of `tokens` words (at most [`MAX_PROMPT_TOKENS`]), different for each `seed` from its
+/// first word, so that a replay does not find its own prompts in the prefix cache.
+#[must_use]
+pub fn synthetic_prompt(tokens: u32, seed: u64) -> String {
+    let tokens = tokens.min(MAX_PROMPT_TOKENS) as usize;
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut prompt = String::with_capacity(tokens * 5);
+    for i in 0..tokens {
+        // xorshift64: cheap, and the same words for the same seed.
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        if i > 0 {
+            prompt.push(' ');
+        }
+        prompt.push_str(WORDS[(state % WORDS.len() as u64) as usize]);
+    }
+    prompt
+}
+
 /// One request of a replay.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Planned {
@@ -421,6 +451,22 @@ mod tests {
         let verdict = judge(&[], &limits());
         assert!(!verdict.proven);
         assert_eq!(verdict.broken, ["no request was replayed"]);
+    }
+
+    #[test]
+    fn a_synthetic_prompt_has_the_words_asked_for_and_differs_by_seed() {
+        let a = synthetic_prompt(50, 1);
+        assert_eq!(a.split(' ').count(), 50);
+        assert_eq!(a, synthetic_prompt(50, 1));
+        assert_ne!(
+            a.split(' ').take(4).collect::<Vec<_>>(),
+            synthetic_prompt(50, 2).split(' ').take(4).collect::<Vec<_>>()
+        );
+        assert_eq!(synthetic_prompt(0, 1), "");
+        assert_eq!(
+            synthetic_prompt(u32::MAX, 1).split(' ').count(),
+            MAX_PROMPT_TOKENS as usize
+        );
     }
 
     #[test]

@@ -10,6 +10,8 @@
 //!   log lines and the first token.
 //! - [`gpu`]: GPU health through NVML, a node's verdict and its free GPUs; [`agent`] serves it
 //!   on each GPU node, with the fingerprints of the node's model cache ([`model_cache`]).
+//! - [`replay`]: a load proof's replay of recorded request shapes against a pool, timed from the
+//!   client's side.
 //! - [`report`]: observations for the state machine, the JSON document, Prometheus metrics.
 //! - [`admin`]: probing every interval, and the admin port serving the latest round and metrics.
 //!
@@ -26,5 +28,6 @@ pub mod outcome;
 pub mod parity;
 pub mod podresources;
 pub mod probe;
+pub mod replay;
 pub mod report;
 pub mod sleep;

@@ -293,12 +293,15 @@ async fn sleep_state(endpoint: &Endpoint, deadline: Instant) -> SleepState {
     }
 }
 
-/// Streams one completion and records what happened, until `deadline`.
-async fn stream_completion(
+/// Streams one completion of `body` and records what happened, until `deadline`; after the first
+/// token, `stall_after` without a byte is a stall. Each event that carries text is told to
+/// `on_text` with when it arrived.
+pub(crate) async fn stream_completion(
     endpoint: &Endpoint,
-    spec: &ProbeSpec,
-    started: Instant,
-    deadline: Instant,
+    body: Vec<u8>,
+    stall_after: Duration,
+    (started, deadline): (Instant, Instant),
+    on_text: &mut (dyn FnMut(Instant) + Send),
 ) -> Transcript {
     let mut t = Transcript {
         ending: Ending::Timeout,
@@ -306,7 +309,6 @@ async fn stream_completion(
         first_token: None,
         total: None,
     };
-    let body = spec.request_body().to_string().into_bytes();
     let sent = http::send(
         endpoint,
         ::http::Method::POST,
@@ -339,7 +341,7 @@ async fn stream_completion(
     let mut last_byte = Instant::now();
     loop {
         let wait_until = match t.first_token {
-            Some(_) => deadline.min(last_byte + spec.stall_after),
+            Some(_) => deadline.min(last_byte + stall_after),
             None => deadline,
         };
         let frame = match tokio::time::timeout_at(wait_until, exchange.body.frame()).await {
@@ -348,7 +350,7 @@ async fn stream_completion(
                 t.total = Some(now - started);
                 t.ending = match t.first_token {
                     None => Ending::Timeout,
-                    Some(_) if now - last_byte >= spec.stall_after => Ending::Stalled,
+                    Some(_) if now - last_byte >= stall_after => Ending::Stalled,
                     Some(_) => Ending::DeadlineWhileStreaming,
                 };
                 return t;
@@ -377,8 +379,11 @@ async fn stream_completion(
         for event in decoder.push(data) {
             match event {
                 SseEvent::Text(text) => {
-                    if !text.is_empty() && t.first_token.is_none() {
-                        t.first_token = Some(last_byte - started);
+                    if !text.is_empty() {
+                        if t.first_token.is_none() {
+                            t.first_token = Some(last_byte - started);
+                        }
+                        on_text(last_byte);
                     }
                     t.text.push_str(&text);
                 }
@@ -421,7 +426,9 @@ pub async fn probe(endpoint: &Endpoint, spec: &ProbeSpec) -> ProbeReport {
             SleepState::Awake => {}
         }
     }
-    let transcript = stream_completion(endpoint, spec, started, deadline).await;
+    let body = spec.request_body().to_string().into_bytes();
+    let transcript =
+        stream_completion(endpoint, body, spec.stall_after, (started, deadline), &mut |_| {}).await;
     let outcome = classify(&transcript, &spec.expect, &spec.budget);
     report(outcome, Some(transcript))
 }

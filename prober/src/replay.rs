@@ -1,0 +1,97 @@
+//! Sends a load proof's planned replay ([`understudy_core::load_proof::plan`]) to a pool's
+//! replicas and records what its client saw of each request: whether it was answered in full,
+//! its time to first token, the gaps between its tokens, and how late it was sent.
+//!
+//! Each request is a streamed `/v1/completions` with a synthetic prompt of the recorded length
+//! and `ignore_eos`, so that it asks for exactly the recorded output tokens; replicas take turns.
+//! Requests are sent at their planned times whether or not earlier ones were answered (an open
+//! loop, as traffic arrives), and are marked as probe traffic so that routers and metrics keep
+//! them apart from users'. The endpoints carry the bearer that passes a fenced standby.
+//!
+//! This module must never retry a request (a retry hides the failure being measured), or send
+//! past its plan.
+
+use std::time::Duration;
+
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use understudy_core::load_proof::{Planned, Replayed, synthetic_prompt};
+
+use crate::probe::{Ending, Endpoint, stream_completion};
+
+/// The OpenAI `user` field every replayed request sends.
+pub const LOAD_PROOF_USER: &str = "understudy-load-proof";
+
+/// How each replayed request is bounded.
+#[derive(Clone, Copy, Debug)]
+pub struct ReplayLimits {
+    /// The whole request, first byte to last.
+    pub timeout: Duration,
+    /// After the first token, this long without a byte is a stall.
+    pub stall_after: Duration,
+}
+
+/// The request body of one replayed request.
+#[must_use]
+pub fn request_body(planned: &Planned, seed: u64, model: Option<&str>) -> serde_json::Value {
+    let mut body = serde_json::json!({
+        "prompt": synthetic_prompt(planned.prompt_tokens, seed),
+        "max_tokens": planned.max_tokens.max(1),
+        "ignore_eos": true,
+        "temperature": 0,
+        "stream": true,
+        "user": LOAD_PROOF_USER,
+    });
+    if let Some(model) = model {
+        body["model"] = serde_json::Value::String(model.to_owned());
+    }
+    body
+}
+
+/// Replays `plan` against `endpoints` from now, one request after another at its planned time,
+/// and returns what each request's client saw, in plan order. Nothing is sent with no endpoints.
+pub async fn replay(
+    endpoints: &[Endpoint],
+    plan: &[Planned],
+    model: Option<&str>,
+    limits: ReplayLimits,
+) -> Vec<Replayed> {
+    if endpoints.is_empty() {
+        return Vec::new();
+    }
+    let start = Instant::now();
+    let mut sent = JoinSet::new();
+    for (i, planned) in plan.iter().enumerate() {
+        let due = start + planned.at;
+        tokio::time::sleep_until(due).await;
+        let endpoint = endpoints[i % endpoints.len()].clone();
+        let body = request_body(planned, i as u64, model).to_string().into_bytes();
+        sent.spawn(async move {
+            let sent_at = Instant::now();
+            let mut texts: Vec<Instant> = Vec::new();
+            let transcript = stream_completion(
+                &endpoint,
+                body,
+                limits.stall_after,
+                (sent_at, sent_at + limits.timeout),
+                &mut |at| texts.push(at),
+            )
+            .await;
+            let replayed = Replayed {
+                ok: transcript.ending == Ending::Done,
+                first_token: transcript.first_token,
+                token_gaps: texts.windows(2).map(|w| w[1] - w[0]).collect(),
+                sent_late: sent_at - due,
+            };
+            (i, replayed)
+        });
+    }
+    let mut replayed = vec![Replayed::default(); plan.len()];
+    while let Some(done) = sent.join_next().await {
+        // A request task cannot panic on what a server sends; one that did is a failed request.
+        if let Ok((i, r)) = done {
+            replayed[i] = r;
+        }
+    }
+    replayed
+}
