@@ -172,6 +172,13 @@ pub struct FailoverPolicySpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub standby_proof: Option<StandbyProofSpec>,
 
+    /// Load proof: every so often the primary's recorded traffic (the shapes the routers keep,
+    /// never the content) is replayed against the standby through its fences, at a share of the
+    /// primary's rate, and judged by its thresholds. A sleeping standby is woken for it and put
+    /// back to sleep after. Absent: never.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load_proof: Option<LoadProofSpec>,
+
     /// Admission control on the new primary while every conversation rebuilds its KV cache.
     #[serde(default)]
     pub admission: AdmissionSpec,
@@ -216,6 +223,119 @@ pub struct StandbyProofSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 8))]
     pub not_between: Vec<String>,
+}
+
+/// When and how the standby is proven at the primary's load.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct LoadProofSpec {
+    /// How often, e.g. `6h`; at least a minute.
+    pub every: GoDuration,
+    /// UTC windows in which no proof starts, as `HH:MM-HH:MM` (one may wrap past midnight).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 8))]
+    pub not_between: Vec<String>,
+    /// How long the replay runs, e.g. `60s`; at most 10 minutes.
+    #[serde(default = "default_load_proof_duration")]
+    pub duration: GoDuration,
+    /// The share of the primary's recorded rate replayed: `1` is the primary's load, `0.5` half
+    /// of it; above 0, at most 4.
+    #[serde(default = "one")]
+    pub rate_share: f64,
+    /// The largest share of replayed requests that may fail, 0 to 1.
+    #[serde(default = "default_max_error_rate")]
+    pub max_error_rate: f64,
+    /// The longest 99th-percentile time to first token, e.g. `2s`.
+    #[serde(default = "default_ttft_p99")]
+    pub ttft_p99: GoDuration,
+    /// The longest 99th-percentile gap between tokens, e.g. `200ms`.
+    #[serde(default = "default_itl_p99")]
+    pub itl_p99: GoDuration,
+    /// Whether a failed proof blocks automatic promotion and `failover` commands (as a failed
+    /// probe does) until a later proof passes; `force-failover` still promotes.
+    #[serde(default = "default_true")]
+    pub blocks_promotion: bool,
+}
+
+fn default_load_proof_duration() -> GoDuration {
+    GoDuration("60s".to_owned())
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+fn default_max_error_rate() -> f64 {
+    0.01
+}
+
+fn default_ttft_p99() -> GoDuration {
+    GoDuration("2s".to_owned())
+}
+
+fn default_itl_p99() -> GoDuration {
+    GoDuration("200ms".to_owned())
+}
+
+/// The last load proof of the standby.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct LoadProofRecord {
+    /// When it started, RFC 3339.
+    pub at: String,
+    /// The pool it replayed against.
+    pub pool: String,
+    /// `Proven`, `Failed`, or `NotRun` (no traffic recorded, no replica reached).
+    pub result: String,
+    /// The replicas it replayed against, and how many of them it woke.
+    pub replicas: u32,
+    #[serde(default)]
+    pub woken: u32,
+    /// The rate the routers recorded, and the rate replayed, in requests a second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recorded_rate: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replayed_rate: Option<f64>,
+    /// Requests replayed, and how many of them failed.
+    #[serde(default)]
+    pub requests: u32,
+    #[serde(default)]
+    pub errors: u32,
+    /// The 99th-percentile time to first token and gap between tokens, in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttft_p99_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub itl_p99_ms: Option<u64>,
+    /// The thresholds broken, or why it did not run, in words.
+    pub detail: String,
+}
+
+impl LoadProofRecord {
+    /// What the proof showed, in one line: `Proven at … against west: 720 requests at 12/s (the
+    /// primary's 10/s recorded) on 2 replicas, 0 failed, TTFT p99 180 ms, inter-token p99 21 ms`.
+    #[must_use]
+    pub fn summary(&self) -> String {
+        let mut line = format!("{} at {} against {}", self.result, self.at, self.pool);
+        if self.requests > 0 {
+            let rate = |r: Option<f64>| r.map_or_else(|| "?".to_owned(), |r| format!("{r}/s"));
+            let millis = |ms: Option<u64>| ms.map_or_else(|| "-".to_owned(), |ms| format!("{ms} ms"));
+            line.push_str(&format!(
+                ": {} requests at {} (the primary's {} recorded) on {} replica{} ({} woken), {} failed, \
+                 TTFT p99 {}, inter-token p99 {}",
+                self.requests,
+                rate(self.replayed_rate),
+                rate(self.recorded_rate),
+                self.replicas,
+                if self.replicas == 1 { "" } else { "s" },
+                self.woken,
+                self.errors,
+                millis(self.ttft_p99_ms),
+                millis(self.itl_p99_ms),
+            ));
+        }
+        line.push_str(&format!(": {}", self.detail));
+        line
+    }
 }
 
 /// The last proof of a sleeping standby.
@@ -988,10 +1108,13 @@ pub mod condition_type {
     /// Whether the last comparison of the pools read both pools' model files as
     /// `spec.parity.artifactDigest` asks, and why not; present only when the policy sets it.
     pub const ARTIFACT_DIGEST_COMPARED: &str = "ArtifactDigestCompared";
+    /// Whether the standby kept its thresholds when the primary's recorded traffic was last
+    /// replayed against it; present only when the policy sets `spec.loadProof`.
+    pub const STANDBY_LOAD_PROVEN: &str = "StandbyLoadProven";
     /// Every type a policy always reports.
     pub const ALL: [&str; 5] = [READY, STANDBY_PROVEN, PARITY_HOLDS, OBJECTIVE_MET, PROBE_ACCEPTED];
     /// The types a policy reports only when its spec asks for what they describe.
-    pub const WHEN_ASKED: [&str; 1] = [ARTIFACT_DIGEST_COMPARED];
+    pub const WHEN_ASKED: [&str; 2] = [ARTIFACT_DIGEST_COMPARED, STANDBY_LOAD_PROVEN];
 }
 
 /// What the operator observed and did.
@@ -1050,6 +1173,10 @@ pub struct FailoverPolicyStatus {
     /// The last time a sleeping standby replica was woken and proven (`spec.standbyProof`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub standby_proof: Option<StandbyProofRecord>,
+
+    /// The standby's last load proof (`spec.loadProof`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load_proof: Option<LoadProofRecord>,
 
     /// The operator's own record of the state machine, so that a restarted operator resumes
     /// where the last one stopped. Its shape belongs to the state machine, not to this schema.

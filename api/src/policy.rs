@@ -11,11 +11,12 @@ use understudy_core::{
     Pool,
     duration::ParseDurationError,
     failover::{ConfigError, FailbackPolicy, FailoverConfig},
+    load_proof::Thresholds,
     recovery::StageTimes,
 };
 
 use crate::crd::{
-    ExpectMode, FailbackMode, FailoverPolicySpec, GoDuration, StandbyProofSpec, Tier, WorkloadKind,
+    ExpectMode, FailbackMode, FailoverPolicySpec, GoDuration, LoadProofSpec, Tier, WorkloadKind,
 };
 use crate::grant::{GrantTiming, InvalidTiming};
 
@@ -121,10 +122,20 @@ pub enum PolicyError {
     MaxConcurrencyBelowInitial { initial: u32, max: u32 },
     #[error("spec.admission.priorityHeader {0:?} must be an HTTP header name: letters, digits and '-'")]
     NotAHeaderName(String),
-    #[error("spec.standbyProof.every ({0}) must be at least a minute: a proof wakes a replica")]
-    ProofTooOften(GoDuration),
-    #[error("spec.standbyProof.notBetween[{index}] {text:?} must be a UTC window such as 08:00-20:00")]
-    NotAWindow { index: usize, text: String },
+    #[error("{field}.every ({every}) must be at least a minute: a proof wakes a replica")]
+    ProofTooOften { field: &'static str, every: GoDuration },
+    #[error("{field}.notBetween[{index}] {text:?} must be a UTC window such as 08:00-20:00")]
+    NotAWindow {
+        field: &'static str,
+        index: usize,
+        text: String,
+    },
+    #[error("{field} {value} must be {range}")]
+    NotInRange {
+        field: &'static str,
+        value: String,
+        range: &'static str,
+    },
     #[error("spec.minServingFraction {0} must be above 0 and at most 1")]
     ServingFraction(String),
     #[error("spec.coldStartEstimates.{stage}: {error}")]
@@ -161,6 +172,8 @@ pub struct ValidatedPolicy {
     pub estimates: StageTimes,
     /// `spec.standbyProof`, parsed.
     pub standby_proof: Option<StandbyProof>,
+    /// `spec.loadProof`, parsed.
+    pub load_proof: Option<LoadProof>,
     /// `spec.stream.drainFor`: how long a planned move lets the old primary's streams finish.
     pub drain_for: Duration,
     /// How the fences' serving grants are timed.
@@ -250,7 +263,15 @@ pub fn validate(spec: &FailoverPolicySpec) -> Result<ValidatedPolicy, PolicyErro
     let grants = check_grants(spec)?;
     let estimates = estimates(spec)?;
     let standby_proof = match &spec.standby_proof {
-        Some(proof) => Some(check_standby_proof(proof)?),
+        Some(proof) => Some(check_schedule(
+            ("spec.standbyProof", "spec.standbyProof.every"),
+            &proof.every,
+            &proof.not_between,
+        )?),
+        None => None,
+    };
+    let load_proof = match &spec.load_proof {
+        Some(proof) => Some(check_load_proof(proof)?),
         None => None,
     };
 
@@ -273,6 +294,7 @@ pub fn validate(spec: &FailoverPolicySpec) -> Result<ValidatedPolicy, PolicyErro
         min_serving_fraction: spec.min_serving_fraction,
         estimates,
         standby_proof,
+        load_proof,
         grants,
     })
 }
@@ -302,18 +324,25 @@ fn check_grants(spec: &FailoverPolicySpec) -> Result<GrantTiming, PolicyError> {
     Ok(timing)
 }
 
-/// `spec.standbyProof`, parsed.
-fn check_standby_proof(proof: &StandbyProofSpec) -> Result<StandbyProof, PolicyError> {
-    let every = parse("spec.standbyProof.every", &proof.every)?;
+/// A proof's `every` and `notBetween` under `field`, parsed.
+fn check_schedule(
+    (field, every_field): (&'static str, &'static str),
+    every_text: &GoDuration,
+    not_between: &[String],
+) -> Result<StandbyProof, PolicyError> {
+    let every = parse(every_field, every_text)?;
     if every < Duration::from_secs(60) {
-        return Err(PolicyError::ProofTooOften(proof.every.clone()));
+        return Err(PolicyError::ProofTooOften {
+            field,
+            every: every_text.clone(),
+        });
     }
-    let not_between = proof
-        .not_between
+    let not_between = not_between
         .iter()
         .enumerate()
         .map(|(index, text)| {
             UtcWindow::parse(text).ok_or_else(|| PolicyError::NotAWindow {
+                field,
                 index,
                 text: text.clone(),
             })
@@ -322,7 +351,56 @@ fn check_standby_proof(proof: &StandbyProofSpec) -> Result<StandbyProof, PolicyE
     Ok(StandbyProof { every, not_between })
 }
 
-/// `spec.standbyProof`: how often, and when not.
+/// `spec.loadProof`, parsed.
+fn check_load_proof(proof: &LoadProofSpec) -> Result<LoadProof, PolicyError> {
+    let schedule = check_schedule(
+        ("spec.loadProof", "spec.loadProof.every"),
+        &proof.every,
+        &proof.not_between,
+    )?;
+    let duration = positive("spec.loadProof.duration", &proof.duration)?;
+    in_range("spec.loadProof.duration (seconds)", duration.as_secs(), 1, 600)?;
+    if !(proof.rate_share > 0.0 && proof.rate_share <= 4.0) {
+        return Err(PolicyError::NotInRange {
+            field: "spec.loadProof.rateShare",
+            value: proof.rate_share.to_string(),
+            range: "above 0 and at most 4",
+        });
+    }
+    if !(0.0..=1.0).contains(&proof.max_error_rate) {
+        return Err(PolicyError::NotInRange {
+            field: "spec.loadProof.maxErrorRate",
+            value: proof.max_error_rate.to_string(),
+            range: "between 0 and 1",
+        });
+    }
+    Ok(LoadProof {
+        schedule,
+        duration,
+        rate_share: proof.rate_share,
+        thresholds: Thresholds {
+            max_error_rate: proof.max_error_rate,
+            ttft_p99: positive("spec.loadProof.ttftP99", &proof.ttft_p99)?,
+            itl_p99: positive("spec.loadProof.itlP99", &proof.itl_p99)?,
+        },
+        blocks_promotion: proof.blocks_promotion,
+    })
+}
+
+/// `spec.loadProof`, parsed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LoadProof {
+    /// How often, and when not.
+    pub schedule: StandbyProof,
+    /// How long each replay runs.
+    pub duration: Duration,
+    /// The share of the primary's recorded rate replayed.
+    pub rate_share: f64,
+    pub thresholds: Thresholds,
+    pub blocks_promotion: bool,
+}
+
+/// `spec.standbyProof`: how often, and when not (a load proof's schedule too).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StandbyProof {
     pub every: Duration,
@@ -1156,6 +1234,78 @@ recoveryObjective: 5m
                 "standbyProof: {every: 1h, notBetween: ['24:00-01:00']}\n",
                 "spec.standbyProof.notBetween[0]",
             ),
+        ] {
+            let message = refusal(&minimal_with(extra));
+            assert!(
+                message.starts_with(expected),
+                "got {message:?}, expected {expected:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_load_proof_takes_its_defaults_and_refuses_what_cannot_be_replayed() {
+        let policy = validate(&minimal_with(
+            "loadProof: {every: 6h, notBetween: ['08:00-20:00']}\n",
+        ))
+        .unwrap_or_else(|e| panic!("{e}"));
+        let proof = policy.load_proof.unwrap_or_else(|| panic!("parsed"));
+        assert_eq!(proof.schedule.every, Duration::from_secs(6 * 3600));
+        assert_eq!(proof.duration, Duration::from_secs(60));
+        assert_eq!(proof.rate_share, 1.0);
+        assert_eq!(
+            proof.thresholds,
+            Thresholds {
+                max_error_rate: 0.01,
+                ttft_p99: Duration::from_secs(2),
+                itl_p99: Duration::from_millis(200),
+            }
+        );
+        assert!(proof.blocks_promotion);
+        let at = |h: u64| Duration::from_secs(19_000 * 86_400 + h * 3600);
+        assert!(proof.schedule.allowed_at(at(7)));
+        assert!(!proof.schedule.allowed_at(at(8)), "inside its window");
+        let set = validate(&minimal_with(
+            "loadProof: {every: 1h, duration: 90s, rateShare: 0.5, maxErrorRate: 0.05, ttftP99: 800ms, \
+             itlP99: 50ms, blocksPromotion: false}\n",
+        ))
+        .unwrap_or_else(|e| panic!("{e}"))
+        .load_proof
+        .unwrap_or_else(|| panic!("parsed"));
+        assert_eq!(
+            (set.duration, set.rate_share, set.blocks_promotion),
+            (Duration::from_secs(90), 0.5, false)
+        );
+        assert_eq!(
+            set.thresholds,
+            Thresholds {
+                max_error_rate: 0.05,
+                ttft_p99: Duration::from_millis(800),
+                itl_p99: Duration::from_millis(50),
+            }
+        );
+        for (extra, expected) in [
+            (
+                "loadProof: {every: 10s}\n",
+                "spec.loadProof.every (10s) must be at least a minute",
+            ),
+            (
+                "loadProof: {every: 1h, notBetween: ['x']}\n",
+                "spec.loadProof.notBetween[0]",
+            ),
+            (
+                "loadProof: {every: 1h, duration: 20m}\n",
+                "spec.loadProof.duration (seconds) must be between 1 and 600",
+            ),
+            (
+                "loadProof: {every: 1h, rateShare: 0}\n",
+                "spec.loadProof.rateShare 0 must be above 0",
+            ),
+            (
+                "loadProof: {every: 1h, maxErrorRate: 1.5}\n",
+                "spec.loadProof.maxErrorRate 1.5 must be between 0 and 1",
+            ),
+            ("loadProof: {every: 1h, ttftP99: 0s}\n", "spec.loadProof.ttftP99"),
         ] {
             let message = refusal(&minimal_with(extra));
             assert!(

@@ -9,7 +9,7 @@ use std::fmt::Write as _;
 
 use understudy_api::crd::{
     ColdStartBreakdown, Condition, ConditionStatus, FailoverPolicy, FailoverPolicyStatus, FailoverTimeline,
-    GameDay, GameDayRun, GrantsStatus, Tier, TierGroup, condition_type,
+    GameDay, GameDayRun, GrantsStatus, LoadProofRecord, Tier, TierGroup, condition_type,
 };
 use understudy_core::recovery::Stage;
 
@@ -212,6 +212,13 @@ pub fn describe(policy: &FailoverPolicy) -> String {
         },
     );
     line(&mut out, "Standby proof", &proof);
+    if let Some(load) = &policy.spec.load_proof {
+        let last = status.load_proof.as_ref().map_or_else(
+            || format!("not run yet (every {})", load.every),
+            LoadProofRecord::summary,
+        );
+        line(&mut out, "Load proof", &last);
+    }
     let reserve = status.gpu_reserve.as_ref().map_or_else(
         || "none".to_owned(),
         |r| {

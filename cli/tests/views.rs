@@ -240,3 +240,36 @@ fn failback_pause_and_resume_are_the_command_and_the_spec_field() {
     let resume = act::plan(&paused, &Change::Resume, "t").unwrap();
     assert_eq!(resume.patch, json!({"spec": {"paused": false}}));
 }
+
+#[test]
+fn describe_shows_the_last_load_proof_and_its_condition_when_the_policy_asks_for_one() {
+    let mut policy = llama();
+    assert!(!view::describe(&policy).contains("Load proof:"), "not asked for");
+    policy.spec.load_proof = Some(serde_json::from_value(serde_json::json!({"every": "6h"})).unwrap());
+    assert!(view::describe(&policy).contains("Load proof:     not run yet (every 6h)\n"));
+    let status = policy.status.as_mut().unwrap();
+    status.load_proof = Some(
+        serde_json::from_value(serde_json::json!({
+            "at": "2026-12-04T03:00:00Z", "pool": "us-east", "result": "Failed", "replicas": 1, "woken": 1,
+            "recordedRate": 10.0, "replayedRate": 10.0, "requests": 600, "errors": 0,
+            "ttftP99Ms": 2952, "itlP99Ms": 10, "detail": "TTFT p99 2952 ms, over 2000 ms"
+        }))
+        .unwrap(),
+    );
+    status.conditions.insert(
+        "StandbyLoadProven".to_owned(),
+        serde_json::from_value(serde_json::json!({
+            "status": "False", "reason": "Failed", "message": "see the load proof",
+            "lastTransitionTime": "2026-12-04T03:01:00Z"
+        }))
+        .unwrap(),
+    );
+    let text = view::describe(&policy);
+    for line in [
+        "Load proof:     Failed at 2026-12-04T03:00:00Z against us-east: 600 requests at 10/s (the primary's 10/s \
+         recorded) on 1 replica (1 woken), 0 failed, TTFT p99 2952 ms, inter-token p99 10 ms: TTFT p99 2952 ms, over 2000 ms\n",
+        "  StandbyLoadProven   False",
+    ] {
+        assert!(text.contains(line), "no {line:?} in:\n{text}");
+    }
+}

@@ -244,6 +244,34 @@ fn broken_parity_blocks_promotion_and_its_repair_releases_it() {
 }
 
 #[test]
+fn a_standby_that_failed_its_load_proof_is_not_promoted_until_a_proof_passes() {
+    let mut h = Harness::new(config());
+    h.rounds(2, Pass, Pass);
+    // The primary's failed proof is its own: it says nothing of the standby.
+    h.feed(Input::LoadProof {
+        pool: Pool::A,
+        proven: false,
+    });
+    h.feed(Input::LoadProof {
+        pool: Pool::B,
+        proven: false,
+    });
+    h.rounds(3, HardFail, Pass);
+    assert_eq!(h.started(), 0);
+    assert!(h.events.contains(&Event::PromotionBlocked {
+        reason: Blocked::LoadProofFailed
+    }));
+    h.feed(Input::Command(Command::Failover));
+    assert_eq!(h.started(), 0, "a failover command is refused as well");
+    h.feed(Input::LoadProof {
+        pool: Pool::B,
+        proven: true,
+    });
+    h.feed(Input::Tick);
+    assert_eq!(h.started(), 1);
+}
+
+#[test]
 fn paused_policy_does_not_fail_over_automatically_but_obeys_a_command() {
     let mut h = Harness::new(FailoverConfig {
         paused: true,

@@ -17,6 +17,7 @@ enum Op {
     Check(Pool, CheckResult),
     Passive(Pool, PassiveSignal),
     Parity(bool),
+    LoadProof(Pool, bool),
     Command(Command),
     ControlPlane(ControlPlane),
     /// Time passes.
@@ -54,6 +55,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (pool(), prop_oneof![Just(PassiveSignal::AllRefused), Just(PassiveSignal::Timeouts)])
             .prop_map(|(p, s)| Op::Passive(p, s)),
         1 => any::<bool>().prop_map(Op::Parity),
+        1 => (pool(), any::<bool>()).prop_map(|(p, proven)| Op::LoadProof(p, proven)),
         1 => prop_oneof![Just(Command::Failover), Just(Command::Failback), Just(Command::ForceFailover)]
             .prop_map(Op::Command),
         1 => prop_oneof![Just(ControlPlane::Reachable), Just(ControlPlane::Unreachable)].prop_map(Op::ControlPlane),
@@ -185,6 +187,10 @@ impl World {
                     "promoted a standby that is not eligible: {standby:?}"
                 );
                 prop_assert!(next.parity_holds, "promoted with parity broken");
+                prop_assert!(
+                    !next.load_proof_failed[to.index()],
+                    "promoted a standby that failed its load proof"
+                );
             }
             if *kind == TransitionKind::Failover {
                 prop_assert!(!self.config.paused, "automatic failover while paused");
@@ -282,6 +288,7 @@ proptest! {
                 Op::Check(pool, result) => Input::Check { pool, result },
                 Op::Passive(pool, signal) => Input::Passive { pool, signal },
                 Op::Parity(holds) => Input::Parity { holds },
+                Op::LoadProof(pool, proven) => Input::LoadProof { pool, proven },
                 Op::Command(command) => Input::Command(command),
                 Op::ControlPlane(reach) => Input::ControlPlane(reach),
                 Op::Wait(secs) => {

@@ -16,6 +16,7 @@ pub mod gpu_health;
 pub mod grants;
 pub mod judge;
 pub mod leader;
+pub mod load_proof;
 pub mod metrics;
 pub mod observe;
 pub mod parity;

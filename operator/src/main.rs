@@ -30,6 +30,7 @@ use understudy_operator::gpu_health::GpuAgents;
 use understudy_operator::grants::{Granting, Grantor};
 use understudy_operator::leader::{LeaderConfig, LeaderElector, Release};
 use understudy_operator::lease::KubeLease;
+use understudy_operator::load_proof::LoadProofs;
 use understudy_operator::metrics::Metrics;
 use understudy_operator::observe::ProbingObservations;
 use understudy_operator::peers::{LabelledPods, Routers};
@@ -272,6 +273,10 @@ async fn main() -> anyhow::Result<()> {
     let mut ctx = policies(&args, &clusters, metrics, observations, steps, replicas, watchdog);
     if let Some(grantor) = grantor {
         ctx = ctx.with_grants(grantor);
+    }
+    if let Some(token) = &router_token {
+        // The primary's traffic is read from the routers that carry it.
+        ctx = ctx.with_load_proofs(LoadProofs::new(routers.clone(), token.clone()));
     }
     let ctx = Arc::new(ctx);
     readiness.set(Role::Leading);

@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::atomic::AtomicU64;
 use std::time::Instant;
 
 use prometheus_client::encoding::{EncodeLabelSet, text::encode};
@@ -17,7 +18,7 @@ use prometheus_client::metrics::{
 };
 use prometheus_client::registry::Registry;
 
-use crate::crd::{ColdStartBreakdown, Condition, ConditionStatus, condition_type};
+use crate::crd::{ColdStartBreakdown, Condition, ConditionStatus, LoadProofRecord, condition_type};
 
 /// A condition status as its label reads.
 fn status_label(status: ConditionStatus) -> &'static str {
@@ -49,6 +50,32 @@ pub struct ConditionLabels {
     pub condition: String,
     pub status: &'static str,
 }
+
+/// Labels of a finished load proof.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LoadProofLabels {
+    pub namespace: String,
+    pub policy: String,
+    /// `Proven`, `Failed` or `NotRun`.
+    pub result: String,
+}
+
+/// Labels of one figure of a policy's last load proof.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LoadFigureLabels {
+    pub namespace: String,
+    pub policy: String,
+    /// `ttft_p99_seconds`, `itl_p99_seconds`, `error_ratio` or `replayed_rate`.
+    pub figure: &'static str,
+}
+
+/// The figures of a load proof kept as gauges, in [`Metrics::load_proof`]'s order.
+const LOAD_FIGURES: [&str; 4] = [
+    "ttft_p99_seconds",
+    "itl_p99_seconds",
+    "error_ratio",
+    "replayed_rate",
+];
 
 /// Labels of a finished promotion.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -100,6 +127,8 @@ pub struct Metrics {
     grant_rounds: Family<GrantRoundLabels, Counter>,
     grant_fences: Family<GrantFenceLabels, Gauge>,
     grants_refused: Family<PolicyLabels, Counter>,
+    load_proofs: Family<LoadProofLabels, Counter>,
+    load_proof_figures: Family<LoadFigureLabels, Gauge<f64, AtomicU64>>,
 }
 
 impl fmt::Debug for Metrics {
@@ -184,6 +213,18 @@ impl Metrics {
             "Grants a fence refused because it had seen a higher epoch",
             grants_refused.clone(),
         );
+        let load_proofs = Family::<LoadProofLabels, Counter>::default();
+        registry.register(
+            "load_proofs",
+            "Load proofs of the standby that finished, by result",
+            load_proofs.clone(),
+        );
+        let load_proof_figures = Family::<LoadFigureLabels, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "load_proof",
+            "The last load proof's figures as the replay's client saw them: TTFT and inter-token p99 in seconds, the share of requests that failed, the rate replayed",
+            load_proof_figures.clone(),
+        );
         Metrics {
             registry,
             reconciliations,
@@ -196,6 +237,41 @@ impl Metrics {
             grant_rounds,
             grant_fences,
             grants_refused,
+            load_proofs,
+            load_proof_figures,
+        }
+    }
+
+    /// Counts a finished load proof and keeps its figures (a proof that did not run has none, and
+    /// leaves the last one's).
+    pub fn load_proof(&self, namespace: &str, policy: &str, record: &LoadProofRecord) {
+        self.load_proofs
+            .get_or_create(&LoadProofLabels {
+                namespace: namespace.to_owned(),
+                policy: policy.to_owned(),
+                result: record.result.clone(),
+            })
+            .inc();
+        if record.requests == 0 {
+            return;
+        }
+        let seconds = |ms: Option<u64>| ms.map(|ms| ms as f64 / 1000.0);
+        let values = [
+            seconds(record.ttft_p99_ms),
+            seconds(record.itl_p99_ms),
+            Some(f64::from(record.errors) / f64::from(record.requests)),
+            record.replayed_rate,
+        ];
+        for (figure, value) in LOAD_FIGURES.into_iter().zip(values) {
+            if let Some(value) = value {
+                self.load_proof_figures
+                    .get_or_create(&LoadFigureLabels {
+                        namespace: namespace.to_owned(),
+                        policy: policy.to_owned(),
+                        figure,
+                    })
+                    .set(value);
+            }
         }
     }
 
@@ -322,6 +398,13 @@ impl Metrics {
 
     /// Forgets a deleted policy's series, so a gauge does not outlive its policy.
     pub fn forget_policy(&self, namespace: &str, policy: &str) {
+        for figure in LOAD_FIGURES {
+            self.load_proof_figures.remove(&LoadFigureLabels {
+                namespace: namespace.to_owned(),
+                policy: policy.to_owned(),
+                figure,
+            });
+        }
         self.epoch.remove(&PolicyLabels {
             namespace: namespace.to_owned(),
             policy: policy.to_owned(),

@@ -1,6 +1,6 @@
 //! The routers' admin API as the operator calls it: where a router's admin port is
 //! ([`RouterAdminUrl`]), the token it takes ([`RouterToken`]), and one call per path on a fresh
-//! connection (`PUT` and `GET /route`, `GET /signals`, `GET /metrics`), each answer classified once
+//! connection (`PUT` and `GET /route`, `GET /signals`, `GET /shapes`, `GET /metrics`), each answer classified once
 //! ([`RouterAnswer`]). The Route step ([`crate::route_push`]), the probing rounds' passive signals
 //! and the game days' load counters all call the routers through here.
 //!
@@ -14,6 +14,7 @@ use std::str::FromStr;
 use bytes::Bytes;
 use understudy_api::route::RouterHolds;
 use understudy_core::failover::PassiveSignal;
+use understudy_core::load_proof::ShapeSample;
 use understudy_prober::http1;
 use understudy_prober::probe::Bearer;
 
@@ -226,6 +227,22 @@ pub async fn get_signals(router: &RouterAdminUrl, token: &RouterToken) -> Result
     serde_json::from_slice::<SignalsAnswer>(&body)
         .map(|answer| answer.pools)
         .map_err(|error| format!("GET /signals answered what is not signals: {error}"))
+}
+
+/// One `GET <prefix>/shapes?policy=<key>`: the shapes of the requests the router routed for the
+/// policy, which a load proof replays. No timeout here, the caller bounds it.
+pub async fn get_shapes(
+    router: &RouterAdminUrl,
+    token: &RouterToken,
+    policy: &str,
+) -> Result<ShapeSample, String> {
+    let path = format!("shapes?policy={policy}");
+    let (status, body) = exchange_at(router, token, &path, http::Method::GET, None).await?;
+    if status != http::StatusCode::OK {
+        return Err(format!("GET /shapes answered {}", status.as_u16()));
+    }
+    serde_json::from_slice(&body)
+        .map_err(|error| format!("GET /shapes answered what is not a sample: {error}"))
 }
 
 /// A router's `GET /metrics`, as Prometheus text.

@@ -19,6 +19,7 @@ use super::invalid::report_invalid_spec;
 use super::keep_route::keep_route;
 use super::keep_standby::keep_standby_between_promotions;
 use super::observe_lease::{observe, report_lease_regressed};
+use super::prove_load::take_load_proof;
 use super::publish::publish_written;
 use super::update_status::write_status;
 use crate::crd::{FailoverPolicy, ParityStatus};
@@ -27,7 +28,7 @@ use crate::policy;
 
 /// The reconcile of a policy, as a list of stages: validate → dereference what status recorded →
 /// observe the Lease and the pools → decide → execute the promotion's steps → keep the GPU reserve
-/// → between promotions, keep the standby in its shape and prove it → time cold starts → update
+/// → between promotions, keep the standby in its shape and prove it (by probe and at load) → time cold starts → update
 /// status → publish what it recorded → keep the routers on the Lease's route.
 pub(super) async fn apply(policy: &FailoverPolicy, ctx: &Context, namespace: &str) -> Result<Action, Error> {
     // Before validation, so that a spec edited into nonsense stops being probed by its old self.
@@ -54,6 +55,7 @@ pub(super) async fn apply(policy: &FailoverPolicy, ctx: &Context, namespace: &st
             .await
             .map(|()| Action::requeue(validated.probe.interval));
     }
+    take_load_proof(ctx, policy, namespace, &validated, &mut run).await;
     decide(&mut run, policy, recorded.command_record_readable);
     let executed = execute(ctx, policy, namespace, &lease, lease_now, &mut run, &recorded).await?;
     record_woken(&mut run, policy, &executed.woken);

@@ -15,6 +15,7 @@ use crate::clusters::Clusters;
 use crate::crd::FailoverPolicy;
 use crate::grants::Grantor;
 use crate::judge::fixed_expectation;
+use crate::load_proof::LoadProofs;
 use crate::metrics::Metrics;
 use crate::ports::ReplicaEndpoints;
 use crate::ports::{HandOffToComponents, NoObservations, ObservationSource, ProbeFindings, StepExecutor};
@@ -48,6 +49,9 @@ pub struct Context {
     pub grants: Option<Arc<Grantor>>,
     /// The clusters the pools live in: the shell's client's, or the ones they name.
     pub clusters: Arc<Clusters>,
+    /// Runs the standby's load proofs (`spec.loadProof`); without it (no routers to read the
+    /// primary's traffic from, or no replicas reached) none runs.
+    pub load_proofs: Option<Arc<LoadProofs>>,
     /// Consecutive failures per policy, for the error policy's backoff.
     failures: Mutex<HashMap<(String, String), u32>>,
 }
@@ -79,6 +83,7 @@ impl Context {
             reserve: ReserveConfig::default(),
             replicas: None,
             grants: None,
+            load_proofs: None,
             failures: Mutex::new(HashMap::new()),
         }
     }
@@ -88,6 +93,13 @@ impl Context {
     #[must_use]
     pub fn with_replicas(mut self, replicas: Arc<dyn ReplicaEndpoints>) -> Self {
         self.replicas = Some(replicas);
+        self
+    }
+
+    /// Replays the primary's recorded traffic against the standby when its `spec.loadProof` says.
+    #[must_use]
+    pub fn with_load_proofs(mut self, load_proofs: Arc<LoadProofs>) -> Self {
+        self.load_proofs = Some(load_proofs);
         self
     }
 

@@ -47,6 +47,7 @@ pub(super) fn dereference<'a>(
         handled_command,
         cold_start: None,
         standby_proof: None,
+        load_proof: None,
         parity: None,
     };
     let recorded = Recorded {

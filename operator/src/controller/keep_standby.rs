@@ -1,4 +1,5 @@
-//! Stage 5, between promotions: keep the standby in its shape and prove it when due.
+//! Stage 5, between promotions: keep the standby in its shape and prove it when due, by probe and
+//! at the primary's load.
 
 use std::time::Duration;
 
@@ -11,6 +12,7 @@ use understudy_prober::probe::Expectation;
 use understudy_prober::sleep::{ReplicaWake, WakeTimeouts, wake_replica_at_its_level};
 
 use super::context::Context;
+use super::prove_load::{cancel_load_proof, prove_load_when_due};
 use super::run::Run;
 use crate::crd::{FailoverPolicy, ParityDrift, StandbyProofRecord};
 use crate::judge::probe_spec;
@@ -41,6 +43,7 @@ pub(super) async fn keep_standby_between_promotions(
         || !run.machine.lease_known
         || run.config.paused
     {
+        cancel_load_proof(ctx, policy);
         return;
     }
     keep_primary_awake(ctx, policy, primary);
@@ -53,6 +56,10 @@ pub(super) async fn keep_standby_between_promotions(
             %namespace, policy = %policy.name_any(), left = ?drained_at - now,
             "the old primary drains its streams before it is put into its standby shape"
         );
+        return;
+    }
+    if prove_load_when_due(ctx, policy, namespace, validated, run, primary.other()) {
+        // The proof woke what it replays against and puts it back to sleep itself.
         return;
     }
     keep_standby(

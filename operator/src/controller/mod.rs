@@ -41,6 +41,7 @@ mod invalid;
 mod keep_route;
 mod keep_standby;
 mod observe_lease;
+mod prove_load;
 mod publish;
 mod run;
 mod status;
@@ -217,6 +218,9 @@ fn cleanup(policy: &FailoverPolicy, ctx: &Context, namespace: &str) -> Result<Ac
     ctx.observations.forget(&ObjectRef::from_obj(policy));
     if let Some(grants) = &ctx.grants {
         grants.forget(&ObjectRef::from_obj(policy));
+    }
+    if let Some(proofs) = &ctx.load_proofs {
+        proofs.forget(&ObjectRef::from_obj(policy));
     }
     ctx.metrics.forget_policy(namespace, &policy.name_any());
     Ok(Action::await_change())

@@ -14,7 +14,8 @@ use super::executor::Waiting;
 use super::status::{HandedOffStep, OperatorRecord};
 use crate::command::HandledCommand;
 use crate::crd::{
-    ColdStartBreakdown, FailoverPolicySpec, GpuReserve, ParityDrift, ParityStatus, StandbyProofRecord,
+    ColdStartBreakdown, FailoverPolicySpec, GpuReserve, LoadProofRecord, ParityDrift, ParityStatus,
+    StandbyProofRecord,
 };
 use crate::parity;
 
@@ -38,6 +39,8 @@ pub(super) struct Run<'a> {
     pub(super) cold_start: Option<Vec<ColdStartBreakdown>>,
     /// The standby proof this reconcile ran.
     pub(super) standby_proof: Option<StandbyProofRecord>,
+    /// The load proof this reconcile took in.
+    pub(super) load_proof: Option<LoadProofRecord>,
     /// The last comparison of the pools, read once per reconcile so that status, the drift
     /// Events and the standby's keeper all see the same one: a promotion forced past its drift
     /// says so.

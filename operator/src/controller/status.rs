@@ -19,8 +19,8 @@ use crate::coldstart;
 use crate::command::HandledCommand;
 use crate::crd::{
     ArtifactDigest, ColdStartBreakdown, Condition, ConditionStatus, FailoverPolicySpec, FailoverPolicyStatus,
-    FailoverTimeline, GoldenAnswer, GpuReserve, ParityStatus, StandbyProofRecord, TimelineStep,
-    TransitionKind, condition_type,
+    FailoverTimeline, GoldenAnswer, GpuReserve, LoadProofRecord, LoadProofSpec, ParityStatus,
+    StandbyProofRecord, TimelineStep, TransitionKind, condition_type,
 };
 use crate::parity;
 use crate::policy::{pool_name, validate};
@@ -168,6 +168,8 @@ pub struct StatusFacts<'a> {
     pub cold_start: Option<&'a [ColdStartBreakdown]>,
     /// A standby proof this reconcile ran; `None` keeps the previous status's.
     pub standby_proof: Option<&'a StandbyProofRecord>,
+    /// A load proof this reconcile took in; `None` keeps the previous status's.
+    pub load_proof: Option<&'a LoadProofRecord>,
     /// The last comparison of the pools; `None` keeps the previous status's.
     pub parity: Option<&'a ParityStatus>,
     /// The level each of the standby's sleeping replicas sleeps at, as the probes last read it.
@@ -194,6 +196,7 @@ pub fn desired_status(facts: &StatusFacts<'_>) -> Result<FailoverPolicyStatus, s
         .cold_start
         .map_or_else(|| previous.cold_start.clone(), <[_]>::to_vec);
     let standby_proof = facts.standby_proof.cloned().or(previous.standby_proof);
+    let load_proof = facts.load_proof.cloned().or(previous.load_proof);
     let parity = if facts.spec.parity.enabled {
         facts.parity.cloned().or(previous.parity)
     } else {
@@ -226,6 +229,17 @@ pub fn desired_status(facts: &StatusFacts<'_>) -> Result<FailoverPolicyStatus, s
         condition_type::PARITY_HOLDS.to_owned(),
         parity_holds(facts.spec, machine, parity.as_ref()),
     );
+    if let Some(proof) = &facts.spec.load_proof {
+        conditions.insert(
+            condition_type::STANDBY_LOAD_PROVEN.to_owned(),
+            standby_load_proven(
+                proof,
+                pool_name(facts.spec, machine.standby()),
+                machine,
+                load_proof.as_ref(),
+            ),
+        );
+    }
     if let Some(digest) = facts.spec.parity.artifact_digest {
         conditions.insert(
             condition_type::ARTIFACT_DIGEST_COMPARED.to_owned(),
@@ -242,6 +256,7 @@ pub fn desired_status(facts: &StatusFacts<'_>) -> Result<FailoverPolicyStatus, s
         cold_start_summary: coldstart::summarize(&cold_start),
         cold_start,
         standby_proof,
+        load_proof,
         parity,
         gpu_reserve: facts.gpu_reserve.cloned(),
         golden_answer: facts
@@ -272,6 +287,42 @@ fn recorded(golden: &GoldenAnswer, previous: Option<&GoldenAnswer>, now: Duratio
     GoldenAnswer {
         recorded_at: Some(recorded_at),
         ..golden.clone()
+    }
+}
+
+/// `StandbyLoadProven` for a policy that sets `spec.loadProof`: what the last proof of this
+/// standby showed, and whether its failure blocks promotion.
+fn standby_load_proven(
+    spec: &LoadProofSpec,
+    standby: &str,
+    machine: &FailoverState,
+    last: Option<&LoadProofRecord>,
+) -> Condition {
+    use ConditionStatus::{False, True, Unknown};
+    let Some(last) = last.filter(|p| p.pool == standby) else {
+        return condition(
+            Unknown,
+            "NotYetRun",
+            format!(
+                "{standby} has not been proven at the primary's load yet; a proof runs every {}",
+                spec.every
+            ),
+        );
+    };
+    let summary = last.summary();
+    match last.result.as_str() {
+        "Proven" => condition(True, "Proven", summary),
+        "Failed" if machine.load_proof_failed[machine.standby().index()] => condition(
+            False,
+            "Failed",
+            format!("{summary}; promotion is blocked until a proof passes (force-failover still promotes)"),
+        ),
+        "Failed" => condition(
+            False,
+            "FailedNotBlocking",
+            format!("{summary}; promotion is not blocked: spec.loadProof.blocksPromotion is false"),
+        ),
+        _ => condition(Unknown, "NotRun", summary),
     }
 }
 
@@ -923,6 +974,7 @@ mod tests {
             probe_accepted,
             cold_start: None,
             standby_proof: None,
+            load_proof: None,
             parity: None,
             standby_asleep_levels: &[],
             now: NOW,
@@ -951,6 +1003,7 @@ mod tests {
             probe_accepted: None,
             cold_start: None,
             standby_proof: None,
+            load_proof: None,
             parity,
             standby_asleep_levels: &[],
             now: NOW,
@@ -964,6 +1017,72 @@ mod tests {
             handled_command: None,
             handed_off: Vec::new(),
         }
+    }
+
+    #[test]
+    fn a_policy_that_asks_for_load_proofs_is_told_what_the_last_one_of_its_standby_showed() {
+        let fresh = record(FailoverState::new());
+        assert!(
+            !status_of(&fresh, None)
+                .conditions
+                .contains_key(condition_type::STANDBY_LOAD_PROVEN),
+            "absent when the policy does not ask"
+        );
+        let mut spec = spec();
+        spec.load_proof = Some(serde_json::from_value(serde_json::json!({"every": "6h"})).unwrap());
+        let standby = spec.pools[1].name.clone();
+        let load_proven = |machine: &OperatorRecord, last: Option<(&str, &str)>| {
+            let previous = FailoverPolicyStatus {
+                load_proof: last.map(|(pool, result)| LoadProofRecord {
+                    at: "2026-12-04T03:00:00Z".to_owned(),
+                    pool: pool.to_owned(),
+                    result: result.to_owned(),
+                    replicas: 1,
+                    woken: 0,
+                    recorded_rate: None,
+                    replayed_rate: None,
+                    requests: 0,
+                    errors: 0,
+                    ttft_p99_ms: None,
+                    itl_p99_ms: None,
+                    detail: "TTFT p99 2952 ms, over 2000 ms".to_owned(),
+                }),
+                ..FailoverPolicyStatus::default()
+            };
+            status_under(&spec, machine, Some(&previous), None).conditions
+                [condition_type::STANDBY_LOAD_PROVEN]
+                .clone()
+        };
+        let never = load_proven(&fresh, None);
+        assert_eq!(
+            (never.status, never.reason.as_str()),
+            (ConditionStatus::Unknown, "NotYetRun")
+        );
+        assert!(never.message.contains("every 6h"), "{}", never.message);
+        let proven = load_proven(&fresh, Some((&standby, "Proven")));
+        assert_eq!(
+            (proven.status, proven.reason.as_str()),
+            (ConditionStatus::True, "Proven")
+        );
+        // The machine holds the failure: promotion is blocked, and the condition says so.
+        let mut blocked = FailoverState::new();
+        blocked.load_proof_failed[Pool::B.index()] = true;
+        let failed = load_proven(&record(blocked), Some((&standby, "Failed")));
+        assert_eq!(
+            (failed.status, failed.reason.as_str()),
+            (ConditionStatus::False, "Failed")
+        );
+        assert!(
+            failed.message.contains("promotion is blocked"),
+            "{}",
+            failed.message
+        );
+        let not_blocking = load_proven(&fresh, Some((&standby, "Failed")));
+        assert_eq!(not_blocking.reason, "FailedNotBlocking");
+        // A proof of the pool that is primary now says nothing of the standby.
+        let other = load_proven(&fresh, Some((&spec.pools[0].name, "Proven")));
+        assert_eq!(other.reason, "NotYetRun");
+        assert_eq!(load_proven(&fresh, Some((&standby, "NotRun"))).reason, "NotRun");
     }
 
     #[test]

@@ -64,6 +64,7 @@ pub(super) fn status_of(
             .map(|r| r.as_ref().map_err(String::as_str).copied()),
         cold_start: run.cold_start.as_deref(),
         standby_proof: run.standby_proof.as_ref(),
+        load_proof: run.load_proof.as_ref(),
         parity: run.parity.as_ref(),
         standby_asleep_levels: &standby_asleep_levels,
         now: run.now,

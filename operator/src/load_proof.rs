@@ -1,0 +1,360 @@
+//! Load proofs of the standby (`spec.loadProof`): the primary's recorded traffic replayed against
+//! the standby's replicas, through their fences with the operator's token, at a share of the
+//! rate the routers recorded it at, and judged by the policy's thresholds.
+//!
+//! A proof runs for its whole `duration` (a minute by default), far longer than a reconcile may
+//! wait, so it runs on a task of its own ([`LoadProofs::start`]); the reconcile after it ends
+//! takes its record ([`LoadProofs::take_finished`]) into status, an Event, metrics and the state
+//! machine, where a failure blocks promotion. While one runs, the standby's keeper leaves the
+//! standby alone (it would put the replicas woken for the proof back to sleep), and a promotion,
+//! a pause or a lost Lease cancels it ([`LoadProofs::cancel`]): a standby being promoted must not
+//! carry a replay beside the users it is about to take.
+//!
+//! One proof at a time per policy. This module must never send a prompt a user wrote (the routers
+//! keep shapes, not text), retry a replayed request, or leave a replica it woke awake when the
+//! replay ends.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use futures::future::join_all;
+use kube::runtime::reflector::ObjectRef;
+use tokio::task::AbortHandle;
+use understudy_core::Pool;
+use understudy_core::load_proof::{ShapeSample, Verdict, judge, merged, plan};
+use understudy_prober::probe::Endpoint;
+use understudy_prober::replay::{ReplayLimits, replay};
+use understudy_prober::sleep::{
+    ReplicaWake, WakeTimeouts, is_sleeping, put_to_sleep, wake_replica_at_its_level,
+};
+
+use crate::crd::{FailoverPolicy, LoadProofRecord, PoolSpec};
+use crate::peers::{PolicyClusters, Routers};
+use crate::policy::LoadProof;
+use crate::ports::ReplicaEndpoints;
+use crate::router_admin::{RouterToken, get_shapes, policy_key};
+
+/// How long the routers' samples may take to arrive, all of them together.
+const SHAPES_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How each replayed request is bounded: long enough for a slow first token under load to be
+/// measured as slow rather than lost; a stream silent for 30 s has stalled.
+const REPLAY_LIMITS: ReplayLimits = ReplayLimits {
+    timeout: Duration::from_secs(120),
+    stall_after: Duration::from_secs(30),
+};
+
+/// What a proof came to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Proven,
+    Failed,
+    /// Nothing could be replayed: no traffic recorded, no replica running, no router reached.
+    NotRun,
+}
+
+impl Outcome {
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Proven => "Proven",
+            Outcome::Failed => "Failed",
+            Outcome::NotRun => "NotRun",
+        }
+    }
+}
+
+/// A finished proof of one pool.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Finished {
+    pub pool: Pool,
+    pub outcome: Outcome,
+    pub record: LoadProofRecord,
+}
+
+/// Everything one proof needs, owned, for its task.
+#[derive(Clone, Debug)]
+pub struct Job {
+    pub policy: Arc<FailoverPolicy>,
+    pub namespace: String,
+    /// The standby, as the machine names it, and its spec.
+    pub pool: Pool,
+    pub pool_spec: PoolSpec,
+    pub proof: LoadProof,
+    pub replicas: Arc<dyn ReplicaEndpoints>,
+    /// When it starts, since the Unix epoch.
+    pub started_at: Duration,
+}
+
+#[derive(Debug)]
+enum Slot {
+    Running { pool: Pool, task: AbortHandle },
+    Finished(Finished),
+}
+
+/// The load proofs under way and finished, per policy, and the routers their samples come from.
+#[derive(Debug)]
+pub struct LoadProofs {
+    routers: Routers,
+    token: RouterToken,
+    slots: Mutex<HashMap<ObjectRef<FailoverPolicy>, Slot>>,
+}
+
+impl LoadProofs {
+    #[must_use]
+    pub fn new(routers: Routers, token: RouterToken) -> Arc<Self> {
+        Arc::new(LoadProofs {
+            routers,
+            token,
+            slots: Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn slots(&self) -> MutexGuard<'_, HashMap<ObjectRef<FailoverPolicy>, Slot>> {
+        self.slots.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether a proof of `policy`'s standby is under way.
+    #[must_use]
+    pub fn running(&self, policy: &ObjectRef<FailoverPolicy>) -> bool {
+        matches!(self.slots().get(policy), Some(Slot::Running { .. }))
+    }
+
+    /// Starts `job` on a task of its own unless a proof of the policy runs or waits to be taken.
+    pub fn start(self: &Arc<Self>, job: Job) -> bool {
+        let key = ObjectRef::from_obj(job.policy.as_ref());
+        let mut slots = self.slots();
+        if slots.contains_key(&key) {
+            return false;
+        }
+        let this = Arc::clone(self);
+        let pool = job.pool;
+        let task_key = key.clone();
+        let task = tokio::spawn(async move {
+            let finished = this.prove(&job).await;
+            let mut slots = this.slots();
+            // Only if it was not cancelled meanwhile.
+            if matches!(slots.get(&task_key), Some(Slot::Running { .. })) {
+                slots.insert(task_key, Slot::Finished(finished));
+            }
+        });
+        slots.insert(
+            key,
+            Slot::Running {
+                pool,
+                task: task.abort_handle(),
+            },
+        );
+        true
+    }
+
+    /// A proof of `policy` that finished since the last call, once.
+    pub fn take_finished(&self, policy: &ObjectRef<FailoverPolicy>) -> Option<Finished> {
+        let mut slots = self.slots();
+        match slots.remove(policy) {
+            Some(Slot::Finished(finished)) => Some(finished),
+            Some(running) => {
+                slots.insert(policy.clone(), running);
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// Stops a proof of `policy` under way, and says which pool it was proving. Replicas it woke
+    /// are left to the standby's keeper, which puts its warm replicas back to sleep.
+    pub fn cancel(&self, policy: &ObjectRef<FailoverPolicy>) -> Option<Pool> {
+        let mut slots = self.slots();
+        match slots.remove(policy) {
+            Some(Slot::Running { pool, task }) => {
+                task.abort();
+                Some(pool)
+            }
+            Some(finished) => {
+                slots.insert(policy.clone(), finished);
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// Forgets a deleted policy: a proof under way is stopped, a finished one dropped.
+    pub fn forget(&self, policy: &ObjectRef<FailoverPolicy>) {
+        if let Some(Slot::Running { task, .. }) = self.slots().remove(policy) {
+            task.abort();
+        }
+    }
+
+    /// What the routers recorded of the policy's traffic, each router's sample.
+    async fn samples(&self, job: &Job) -> Result<Vec<ShapeSample>, String> {
+        let clusters = PolicyClusters::of(&job.namespace, &job.policy);
+        let routers = self.routers.resolve(Some(clusters)).await?;
+        let key = policy_key(&job.policy);
+        let read = join_all(routers.iter().map(|router| get_shapes(router, &self.token, &key)));
+        let read = tokio::time::timeout(SHAPES_TIMEOUT, read)
+            .await
+            .map_err(|_| format!("the routers' samples did not arrive in {SHAPES_TIMEOUT:?}"))?;
+        let mut samples = Vec::new();
+        let mut failed = Vec::new();
+        for (router, answer) in routers.iter().zip(read) {
+            match answer {
+                Ok(sample) => samples.push(sample),
+                Err(why) => failed.push(format!("{router}: {why}")),
+            }
+        }
+        if samples.is_empty() {
+            return Err(format!("no router answered: {}", failed.join("; ")));
+        }
+        Ok(samples)
+    }
+
+    /// One proof, start to end: the sample, the plan, the standby's replicas woken where they
+    /// sleep, the replay, and the woken put back to sleep at their levels.
+    async fn prove(&self, job: &Job) -> Finished {
+        let not_run = |detail: String| Finished {
+            pool: job.pool,
+            outcome: Outcome::NotRun,
+            record: record(job, Outcome::NotRun, detail),
+        };
+        let samples = match self.samples(job).await {
+            Ok(samples) => samples,
+            Err(why) => return not_run(format!("the primary's traffic could not be read: {why}")),
+        };
+        let Some((recorded_rate, shapes)) = merged(&samples) else {
+            return not_run("the routers recorded no traffic for this policy to replay".to_owned());
+        };
+        let planned = match plan(&shapes, recorded_rate, job.proof.rate_share, job.proof.duration) {
+            Ok(planned) => planned,
+            Err(why) => return not_run(why.to_string()),
+        };
+        let endpoints = match job.replicas.resolve(&job.namespace, &job.pool_spec).await {
+            Ok(endpoints) if !endpoints.is_empty() => endpoints,
+            Ok(_) => {
+                return not_run(format!(
+                    "no replica of {} runs to replay against (a pilot light grows only on promotion)",
+                    job.pool_spec.name
+                ));
+            }
+            Err(error) => return not_run(format!("the standby's replicas cannot be found: {error}")),
+        };
+        let level = job.pool_spec.standby_shape().sleep_level;
+        let (awake, woken, not_woken) = wake(&endpoints, level).await;
+        if awake.is_empty() {
+            return not_run(format!(
+                "no replica of {} could be woken for the replay: {}",
+                job.pool_spec.name,
+                not_woken.join("; ")
+            ));
+        }
+        let replayed = replay(&awake, &planned, None, REPLAY_LIMITS).await;
+        let slept = join_all(
+            woken
+                .iter()
+                .map(|(endpoint, level)| put_to_sleep(endpoint, *level, WakeTimeouts::default())),
+        )
+        .await;
+        let verdict = judge(&replayed, &job.proof.thresholds);
+        let outcome = if verdict.proven {
+            Outcome::Proven
+        } else {
+            Outcome::Failed
+        };
+        let mut detail = if verdict.proven {
+            "every threshold kept".to_owned()
+        } else {
+            verdict.broken.join("; ")
+        };
+        if !not_woken.is_empty() {
+            detail.push_str(&format!(
+                "; not woken, so not replayed against: {}",
+                not_woken.join("; ")
+            ));
+        }
+        let awake_again: Vec<String> = woken
+            .iter()
+            .zip(&slept)
+            .filter_map(|((endpoint, _), slept)| slept.as_ref().err().map(|why| format!("{endpoint}: {why}")))
+            .collect();
+        if !awake_again.is_empty() {
+            detail.push_str(&format!("; not asleep again: {}", awake_again.join("; ")));
+        }
+        let mut record = record(job, outcome, detail);
+        fill(&mut record, &verdict, job.proof.duration);
+        record.recorded_rate = Some(round2(recorded_rate));
+        record.replicas = u32::try_from(awake.len()).unwrap_or(u32::MAX);
+        record.woken = u32::try_from(woken.len()).unwrap_or(u32::MAX);
+        Finished {
+            pool: job.pool,
+            outcome,
+            record,
+        }
+    }
+}
+
+/// Wakes the sleeping ones of `endpoints`: every replica awake now, those woken with the level to
+/// put them back at, and each that could not be woken, with why.
+async fn wake(endpoints: &[Endpoint], level: u8) -> (Vec<Endpoint>, Vec<(Endpoint, u8)>, Vec<String>) {
+    let timeouts = WakeTimeouts::default();
+    let states = join_all(endpoints.iter().map(|e| is_sleeping(e, timeouts.query))).await;
+    let mut awake = Vec::new();
+    let mut woken = Vec::new();
+    let mut not_woken = Vec::new();
+    let asleep: Vec<&Endpoint> = endpoints
+        .iter()
+        .zip(&states)
+        .filter_map(|(endpoint, state)| match state {
+            Ok(Some(true)) => Some(endpoint),
+            _ => {
+                awake.push(endpoint.clone());
+                None
+            }
+        })
+        .collect();
+    let wakes = join_all(
+        asleep
+            .iter()
+            .map(|endpoint| wake_replica_at_its_level(endpoint, level, timeouts)),
+    )
+    .await;
+    for (endpoint, (outcome, level)) in asleep.into_iter().zip(wakes) {
+        if outcome == ReplicaWake::Woken {
+            awake.push(endpoint.clone());
+            woken.push((endpoint.clone(), level));
+        } else {
+            not_woken.push(format!("{endpoint}: {outcome:?}"));
+        }
+    }
+    (awake, woken, not_woken)
+}
+
+fn record(job: &Job, outcome: Outcome, detail: String) -> LoadProofRecord {
+    LoadProofRecord {
+        at: crate::reconciler::rfc3339(job.started_at),
+        pool: job.pool_spec.name.clone(),
+        result: outcome.as_str().to_owned(),
+        replicas: 0,
+        woken: 0,
+        recorded_rate: None,
+        replayed_rate: None,
+        requests: 0,
+        errors: 0,
+        ttft_p99_ms: None,
+        itl_p99_ms: None,
+        detail,
+    }
+}
+
+/// The verdict's figures into `record`.
+fn fill(record: &mut LoadProofRecord, verdict: &Verdict, duration: Duration) {
+    let millis = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    record.requests = u32::try_from(verdict.requests).unwrap_or(u32::MAX);
+    record.errors = u32::try_from(verdict.errors).unwrap_or(u32::MAX);
+    record.replayed_rate = Some(round2(verdict.requests as f64 / duration.as_secs_f64()));
+    record.ttft_p99_ms = verdict.ttft_p99.map(millis);
+    record.itl_p99_ms = verdict.itl_p99.map(millis);
+}
+
+fn round2(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
