@@ -18,6 +18,14 @@ use serde::{Deserialize, Serialize};
 /// proof, not a flood.
 pub const MAX_PLANNED: usize = 100_000;
 
+/// How recent a router's last recorded request must be for its sample to be replayed: a router
+/// whose traffic stopped longer ago says nothing of the rate now.
+pub const FRESH_FOR: Duration = Duration::from_secs(15 * 60);
+
+/// How late the replayer may send its requests (p99) before its figures stop being the
+/// standby's: a client that cannot keep its schedule measures itself.
+pub const LATE_LIMIT: Duration = Duration::from_secs(1);
+
 /// One routed request's shape, as a router records it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -30,8 +38,10 @@ pub struct RequestShape {
     pub stream: bool,
     /// Its admission priority class.
     pub priority: String,
-    /// Milliseconds since the request recorded before it; 0 for the first a router recorded.
-    pub gap_ms: u64,
+    /// Microseconds since the request recorded before it; 0 for the first a router recorded.
+    /// Microseconds, not milliseconds: at hundreds of requests a second most gaps are under a
+    /// millisecond, and truncated ones would overstate the rate.
+    pub gap_us: u64,
 }
 
 /// What a router answers for one policy: the shapes it recorded last, oldest first.
@@ -51,20 +61,35 @@ impl ShapeSample {
     /// they span. `None` without two requests a measurable time apart.
     #[must_use]
     pub fn rate(&self) -> Option<f64> {
-        let gaps = self.shapes.iter().skip(1).map(|s| s.gap_ms);
-        let span_ms: u64 = gaps.clone().sum();
+        let gaps = self.shapes.iter().skip(1).map(|s| s.gap_us as f64);
+        let span_us: f64 = gaps.clone().sum();
         let count = gaps.count();
-        (count > 0 && span_ms > 0).then(|| count as f64 * 1000.0 / span_ms as f64)
+        (count > 0 && span_us > 0.0).then(|| count as f64 * 1e6 / span_us)
     }
 }
 
-/// The rate several routers saw together (each routes its own share of the traffic), and their
-/// shapes, one router's after another's. `None` when no router recorded a rate.
-#[must_use]
-pub fn merged(samples: &[ShapeSample]) -> Option<(f64, Vec<RequestShape>)> {
-    let rate: f64 = samples.iter().filter_map(ShapeSample::rate).sum();
-    let shapes: Vec<RequestShape> = samples.iter().flat_map(|s| s.shapes.iter().cloned()).collect();
-    (rate > 0.0 && !shapes.is_empty()).then_some((rate, shapes))
+/// The replay of several routers' samples (each routes its own share of the traffic): each fresh
+/// sample ([`FRESH_FOR`]) planned at `share` of its own rate, the plans merged by time, at most
+/// [`MAX_PLANNED`] requests; with the rate the routers recorded together.
+pub fn plan_samples(
+    samples: &[ShapeSample],
+    share: f64,
+    duration: Duration,
+) -> Result<(f64, Vec<Planned>), PlanError> {
+    let fresh_ms = u64::try_from(FRESH_FOR.as_millis()).unwrap_or(u64::MAX);
+    let mut recorded = 0.0;
+    let mut planned = Vec::new();
+    for sample in samples.iter().filter(|s| s.last_age_ms <= fresh_ms) {
+        let Some(rate) = sample.rate() else { continue };
+        recorded += rate;
+        planned.extend(plan(&sample.shapes, rate, share, duration)?);
+    }
+    if planned.is_empty() {
+        return Err(PlanError::NoShapes);
+    }
+    planned.sort_by_key(|p| p.at);
+    planned.truncate(MAX_PLANNED);
+    Ok((recorded, planned))
 }
 
 /// A prompt's tokens from its characters: four characters a token, as English text runs with
@@ -118,7 +143,10 @@ pub struct Planned {
 /// Why a replay cannot be planned.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum PlanError {
-    #[error("no traffic was recorded: the routers hold no request shapes for this policy")]
+    #[error(
+        "no traffic was recorded: the routers hold no request shapes for this policy from the last 15 minutes, \
+         or too few to tell a rate"
+    )]
     NoShapes,
     #[error("the recorded rate {0} is not a positive number of requests a second")]
     BadRate(f64),
@@ -148,20 +176,16 @@ pub fn plan(
     }
     let target_gap_s = 1.0 / (recorded_rate * share);
     // The gaps between the sample's own requests (its first gap leads in from before it).
-    let gaps_ms: Vec<u64> = shapes.iter().skip(1).map(|s| s.gap_ms).collect();
-    let mean_gap_s = if gaps_ms.is_empty() {
+    let gaps_s: Vec<f64> = shapes.iter().skip(1).map(|s| s.gap_us as f64 / 1e6).collect();
+    let mean_gap_s = if gaps_s.is_empty() {
         0.0
     } else {
-        gaps_ms.iter().sum::<u64>() as f64 / 1000.0 / gaps_ms.len() as f64
+        gaps_s.iter().sum::<f64>() / gaps_s.len() as f64
     };
     let gap_of = |i: usize| -> f64 {
         if mean_gap_s > 0.0 {
             // The gap before shape i; the first shape of each pass follows the last at the mean.
-            let recorded = if i == 0 {
-                mean_gap_s
-            } else {
-                gaps_ms[i - 1] as f64 / 1000.0
-            };
+            let recorded = if i == 0 { mean_gap_s } else { gaps_s[i - 1] };
             recorded * target_gap_s / mean_gap_s
         } else {
             target_gap_s
@@ -198,7 +222,9 @@ pub struct Replayed {
     pub first_token: Option<Duration>,
     /// The gaps between its tokens as they arrived.
     pub token_gaps: Vec<Duration>,
-    /// How late the replayer sent it against its plan (a client that cannot keep up says so).
+    /// When the replayer sent it, from the replay's start, and how late that was against its
+    /// plan (a client that cannot keep up says so).
+    pub sent_at: Duration,
     pub sent_late: Duration,
 }
 
@@ -226,6 +252,8 @@ pub struct Verdict {
     pub itl_p99: Option<Duration>,
     /// The 99th-percentile lateness of the replayer's own sends.
     pub sent_late_p99: Option<Duration>,
+    /// The rate the requests were sent at, a second, from the first send to the last.
+    pub sent_rate: Option<f64>,
     /// Each threshold broken, in words; empty when proven.
     pub broken: Vec<String>,
 }
@@ -284,6 +312,14 @@ pub fn judge(replayed: &[Replayed], limits: &Thresholds) -> Verdict {
             limits.itl_p99.as_millis()
         ));
     }
+    let first = replayed.iter().map(|r| r.sent_at).min();
+    let last = replayed.iter().map(|r| r.sent_at).max();
+    let sent_rate = match (first, last) {
+        (Some(first), Some(last)) if last > first => {
+            Some((requests - 1) as f64 / (last - first).as_secs_f64())
+        }
+        _ => None,
+    };
     Verdict {
         proven: broken.is_empty(),
         requests,
@@ -292,7 +328,17 @@ pub fn judge(replayed: &[Replayed], limits: &Thresholds) -> Verdict {
         ttft_p99,
         itl_p99,
         sent_late_p99: percentile(&mut late, 99.0),
+        sent_rate,
         broken,
+    }
+}
+
+impl Verdict {
+    /// Whether the replayer fell behind its plan by more than [`LATE_LIMIT`] (p99): then the
+    /// figures measure the client, not the standby, and the proof proves nothing either way.
+    #[must_use]
+    pub fn replayer_behind(&self) -> bool {
+        self.sent_late_p99.is_some_and(|late| late > LATE_LIMIT)
     }
 }
 
@@ -307,7 +353,7 @@ mod tests {
             max_tokens: 16,
             stream: true,
             priority: "interactive".to_owned(),
-            gap_ms,
+            gap_us: gap_ms * 1000,
         }
     }
 
@@ -332,22 +378,66 @@ mod tests {
     }
 
     #[test]
-    fn routers_rates_add_up_and_their_shapes_are_all_replayed() {
+    fn each_routers_sample_is_replayed_at_its_own_rate_and_the_plans_interleave() {
+        // One router at 2 a second, one at 4: each keeps its own pace, not a mean of both.
         let a = ShapeSample {
-            shapes: vec![shape(1, 0), shape(2, 500)],
+            shapes: vec![shape(1, 0), shape(1, 500)],
             ..ShapeSample::default()
         };
         let b = ShapeSample {
-            shapes: vec![shape(3, 0), shape(4, 250)],
+            shapes: vec![shape(2, 0), shape(2, 250)],
             ..ShapeSample::default()
         };
-        let (rate, shapes) = merged(&[a, b]).unwrap();
+        let (rate, planned) = plan_samples(&[a.clone(), b], 1.0, Duration::from_secs(1)).unwrap();
         assert!((rate - 6.0).abs() < 1e-9, "{rate}");
+        let at = |tokens: u32| {
+            planned
+                .iter()
+                .filter(|p| p.prompt_tokens == tokens)
+                .map(|p| p.at)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(at(1), [ms(0), ms(500)]);
+        assert_eq!(at(2), [ms(0), ms(250), ms(500), ms(750)]);
+        assert!(planned.windows(2).all(|w| w[0].at <= w[1].at), "merged by time");
+        // A router whose traffic stopped long ago says nothing of the rate now.
+        let stale = ShapeSample {
+            last_age_ms: u64::try_from(FRESH_FOR.as_millis()).unwrap() + 1,
+            ..a
+        };
         assert_eq!(
-            shapes.iter().map(|s| s.prompt_tokens).collect::<Vec<_>>(),
-            [1, 2, 3, 4]
+            plan_samples(&[stale], 1.0, Duration::from_secs(1)),
+            Err(PlanError::NoShapes)
         );
-        assert_eq!(merged(&[ShapeSample::default()]), None);
+        assert_eq!(
+            plan_samples(&[ShapeSample::default()], 1.0, Duration::from_secs(1)),
+            Err(PlanError::NoShapes)
+        );
+    }
+
+    #[test]
+    fn gaps_under_a_millisecond_count_and_huge_ones_do_not_wrap() {
+        // 2000 a second: every gap 500 us.
+        let fast = ShapeSample {
+            shapes: (0..100)
+                .map(|_| RequestShape {
+                    gap_us: 500,
+                    ..shape(1, 0)
+                })
+                .collect(),
+            ..ShapeSample::default()
+        };
+        assert!((fast.rate().unwrap() - 2000.0).abs() < 1e-6);
+        let huge = ShapeSample {
+            shapes: (0..3)
+                .map(|_| RequestShape {
+                    gap_us: u64::MAX,
+                    ..shape(1, 0)
+                })
+                .collect(),
+            ..ShapeSample::default()
+        };
+        assert!(huge.rate().unwrap() < 1e-12, "summed without wrapping");
     }
 
     #[test]
@@ -396,6 +486,7 @@ mod tests {
             ok: true,
             first_token: Some(ms(ttft_ms)),
             token_gaps: vec![ms(gap_ms); 3],
+            sent_at: Duration::ZERO,
             sent_late: Duration::ZERO,
         }
     }
@@ -415,6 +506,22 @@ mod tests {
         assert!(verdict.proven, "{verdict:?}");
         assert_eq!(verdict.ttft_p99, Some(ms(198)));
         assert_eq!(verdict.itl_p99, Some(ms(20)));
+        assert!(!verdict.replayer_behind());
+    }
+
+    #[test]
+    fn the_rate_sent_and_a_replayer_that_fell_behind_are_told_from_the_sends() {
+        let mut replayed: Vec<Replayed> = (0..11)
+            .map(|i| Replayed {
+                sent_at: ms(100 * i),
+                ..ok(10, 10)
+            })
+            .collect();
+        assert_eq!(judge(&replayed, &limits()).sent_rate, Some(10.0));
+        for r in &mut replayed {
+            r.sent_late = ms(1500);
+        }
+        assert!(judge(&replayed, &limits()).replayer_behind());
     }
 
     #[test]

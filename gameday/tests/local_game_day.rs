@@ -581,3 +581,27 @@ async fn with_the_control_plane_lost_the_primary_serves_on_under_grants_its_peer
     );
     assert!(report.fence_standings.iter().all(|s| s.standing != "expired"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_with_half_the_capacity_answers_its_probes_and_fails_its_load_proof() {
+    let reports = run_plan(include_str!("../../examples/gamedays/local/load-proof.yaml")).await;
+    let [half, full] = &reports[..] else {
+        panic!("two runs")
+    };
+    for report in &reports {
+        println!("{}: {}", report.name, report.load_proof.as_ref().unwrap().line());
+        assert_eq!(report.verdict, Verdict::Passed, "{report:#?}");
+    }
+    let (half, full) = (
+        half.load_proof.as_ref().unwrap(),
+        full.load_proof.as_ref().unwrap(),
+    );
+    // Every replica of both standbys answered its probe: only the replay told them apart.
+    assert_eq!((half.answered_probe, half.replicas), (1, 1));
+    assert_eq!((full.answered_probe, full.replicas), (2, 2));
+    assert_eq!(half.proven, Some(false));
+    assert!(half.broken.iter().any(|b| b.starts_with("TTFT p99")), "{half:?}");
+    assert_eq!(full.proven, Some(true));
+    assert!(half.ttft_p99_ms > full.ttft_p99_ms, "{half:?} / {full:?}");
+    assert!(half.requests > 20 && full.requests > 20, "{half:?} / {full:?}");
+}

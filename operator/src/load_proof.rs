@@ -15,18 +15,19 @@
 //! replay ends.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use futures::future::join_all;
 use kube::runtime::reflector::ObjectRef;
-use tokio::task::AbortHandle;
+use tokio::sync::watch;
 use understudy_core::Pool;
-use understudy_core::load_proof::{ShapeSample, Verdict, judge, merged, plan};
+use understudy_core::load_proof::{ShapeSample, Verdict, judge, plan_samples};
 use understudy_prober::probe::Endpoint;
 use understudy_prober::replay::{ReplayLimits, replay};
 use understudy_prober::sleep::{
-    ReplicaWake, WakeTimeouts, is_sleeping, put_to_sleep, wake_replica_at_its_level,
+    ReplicaWake, WakeTimeouts, is_sleeping, put_to_sleep, sleep_level, wake_replica,
 };
 
 use crate::crd::{FailoverPolicy, LoadProofRecord, PoolSpec};
@@ -87,10 +88,27 @@ pub struct Job {
     pub started_at: Duration,
 }
 
+/// How a proof under way is stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stop {
+    /// The pool stays the standby: the replicas the proof woke are put back to sleep.
+    PutBack,
+    /// The pool is being promoted: what the proof woke stays awake to serve.
+    Abandon,
+}
+
 #[derive(Debug)]
 enum Slot {
-    Running { pool: Pool, task: AbortHandle },
-    Finished(Finished),
+    Running {
+        /// Tells a task from the one that ran before it under the same policy.
+        id: u64,
+        pool: Pool,
+        stop: watch::Sender<Option<Stop>>,
+    },
+    Finished {
+        id: u64,
+        finished: Finished,
+    },
 }
 
 /// The load proofs under way and finished, per policy, and the routers their samples come from.
@@ -99,6 +117,7 @@ pub struct LoadProofs {
     routers: Routers,
     token: RouterToken,
     slots: Mutex<HashMap<ObjectRef<FailoverPolicy>, Slot>>,
+    next_id: AtomicU64,
 }
 
 impl LoadProofs {
@@ -108,6 +127,7 @@ impl LoadProofs {
             routers,
             token,
             slots: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(0),
         })
     }
 
@@ -115,10 +135,13 @@ impl LoadProofs {
         self.slots.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Whether a proof of `policy`'s standby is under way.
+    /// The pool a proof under way for `policy` is proving.
     #[must_use]
-    pub fn running(&self, policy: &ObjectRef<FailoverPolicy>) -> bool {
-        matches!(self.slots().get(policy), Some(Slot::Running { .. }))
+    pub fn running(&self, policy: &ObjectRef<FailoverPolicy>) -> Option<Pool> {
+        match self.slots().get(policy) {
+            Some(Slot::Running { pool, .. }) => Some(*pool),
+            _ => None,
+        }
     }
 
     /// Starts `job` on a task of its own unless a proof of the policy runs or waits to be taken.
@@ -128,62 +151,77 @@ impl LoadProofs {
         if slots.contains_key(&key) {
             return false;
         }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (stop, mut stopped) = watch::channel(None);
         let this = Arc::clone(self);
         let pool = job.pool;
         let task_key = key.clone();
-        let task = tokio::spawn(async move {
-            let finished = this.prove(&job).await;
-            let mut slots = this.slots();
-            // Only if it was not cancelled meanwhile.
-            if matches!(slots.get(&task_key), Some(Slot::Running { .. })) {
-                slots.insert(task_key, Slot::Finished(finished));
+        tokio::spawn(async move {
+            let woken = Mutex::new(Vec::new());
+            let stop = async {
+                loop {
+                    if let Some(stop) = *stopped.borrow_and_update() {
+                        return stop;
+                    }
+                    if stopped.changed().await.is_err() {
+                        return Stop::Abandon;
+                    }
+                }
+            };
+            tokio::select! {
+                finished = this.prove(&job, &woken) => {
+                    let mut slots = this.slots();
+                    // Only its own slot: a cancelled proof's result is no one's.
+                    if matches!(slots.get(&task_key), Some(Slot::Running { id: running, .. }) if *running == id) {
+                        slots.insert(task_key, Slot::Finished { id, finished });
+                    }
+                }
+                stop = stop => {
+                    let woken: Vec<(Endpoint, u8)> = lock(&woken).clone();
+                    if stop == Stop::PutBack {
+                        put_back(&woken).await;
+                    }
+                }
             }
         });
-        slots.insert(
-            key,
-            Slot::Running {
-                pool,
-                task: task.abort_handle(),
-            },
-        );
+        slots.insert(key, Slot::Running { id, pool, stop });
         true
     }
 
-    /// A proof of `policy` that finished since the last call, once.
-    pub fn take_finished(&self, policy: &ObjectRef<FailoverPolicy>) -> Option<Finished> {
-        let mut slots = self.slots();
-        match slots.remove(policy) {
-            Some(Slot::Finished(finished)) => Some(finished),
-            Some(running) => {
-                slots.insert(policy.clone(), running);
-                None
-            }
-            None => None,
+    /// A proof of `policy` that finished and is not yet settled, with its id for [`Self::settle`].
+    #[must_use]
+    pub fn finished(&self, policy: &ObjectRef<FailoverPolicy>) -> Option<(u64, Finished)> {
+        match self.slots().get(policy) {
+            Some(Slot::Finished { id, finished }) => Some((*id, finished.clone())),
+            _ => None,
         }
     }
 
-    /// Stops a proof of `policy` under way, and says which pool it was proving. Replicas it woke
-    /// are left to the standby's keeper, which puts its warm replicas back to sleep.
-    pub fn cancel(&self, policy: &ObjectRef<FailoverPolicy>) -> Option<Pool> {
+    /// Forgets the finished proof `id` once what it found is written down; a later one stays.
+    pub fn settle(&self, policy: &ObjectRef<FailoverPolicy>, id: u64) {
         let mut slots = self.slots();
-        match slots.remove(policy) {
-            Some(Slot::Running { pool, task }) => {
-                task.abort();
-                Some(pool)
-            }
-            Some(finished) => {
-                slots.insert(policy.clone(), finished);
-                None
-            }
-            None => None,
+        if matches!(slots.get(policy), Some(Slot::Finished { id: done, .. }) if *done == id) {
+            slots.remove(policy);
         }
     }
 
-    /// Forgets a deleted policy: a proof under way is stopped, a finished one dropped.
+    /// Stops a proof of `policy` under way as `how` says, and says which pool it was proving.
+    pub fn cancel(&self, policy: &ObjectRef<FailoverPolicy>, how: Stop) -> Option<Pool> {
+        let mut slots = self.slots();
+        if let Some(Slot::Running { pool, stop, .. }) = slots.get(policy) {
+            let pool = *pool;
+            stop.send_replace(Some(how));
+            slots.remove(policy);
+            return Some(pool);
+        }
+        None
+    }
+
+    /// Forgets a deleted policy: a proof under way is stopped (what it woke put back to sleep), a
+    /// finished one dropped.
     pub fn forget(&self, policy: &ObjectRef<FailoverPolicy>) {
-        if let Some(Slot::Running { task, .. }) = self.slots().remove(policy) {
-            task.abort();
-        }
+        self.cancel(policy, Stop::PutBack);
+        self.slots().remove(policy);
     }
 
     /// What the routers recorded of the policy's traffic, each router's sample.
@@ -191,10 +229,13 @@ impl LoadProofs {
         let clusters = PolicyClusters::of(&job.namespace, &job.policy);
         let routers = self.routers.resolve(Some(clusters)).await?;
         let key = policy_key(&job.policy);
-        let read = join_all(routers.iter().map(|router| get_shapes(router, &self.token, &key)));
-        let read = tokio::time::timeout(SHAPES_TIMEOUT, read)
-            .await
-            .map_err(|_| format!("the routers' samples did not arrive in {SHAPES_TIMEOUT:?}"))?;
+        // Each router bounded on its own: one that hangs costs its sample, not the others'.
+        let read = join_all(routers.iter().map(|router| async {
+            tokio::time::timeout(SHAPES_TIMEOUT, get_shapes(router, &self.token, &key))
+                .await
+                .unwrap_or_else(|_| Err(format!("no sample within {SHAPES_TIMEOUT:?}")))
+        }))
+        .await;
         let mut samples = Vec::new();
         let mut failed = Vec::new();
         for (router, answer) in routers.iter().zip(read) {
@@ -210,8 +251,9 @@ impl LoadProofs {
     }
 
     /// One proof, start to end: the sample, the plan, the standby's replicas woken where they
-    /// sleep, the replay, and the woken put back to sleep at their levels.
-    async fn prove(&self, job: &Job) -> Finished {
+    /// sleep (each into `woken` as it wakes, for a stop to put back), the replay, and the woken
+    /// put back to sleep at their levels.
+    async fn prove(&self, job: &Job, woken: &Mutex<Vec<(Endpoint, u8)>>) -> Finished {
         let not_run = |detail: String| Finished {
             pool: job.pool,
             outcome: Outcome::NotRun,
@@ -221,10 +263,8 @@ impl LoadProofs {
             Ok(samples) => samples,
             Err(why) => return not_run(format!("the primary's traffic could not be read: {why}")),
         };
-        let Some((recorded_rate, shapes)) = merged(&samples) else {
-            return not_run("the routers recorded no traffic for this policy to replay".to_owned());
-        };
-        let planned = match plan(&shapes, recorded_rate, job.proof.rate_share, job.proof.duration) {
+        let (recorded_rate, planned) = match plan_samples(&samples, job.proof.rate_share, job.proof.duration)
+        {
             Ok(planned) => planned,
             Err(why) => return not_run(why.to_string()),
         };
@@ -239,7 +279,8 @@ impl LoadProofs {
             Err(error) => return not_run(format!("the standby's replicas cannot be found: {error}")),
         };
         let level = job.pool_spec.standby_shape().sleep_level;
-        let (awake, woken, not_woken) = wake(&endpoints, level).await;
+        let (awake, not_woken) = wake(&endpoints, level, woken).await;
+        let woken: Vec<(Endpoint, u8)> = lock(woken).clone();
         if awake.is_empty() {
             return not_run(format!(
                 "no replica of {} could be woken for the replay: {}",
@@ -248,22 +289,21 @@ impl LoadProofs {
             ));
         }
         let replayed = replay(&awake, &planned, None, REPLAY_LIMITS).await;
-        let slept = join_all(
-            woken
-                .iter()
-                .map(|(endpoint, level)| put_to_sleep(endpoint, *level, WakeTimeouts::default())),
-        )
-        .await;
+        let slept = put_back(&woken).await;
         let verdict = judge(&replayed, &job.proof.thresholds);
-        let outcome = if verdict.proven {
-            Outcome::Proven
+        let (outcome, mut detail) = if verdict.replayer_behind() {
+            let late = verdict.sent_late_p99.unwrap_or_default();
+            (
+                Outcome::NotRun,
+                format!(
+                    "the replayer fell {} ms behind its plan (p99): its figures measure the operator, not the standby",
+                    late.as_millis()
+                ),
+            )
+        } else if verdict.proven {
+            (Outcome::Proven, "every threshold kept".to_owned())
         } else {
-            Outcome::Failed
-        };
-        let mut detail = if verdict.proven {
-            "every threshold kept".to_owned()
-        } else {
-            verdict.broken.join("; ")
+            (Outcome::Failed, verdict.broken.join("; "))
         };
         if !not_woken.is_empty() {
             detail.push_str(&format!(
@@ -280,7 +320,7 @@ impl LoadProofs {
             detail.push_str(&format!("; not asleep again: {}", awake_again.join("; ")));
         }
         let mut record = record(job, outcome, detail);
-        fill(&mut record, &verdict, job.proof.duration);
+        fill(&mut record, &verdict);
         record.recorded_rate = Some(round2(recorded_rate));
         record.replicas = u32::try_from(awake.len()).unwrap_or(u32::MAX);
         record.woken = u32::try_from(woken.len()).unwrap_or(u32::MAX);
@@ -292,13 +332,30 @@ impl LoadProofs {
     }
 }
 
-/// Wakes the sleeping ones of `endpoints`: every replica awake now, those woken with the level to
-/// put them back at, and each that could not be woken, with why.
-async fn wake(endpoints: &[Endpoint], level: u8) -> (Vec<Endpoint>, Vec<(Endpoint, u8)>, Vec<String>) {
+/// Puts `woken` back to sleep, each at the level it was woken from; what became of each.
+async fn put_back(woken: &[(Endpoint, u8)]) -> Vec<Result<(), String>> {
+    join_all(
+        woken
+            .iter()
+            .map(|(endpoint, level)| put_to_sleep(endpoint, *level, WakeTimeouts::default())),
+    )
+    .await
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Wakes the sleeping ones of `endpoints`, each into `woken` with the level to put it back at:
+/// every replica awake now, and each that could not be woken, with why.
+async fn wake(
+    endpoints: &[Endpoint],
+    level: u8,
+    woken: &Mutex<Vec<(Endpoint, u8)>>,
+) -> (Vec<Endpoint>, Vec<String>) {
     let timeouts = WakeTimeouts::default();
     let states = join_all(endpoints.iter().map(|e| is_sleeping(e, timeouts.query))).await;
     let mut awake = Vec::new();
-    let mut woken = Vec::new();
     let mut not_woken = Vec::new();
     let asleep: Vec<&Endpoint> = endpoints
         .iter()
@@ -311,21 +368,26 @@ async fn wake(endpoints: &[Endpoint], level: u8) -> (Vec<Endpoint>, Vec<(Endpoin
             }
         })
         .collect();
-    let wakes = join_all(
-        asleep
-            .iter()
-            .map(|endpoint| wake_replica_at_its_level(endpoint, level, timeouts)),
-    )
+    let wakes = join_all(asleep.iter().map(|endpoint| async {
+        // Written down before the wake, so that a stop while it wakes puts it back too; the
+        // level is the one it is found asleep at.
+        let level = sleep_level(endpoint, timeouts.query).await.unwrap_or(level);
+        lock(woken).push(((*endpoint).clone(), level));
+        let outcome = wake_replica(endpoint, level, timeouts).await;
+        if outcome != ReplicaWake::Woken {
+            lock(woken).retain(|(e, _)| e != *endpoint);
+        }
+        outcome
+    }))
     .await;
-    for (endpoint, (outcome, level)) in asleep.into_iter().zip(wakes) {
+    for (endpoint, outcome) in asleep.into_iter().zip(wakes) {
         if outcome == ReplicaWake::Woken {
             awake.push(endpoint.clone());
-            woken.push((endpoint.clone(), level));
         } else {
             not_woken.push(format!("{endpoint}: {outcome:?}"));
         }
     }
-    (awake, woken, not_woken)
+    (awake, not_woken)
 }
 
 fn record(job: &Job, outcome: Outcome, detail: String) -> LoadProofRecord {
@@ -345,12 +407,12 @@ fn record(job: &Job, outcome: Outcome, detail: String) -> LoadProofRecord {
     }
 }
 
-/// The verdict's figures into `record`.
-fn fill(record: &mut LoadProofRecord, verdict: &Verdict, duration: Duration) {
+/// The verdict's figures into `record`: the rate is the one the requests were sent at.
+fn fill(record: &mut LoadProofRecord, verdict: &Verdict) {
     let millis = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
     record.requests = u32::try_from(verdict.requests).unwrap_or(u32::MAX);
     record.errors = u32::try_from(verdict.errors).unwrap_or(u32::MAX);
-    record.replayed_rate = Some(round2(verdict.requests as f64 / duration.as_secs_f64()));
+    record.replayed_rate = verdict.sent_rate.map(round2);
     record.ttft_p99_ms = verdict.ttft_p99.map(millis);
     record.itl_p99_ms = verdict.itl_p99.map(millis);
 }

@@ -263,14 +263,19 @@ impl Metrics {
             record.replayed_rate,
         ];
         for (figure, value) in LOAD_FIGURES.into_iter().zip(values) {
-            if let Some(value) = value {
-                self.load_proof_figures
-                    .get_or_create(&LoadFigureLabels {
-                        namespace: namespace.to_owned(),
-                        policy: policy.to_owned(),
-                        figure,
-                    })
-                    .set(value);
+            let labels = LoadFigureLabels {
+                namespace: namespace.to_owned(),
+                policy: policy.to_owned(),
+                figure,
+            };
+            // A figure this proof lacks is not the last one's.
+            match value {
+                Some(value) => {
+                    self.load_proof_figures.get_or_create(&labels).set(value);
+                }
+                None => {
+                    self.load_proof_figures.remove(&labels);
+                }
             }
         }
     }

@@ -11,13 +11,20 @@
 //! This module must never retry a request (a retry hides the failure being measured), or send
 //! past its plan.
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use understudy_core::load_proof::{Planned, Replayed, synthetic_prompt};
 
 use crate::probe::{Ending, Endpoint, stream_completion};
+
+/// The most replayed requests in flight at once: the replayer runs inside the operator, and must
+/// not take its connections and memory. A standby that holds this many unanswered is failing its
+/// proof already.
+pub const MAX_IN_FLIGHT: usize = 2048;
 
 /// The OpenAI `user` field every replayed request sends.
 pub const LOAD_PROOF_USER: &str = "understudy-load-proof";
@@ -60,12 +67,17 @@ pub async fn replay(
         return Vec::new();
     }
     let start = Instant::now();
+    let open = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
     let mut sent = JoinSet::new();
     for (i, planned) in plan.iter().enumerate() {
         let due = start + planned.at;
         tokio::time::sleep_until(due).await;
         let endpoint = endpoints[i % endpoints.len()].clone();
         let body = request_body(planned, i as u64, model).to_string().into_bytes();
+        // Past the cap the replay waits, and its lateness says the client fell behind.
+        let Ok(permit) = Arc::clone(&open).acquire_owned().await else {
+            break;
+        };
         sent.spawn(async move {
             let sent_at = Instant::now();
             let mut texts: Vec<Instant> = Vec::new();
@@ -77,10 +89,12 @@ pub async fn replay(
                 &mut |at| texts.push(at),
             )
             .await;
+            drop(permit);
             let replayed = Replayed {
                 ok: transcript.ending == Ending::Done,
                 first_token: transcript.first_token,
                 token_gaps: texts.windows(2).map(|w| w[1] - w[0]).collect(),
+                sent_at: sent_at - start,
                 sent_late: sent_at - due,
             };
             (i, replayed)

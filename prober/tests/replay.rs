@@ -25,7 +25,7 @@ fn recorded() -> Vec<RequestShape> {
             max_tokens: 32,
             stream: i % 2 == 0,
             priority: "default".to_owned(),
-            gap_ms: 100,
+            gap_us: 100_000,
         })
         .collect()
 }

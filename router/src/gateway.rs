@@ -303,9 +303,9 @@ impl Gateway {
                 (ask.priority, ask.shed_listed) = state.priority_of(&parts.headers);
                 *priority = ask.priority;
                 stay.priority = ask.priority;
-                if !shape_recorded && parts.method == Method::POST {
+                if !shape_recorded && parts.method == Method::POST && generates(&parts) {
                     self.shapes
-                        .record(&state.route.policy, &body, ask.priority, arrived);
+                        .record(&state.route.policy, &body, ask.priority, Instant::now());
                     shape_recorded = true;
                 }
             }
@@ -772,6 +772,12 @@ impl Drop for Held<'_> {
 
 /// The model a request's JSON body asks for, if it names one as a string; `Err` when the body is
 /// not JSON.
+/// Whether a request asks for generation: a completion or a chat completion, the requests a load
+/// proof replays.
+fn generates(parts: &Parts) -> bool {
+    matches!(parts.uri.path(), "/v1/completions" | "/v1/chat/completions")
+}
+
 fn model_of(body: &[u8]) -> Result<Option<String>, serde_json::Error> {
     #[derive(serde::Deserialize)]
     struct Named {

@@ -137,9 +137,17 @@ impl Shapes {
                 policies.remove(&stalest);
             }
         }
-        let ring = policies.entry(policy.to_owned()).or_default();
-        let gap_ms = ring.last.map_or(0, |last| {
-            u64::try_from(now.saturating_duration_since(last).as_millis()).unwrap_or(u64::MAX)
+        if !policies.contains_key(policy) {
+            policies.insert(policy.to_owned(), Ring::default());
+        }
+        let Some(ring) = policies.get_mut(policy) else {
+            return;
+        };
+        // Requests are recorded as they are admitted, not quite in arrival order: the clock is
+        // kept from going back, so that one late record does not stretch the next gap.
+        let now = ring.last.map_or(now, |last| last.max(now));
+        let gap_us = ring.last.map_or(0, |last| {
+            u64::try_from(now.saturating_duration_since(last).as_micros()).unwrap_or(u64::MAX)
         });
         ring.last = Some(now);
         if ring.shapes.len() == KEEP {
@@ -150,7 +158,7 @@ impl Shapes {
             max_tokens,
             stream,
             priority: priority.as_str().to_owned(),
-            gap_ms,
+            gap_us,
         });
     }
 
@@ -223,7 +231,7 @@ mod tests {
             sample
                 .shapes
                 .iter()
-                .all(|s| s.gap_ms == 10 && s.priority == "batch")
+                .all(|s| s.gap_us == 10_000 && s.priority == "batch")
         );
         assert_eq!(sample.last_age_ms, 5);
         assert_eq!(sample.rate(), Some(100.0));

@@ -17,7 +17,7 @@ use kube::runtime::reflector::ObjectRef;
 use router_support::{Emulator, MODEL, Router, TOKEN, policy_route, request};
 use understudy_core::Pool;
 use understudy_operator::crd::FailoverPolicy;
-use understudy_operator::load_proof::{Finished, Job, LoadProofs, Outcome};
+use understudy_operator::load_proof::{Finished, Job, LoadProofs, Outcome, Stop};
 use understudy_operator::peers::Routers;
 use understudy_operator::policy::validate;
 use understudy_operator::replicas::FixedReplicas;
@@ -84,9 +84,12 @@ async fn prove(router: &Router, standby: &[&Emulator]) -> Finished {
     assert!(proofs.start(job.clone()));
     assert!(!proofs.start(job), "one proof at a time per policy");
     let key = ObjectRef::from_obj(policy.as_ref());
+    assert_eq!(proofs.running(&key), Some(Pool::B));
     for _ in 0..600 {
-        if let Some(finished) = proofs.take_finished(&key) {
-            assert!(!proofs.running(&key));
+        if let Some((id, finished)) = proofs.finished(&key) {
+            assert_eq!(proofs.running(&key), None);
+            proofs.settle(&key, id);
+            assert!(proofs.finished(&key).is_none(), "settled once");
             return finished;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -133,7 +136,7 @@ fn a_standby_with_the_primarys_capacity_is_proven_and_one_with_a_fraction_fails_
     // half that rate (`rateShare: 0.5`) for 4 s (`duration`).
     let recorded = record.recorded_rate.unwrap();
     assert!(recorded > 5.0 && recorded <= 20.0, "{record:?}");
-    assert_eq!(record.replayed_rate, Some(f64::from(record.requests) / 4.0));
+    // The rate the requests were sent at, from the replay's own sends.
     let share = record.replayed_rate.unwrap() / recorded;
     assert!(
         (0.4..=0.6).contains(&share),
@@ -188,8 +191,66 @@ fn with_no_traffic_recorded_nothing_is_replayed_and_the_proof_says_why() {
     assert_eq!(finished.outcome, Outcome::NotRun);
     assert_eq!(finished.record.requests, 0);
     assert!(
-        finished.record.detail.contains("recorded no traffic"),
+        finished.record.detail.contains("no traffic was recorded"),
         "{:?}",
         finished.record
     );
+}
+
+#[test]
+fn a_proof_stopped_for_a_pause_puts_what_it_woke_back_to_sleep_and_one_stopped_for_a_promotion_does_not() {
+    let primary = Emulator::fast();
+    let router = gateway_with_traffic(&primary);
+    let admin: RouterAdminUrl = format!("http://127.0.0.1:{}", router.admin).parse().unwrap();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    for (how, asleep_after) in [(Stop::PutBack, true), (Stop::Abandon, false)] {
+        let warm = Emulator::start(&["--enable-sleep-mode"], DEV_MODE);
+        let asleep = runtime.block_on(async {
+            put_to_sleep(&endpoint(&warm), 1, WakeTimeouts::default())
+                .await
+                .unwrap();
+            let policy = Arc::new(policy());
+            let proofs = LoadProofs::new(Routers::At(vec![admin.clone()]), RouterToken::new(TOKEN).unwrap());
+            let mut proof = validate(&policy.spec).unwrap().load_proof.unwrap();
+            proof.duration = Duration::from_secs(60);
+            let key = ObjectRef::from_obj(policy.as_ref());
+            assert!(proofs.start(Job {
+                policy: Arc::clone(&policy),
+                namespace: "serving".to_owned(),
+                pool: Pool::B,
+                pool_spec: policy.spec.pools[1].clone(),
+                proof,
+                replicas: Arc::new(FixedReplicas::default().with_pool("west", vec![endpoint(&warm)])),
+                started_at: Duration::from_secs(1_800_000_000),
+            }));
+            // Woken for the replay, which runs for a minute.
+            let mut woken = false;
+            for _ in 0..100 {
+                if is_sleeping(&endpoint(&warm), Duration::from_secs(5)).await == Ok(Some(false)) {
+                    woken = true;
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            assert!(woken, "the proof woke the standby");
+            assert_eq!(proofs.cancel(&key, how), Some(Pool::B));
+            assert_eq!(proofs.running(&key), None);
+            // What the stopped task does, it does within its put-back (a sleep call on loopback).
+            let mut asleep = false;
+            for i in 0..150 {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                asleep = is_sleeping(&endpoint(&warm), Duration::from_secs(5)).await == Ok(Some(true));
+                eprintln!("{how:?} {i} asleep {asleep}");
+                if asleep {
+                    break;
+                }
+            }
+            assert!(
+                proofs.finished(&key).is_none(),
+                "a stopped proof finishes nothing"
+            );
+            asleep
+        });
+        assert_eq!(asleep, asleep_after, "{how:?}");
+    }
 }

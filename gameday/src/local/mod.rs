@@ -44,6 +44,7 @@ use understudy_core::failover::{
     CheckResult, Command, ControlPlane, Event, FailbackPolicy, FailoverConfig, FailoverState, Input, Phase,
     Step,
 };
+use understudy_core::load_proof::{self, ShapeSample, plan_samples};
 use understudy_core::quorum::{Role, StandbyShape};
 use understudy_core::{Epoch, Pool};
 use understudy_prober::outcome::ProbeOutcome;
@@ -51,21 +52,23 @@ use understudy_prober::parity::DriftReport;
 use understudy_prober::parity::flags::{FlagPolicy, flags_fingerprint};
 use understudy_prober::parity::runtime::runtime_fingerprint;
 use understudy_prober::probe::{
-    Endpoint, Expectation, GOLDEN_PREFIX_CHARS, ProbeReport, ProbeSpec, probe_round,
+    Bearer, Endpoint, Expectation, GOLDEN_PREFIX_CHARS, ProbeReport, ProbeSpec, probe_round,
 };
+use understudy_prober::replay::{ReplayLimits, replay};
 use understudy_prober::report::PoolRound;
 use understudy_prober::sleep::{WakeTimeouts, wake_replica_at_its_level};
 use understudy_router::admission::Priority;
 
-use self::executor::{LogicLease, PoolAddrs, ProcessExecutor, Routed, RouterAdmin, pool_name};
+use self::executor::{LOCAL_POLICY, LogicLease, PoolAddrs, ProcessExecutor, Routed, RouterAdmin, pool_name};
 use self::grants::Granter;
 use self::load::{RequestOutcome, RequestRecord};
 use self::pilot::{ColdStart, Growth, PilotLight};
 use self::replicas::{Launcher, Replica, ReplicaError, Startup};
 use self::report::{
-    AppliedFault, RouteChange, RouterCounts, RunReport, SelfFence, StepSpan, Transition, Verdict,
+    AppliedFault, LoadProofRun, RouteChange, RouterCounts, RunReport, SelfFence, StepSpan, Transition,
+    Verdict,
 };
-use self::scenario::{Checked, Engine, FaultKind, PoolName, ProbeKind, Topology};
+use self::scenario::{Checked, CheckedLoadProof, Engine, FaultKind, PoolName, ProbeKind, Topology};
 use self::system::{RunDir, System};
 
 /// How a run shows its progress.
@@ -130,6 +133,9 @@ pub(crate) const START_LIMIT: Duration = Duration::from_secs(30);
 /// How long a real vLLM server may take to be ready: about a minute on two idle cores, twice
 /// that while a build runs beside it.
 const VLLM_START_LIMIT: Duration = Duration::from_secs(300);
+/// How long a load proof may still run once the load has ended: longer than one replayed request
+/// may take.
+const PROOF_LIMIT: Duration = Duration::from_secs(45);
 /// How long requests still in flight at the end of the load get to finish.
 const DRAIN_LIMIT: Duration = Duration::from_secs(35);
 
@@ -145,6 +151,8 @@ struct Logic {
     argv: [Vec<String>; 2],
     /// Commands given and not yet fed to the machine.
     commands: Mutex<Vec<Command>>,
+    /// Load proofs' findings not yet fed to the machine.
+    load_proven: Mutex<Vec<Input>>,
     /// The last parity report between the pools, when both could be read.
     parity: Mutex<Option<DriftReport>>,
     /// The pools as they run: a pilot light joins its pool when it is grown.
@@ -192,6 +200,8 @@ struct Journal {
     grants: Vec<String>,
     /// Each fence's standing each time it changed, as the fence itself answered it.
     standings: Vec<Standing>,
+    /// The load proof, once it ended.
+    load_proof: Option<LoadProofRun>,
 }
 
 /// A fence's standing from a moment on, as it answered it.
@@ -221,6 +231,14 @@ pub async fn run(checked: &Checked, options: &RunOptions) -> Result<RunReport, R
         tasks.spawn(failover_logic(Arc::clone(&logic), start, stopped.clone()));
     }
     tasks.spawn(keep_granting(Arc::clone(&logic), start));
+    let proving = checked.load_proof.as_ref().map(|proof| {
+        tokio::spawn(prove_load(
+            Arc::clone(&logic),
+            start,
+            proof.clone(),
+            scenario.model.clone(),
+        ))
+    });
     tasks.spawn(watch_fences(Arc::clone(&logic), start));
     tasks.spawn(show_progress(
         Arc::clone(&logic),
@@ -252,6 +270,13 @@ pub async fn run(checked: &Checked, options: &RunOptions) -> Result<RunReport, R
         }) } => (false, applied),
         _ = tokio::signal::ctrl_c() => (true, Ok(Vec::new())),
     };
+    if let Some(proving) = proving.filter(|_| !interrupted) {
+        // A standby that falls behind answers the last replayed requests late: the proof is
+        // judged on all of them, each bounded by the replay's own timeout.
+        if tokio::time::timeout(PROOF_LIMIT, proving).await.is_err() {
+            tracing::warn!("the load proof did not end within {PROOF_LIMIT:?}; it is left out");
+        }
+    }
     let _ = stop.send(true);
     let ended = start.elapsed();
     if options.progress == Progress::Terminal {
@@ -338,6 +363,7 @@ async fn set_up(checked: &Checked, options: &RunOptions) -> Result<(Arc<Logic>, 
         granter,
         argv: argv.clone(),
         commands: Mutex::new(Vec::new()),
+        load_proven: Mutex::new(Vec::new()),
         parity: Mutex::new(None),
         pools,
         replicas,
@@ -804,6 +830,96 @@ fn note_route(logic: &Logic, at: Duration) {
     });
 }
 
+/// The standby's load proof, as the operator's `spec.loadProof` runs it: at its time, the shapes
+/// the routers recorded of the run's load, replayed against the standby through its fences with
+/// the operator's token at the proof's share of the recorded rate; the standby's replicas are
+/// probed first, as every round probes them. What it found is fed to the machine at the next
+/// round, where a failure blocks promotion.
+async fn prove_load(logic: Arc<Logic>, start: Instant, proof: CheckedLoadProof, model: String) {
+    tokio::time::sleep_until(start + proof.at).await;
+    let standby = lock(&logic.state).standby();
+    let (replicas, fences) = {
+        let pools = lock(&logic.pools);
+        let pool = &pools[standby.index()];
+        let endpoint = |a: SocketAddr| Endpoint::new(a.ip().to_string(), a.port());
+        let bearer = Bearer::new(logic.system.token());
+        let fences: Vec<Endpoint> = pool
+            .fences
+            .iter()
+            .map(|f| endpoint(f.data).with_bearer(bearer.clone()))
+            .collect();
+        (
+            pool.replicas.iter().copied().map(endpoint).collect::<Vec<_>>(),
+            fences,
+        )
+    };
+    let probed = probe_round(&replicas, &logic.probe, 0, 0, Duration::ZERO).await;
+    let answered = executor::passed(&probed).len();
+    let mut samples = Vec::new();
+    for router in &logic.routers {
+        let auth = format!("Bearer {}", router.token);
+        let path = format!("/shapes?policy={LOCAL_POLICY}");
+        let headers = [("authorization", auth.as_str())];
+        let read = http::exchange(
+            router.addr,
+            "GET",
+            &path,
+            &headers,
+            bytes::Bytes::new(),
+            Duration::from_secs(5),
+        );
+        if let Ok(answer) = read.await
+            && let Ok(sample) = serde_json::from_slice::<ShapeSample>(&answer.body)
+        {
+            samples.push(sample);
+        }
+    }
+    let mut run = LoadProofRun {
+        at_ms: report::to_ms(proof.at),
+        pool: pool_name(standby).to_owned(),
+        replicas: replicas.len(),
+        answered_probe: answered,
+        recorded_rate: None,
+        replayed_rate: None,
+        requests: 0,
+        errors: 0,
+        ttft_p99_ms: None,
+        itl_p99_ms: None,
+        proven: None,
+        broken: Vec::new(),
+        not_run: None,
+    };
+    match plan_samples(&samples, proof.rate_share, proof.duration) {
+        Err(why) => run.not_run = Some(why.to_string()),
+        Ok((rate, planned)) => {
+            let limits = ReplayLimits {
+                timeout: Duration::from_secs(30),
+                stall_after: Duration::from_secs(10),
+            };
+            let replayed = replay(&fences, &planned, Some(&model), limits).await;
+            let verdict = load_proof::judge(&replayed, &proof.thresholds);
+            if verdict.replayer_behind() {
+                run.not_run =
+                    Some("the replayer fell behind its plan: its figures measure this machine".to_owned());
+            } else {
+                lock(&logic.load_proven).push(Input::LoadProof {
+                    pool: standby,
+                    proven: verdict.proven,
+                });
+                run.proven = Some(verdict.proven);
+            }
+            run.recorded_rate = Some(rate);
+            run.replayed_rate = verdict.sent_rate;
+            run.requests = verdict.requests;
+            run.errors = verdict.errors;
+            run.ttft_p99_ms = verdict.ttft_p99.map(report::to_ms);
+            run.itl_p99_ms = verdict.itl_p99.map(report::to_ms);
+            run.broken = verdict.broken;
+        }
+    }
+    lock(&logic.journal).load_proof = Some(run);
+}
+
 /// One round's inputs, in the operator's order: the lease as read (or the store unreachable, and
 /// nothing else), the pools' checks, their parity, the commands given since the last round, and
 /// the tick on which the machine decides; beside them, each pool's replicas that passed.
@@ -844,6 +960,7 @@ async fn round_inputs(logic: &Logic) -> (Vec<Input>, [Vec<SocketAddr>; 2]) {
         });
         *lock(&logic.parity) = Some(report);
     }
+    inputs.extend(lock(&logic.load_proven).drain(..));
     inputs.extend(lock(&logic.commands).drain(..).map(Input::Command));
     inputs.push(Input::Tick);
     let [(_, a), (_, b)] = rounds;
@@ -1446,15 +1563,30 @@ fn build_report(
             .count() as u64
     });
     let ttft_interactive = report::ttft(records, Some(Priority::Interactive), fault_at, routed, ended);
-    let (passed, reasons) = judge(
+    let (mut passed, mut reasons) = judge(
         &scenario.expect,
         journal.transitions.len() as u32,
         &requests,
         (in_flight, ok_after_fault),
         &ttft_interactive,
     );
+    if let Some(expected) = scenario.expect.load_proven {
+        let proven = journal.load_proof.as_ref().and_then(|p| p.proven);
+        let holds = proven == Some(expected);
+        passed &= holds;
+        let said = |p: Option<bool>| match p {
+            Some(true) => "proven",
+            Some(false) => "failed",
+            None => "not run",
+        };
+        reasons.push(format!(
+            "the standby's load proof {}, {} expected{}",
+            said(proven),
+            said(Some(expected)),
+            if holds { "" } else { ": FAILED" }
+        ));
+    }
     let self_fence = self_fences(&faults, &journal.standings, checked.grant.ttl, ended);
-    let (mut passed, mut reasons) = (passed, reasons);
     for cut in &self_fence {
         if cut.served_again > 0 {
             passed = false;
@@ -1516,6 +1648,7 @@ fn build_report(
         ttft_interactive_ms: ttft_interactive,
         held_back: held_back(&journal.events),
         parity: lock(&logic.parity).clone(),
+        load_proof: journal.load_proof.clone(),
         faults,
         transitions: journal.transitions.clone(),
         routes: journal.routes.clone(),

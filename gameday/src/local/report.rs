@@ -124,6 +124,61 @@ pub struct AppliedFault {
     pub replicas: usize,
 }
 
+/// The standby's load proof during a run, as its replay's client saw it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct LoadProofRun {
+    pub at_ms: f64,
+    /// The pool proven, and how many of its replicas answered the generating probe just before.
+    pub pool: String,
+    pub replicas: usize,
+    pub answered_probe: usize,
+    /// The rate the routers recorded the run's load at, and the rate replayed, a second.
+    pub recorded_rate: Option<f64>,
+    pub replayed_rate: Option<f64>,
+    pub requests: usize,
+    pub errors: usize,
+    pub ttft_p99_ms: Option<f64>,
+    pub itl_p99_ms: Option<f64>,
+    /// Whether it kept every threshold; `None` when nothing was replayed.
+    pub proven: Option<bool>,
+    /// Each threshold broken.
+    pub broken: Vec<String>,
+    /// Why nothing was replayed.
+    pub not_run: Option<String>,
+}
+
+impl LoadProofRun {
+    /// One line of the text report.
+    #[must_use]
+    pub fn line(&self) -> String {
+        let probed = format!(
+            "{} of {}'s {} replica(s) answered the probe",
+            self.answered_probe, self.pool, self.replicas
+        );
+        if let Some(why) = &self.not_run {
+            return format!("load proof at {:.0} ms: not run ({why}); {probed}", self.at_ms);
+        }
+        // Whole milliseconds as the thresholds' words count them (truncated).
+        let ms = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |v| format!("{} ms", v.floor()));
+        let rate = |v: Option<f64>| v.map_or_else(|| "?".to_owned(), |v| format!("{v:.1}/s"));
+        let verdict = match self.proven {
+            Some(true) => "PROVEN".to_owned(),
+            _ => format!("FAILED: {}", self.broken.join("; ")),
+        };
+        format!(
+            "load proof at {:.0} ms: {probed}; {} requests replayed at {} (recorded {}): {} failed, \
+             TTFT p99 {}, inter-token p99 {}: {verdict}",
+            self.at_ms,
+            self.requests,
+            rate(self.replayed_rate),
+            rate(self.recorded_rate),
+            self.errors,
+            ms(self.ttft_p99_ms),
+            ms(self.itl_p99_ms),
+        )
+    }
+}
+
 /// One run's report, under the names `report.json` keeps.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct RunReport {
@@ -162,6 +217,8 @@ pub struct RunReport {
     pub held_back: Vec<String>,
     /// The last parity report between the pools: the keys that drift, with both sides' values.
     pub parity: Option<understudy_prober::parity::DriftReport>,
+    /// The standby's load proof, when the scenario ran one.
+    pub load_proof: Option<LoadProofRun>,
     pub transitions: Vec<Transition>,
     /// Every route the routers were given, in order.
     pub routes: Vec<RouteChange>,
@@ -569,6 +626,9 @@ pub fn summary(run: &RunReport) -> String {
     }
     if let Some(parity) = run.parity.as_ref().filter(|p| !p.holds()) {
         let _ = write!(out, "parity drift:\n{}", indent(&parity.render()));
+    }
+    if let Some(proof) = &run.load_proof {
+        let _ = writeln!(out, "{}", proof.line());
     }
     for line in &run.held_back {
         let _ = writeln!(out, "held back: {line}");

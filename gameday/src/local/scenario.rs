@@ -11,6 +11,7 @@ use understudy_api::crd::AdmissionSpec;
 use understudy_api::grant::GrantTiming;
 use understudy_core::drive::promotion_deadline;
 use understudy_core::duration;
+use understudy_core::load_proof::Thresholds;
 
 /// The scenario `understudy-gameday run` runs when given none: a hot standby, a crashed primary.
 pub const DEFAULT: &str = include_str!("../../../examples/gamedays/local/default.yaml");
@@ -39,6 +40,10 @@ pub struct Scenario {
     /// Commands an operator gives during the run, as `kubectl annotate` would.
     #[serde(default)]
     pub commands: Vec<CommandAt>,
+    /// A load proof of the standby during the run: the routers' recorded traffic replayed
+    /// against it through its fences, as the operator's `spec.loadProof` does.
+    #[serde(default, rename = "loadProof")]
+    pub load_proof: Option<LocalLoadProof>,
     /// What the run must show to pass.
     #[serde(default)]
     pub expect: Expect,
@@ -46,6 +51,38 @@ pub struct Scenario {
     /// replaced; absent, the scenario is one run.
     #[serde(default)]
     pub runs: Vec<Variant>,
+}
+
+/// A load proof during a local run, in the FailoverPolicy's `spec.loadProof` terms, with `at`
+/// (from the start of load) for `every`.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct LocalLoadProof {
+    pub at: String,
+    pub duration: String,
+    #[serde(default = "one")]
+    pub rate_share: f64,
+    #[serde(default = "one_percent")]
+    pub max_error_rate: f64,
+    pub ttft_p99: String,
+    pub itl_p99: String,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+fn one_percent() -> f64 {
+    0.01
+}
+
+/// A load proof, checked: when it starts, and what the operator's would run with.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CheckedLoadProof {
+    pub at: Duration,
+    pub duration: Duration,
+    pub rate_share: f64,
+    pub thresholds: Thresholds,
 }
 
 /// One run of a comparison: the sections it gives replace the scenario's, whole.
@@ -506,6 +543,9 @@ pub struct Expect {
     /// as a multiple of its steady p99 before the fault.
     #[serde(default)]
     pub interactive_storm_ttft_within: Option<f64>,
+    /// Whether the scenario's load proof must prove the standby (`true`) or fail it (`false`).
+    #[serde(default)]
+    pub load_proven: Option<bool>,
 }
 
 /// A scenario that cannot run.
@@ -546,6 +586,8 @@ pub struct Checked {
     pub eject_for: Option<Duration>,
     /// The serving grants' timing.
     pub grant: GrantTiming,
+    /// The load proof, when the scenario runs one.
+    pub load_proof: Option<CheckedLoadProof>,
 }
 
 fn invalid(field: &'static str, message: impl Into<String>) -> ScenarioError {
@@ -553,6 +595,34 @@ fn invalid(field: &'static str, message: impl Into<String>) -> ScenarioError {
         field,
         message: message.into(),
     }
+}
+
+/// A load proof that starts and ends within the run, with thresholds a replay can keep.
+fn check_load_proof(proof: &LocalLoadProof, run: Duration) -> Result<CheckedLoadProof, ScenarioError> {
+    let at = within("loadProof.at", &proof.at, run)?;
+    let duration = parse_duration("loadProof.duration", &proof.duration)?;
+    if duration.is_zero() || at + duration > run {
+        return Err(invalid(
+            "loadProof.duration",
+            "must be more than 0s and end within the run",
+        ));
+    }
+    if !(proof.rate_share > 0.0 && proof.rate_share <= 4.0) {
+        return Err(invalid("loadProof.rateShare", "must be above 0 and at most 4"));
+    }
+    if !(0.0..=1.0).contains(&proof.max_error_rate) {
+        return Err(invalid("loadProof.maxErrorRate", "must be between 0 and 1"));
+    }
+    Ok(CheckedLoadProof {
+        at,
+        duration,
+        rate_share: proof.rate_share,
+        thresholds: Thresholds {
+            max_error_rate: proof.max_error_rate,
+            ttft_p99: parse_duration("loadProof.ttftP99", &proof.ttft_p99)?,
+            itl_p99: parse_duration("loadProof.itlP99", &proof.itl_p99)?,
+        },
+    })
 }
 
 fn parse_duration(field: &'static str, text: &str) -> Result<Duration, ScenarioError> {
@@ -657,6 +727,14 @@ impl Scenario {
             return Err(invalid("policy.failback.healthyChecks", "must be at least 1"));
         }
         let grant = self.policy.grant.timing()?;
+        let load_proof = self
+            .load_proof
+            .as_ref()
+            .map(|p| check_load_proof(p, duration))
+            .transpose()?;
+        if self.expect.load_proven.is_some() && load_proof.is_none() {
+            return Err(invalid("expect.loadProven", "the scenario runs no load proof"));
+        }
         Ok(Checked {
             scenario: self,
             duration,
@@ -670,6 +748,7 @@ impl Scenario {
             drain_for,
             eject_for,
             grant,
+            load_proof,
         })
     }
 
@@ -927,6 +1006,43 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    #[test]
+    fn a_load_proof_must_end_within_the_run_and_its_expectation_needs_one() {
+        let with = |proof: &str| DEFAULT.replace("faults:", &format!("loadProof: {proof}\nfaults:"));
+        let checked = Scenario::parse(&with(
+            "{at: 5s, duration: 4s, rateShare: 0.5, ttftP99: 1s, itlP99: 200ms}",
+        ))
+        .unwrap();
+        let proof = checked.load_proof.unwrap();
+        assert_eq!(
+            (proof.at, proof.duration, proof.rate_share),
+            (Duration::from_secs(5), Duration::from_secs(4), 0.5)
+        );
+        assert_eq!(proof.thresholds.max_error_rate, 0.01);
+        for (proof, field) in [
+            (
+                "{at: 28s, duration: 4s, ttftP99: 1s, itlP99: 200ms}",
+                "loadProof.duration",
+            ),
+            (
+                "{at: 40s, duration: 1s, ttftP99: 1s, itlP99: 200ms}",
+                "loadProof.at",
+            ),
+            (
+                "{at: 5s, duration: 4s, rateShare: 0, ttftP99: 1s, itlP99: 200ms}",
+                "loadProof.rateShare",
+            ),
+            (
+                "{at: 5s, duration: 4s, ttftP99: soon, itlP99: 200ms}",
+                "loadProof.ttftP99",
+            ),
+        ] {
+            assert_eq!(refusal(&with(proof)).0, field, "{proof}");
+        }
+        let expected = DEFAULT.replace("failovers: 1", "failovers: 1\n  loadProven: true");
+        assert_eq!(refusal(&expected).0, "expect.loadProven");
     }
 
     #[test]

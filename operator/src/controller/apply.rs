@@ -19,7 +19,7 @@ use super::invalid::report_invalid_spec;
 use super::keep_route::keep_route;
 use super::keep_standby::keep_standby_between_promotions;
 use super::observe_lease::{observe, report_lease_regressed};
-use super::prove_load::take_load_proof;
+use super::prove_load::{settle_load_proof, stop_load_proof_unless_serving, take_load_proof};
 use super::publish::publish_written;
 use super::update_status::write_status;
 use crate::crd::{FailoverPolicy, ParityStatus};
@@ -55,8 +55,9 @@ pub(super) async fn apply(policy: &FailoverPolicy, ctx: &Context, namespace: &st
             .await
             .map(|()| Action::requeue(validated.probe.interval));
     }
-    take_load_proof(ctx, policy, namespace, &validated, &mut run).await;
+    let load_proof = take_load_proof(ctx, policy, &validated, &mut run);
     decide(&mut run, policy, recorded.command_record_readable);
+    stop_load_proof_unless_serving(ctx, policy, &run);
     let executed = execute(ctx, policy, namespace, &lease, lease_now, &mut run, &recorded).await?;
     record_woken(&mut run, policy, &executed.woken);
     let reserve_error =
@@ -64,6 +65,9 @@ pub(super) async fn apply(policy: &FailoverPolicy, ctx: &Context, namespace: &st
     keep_standby_between_promotions(ctx, policy, namespace, &validated, &mut run, &executed.lease_now).await;
     let started = measure_cold_starts(ctx, policy, namespace, &mut run).await;
     let written = write_status(ctx, policy, namespace, &run, None).await;
+    if written.is_ok() {
+        settle_load_proof(ctx, policy, namespace, load_proof).await;
+    }
     publish_written(ctx, policy, namespace, &run, written.is_ok(), &executed, &started).await;
     let view_stale = keep_route(ctx, &run, &executed.lease_now, policy, &policy.object_ref(&())).await;
     let requeue = match run.machine.phase {

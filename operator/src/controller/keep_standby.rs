@@ -12,7 +12,7 @@ use understudy_prober::probe::Expectation;
 use understudy_prober::sleep::{ReplicaWake, WakeTimeouts, wake_replica_at_its_level};
 
 use super::context::Context;
-use super::prove_load::{cancel_load_proof, prove_load_when_due};
+use super::prove_load::{prove_load_when_due, stop_load_proof, stop_load_proof_unless_serving};
 use super::run::Run;
 use crate::crd::{FailoverPolicy, ParityDrift, StandbyProofRecord};
 use crate::judge::probe_spec;
@@ -35,6 +35,8 @@ pub(super) async fn keep_standby_between_promotions(
     run: &mut Run<'_>,
     lease_now: &LeaseRecord,
 ) {
+    // A promotion that finished in this reconcile made the proven pool the primary.
+    stop_load_proof_unless_serving(ctx, policy, run);
     let Some(primary) = pool_by_name(&policy.spec, &lease_now.holder) else {
         return;
     };
@@ -43,7 +45,7 @@ pub(super) async fn keep_standby_between_promotions(
         || !run.machine.lease_known
         || run.config.paused
     {
-        cancel_load_proof(ctx, policy);
+        stop_load_proof(ctx, policy, run);
         return;
     }
     keep_primary_awake(ctx, policy, primary);

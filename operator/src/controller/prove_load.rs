@@ -10,55 +10,51 @@ use kube::runtime::events::{Event as KubeEvent, EventType};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use understudy_core::Pool;
-use understudy_core::failover::Input;
+use understudy_core::failover::{Input, Phase};
+
+/// How soon a proof is tried again after one that did not run, or while a failed one blocks
+/// promotion, when `every` is longer.
+const RETRY_AFTER: Duration = Duration::from_secs(10 * 60);
 
 use super::context::Context;
 use super::run::Run;
 use crate::crd::FailoverPolicy;
-use crate::load_proof::{Job, Outcome};
+use crate::load_proof::{Finished, Job, Outcome, Stop};
 use crate::policy::ValidatedPolicy;
 use crate::reconciler::send;
 
+/// A finished proof this reconcile took in, to be settled once status holds it.
+pub(super) struct Taken {
+    id: u64,
+    finished: Finished,
+}
+
 /// Takes in a proof that finished since the last reconcile: the machine learns whether the pool
-/// kept its thresholds (a failure counts only where `blocksPromotion` says so), status records it,
-/// an Event and the metrics say what it showed. Then a block the policy no longer asks for (its
-/// `loadProof` removed, or made not to block) is lifted.
-pub(super) async fn take_load_proof(
+/// kept its thresholds (a failure counts only where `blocksPromotion` says so, and where proofs
+/// can run at all), and status will record it. The proof stays until [`settle_load_proof`]: a
+/// reconcile that fails before its status is written takes it in again. Then a block the policy
+/// no longer asks for (its `loadProof` removed, or made not to block) is lifted.
+pub(super) fn take_load_proof(
     ctx: &Context,
     policy: &FailoverPolicy,
-    namespace: &str,
     validated: &ValidatedPolicy,
     run: &mut Run<'_>,
-) {
-    let blocks = blocks_promotion(validated);
+) -> Option<Taken> {
+    let blocks = blocks_promotion(validated) && ctx.load_proofs.is_some();
     let finished = ctx
         .load_proofs
         .as_ref()
-        .and_then(|proofs| proofs.take_finished(&ObjectRef::from_obj(policy)));
-    if let Some(done) = finished {
-        if let Some(proven) = machine_input(done.outcome, blocks) {
+        .and_then(|proofs| proofs.finished(&ObjectRef::from_obj(policy)));
+    let taken = finished.map(|(id, finished)| {
+        if let Some(proven) = machine_input(finished.outcome, blocks) {
             run.feed(Input::LoadProof {
-                pool: done.pool,
+                pool: finished.pool,
                 proven,
             });
         }
-        let (type_, reason) = match done.outcome {
-            Outcome::Proven => (EventType::Normal, "StandbyLoadProven"),
-            Outcome::Failed => (EventType::Warning, "StandbyLoadProofFailed"),
-            Outcome::NotRun => (EventType::Warning, "StandbyLoadProofNotRun"),
-        };
-        let event = KubeEvent {
-            type_,
-            reason: reason.to_owned(),
-            note: Some(done.record.summary()),
-            action: "ProveLoad".to_owned(),
-            secondary: None,
-        };
-        send(&ctx.shell, &policy.object_ref(&()), &event).await;
-        ctx.metrics
-            .load_proof(namespace, &policy.name_any(), &done.record);
-        run.load_proof = Some(done.record);
-    }
+        run.load_proof = Some(finished.record.clone());
+        Taken { id, finished }
+    });
     if !blocks {
         for pool in [Pool::A, Pool::B] {
             if run.machine.load_proof_failed[pool.index()] {
@@ -66,6 +62,36 @@ pub(super) async fn take_load_proof(
             }
         }
     }
+    taken
+}
+
+/// Once status holds a proof taken in: it is settled, and an Event and the metrics say what it
+/// showed, once.
+pub(super) async fn settle_load_proof(
+    ctx: &Context,
+    policy: &FailoverPolicy,
+    namespace: &str,
+    taken: Option<Taken>,
+) {
+    let (Some(proofs), Some(Taken { id, finished })) = (&ctx.load_proofs, taken) else {
+        return;
+    };
+    proofs.settle(&ObjectRef::from_obj(policy), id);
+    let (type_, reason) = match finished.outcome {
+        Outcome::Proven => (EventType::Normal, "StandbyLoadProven"),
+        Outcome::Failed => (EventType::Warning, "StandbyLoadProofFailed"),
+        Outcome::NotRun => (EventType::Warning, "StandbyLoadProofNotRun"),
+    };
+    let event = KubeEvent {
+        type_,
+        reason: reason.to_owned(),
+        note: Some(finished.record.summary()),
+        action: "ProveLoad".to_owned(),
+        secondary: None,
+    };
+    send(&ctx.shell, &policy.object_ref(&()), &event).await;
+    ctx.metrics
+        .load_proof(namespace, &policy.name_any(), &finished.record);
 }
 
 /// Whether a failed proof blocks promotion: only where the policy asks for proofs and does not
@@ -84,14 +110,33 @@ fn machine_input(outcome: Outcome, blocks: bool) -> Option<bool> {
     }
 }
 
-/// Stops a proof under way: the policy is promoting, paused or without a readable Lease.
-pub(super) fn cancel_load_proof(ctx: &Context, policy: &FailoverPolicy) {
+/// Stops a proof under way unless the policy is between promotions: a promotion keeps what the
+/// proof woke awake to serve; anything else (a suspect primary, a pause, a lost Lease) puts it
+/// back to sleep.
+pub(super) fn stop_load_proof_unless_serving(ctx: &Context, policy: &FailoverPolicy, run: &Run<'_>) {
+    if run.machine.phase != Phase::Serving || run.finished.is_some() {
+        stop_load_proof(ctx, policy, run);
+    }
+}
+
+/// Stops a proof under way: a promotion under way or just finished keeps what it woke awake, as
+/// the new primary's; otherwise what it woke goes back to sleep.
+pub(super) fn stop_load_proof(ctx: &Context, policy: &FailoverPolicy, run: &Run<'_>) {
+    let how = if matches!(run.machine.phase, Phase::Promoting(_)) || run.finished.is_some() {
+        Stop::Abandon
+    } else {
+        Stop::PutBack
+    };
+    cancel(ctx, policy, how);
+}
+
+fn cancel(ctx: &Context, policy: &FailoverPolicy, how: Stop) {
     if let Some(pool) = ctx
         .load_proofs
         .as_ref()
-        .and_then(|proofs| proofs.cancel(&ObjectRef::from_obj(policy)))
+        .and_then(|proofs| proofs.cancel(&ObjectRef::from_obj(policy), how))
     {
-        tracing::info!(policy = %policy.name_any(), ?pool, "load proof cancelled: the policy is no longer between promotions");
+        tracing::info!(policy = %policy.name_any(), ?pool, ?how, "load proof stopped: the policy is not between promotions");
     }
 }
 
@@ -112,8 +157,11 @@ pub(super) fn prove_load_when_due(
         return false;
     };
     let key = ObjectRef::from_obj(policy);
-    if proofs.running(&key) {
-        return true;
+    match proofs.running(&key) {
+        Some(pool) if pool == standby => return true,
+        // The pool it proves was promoted: what it woke serves now.
+        Some(_) => cancel(ctx, policy, Stop::Abandon),
+        None => {}
     }
     let Some(pool_spec) = policy.spec.pools.get(standby.index()) else {
         return false;
@@ -125,7 +173,14 @@ pub(super) fn prove_load_when_due(
     let last_at = last
         .and_then(|p| p.at.parse::<Timestamp>().ok())
         .and_then(|at| Duration::try_from(Timestamp::UNIX_EPOCH.duration_until(at)).ok());
-    let due = last_at.is_none_or(|at| run.now.saturating_sub(at) >= proof.schedule.every);
+    // A proof that did not run, or a standby blocked by a failed one, is tried again sooner.
+    let blocked = run.machine.load_proof_failed[standby.index()];
+    let every = if blocked || last.is_some_and(|p| p.result == Outcome::NotRun.as_str()) {
+        proof.schedule.every.min(RETRY_AFTER)
+    } else {
+        proof.schedule.every
+    };
+    let due = last_at.is_none_or(|at| run.now.saturating_sub(at) >= every);
     if !due || !proof.schedule.allowed_at(run.now) {
         return false;
     }

@@ -299,7 +299,20 @@ fn standby_load_proven(
     last: Option<&LoadProofRecord>,
 ) -> Condition {
     use ConditionStatus::{False, True, Unknown};
-    let Some(last) = last.filter(|p| p.pool == standby) else {
+    let last = last.filter(|p| p.pool == standby);
+    // What the machine holds decides: the block, whatever the last record says.
+    if machine.load_proof_failed[machine.standby().index()] {
+        let why = last.filter(|p| p.result == "Failed").map_or_else(
+            || format!("{standby} failed its last load proof"),
+            LoadProofRecord::summary,
+        );
+        return condition(
+            False,
+            "Failed",
+            format!("{why}; promotion is blocked until a proof passes (force-failover still promotes)"),
+        );
+    }
+    let Some(last) = last else {
         return condition(
             Unknown,
             "NotYetRun",
@@ -312,15 +325,17 @@ fn standby_load_proven(
     let summary = last.summary();
     match last.result.as_str() {
         "Proven" => condition(True, "Proven", summary),
-        "Failed" if machine.load_proof_failed[machine.standby().index()] => condition(
-            False,
-            "Failed",
-            format!("{summary}; promotion is blocked until a proof passes (force-failover still promotes)"),
-        ),
         "Failed" => condition(
             False,
             "FailedNotBlocking",
-            format!("{summary}; promotion is not blocked: spec.loadProof.blocksPromotion is false"),
+            format!(
+                "{summary}; it does not block promotion{}",
+                if spec.blocks_promotion {
+                    ""
+                } else {
+                    " (spec.loadProof.blocksPromotion is false)"
+                }
+            ),
         ),
         _ => condition(Unknown, "NotRun", summary),
     }
@@ -1082,6 +1097,16 @@ mod tests {
         // A proof of the pool that is primary now says nothing of the standby.
         let other = load_proven(&fresh, Some((&spec.pools[0].name, "Proven")));
         assert_eq!(other.reason, "NotYetRun");
+        // Blocked with no failed record of this standby at hand (the last one did not run): the
+        // block is still said.
+        let mut blocked = FailoverState::new();
+        blocked.load_proof_failed[Pool::B.index()] = true;
+        let said = load_proven(&record(blocked), Some((&standby, "NotRun")));
+        assert_eq!(
+            (said.status, said.reason.as_str()),
+            (ConditionStatus::False, "Failed")
+        );
+        assert!(said.message.contains("promotion is blocked"), "{}", said.message);
         assert_eq!(load_proven(&fresh, Some((&standby, "NotRun"))).reason, "NotRun");
     }
 
