@@ -20,6 +20,8 @@ pub enum Change {
     Pause,
     /// Let it again.
     Resume,
+    /// Prove the standby at the primary's load now.
+    ProveLoad,
 }
 
 /// A change ready to be confirmed and written.
@@ -116,6 +118,35 @@ pub fn plan(policy: &FailoverPolicy, change: &Change, token: &str) -> Result<Pla
                 patch: command_patch("failback", token),
                 done: format!(
                     "Asked {name} to fail back to {home}; `kubectl understudy describe {name}` shows the timeline."
+                ),
+            })
+        }
+        Change::ProveLoad => {
+            let Some(proof) = &policy.spec.load_proof else {
+                return Err(Refused(format!(
+                    "{name} sets no spec.loadProof: nothing says how to prove its standby at load"
+                )));
+            };
+            if status.state.as_deref() != Some("Serving") {
+                return Err(Refused(format!(
+                    "{name} is not serving between promotions ({}): a load proof runs only then",
+                    status.state.as_deref().unwrap_or("no state yet")
+                )));
+            }
+            let standby = pools
+                .iter()
+                .find(|p| Some(**p) != primary)
+                .copied()
+                .unwrap_or_default();
+            Ok(Planned {
+                question: format!(
+                    "Replay {name}'s recorded traffic against {standby} now, for {} at {} of the primary's rate? \
+                     A sleeping standby is woken for it and put back to sleep after.",
+                    proof.duration, proof.rate_share
+                ),
+                patch: command_patch("prove-load", token),
+                done: format!(
+                    "Asked {name} to prove {standby} at load; `kubectl understudy describe {name}` shows the result when it ends."
                 ),
             })
         }

@@ -83,6 +83,12 @@ enum Command {
         #[arg(short, long)]
         yes: bool,
     },
+    /// Replay the primary's recorded traffic against the standby now (its `spec.loadProof`).
+    ProveLoad {
+        policy: String,
+        #[arg(short, long)]
+        yes: bool,
+    },
 }
 
 async fn connect(args: &Args) -> anyhow::Result<(Client, String)> {
@@ -203,6 +209,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
         Command::Failback { policy, yes } => return change(&policies, policy, &Change::Failback, *yes).await,
         Command::Pause { policy, yes } => return change(&policies, policy, &Change::Pause, *yes).await,
         Command::Resume { policy, yes } => return change(&policies, policy, &Change::Resume, *yes).await,
+        Command::ProveLoad { policy, yes } => {
+            return change(&policies, policy, &Change::ProveLoad, *yes).await;
+        }
     };
     print!("{printed}");
     Ok(())

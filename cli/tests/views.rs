@@ -273,3 +273,27 @@ fn describe_shows_the_last_load_proof_and_its_condition_when_the_policy_asks_for
         assert!(text.contains(line), "no {line:?} in:\n{text}");
     }
 }
+
+#[test]
+fn prove_load_gives_the_command_to_a_policy_that_sets_a_load_proof_and_is_serving() {
+    let mut policy = llama();
+    assert_eq!(
+        act::plan(&policy, &Change::ProveLoad, "t")
+            .unwrap_err()
+            .to_string(),
+        "llama sets no spec.loadProof: nothing says how to prove its standby at load"
+    );
+    policy.spec.load_proof = Some(serde_json::from_value(json!({"every": "6h", "duration": "90s"})).unwrap());
+    let planned = act::plan(&policy, &Change::ProveLoad, "t3").unwrap();
+    assert_eq!(
+        planned.patch,
+        json!({"metadata": {"annotations": {"understudy.dev/command": "prove-load@t3"}}})
+    );
+    assert!(
+        planned.question.contains("against us-east now, for 90s at 1"),
+        "{}",
+        planned.question
+    );
+    policy.status.as_mut().unwrap().state = Some("Promoting".into());
+    assert!(act::plan(&policy, &Change::ProveLoad, "t").is_err());
+}

@@ -34,10 +34,13 @@ pub enum CommandRequest {
     },
     /// A value that names no command; reported once, then recorded as handled.
     Unknown { handled: HandledCommand },
+    /// `prove-load`: run the standby's load proof now (`spec.loadProof`), whatever its schedule
+    /// says. Not the state machine's: it moves nothing.
+    ProveLoad { handled: HandledCommand },
 }
 
 /// The words the annotation understands, as a reminder in messages.
-pub const COMMAND_WORDS: &str = "failover, failback or force-failover";
+pub const COMMAND_WORDS: &str = "failover, failback, force-failover or prove-load";
 
 /// Reads the command annotation against the last handled one.
 ///
@@ -56,6 +59,7 @@ pub fn pending_command(annotation: Option<&str>, last: Option<&HandledCommand>) 
         "failover" => Command::Failover,
         "failback" => Command::Failback,
         "force-failover" => Command::ForceFailover,
+        "prove-load" => return Some(CommandRequest::ProveLoad { handled }),
         _ => return Some(CommandRequest::Unknown { handled }),
     };
     Some(CommandRequest::New { command, handled })
@@ -71,6 +75,20 @@ mod tests {
         HandledCommand {
             value: value.to_owned(),
         }
+    }
+
+    #[test]
+    fn prove_load_is_a_command_of_its_own_not_the_machines() {
+        assert_eq!(
+            pending_command(Some("prove-load@t1"), None),
+            Some(CommandRequest::ProveLoad {
+                handled: handled("prove-load@t1")
+            })
+        );
+        assert_eq!(
+            pending_command(Some("prove-load@t1"), Some(&handled("prove-load@t1"))),
+            None
+        );
     }
 
     #[test]

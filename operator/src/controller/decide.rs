@@ -34,6 +34,10 @@ pub(super) fn decide(run: &mut Run<'_>, policy: &FailoverPolicy, command_record_
                 run.feed(Input::Command(command));
                 run.handled_command = Some(handled);
             }
+            Some(CommandRequest::ProveLoad { handled }) => {
+                run.prove_load_now = true;
+                run.handled_command = Some(handled);
+            }
             Some(CommandRequest::Unknown { handled }) => {
                 run.notices.push(Notice::UnknownCommand {
                     value: handled.value.clone(),

@@ -48,6 +48,7 @@ pub(super) fn dereference<'a>(
         cold_start: None,
         standby_proof: None,
         load_proof: None,
+        prove_load_now: false,
         parity: None,
     };
     let recorded = Recorded {

@@ -46,6 +46,9 @@ pub(super) async fn keep_standby_between_promotions(
         || run.config.paused
     {
         stop_load_proof(ctx, policy, run);
+        if run.prove_load_now {
+            tracing::warn!(policy = %policy.name_any(), "prove-load command not run: the policy is not between promotions");
+        }
         return;
     }
     keep_primary_awake(ctx, policy, primary);

@@ -18,9 +18,9 @@ const RETRY_AFTER: Duration = Duration::from_secs(10 * 60);
 
 use super::context::Context;
 use super::run::Run;
-use crate::crd::FailoverPolicy;
+use crate::crd::{FailoverPolicy, LoadProofRecord};
 use crate::load_proof::{Finished, Job, Outcome, Stop};
-use crate::policy::ValidatedPolicy;
+use crate::policy::{StandbyProof, ValidatedPolicy};
 use crate::reconciler::send;
 
 /// A finished proof this reconcile took in, to be settled once status holds it.
@@ -140,6 +140,21 @@ fn cancel(ctx: &Context, policy: &FailoverPolicy, how: Stop) {
     }
 }
 
+/// Whether a scheduled proof is due at `now` after `last`: `every` after it, or after ten minutes
+/// (when sooner) if it did not run or the standby is `blocked` by a failed one; and outside the
+/// schedule's windows.
+fn due(last: Option<&LoadProofRecord>, blocked: bool, schedule: &StandbyProof, now: Duration) -> bool {
+    let last_at = last
+        .and_then(|p| p.at.parse::<Timestamp>().ok())
+        .and_then(|at| Duration::try_from(Timestamp::UNIX_EPOCH.duration_until(at)).ok());
+    let every = if blocked || last.is_some_and(|p| p.result == Outcome::NotRun.as_str()) {
+        schedule.every.min(RETRY_AFTER)
+    } else {
+        schedule.every
+    };
+    last_at.is_none_or(|at| now.saturating_sub(at) >= every) && schedule.allowed_at(now)
+}
+
 /// Between promotions: starts the standby's load proof when `spec.loadProof` says one is due
 /// and the time is outside its windows. True while one runs, so that the standby's keeper leaves
 /// the replicas it woke alone.
@@ -154,6 +169,14 @@ pub(super) fn prove_load_when_due(
     let (Some(proofs), Some(replicas), Some(proof)) =
         (&ctx.load_proofs, &ctx.replicas, &validated.load_proof)
     else {
+        if run.prove_load_now {
+            let why = if validated.load_proof.is_none() {
+                "the policy sets no spec.loadProof"
+            } else {
+                "the operator reads no routers' traffic (it has no router admin token)"
+            };
+            tracing::warn!(policy = %policy.name_any(), why, "prove-load command not run");
+        }
         return false;
     };
     let key = ObjectRef::from_obj(policy);
@@ -170,18 +193,8 @@ pub(super) fn prove_load_when_due(
         .load_proof
         .as_ref()
         .or_else(|| policy.status.as_ref().and_then(|s| s.load_proof.as_ref()));
-    let last_at = last
-        .and_then(|p| p.at.parse::<Timestamp>().ok())
-        .and_then(|at| Duration::try_from(Timestamp::UNIX_EPOCH.duration_until(at)).ok());
-    // A proof that did not run, or a standby blocked by a failed one, is tried again sooner.
     let blocked = run.machine.load_proof_failed[standby.index()];
-    let every = if blocked || last.is_some_and(|p| p.result == Outcome::NotRun.as_str()) {
-        proof.schedule.every.min(RETRY_AFTER)
-    } else {
-        proof.schedule.every
-    };
-    let due = last_at.is_none_or(|at| run.now.saturating_sub(at) >= every);
-    if !due || !proof.schedule.allowed_at(run.now) {
+    if !run.prove_load_now && !due(last, blocked, &proof.schedule, run.now) {
         return false;
     }
     let started = proofs.start(Job {
@@ -242,5 +255,45 @@ mod tests {
             Some(true)
         );
         assert_eq!(machine_input(Outcome::NotRun, blocks_promotion(&blocking)), None);
+    }
+
+    #[test]
+    fn a_proof_is_due_every_so_often_and_sooner_after_one_that_did_not_run_or_failed() {
+        let schedule = validated("loadProof: {every: 6h, notBetween: ['08:00-09:00']}\n")
+            .load_proof
+            .unwrap()
+            .schedule;
+        let at = |h: u64, m: u64| Duration::from_secs(20_000 * 86_400 + h * 3600 + m * 60);
+        let record = |result: &str| LoadProofRecord {
+            at: crate::reconciler::rfc3339(at(0, 0)),
+            pool: "west".to_owned(),
+            result: result.to_owned(),
+            replicas: 1,
+            woken: 0,
+            recorded_rate: None,
+            replayed_rate: None,
+            requests: 0,
+            errors: 0,
+            ttft_p99_ms: None,
+            itl_p99_ms: None,
+            detail: String::new(),
+        };
+        assert!(due(None, false, &schedule, at(0, 0)), "never run");
+        let proven = record("Proven");
+        assert!(!due(Some(&proven), false, &schedule, at(5, 59)));
+        assert!(due(Some(&proven), false, &schedule, at(6, 0)));
+        assert!(
+            !due(Some(&proven), false, &schedule, at(8, 30)),
+            "inside its window"
+        );
+        let not_run = record("NotRun");
+        assert!(!due(Some(&not_run), false, &schedule, at(0, 9)));
+        assert!(due(Some(&not_run), false, &schedule, at(0, 10)));
+        let failed = record("Failed");
+        assert!(
+            due(Some(&failed), true, &schedule, at(0, 10)),
+            "blocked: tried again sooner"
+        );
+        assert!(!due(Some(&failed), false, &schedule, at(0, 10)));
     }
 }

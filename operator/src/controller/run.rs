@@ -41,6 +41,8 @@ pub(super) struct Run<'a> {
     pub(super) standby_proof: Option<StandbyProofRecord>,
     /// The load proof this reconcile took in.
     pub(super) load_proof: Option<LoadProofRecord>,
+    /// A `prove-load` command asked for a load proof now.
+    pub(super) prove_load_now: bool,
     /// The last comparison of the pools, read once per reconcile so that status, the drift
     /// Events and the standby's keeper all see the same one: a promotion forced past its drift
     /// says so.
