@@ -311,6 +311,25 @@ pub struct LoadProofRecord {
 }
 
 impl LoadProofRecord {
+    /// A proof of `pool` started `at` that came to `result`, with no figures yet.
+    #[must_use]
+    pub fn new(at: String, pool: String, result: &str, detail: String) -> LoadProofRecord {
+        LoadProofRecord {
+            at,
+            pool,
+            result: result.to_owned(),
+            replicas: 0,
+            woken: 0,
+            recorded_rate: None,
+            replayed_rate: None,
+            requests: 0,
+            errors: 0,
+            ttft_p99_ms: None,
+            itl_p99_ms: None,
+            detail,
+        }
+    }
+
     /// What the proof showed, in one line: `Proven at … against west: 720 requests at 12/s (the
     /// primary's 10/s recorded) on 2 replicas, 0 failed, TTFT p99 180 ms, inter-token p99 21 ms`.
     #[must_use]

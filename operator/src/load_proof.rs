@@ -391,20 +391,12 @@ async fn wake(
 }
 
 fn record(job: &Job, outcome: Outcome, detail: String) -> LoadProofRecord {
-    LoadProofRecord {
-        at: crate::reconciler::rfc3339(job.started_at),
-        pool: job.pool_spec.name.clone(),
-        result: outcome.as_str().to_owned(),
-        replicas: 0,
-        woken: 0,
-        recorded_rate: None,
-        replayed_rate: None,
-        requests: 0,
-        errors: 0,
-        ttft_p99_ms: None,
-        itl_p99_ms: None,
+    LoadProofRecord::new(
+        crate::reconciler::rfc3339(job.started_at),
+        job.pool_spec.name.clone(),
+        outcome.as_str(),
         detail,
-    }
+    )
 }
 
 /// The verdict's figures into `record`: the rate is the one the requests were sent at.

@@ -264,19 +264,13 @@ mod tests {
             .unwrap()
             .schedule;
         let at = |h: u64, m: u64| Duration::from_secs(20_000 * 86_400 + h * 3600 + m * 60);
-        let record = |result: &str| LoadProofRecord {
-            at: crate::reconciler::rfc3339(at(0, 0)),
-            pool: "west".to_owned(),
-            result: result.to_owned(),
-            replicas: 1,
-            woken: 0,
-            recorded_rate: None,
-            replayed_rate: None,
-            requests: 0,
-            errors: 0,
-            ttft_p99_ms: None,
-            itl_p99_ms: None,
-            detail: String::new(),
+        let record = |result: &str| {
+            LoadProofRecord::new(
+                crate::reconciler::rfc3339(at(0, 0)),
+                "west".to_owned(),
+                result,
+                String::new(),
+            )
         };
         assert!(due(None, false, &schedule, at(0, 0)), "never run");
         let proven = record("Proven");

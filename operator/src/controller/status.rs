@@ -1048,19 +1048,13 @@ mod tests {
         let standby = spec.pools[1].name.clone();
         let load_proven = |machine: &OperatorRecord, last: Option<(&str, &str)>| {
             let previous = FailoverPolicyStatus {
-                load_proof: last.map(|(pool, result)| LoadProofRecord {
-                    at: "2026-12-04T03:00:00Z".to_owned(),
-                    pool: pool.to_owned(),
-                    result: result.to_owned(),
-                    replicas: 1,
-                    woken: 0,
-                    recorded_rate: None,
-                    replayed_rate: None,
-                    requests: 0,
-                    errors: 0,
-                    ttft_p99_ms: None,
-                    itl_p99_ms: None,
-                    detail: "TTFT p99 2952 ms, over 2000 ms".to_owned(),
+                load_proof: last.map(|(pool, result)| {
+                    LoadProofRecord::new(
+                        "2026-12-04T03:00:00Z".to_owned(),
+                        pool.to_owned(),
+                        result,
+                        "TTFT p99 2952 ms, over 2000 ms".to_owned(),
+                    )
                 }),
                 ..FailoverPolicyStatus::default()
             };
