@@ -127,6 +127,11 @@ pub fn plan(policy: &FailoverPolicy, change: &Change, token: &str) -> Result<Pla
                     "{name} sets no spec.loadProof: nothing says how to prove its standby at load"
                 )));
             };
+            if policy.spec.paused {
+                return Err(Refused(format!(
+                    "{name} is paused: a load proof runs only between promotions of a policy that is not"
+                )));
+            }
             if status.state.as_deref() != Some("Serving") {
                 return Err(Refused(format!(
                     "{name} is not serving between promotions ({}): a load proof runs only then",

@@ -27,7 +27,7 @@ use understudy_core::load_proof::{ShapeSample, Verdict, judge, plan_samples};
 use understudy_prober::probe::Endpoint;
 use understudy_prober::replay::{ReplayLimits, replay};
 use understudy_prober::sleep::{
-    ReplicaWake, WakeTimeouts, is_sleeping, put_to_sleep, sleep_level, wake_replica,
+    ReplicaWake, WakeTimeouts, is_sleeping, put_to_sleep, wake_replica_at_its_level,
 };
 
 use crate::crd::{FailoverPolicy, LoadProofRecord, PoolSpec};
@@ -88,22 +88,13 @@ pub struct Job {
     pub started_at: Duration,
 }
 
-/// How a proof under way is stopped.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Stop {
-    /// The pool stays the standby: the replicas the proof woke are put back to sleep.
-    PutBack,
-    /// The pool is being promoted: what the proof woke stays awake to serve.
-    Abandon,
-}
-
 #[derive(Debug)]
 enum Slot {
     Running {
         /// Tells a task from the one that ran before it under the same policy.
         id: u64,
         pool: Pool,
-        stop: watch::Sender<Option<Stop>>,
+        stop: watch::Sender<bool>,
     },
     Finished {
         id: u64,
@@ -152,36 +143,22 @@ impl LoadProofs {
             return false;
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let (stop, mut stopped) = watch::channel(None);
+        let (stop, mut stopped) = watch::channel(false);
         let this = Arc::clone(self);
         let pool = job.pool;
         let task_key = key.clone();
         tokio::spawn(async move {
-            let woken = Mutex::new(Vec::new());
-            let stop = async {
-                loop {
-                    if let Some(stop) = *stopped.borrow_and_update() {
-                        return stop;
-                    }
-                    if stopped.changed().await.is_err() {
-                        return Stop::Abandon;
-                    }
-                }
-            };
             tokio::select! {
-                finished = this.prove(&job, &woken) => {
+                finished = this.prove(&job, &task_key, id) => {
                     let mut slots = this.slots();
-                    // Only its own slot: a cancelled proof's result is no one's.
-                    if matches!(slots.get(&task_key), Some(Slot::Running { id: running, .. }) if *running == id) {
+                    // Only its own slot: a stopped proof's result is no one's.
+                    if this.is_current(&slots, &task_key, id) {
                         slots.insert(task_key, Slot::Finished { id, finished });
                     }
                 }
-                stop = stop => {
-                    let woken: Vec<(Endpoint, u8)> = lock(&woken).clone();
-                    if stop == Stop::PutBack {
-                        put_back(&woken).await;
-                    }
-                }
+                // Stopped: what it woke stays awake. A promotion wants it so; otherwise the
+                // standby's keeper puts the standby back into its shape between promotions.
+                _ = stopped.wait_for(|stop| *stop) => {}
             }
         });
         slots.insert(key, Slot::Running { id, pool, stop });
@@ -205,23 +182,42 @@ impl LoadProofs {
         }
     }
 
-    /// Stops a proof of `policy` under way as `how` says, and says which pool it was proving.
-    pub fn cancel(&self, policy: &ObjectRef<FailoverPolicy>, how: Stop) -> Option<Pool> {
+    /// Stops a proof of `policy` under way, and says which pool it was proving. What it woke
+    /// stays awake: it puts nothing back to sleep once stopped (a sleep under way when a promotion
+    /// wakes the same replica would leave the new primary asleep); the standby's keeper shapes
+    /// the standby again between promotions.
+    pub fn cancel(&self, policy: &ObjectRef<FailoverPolicy>) -> Option<Pool> {
         let mut slots = self.slots();
-        if let Some(Slot::Running { pool, stop, .. }) = slots.get(policy) {
-            let pool = *pool;
-            stop.send_replace(Some(how));
-            slots.remove(policy);
+        if let Some(Slot::Running { pool, stop, .. }) = slots.remove(policy) {
+            stop.send_replace(true);
             return Some(pool);
         }
         None
     }
 
-    /// Forgets a deleted policy: a proof under way is stopped (what it woke put back to sleep), a
-    /// finished one dropped.
+    /// Drops a finished proof of `policy` not yet taken in: what it found is no longer about the
+    /// standby (its pool was promoted).
+    pub fn drop_finished(&self, policy: &ObjectRef<FailoverPolicy>) {
+        let mut slots = self.slots();
+        if matches!(slots.get(policy), Some(Slot::Finished { .. })) {
+            slots.remove(policy);
+        }
+    }
+
+    /// Forgets a deleted policy: a proof under way is stopped, a finished one dropped.
     pub fn forget(&self, policy: &ObjectRef<FailoverPolicy>) {
-        self.cancel(policy, Stop::PutBack);
+        self.cancel(policy);
         self.slots().remove(policy);
+    }
+
+    /// Whether proof `id` is still the one under way for `policy`.
+    fn is_current(
+        &self,
+        slots: &HashMap<ObjectRef<FailoverPolicy>, Slot>,
+        policy: &ObjectRef<FailoverPolicy>,
+        id: u64,
+    ) -> bool {
+        matches!(slots.get(policy), Some(Slot::Running { id: running, .. }) if *running == id)
     }
 
     /// What the routers recorded of the policy's traffic, each router's sample.
@@ -251,9 +247,9 @@ impl LoadProofs {
     }
 
     /// One proof, start to end: the sample, the plan, the standby's replicas woken where they
-    /// sleep (each into `woken` as it wakes, for a stop to put back), the replay, and the woken
-    /// put back to sleep at their levels.
-    async fn prove(&self, job: &Job, woken: &Mutex<Vec<(Endpoint, u8)>>) -> Finished {
+    /// sleep, the replay, and the woken put back to sleep at their levels unless the proof
+    /// (`policy`'s `id`) was stopped meanwhile.
+    async fn prove(&self, job: &Job, policy: &ObjectRef<FailoverPolicy>, id: u64) -> Finished {
         let not_run = |detail: String| Finished {
             pool: job.pool,
             outcome: Outcome::NotRun,
@@ -279,8 +275,7 @@ impl LoadProofs {
             Err(error) => return not_run(format!("the standby's replicas cannot be found: {error}")),
         };
         let level = job.pool_spec.standby_shape().sleep_level;
-        let (awake, not_woken) = wake(&endpoints, level, woken).await;
-        let woken: Vec<(Endpoint, u8)> = lock(woken).clone();
+        let (awake, woken, not_woken) = wake(&endpoints, level).await;
         if awake.is_empty() {
             return not_run(format!(
                 "no replica of {} could be woken for the replay: {}",
@@ -289,7 +284,12 @@ impl LoadProofs {
             ));
         }
         let replayed = replay(&awake, &planned, None, REPLAY_LIMITS).await;
-        let slept = put_back(&woken).await;
+        // Stopped meanwhile (a promotion may be waking these very replicas): nothing goes back.
+        let slept = if self.is_current(&self.slots(), policy, id) {
+            put_back(&woken).await
+        } else {
+            Vec::new()
+        };
         let verdict = judge(&replayed, &job.proof.thresholds);
         let (outcome, mut detail) = if verdict.replayer_behind() {
             let late = verdict.sent_late_p99.unwrap_or_default();
@@ -342,52 +342,37 @@ async fn put_back(woken: &[(Endpoint, u8)]) -> Vec<Result<(), String>> {
     .await
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// Wakes the sleeping ones of `endpoints`, each into `woken` with the level to put it back at:
-/// every replica awake now, and each that could not be woken, with why.
-async fn wake(
-    endpoints: &[Endpoint],
-    level: u8,
-    woken: &Mutex<Vec<(Endpoint, u8)>>,
-) -> (Vec<Endpoint>, Vec<String>) {
+/// Wakes the sleeping ones of `endpoints`: every replica awake now, those woken with the level
+/// they slept at (to put them back at), and each that could not be woken, with why.
+async fn wake(endpoints: &[Endpoint], level: u8) -> (Vec<Endpoint>, Vec<(Endpoint, u8)>, Vec<String>) {
     let timeouts = WakeTimeouts::default();
     let states = join_all(endpoints.iter().map(|e| is_sleeping(e, timeouts.query))).await;
+    let mut asleep = Vec::new();
     let mut awake = Vec::new();
-    let mut not_woken = Vec::new();
-    let asleep: Vec<&Endpoint> = endpoints
-        .iter()
-        .zip(&states)
-        .filter_map(|(endpoint, state)| match state {
-            Ok(Some(true)) => Some(endpoint),
-            _ => {
-                awake.push(endpoint.clone());
-                None
-            }
-        })
-        .collect();
-    let wakes = join_all(asleep.iter().map(|endpoint| async {
-        // Written down before the wake, so that a stop while it wakes puts it back too; the
-        // level is the one it is found asleep at.
-        let level = sleep_level(endpoint, timeouts.query).await.unwrap_or(level);
-        lock(woken).push(((*endpoint).clone(), level));
-        let outcome = wake_replica(endpoint, level, timeouts).await;
-        if outcome != ReplicaWake::Woken {
-            lock(woken).retain(|(e, _)| e != *endpoint);
+    for (endpoint, state) in endpoints.iter().zip(&states) {
+        if matches!(state, Ok(Some(true))) {
+            asleep.push(endpoint);
+        } else {
+            awake.push(endpoint.clone());
         }
-        outcome
-    }))
+    }
+    let wakes = join_all(
+        asleep
+            .iter()
+            .map(|endpoint| wake_replica_at_its_level(endpoint, level, timeouts)),
+    )
     .await;
-    for (endpoint, outcome) in asleep.into_iter().zip(wakes) {
+    let mut woken = Vec::new();
+    let mut not_woken = Vec::new();
+    for (endpoint, (outcome, level)) in asleep.into_iter().zip(wakes) {
         if outcome == ReplicaWake::Woken {
             awake.push(endpoint.clone());
+            woken.push((endpoint.clone(), level));
         } else {
             not_woken.push(format!("{endpoint}: {outcome:?}"));
         }
     }
-    (awake, not_woken)
+    (awake, woken, not_woken)
 }
 
 fn record(job: &Job, outcome: Outcome, detail: String) -> LoadProofRecord {

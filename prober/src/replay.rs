@@ -23,7 +23,8 @@ use crate::probe::{Ending, Endpoint, stream_completion};
 
 /// The most replayed requests in flight at once: the replayer runs inside the operator, and must
 /// not take its connections and memory. A standby that holds this many unanswered is failing its
-/// proof already.
+/// proof already: the requests that wait for a place are sent late, and their time to first token
+/// counts from their planned time, so the wait shows as the standby's.
 pub const MAX_IN_FLIGHT: usize = 2048;
 
 /// The OpenAI `user` field every replayed request sends.
@@ -73,19 +74,27 @@ pub async fn replay(
         let due = start + planned.at;
         tokio::time::sleep_until(due).await;
         let endpoint = endpoints[i % endpoints.len()].clone();
-        let body = request_body(planned, i as u64, model).to_string().into_bytes();
-        // Past the cap the replay waits, and its lateness says the client fell behind.
-        let Ok(permit) = Arc::clone(&open).acquire_owned().await else {
-            break;
-        };
+        // The client's own lateness, before any wait for a place in flight: a standby that holds
+        // the cap's worth unanswered delays what follows, and that is the standby's doing.
+        let late = Instant::now().saturating_duration_since(due);
+        let (planned, model, open) = (planned.clone(), model.map(str::to_owned), Arc::clone(&open));
         sent.spawn(async move {
+            let Ok(permit) = open.acquire_owned().await else {
+                return (i, Replayed::default());
+            };
+            // Built once it may be sent: the requests that wait hold no prompt.
+            let body = request_body(&planned, i as u64, model.as_deref())
+                .to_string()
+                .into_bytes();
             let sent_at = Instant::now();
             let mut texts: Vec<Instant> = Vec::new();
             let transcript = stream_completion(
                 &endpoint,
                 body,
                 limits.stall_after,
-                (sent_at, sent_at + limits.timeout),
+                // Timed from its planned time, not its send: a wait for a place in flight is
+                // the standby's delay (no coordinated omission).
+                (due, sent_at + limits.timeout),
                 &mut |at| texts.push(at),
             )
             .await;
@@ -95,7 +104,7 @@ pub async fn replay(
                 first_token: transcript.first_token,
                 token_gaps: texts.windows(2).map(|w| w[1] - w[0]).collect(),
                 sent_at: sent_at - start,
-                sent_late: sent_at - due,
+                sent_late: late,
             };
             (i, replayed)
         });

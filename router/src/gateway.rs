@@ -770,14 +770,14 @@ impl Drop for Held<'_> {
     }
 }
 
-/// The model a request's JSON body asks for, if it names one as a string; `Err` when the body is
-/// not JSON.
 /// Whether a request asks for generation: a completion or a chat completion, the requests a load
 /// proof replays.
 fn generates(parts: &Parts) -> bool {
     matches!(parts.uri.path(), "/v1/completions" | "/v1/chat/completions")
 }
 
+/// The model a request's JSON body asks for, if it names one as a string; `Err` when the body is
+/// not JSON.
 fn model_of(body: &[u8]) -> Result<Option<String>, serde_json::Error> {
     #[derive(serde::Deserialize)]
     struct Named {

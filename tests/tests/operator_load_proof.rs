@@ -17,7 +17,7 @@ use kube::runtime::reflector::ObjectRef;
 use router_support::{Emulator, MODEL, Router, TOKEN, policy_route, request};
 use understudy_core::Pool;
 use understudy_operator::crd::FailoverPolicy;
-use understudy_operator::load_proof::{Finished, Job, LoadProofs, Outcome, Stop};
+use understudy_operator::load_proof::{Finished, Job, LoadProofs, Outcome};
 use understudy_operator::peers::Routers;
 use understudy_operator::policy::validate;
 use understudy_operator::replicas::FixedReplicas;
@@ -198,59 +198,64 @@ fn with_no_traffic_recorded_nothing_is_replayed_and_the_proof_says_why() {
 }
 
 #[test]
-fn a_proof_stopped_for_a_pause_puts_what_it_woke_back_to_sleep_and_one_stopped_for_a_promotion_does_not() {
+fn a_stopped_proof_sends_no_more_and_leaves_what_it_woke_awake() {
     let primary = Emulator::fast();
     let router = gateway_with_traffic(&primary);
     let admin: RouterAdminUrl = format!("http://127.0.0.1:{}", router.admin).parse().unwrap();
+    let warm = Emulator::start(&["--enable-sleep-mode"], DEV_MODE);
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    for (how, asleep_after) in [(Stop::PutBack, true), (Stop::Abandon, false)] {
-        let warm = Emulator::start(&["--enable-sleep-mode"], DEV_MODE);
-        let asleep = runtime.block_on(async {
-            put_to_sleep(&endpoint(&warm), 1, WakeTimeouts::default())
-                .await
-                .unwrap();
-            let policy = Arc::new(policy());
-            let proofs = LoadProofs::new(Routers::At(vec![admin.clone()]), RouterToken::new(TOKEN).unwrap());
-            let mut proof = validate(&policy.spec).unwrap().load_proof.unwrap();
-            proof.duration = Duration::from_secs(60);
-            let key = ObjectRef::from_obj(policy.as_ref());
-            assert!(proofs.start(Job {
-                policy: Arc::clone(&policy),
-                namespace: "serving".to_owned(),
-                pool: Pool::B,
-                pool_spec: policy.spec.pools[1].clone(),
-                proof,
-                replicas: Arc::new(FixedReplicas::default().with_pool("west", vec![endpoint(&warm)])),
-                started_at: Duration::from_secs(1_800_000_000),
-            }));
-            // Woken for the replay, which runs for a minute.
-            let mut woken = false;
-            for _ in 0..100 {
-                if is_sleeping(&endpoint(&warm), Duration::from_secs(5)).await == Ok(Some(false)) {
-                    woken = true;
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
+    runtime.block_on(async {
+        put_to_sleep(&endpoint(&warm), 1, WakeTimeouts::default())
+            .await
+            .unwrap();
+        let policy = Arc::new(policy());
+        let proofs = LoadProofs::new(Routers::At(vec![admin]), RouterToken::new(TOKEN).unwrap());
+        let mut proof = validate(&policy.spec).unwrap().load_proof.unwrap();
+        // Short: a stop that did nothing would let it end, put the replica back and finish.
+        proof.duration = Duration::from_secs(3);
+        let key = ObjectRef::from_obj(policy.as_ref());
+        assert!(proofs.start(Job {
+            policy: Arc::clone(&policy),
+            namespace: "serving".to_owned(),
+            pool: Pool::B,
+            pool_spec: policy.spec.pools[1].clone(),
+            proof,
+            replicas: Arc::new(FixedReplicas::default().with_pool("west", vec![endpoint(&warm)])),
+            started_at: Duration::from_secs(1_800_000_000),
+        }));
+        let mut woken = false;
+        for _ in 0..100 {
+            if is_sleeping(&endpoint(&warm), Duration::from_secs(5)).await == Ok(Some(false)) {
+                woken = true;
+                break;
             }
-            assert!(woken, "the proof woke the standby");
-            assert_eq!(proofs.cancel(&key, how), Some(Pool::B));
-            assert_eq!(proofs.running(&key), None);
-            // What the stopped task does, it does within its put-back (a sleep call on loopback).
-            let mut asleep = false;
-            for i in 0..150 {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                asleep = is_sleeping(&endpoint(&warm), Duration::from_secs(5)).await == Ok(Some(true));
-                eprintln!("{how:?} {i} asleep {asleep}");
-                if asleep {
-                    break;
-                }
-            }
-            assert!(
-                proofs.finished(&key).is_none(),
-                "a stopped proof finishes nothing"
-            );
-            asleep
-        });
-        assert_eq!(asleep, asleep_after, "{how:?}");
-    }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(woken, "the proof woke the standby");
+        assert_eq!(proofs.cancel(&key), Some(Pool::B));
+        assert_eq!(proofs.running(&key), None);
+        let served = warm_requests(&warm);
+        // Past the whole replay's end: a proof that went on would have put it back and finished.
+        tokio::time::sleep(Duration::from_secs(6)).await;
+        assert_eq!(
+            is_sleeping(&endpoint(&warm), Duration::from_secs(5)).await,
+            Ok(Some(false)),
+            "what a stopped proof woke stays awake (a promotion may be waking it)"
+        );
+        assert!(
+            proofs.finished(&key).is_none(),
+            "a stopped proof finishes nothing"
+        );
+        assert!(warm_requests(&warm) <= served + 2, "no replay after the stop");
+    });
+}
+
+/// The completions `e` has taken, from its metrics.
+fn warm_requests(e: &Emulator) -> u64 {
+    let metrics = request(e.port, "GET", "/metrics", &[], "").text();
+    metrics
+        .lines()
+        .filter(|l| l.starts_with("vllm:request_success_total") || l.starts_with("vllm:num_requests_running"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
 }

@@ -31,6 +31,8 @@ pub(super) enum Notice {
     UnknownCommand {
         value: String,
     },
+    /// A `prove-load` command was handled and no proof started, for this reason.
+    ProveLoadNotRun(String),
     /// The record of handled commands could not be read, so the annotation was not run.
     CommandNotRun {
         value: String,
@@ -95,6 +97,12 @@ pub(super) fn describe(notice: &Notice, spec: &FailoverPolicySpec) -> KubeEvent 
             "Reserve",
         ),
         Notice::ParityOverridden(note) => (EventType::Warning, "ParityOverridden", note.clone(), "Promote"),
+        Notice::ProveLoadNotRun(why) => (
+            EventType::Warning,
+            "ProveLoadNotRun",
+            format!("the prove-load command started no load proof: {why}"),
+            "Command",
+        ),
         Notice::UnknownCommand { value } => (
             EventType::Warning,
             "UnknownCommand",

@@ -12,6 +12,7 @@ use understudy_prober::probe::Expectation;
 use understudy_prober::sleep::{ReplicaWake, WakeTimeouts, wake_replica_at_its_level};
 
 use super::context::Context;
+use super::events::Notice;
 use super::prove_load::{prove_load_when_due, stop_load_proof, stop_load_proof_unless_serving};
 use super::run::Run;
 use crate::crd::{FailoverPolicy, ParityDrift, StandbyProofRecord};
@@ -45,9 +46,11 @@ pub(super) async fn keep_standby_between_promotions(
         || !run.machine.lease_known
         || run.config.paused
     {
-        stop_load_proof(ctx, policy, run);
+        stop_load_proof(ctx, policy);
         if run.prove_load_now {
-            tracing::warn!(policy = %policy.name_any(), "prove-load command not run: the policy is not between promotions");
+            run.notices.push(Notice::ProveLoadNotRun(
+                "the policy is not between promotions (suspect, promoting, paused, or without a readable Lease)".to_owned(),
+            ));
         }
         return;
     }
@@ -61,6 +64,11 @@ pub(super) async fn keep_standby_between_promotions(
             %namespace, policy = %policy.name_any(), left = ?drained_at - now,
             "the old primary drains its streams before it is put into its standby shape"
         );
+        if run.prove_load_now {
+            run.notices.push(Notice::ProveLoadNotRun(
+                "the old primary still drains its streams after a planned move".to_owned(),
+            ));
+        }
         return;
     }
     if prove_load_when_due(ctx, policy, namespace, validated, run, primary.other()) {

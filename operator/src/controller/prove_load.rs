@@ -17,9 +17,10 @@ use understudy_core::failover::{Input, Phase};
 const RETRY_AFTER: Duration = Duration::from_secs(10 * 60);
 
 use super::context::Context;
+use super::events::Notice;
 use super::run::Run;
 use crate::crd::{FailoverPolicy, LoadProofRecord};
-use crate::load_proof::{Finished, Job, Outcome, Stop};
+use crate::load_proof::{Finished, Job, Outcome};
 use crate::policy::{StandbyProof, ValidatedPolicy};
 use crate::reconciler::send;
 
@@ -45,8 +46,12 @@ pub(super) fn take_load_proof(
         .load_proofs
         .as_ref()
         .and_then(|proofs| proofs.finished(&ObjectRef::from_obj(policy)));
+    let standby = run.machine.standby();
     let taken = finished.map(|(id, finished)| {
-        if let Some(proven) = machine_input(finished.outcome, blocks) {
+        // A proof of a pool that is the primary now says nothing the machine may act on.
+        if finished.pool == standby
+            && let Some(proven) = machine_input(finished.outcome, blocks)
+        {
             run.feed(Input::LoadProof {
                 pool: finished.pool,
                 proven,
@@ -110,33 +115,28 @@ fn machine_input(outcome: Outcome, blocks: bool) -> Option<bool> {
     }
 }
 
-/// Stops a proof under way unless the policy is between promotions: a promotion keeps what the
-/// proof woke awake to serve; anything else (a suspect primary, a pause, a lost Lease) puts it
-/// back to sleep.
+/// Stops a proof under way unless the policy is between promotions, and drops a finished one
+/// whose pool a promotion made the primary. What a stopped proof woke stays awake
+/// ([`crate::load_proof::LoadProofs::cancel`]).
 pub(super) fn stop_load_proof_unless_serving(ctx: &Context, policy: &FailoverPolicy, run: &Run<'_>) {
     if run.machine.phase != Phase::Serving || run.finished.is_some() {
-        stop_load_proof(ctx, policy, run);
+        stop_load_proof(ctx, policy);
+    }
+    if run.finished.is_some()
+        && let Some(proofs) = &ctx.load_proofs
+    {
+        proofs.drop_finished(&ObjectRef::from_obj(policy));
     }
 }
 
-/// Stops a proof under way: a promotion under way or just finished keeps what it woke awake, as
-/// the new primary's; otherwise what it woke goes back to sleep.
-pub(super) fn stop_load_proof(ctx: &Context, policy: &FailoverPolicy, run: &Run<'_>) {
-    let how = if matches!(run.machine.phase, Phase::Promoting(_)) || run.finished.is_some() {
-        Stop::Abandon
-    } else {
-        Stop::PutBack
-    };
-    cancel(ctx, policy, how);
-}
-
-fn cancel(ctx: &Context, policy: &FailoverPolicy, how: Stop) {
+/// Stops a proof under way.
+pub(super) fn stop_load_proof(ctx: &Context, policy: &FailoverPolicy) {
     if let Some(pool) = ctx
         .load_proofs
         .as_ref()
-        .and_then(|proofs| proofs.cancel(&ObjectRef::from_obj(policy), how))
+        .and_then(|proofs| proofs.cancel(&ObjectRef::from_obj(policy)))
     {
-        tracing::info!(policy = %policy.name_any(), ?pool, ?how, "load proof stopped: the policy is not between promotions");
+        tracing::info!(policy = %policy.name_any(), ?pool, "load proof stopped: the policy is not between promotions");
     }
 }
 
@@ -163,7 +163,7 @@ pub(super) fn prove_load_when_due(
     policy: &FailoverPolicy,
     namespace: &str,
     validated: &ValidatedPolicy,
-    run: &Run<'_>,
+    run: &mut Run<'_>,
     standby: Pool,
 ) -> bool {
     let (Some(proofs), Some(replicas), Some(proof)) =
@@ -175,7 +175,7 @@ pub(super) fn prove_load_when_due(
             } else {
                 "the operator reads no routers' traffic (it has no router admin token)"
             };
-            tracing::warn!(policy = %policy.name_any(), why, "prove-load command not run");
+            run.notices.push(Notice::ProveLoadNotRun(why.to_owned()));
         }
         return false;
     };
@@ -183,16 +183,18 @@ pub(super) fn prove_load_when_due(
     match proofs.running(&key) {
         Some(pool) if pool == standby => return true,
         // The pool it proves was promoted: what it woke serves now.
-        Some(_) => cancel(ctx, policy, Stop::Abandon),
+        Some(_) => stop_load_proof(ctx, policy),
         None => {}
     }
     let Some(pool_spec) = policy.spec.pools.get(standby.index()) else {
         return false;
     };
+    // This standby's last proof: the other pool's, from before a promotion, times nothing here.
     let last = run
         .load_proof
         .as_ref()
-        .or_else(|| policy.status.as_ref().and_then(|s| s.load_proof.as_ref()));
+        .or_else(|| policy.status.as_ref().and_then(|s| s.load_proof.as_ref()))
+        .filter(|p| p.pool == pool_spec.name);
     let blocked = run.machine.load_proof_failed[standby.index()];
     if !run.prove_load_now && !due(last, blocked, &proof.schedule, run.now) {
         return false;
@@ -211,6 +213,11 @@ pub(super) fn prove_load_when_due(
             %namespace, policy = %policy.name_any(), standby = %pool_spec.name, duration = ?proof.duration,
             share = proof.rate_share, "load proof started"
         );
+    }
+    if !started && run.prove_load_now {
+        run.notices.push(Notice::ProveLoadNotRun(
+            "the last proof's result is still being recorded; give the command again".to_owned(),
+        ));
     }
     started
 }
