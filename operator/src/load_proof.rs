@@ -4,15 +4,16 @@
 //!
 //! A proof runs for its whole `duration` (a minute by default), far longer than a reconcile may
 //! wait, so it runs on a task of its own ([`LoadProofs::start`]); the reconcile after it ends
-//! takes its record ([`LoadProofs::take_finished`]) into status, an Event, metrics and the state
-//! machine, where a failure blocks promotion. While one runs, the standby's keeper leaves the
-//! standby alone (it would put the replicas woken for the proof back to sleep), and a promotion,
-//! a pause or a lost Lease cancels it ([`LoadProofs::cancel`]): a standby being promoted must not
-//! carry a replay beside the users it is about to take.
+//! takes its record ([`LoadProofs::finished`]) into status and the state machine, where a failure
+//! blocks promotion, and once status holds it ([`LoadProofs::settle`]) an Event and metrics say
+//! what it showed. While one runs, the standby's keeper leaves the standby alone (it would put the
+//! replicas woken for the proof back to sleep), and a promotion, a pause or a lost Lease stops it
+//! ([`LoadProofs::cancel`]): a standby being promoted must not carry a replay beside the users it
+//! is about to take.
 //!
 //! One proof at a time per policy. This module must never send a prompt a user wrote (the routers
-//! keep shapes, not text), retry a replayed request, or leave a replica it woke awake when the
-//! replay ends.
+//! keep shapes, not text), retry a replayed request, leave a replica it woke awake when the replay
+//! ends, or put one back to sleep once stopped.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -188,11 +189,17 @@ impl LoadProofs {
     /// the standby again between promotions.
     pub fn cancel(&self, policy: &ObjectRef<FailoverPolicy>) -> Option<Pool> {
         let mut slots = self.slots();
-        if let Some(Slot::Running { pool, stop, .. }) = slots.remove(policy) {
-            stop.send_replace(true);
-            return Some(pool);
+        if !matches!(slots.get(policy), Some(Slot::Running { .. })) {
+            // Nothing under way; a finished proof stays to be taken in.
+            return None;
         }
-        None
+        match slots.remove(policy) {
+            Some(Slot::Running { pool, stop, .. }) => {
+                stop.send_replace(true);
+                Some(pool)
+            }
+            _ => None,
+        }
     }
 
     /// Drops a finished proof of `policy` not yet taken in: what it found is no longer about the

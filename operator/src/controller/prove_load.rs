@@ -12,10 +12,6 @@ use kube::{Resource, ResourceExt};
 use understudy_core::Pool;
 use understudy_core::failover::{Input, Phase};
 
-/// How soon a proof is tried again after one that did not run, or while a failed one blocks
-/// promotion, when `every` is longer.
-const RETRY_AFTER: Duration = Duration::from_secs(10 * 60);
-
 use super::context::Context;
 use super::events::Notice;
 use super::run::Run;
@@ -23,6 +19,10 @@ use crate::crd::{FailoverPolicy, LoadProofRecord};
 use crate::load_proof::{Finished, Job, Outcome};
 use crate::policy::{StandbyProof, ValidatedPolicy};
 use crate::reconciler::send;
+
+/// How soon a proof is tried again after one that did not run, or while a failed one blocks
+/// promotion, when `every` is longer.
+const RETRY_AFTER: Duration = Duration::from_secs(10 * 60);
 
 /// A finished proof this reconcile took in, to be settled once status holds it.
 pub(super) struct Taken {
