@@ -109,3 +109,31 @@ async fn a_replay_to_a_closed_port_fails_every_request_and_sends_no_more_than_pl
     );
     assert_eq!(replay(&[], &plan, None, BOUNDS).await, vec![]);
 }
+
+#[tokio::test(start_paused = true)]
+async fn in_paused_time_each_request_is_sent_at_its_planned_time_to_the_microsecond() {
+    // Recorded bursty: gaps of 100 ms and 300 ms, replayed at twice the rate for a second.
+    let shapes: Vec<RequestShape> = [0, 100_000, 300_000]
+        .into_iter()
+        .map(|gap_us| RequestShape {
+            gap_us,
+            ..recorded()[0].clone()
+        })
+        .collect();
+    let plan = plan(&shapes, 5.0, 2.0, Duration::from_secs(1)).unwrap();
+    let closed = understudy_emulator::local::ClosedPort::bind();
+    let endpoint = probe::Endpoint::new("127.0.0.1", closed.port);
+    let replayed = replay(&[endpoint], &plan, None, BOUNDS).await;
+    let sent: Vec<Duration> = replayed.iter().map(|r| r.sent_at).collect();
+    let planned: Vec<Duration> = plan.iter().map(|p| p.at).collect();
+    assert_eq!(sent, planned);
+    assert_eq!(
+        planned,
+        [0, 50, 200, 300, 350, 500, 600, 650, 800, 900, 950].map(Duration::from_millis)
+    );
+    assert!(replayed.iter().all(|r| r.sent_late.is_zero() && !r.ok));
+    let verdict = judge(&replayed, &limits());
+    // Ten gaps over the 950 ms from the first send to the last.
+    assert_eq!(verdict.sent_rate, Some(10.0 / 0.95));
+    assert!(!verdict.replayer_behind());
+}
