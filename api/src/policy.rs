@@ -11,7 +11,7 @@ use understudy_core::{
     Pool,
     duration::ParseDurationError,
     failover::{ConfigError, FailbackPolicy, FailoverConfig},
-    load_proof::Thresholds,
+    load_proof::{self, Thresholds},
     recovery::StageTimes,
 };
 
@@ -360,14 +360,14 @@ fn check_load_proof(proof: &LoadProofSpec) -> Result<LoadProof, PolicyError> {
     )?;
     let duration = positive("spec.loadProof.duration", &proof.duration)?;
     in_range("spec.loadProof.duration (seconds)", duration.as_secs(), 1, 600)?;
-    if !(proof.rate_share > 0.0 && proof.rate_share <= 4.0) {
+    if !load_proof::valid_share(proof.rate_share) {
         return Err(PolicyError::NotInRange {
             field: "spec.loadProof.rateShare",
             value: proof.rate_share.to_string(),
             range: "above 0 and at most 4",
         });
     }
-    if !(0.0..=1.0).contains(&proof.max_error_rate) {
+    if !load_proof::valid_error_rate(proof.max_error_rate) {
         return Err(PolicyError::NotInRange {
             field: "spec.loadProof.maxErrorRate",
             value: proof.max_error_rate.to_string(),

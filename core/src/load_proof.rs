@@ -18,6 +18,21 @@ use serde::{Deserialize, Serialize};
 /// proof, not a flood.
 pub const MAX_PLANNED: usize = 100_000;
 
+/// The most of the recorded rate a proof may replay: four times the primary's load.
+pub const MAX_RATE_SHARE: f64 = 4.0;
+
+/// Whether `share` of the recorded rate can be replayed: above 0, at most [`MAX_RATE_SHARE`].
+#[must_use]
+pub fn valid_share(share: f64) -> bool {
+    share > 0.0 && share <= MAX_RATE_SHARE
+}
+
+/// Whether `rate` is a share of requests that may fail: 0 to 1.
+#[must_use]
+pub fn valid_error_rate(rate: f64) -> bool {
+    (0.0..=1.0).contains(&rate)
+}
+
 /// How recent a router's last recorded request must be for its sample to be replayed: a router
 /// whose traffic stopped longer ago says nothing of the rate now.
 pub const FRESH_FOR: Duration = Duration::from_secs(15 * 60);

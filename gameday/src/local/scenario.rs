@@ -11,7 +11,7 @@ use understudy_api::crd::AdmissionSpec;
 use understudy_api::grant::GrantTiming;
 use understudy_core::drive::promotion_deadline;
 use understudy_core::duration;
-use understudy_core::load_proof::Thresholds;
+use understudy_core::load_proof::{self, Thresholds};
 
 /// The scenario `understudy-gameday run` runs when given none: a hot standby, a crashed primary.
 pub const DEFAULT: &str = include_str!("../../../examples/gamedays/local/default.yaml");
@@ -607,10 +607,10 @@ fn check_load_proof(proof: &LocalLoadProof, run: Duration) -> Result<CheckedLoad
             "must be more than 0s and end within the run",
         ));
     }
-    if !(proof.rate_share > 0.0 && proof.rate_share <= 4.0) {
+    if !load_proof::valid_share(proof.rate_share) {
         return Err(invalid("loadProof.rateShare", "must be above 0 and at most 4"));
     }
-    if !(0.0..=1.0).contains(&proof.max_error_rate) {
+    if !load_proof::valid_error_rate(proof.max_error_rate) {
         return Err(invalid("loadProof.maxErrorRate", "must be between 0 and 1"));
     }
     Ok(CheckedLoadProof {
