@@ -193,9 +193,29 @@ pub struct FailoverPolicySpec {
     #[serde(default)]
     pub grants: GrantsSpec,
 
+    /// How a change to the primary's serving template (image, model, flags, `VLLM_*`
+    /// environment) rolls out. `asDeployed`: at once, as its owner deploys it. `standbyFirst`:
+    /// the primary's workload is held (a Deployment paused, a StatefulSet's partition raised)
+    /// until the standby runs the same serving template and has passed its probes and, with
+    /// `loadProof`, a load proof on it; then the primary rolls, and a standby that fails on the
+    /// new version stops the rollout with the primary untouched. With `standbyFirst` the operator
+    /// owns `spec.paused` of both pools' Deployments and the partition of their StatefulSets.
+    #[serde(default)]
+    pub rollout: RolloutMode,
+
     /// Stops automatic promotion and failback; explicit commands still work.
     #[serde(default)]
     pub paused: bool,
+}
+
+// How the primary's serving template rolls out. (No doc comment: the schema would take it over
+// the field's own description.)
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub enum RolloutMode {
+    #[default]
+    AsDeployed,
+    StandbyFirst,
 }
 
 impl FailoverPolicySpec {
@@ -354,6 +374,60 @@ impl LoadProofRecord {
         }
         line.push_str(&format!(": {}", self.detail));
         line
+    }
+}
+
+/// Where a standby-first rollout stands.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutRecord {
+    pub phase: RolloutPhase,
+    /// The pool whose workload is held: the primary's.
+    pub pool: String,
+    /// The digest of the serving template the primary is set to run, and the change from what it
+    /// runs, key by key (`runtime.image: a -> b`); empty when nothing is pending.
+    pub target: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub change: String,
+    /// When the rollout came to this phase, RFC 3339.
+    pub since: String,
+    /// When the standby was first seen running the target, RFC 3339: its probes and load proof
+    /// count from then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub standby_on_it_since: Option<String>,
+    /// The standby's passing checks in a row when it was first seen running the target; it must
+    /// pass `spec.trigger.standbyReadyAfter` more.
+    #[serde(default)]
+    pub standby_passes_before: u32,
+    /// What it waits for, or why it stopped, in words.
+    pub message: String,
+}
+
+/// The phases of a standby-first rollout.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RolloutPhase {
+    /// The primary runs its serving template; the next change to it is held.
+    UpToDate,
+    /// A change to the primary is held until the standby runs the same serving template.
+    Holding,
+    /// The standby runs it; its probes and load proof on it are awaited.
+    Proving,
+    /// The standby passed on it: the primary rolls.
+    Rolling,
+    /// The standby failed on it: the primary is held, untouched, until its template changes.
+    Stopped,
+}
+
+impl RolloutPhase {
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RolloutPhase::UpToDate => "UpToDate",
+            RolloutPhase::Holding => "Holding",
+            RolloutPhase::Proving => "Proving",
+            RolloutPhase::Rolling => "Rolling",
+            RolloutPhase::Stopped => "Stopped",
+        }
     }
 }
 
@@ -1197,6 +1271,11 @@ pub struct FailoverPolicyStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub load_proof: Option<LoadProofRecord>,
 
+    /// Where a standby-first rollout of the primary's serving template stands
+    /// (`spec.rollout: standbyFirst`); absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<RolloutRecord>,
+
     /// The operator's own record of the state machine, so that a restarted operator resumes
     /// where the last one stopped. Its shape belongs to the state machine, not to this schema.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -1628,6 +1707,11 @@ pub enum Fault {
     /// golden-answer probe can see it; it must promote the standby by itself. Taken away as
     /// `hang` is, and with the same needs.
     HalfFailed,
+    /// Prove the standby at the primary's load now (the policy's `prove-load` command): the run
+    /// passes when a load proof of the standby that started after the command is `Proven`, and
+    /// fails when it fails, does not run, or none ends within `maxRecovery`. Nothing is promoted.
+    /// Needs `spec.loadProof` on the policy.
+    LoadProof,
 }
 
 /// The steady state a run checks before it injects. Always checked, from the policy's status:

@@ -16,7 +16,7 @@ use understudy_core::{
 };
 
 use crate::crd::{
-    ExpectMode, FailbackMode, FailoverPolicySpec, GoDuration, LoadProofSpec, Tier, WorkloadKind,
+    ExpectMode, FailbackMode, FailoverPolicySpec, GoDuration, LoadProofSpec, RolloutMode, Tier, WorkloadKind,
 };
 use crate::grant::{GrantTiming, InvalidTiming};
 
@@ -96,6 +96,10 @@ pub enum PolicyError {
         first_token: GoDuration,
         total: GoDuration,
     },
+    #[error(
+        "spec.rollout: standbyFirst holds a Deployment or a StatefulSet, and spec.pools[{pool}] runs a LeaderWorkerSet"
+    )]
+    RolloutCannotHold { pool: usize },
     #[error("spec.probe.expect.value is required when mode is regex")]
     RegexWithoutValue,
     #[error("spec.probe.expect.value is not a valid regex: {0}")]
@@ -274,6 +278,14 @@ pub fn validate(spec: &FailoverPolicySpec) -> Result<ValidatedPolicy, PolicyErro
         Some(proof) => Some(check_load_proof(proof)?),
         None => None,
     };
+    if spec.rollout == RolloutMode::StandbyFirst
+        && let Some(pool) = spec
+            .pools
+            .iter()
+            .position(|pool| pool.workload.kind == WorkloadKind::LeaderWorkerSet)
+    {
+        return Err(PolicyError::RolloutCannotHold { pool });
+    }
 
     let failover = FailoverConfig {
         suspect_after: trigger.suspect_after,
@@ -1031,6 +1043,20 @@ recoveryObjective: 5m
 
     const POOL_B: &str =
         "  - name: west\n    workload: {kind: Deployment, name: llm-west}\n    replicas: 2\n";
+
+    #[test]
+    fn a_standby_first_rollout_holds_deployments_and_statefulsets_only() {
+        let east = "  - name: east\n    workload: {kind: StatefulSet, name: llm-east}\n    replicas: 2\n";
+        let pools = format!("pools:\n{east}{POOL_B}recoveryObjective: 5m\n");
+        assert!(validate(&spec(&format!("{pools}rollout: standbyFirst\n"))).is_ok());
+        let lws = "  - name: east\n    workload: {kind: LeaderWorkerSet, name: llm-east}\n    replicas: 2\n";
+        let pools = format!("pools:\n{POOL_B}{lws}recoveryObjective: 5m\n");
+        assert!(validate(&spec(&pools)).is_ok(), "held only when asked");
+        assert_eq!(
+            refusal(&spec(&format!("{pools}rollout: standbyFirst\n"))),
+            "spec.rollout: standbyFirst holds a Deployment or a StatefulSet, and spec.pools[1] runs a LeaderWorkerSet"
+        );
+    }
 
     fn with_pools(pools: &str) -> FailoverPolicySpec {
         spec(&format!("pools:\n{pools}recoveryObjective: 5m\n"))

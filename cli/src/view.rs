@@ -9,7 +9,7 @@ use std::fmt::Write as _;
 
 use understudy_api::crd::{
     ColdStartBreakdown, Condition, ConditionStatus, FailoverPolicy, FailoverPolicyStatus, FailoverTimeline,
-    GameDay, GameDayRun, GrantsStatus, LoadProofRecord, Tier, TierGroup, condition_type,
+    GameDay, GameDayRun, GrantsStatus, LoadProofRecord, RolloutMode, Tier, TierGroup, condition_type,
 };
 use understudy_core::recovery::Stage;
 
@@ -218,6 +218,20 @@ pub fn describe(policy: &FailoverPolicy) -> String {
             LoadProofRecord::summary,
         );
         line(&mut out, "Load proof", &last);
+    }
+    if policy.spec.rollout == RolloutMode::StandbyFirst {
+        let rollout = status.rollout.as_ref().map_or_else(
+            || "standby first; nothing held yet".to_owned(),
+            |r| {
+                let change = if r.change.is_empty() {
+                    String::new()
+                } else {
+                    format!(" [{}]", r.change)
+                };
+                format!("{} since {}: {}{change}", r.phase.as_str(), r.since, r.message)
+            },
+        );
+        line(&mut out, "Rollout", &rollout);
     }
     let reserve = status.gpu_reserve.as_ref().map_or_else(
         || "none".to_owned(),

@@ -3,7 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use serde_json::json;
-use understudy_api::crd::{FailoverPolicy, GameDay};
+use understudy_api::crd::{FailoverPolicy, GameDay, RolloutMode};
 use understudy_cli::act::{self, Change};
 use understudy_cli::view;
 
@@ -272,6 +272,26 @@ fn describe_shows_the_last_load_proof_and_its_condition_when_the_policy_asks_for
     ] {
         assert!(text.contains(line), "no {line:?} in:\n{text}");
     }
+}
+
+#[test]
+fn describe_says_where_a_standby_first_rollout_stands() {
+    let mut policy = llama();
+    assert!(!view::describe(&policy).contains("Rollout:"), "not asked for");
+    policy.spec.rollout = RolloutMode::StandbyFirst;
+    assert!(view::describe(&policy).contains("Rollout:        standby first; nothing held yet\n"));
+    policy.status.as_mut().unwrap().rollout = Some(
+        serde_json::from_value(serde_json::json!({
+            "phase": "Stopped", "pool": "us-east", "target": "0123456789ab",
+            "change": "runtime.image: v0.11.0 -> v0.12.0", "since": "2026-12-05T03:00:00Z",
+            "message": "stopped: standby us-west failed 3 checks in a row on it; the primary is untouched"
+        }))
+        .unwrap(),
+    );
+    let text = view::describe(&policy);
+    let line = "Rollout:        Stopped since 2026-12-05T03:00:00Z: stopped: standby us-west failed 3 checks in a \
+                row on it; the primary is untouched [runtime.image: v0.11.0 -> v0.12.0]\n";
+    assert!(text.contains(line), "no {line:?} in:\n{text}");
 }
 
 #[test]

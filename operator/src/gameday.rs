@@ -24,8 +24,8 @@ use understudy_api::fence_fault::FenceFault;
 
 use crate::crd::{
     Condition, ConditionStatus, FailoverPolicy, FailoverTimeline, Fault, GameDayFailbackMode, GameDayRun,
-    GameDaySpec, RecoveryTimeline, RunPhase, RunTransition, RunTrigger, TransitionKind, Verdict,
-    condition_type,
+    GameDaySpec, LoadProofRecord, RecoveryTimeline, RunPhase, RunTransition, RunTrigger, TransitionKind,
+    Verdict, condition_type,
 };
 
 /// The policy's `minDwell` is counted from a finish time recorded to the second; waiting one
@@ -156,6 +156,9 @@ pub struct PolicyView {
     pub standby_proven: Option<Condition>,
     pub parity: Option<Condition>,
     pub last_transition: Option<FailoverTimeline>,
+    /// The policy's `spec.loadProof` is set, and its last load proof.
+    pub sets_load_proof: bool,
+    pub load_proof: Option<LoadProofRecord>,
     /// The `understudy.dev/command` annotation on the policy.
     pub command: Option<String>,
     /// The last command value the policy handled.
@@ -202,6 +205,8 @@ impl PolicyView {
             standby_proven: status.conditions.get(condition_type::STANDBY_PROVEN).cloned(),
             parity: status.conditions.get(condition_type::PARITY_HOLDS).cloned(),
             last_transition: status.last_failover,
+            sets_load_proof: policy.spec.load_proof.is_some(),
+            load_proof: status.load_proof,
             command: command.map(str::to_owned),
             handled_command,
             min_dwell: policy.spec.trigger.min_dwell.parse().unwrap_or_default(),
@@ -288,6 +293,8 @@ pub enum PolicyCommand {
     /// Have the fences of the pool named here, the primary, play a fault for at most the
     /// duration given.
     Fence(String, FenceFault, Duration),
+    /// Give the policy this `prove-load` command value.
+    ProveLoad(String),
     /// Take the run's fault away from the pool named here again: the drift variable, or the
     /// fences' fault.
     Restore(String),
@@ -308,6 +315,7 @@ fn fault_name(fault: Fault) -> &'static str {
         Fault::Drift => "the drift",
         Fault::Hang => "the hang",
         Fault::HalfFailed => "the half-failure",
+        Fault::LoadProof => "the load proof",
     }
 }
 
@@ -317,7 +325,7 @@ pub fn fence_fault(fault: Fault) -> Option<FenceFault> {
     match fault {
         Fault::Hang => Some(FenceFault::Hang),
         Fault::HalfFailed => Some(FenceFault::WrongAnswers),
-        Fault::Failover | Fault::Crash | Fault::Drift => None,
+        Fault::Failover | Fault::Crash | Fault::Drift | Fault::LoadProof => None,
     }
 }
 
@@ -330,7 +338,9 @@ impl PolicyCommand {
     #[must_use]
     pub fn value(&self) -> Option<&str> {
         match self {
-            PolicyCommand::Failover(value) | PolicyCommand::Failback(value) => Some(value),
+            PolicyCommand::Failover(value)
+            | PolicyCommand::Failback(value)
+            | PolicyCommand::ProveLoad(value) => Some(value),
             PolicyCommand::Crash(_)
             | PolicyCommand::Drift(_)
             | PolicyCommand::Fence(..)
@@ -383,6 +393,11 @@ pub fn steady_state_violations(view: &PolicyView, config: &RunConfig, now: Durat
     }
     if view.paused {
         violations.push("the policy is paused (spec.paused)".to_owned());
+    }
+    if config.fault == Fault::LoadProof && !view.sets_load_proof {
+        violations.push(
+            "the policy sets no spec.loadProof: nothing says how to prove its standby at load".to_owned(),
+        );
     }
     if view.deleting {
         violations.push("the policy is being deleted".to_owned());
@@ -558,6 +573,7 @@ trait RunSteps {
         now: Duration,
         max: &str,
     ) -> Option<PolicyCommand>;
+    fn proving_load(&mut self, config: &RunConfig, view: &PolicyView, now: Duration, max: &str);
     fn restoring(
         &mut self,
         config: &RunConfig,
@@ -664,6 +680,12 @@ impl RunSteps for GameDayRun {
                         self.injected = Some(format!("deleted the serving pods of {primary}"));
                         Some(PolicyCommand::Crash(primary))
                     }
+                    Fault::LoadProof => {
+                        let command = command_value("prove-load", gameday, &self.id);
+                        self.command = Some(command.clone());
+                        self.injected = Some(format!("asked for a load proof of {}", view.standby()));
+                        Some(PolicyCommand::ProveLoad(command))
+                    }
                     Fault::Drift => {
                         let standby = view.standby().to_owned();
                         self.injected =
@@ -720,6 +742,10 @@ impl RunSteps for GameDayRun {
     ) -> Option<PolicyCommand> {
         if config.fault == Fault::Drift {
             return self.drifted(config, view, now, max);
+        }
+        if config.fault == Fault::LoadProof {
+            self.proving_load(config, view, now, max);
+            return None;
         }
         let Some(command) = self.command.clone() else {
             self.awaits_its_own_promotion(config, view, now, max);
@@ -826,6 +852,47 @@ impl RunSteps for GameDayRun {
                         Fault::HalfFailed => "its primary began to answer wrongly",
                         _ => "its primary's pods were deleted",
                     }
+                ),
+                now,
+            );
+        }
+    }
+
+    /// After the `prove-load` command: the first load proof of the standby that started since
+    /// decides the run. The policy must move nowhere meanwhile.
+    fn proving_load(&mut self, config: &RunConfig, view: &PolicyView, now: Duration, max: &str) {
+        let Some(commanded) = self.recovery.as_ref().and_then(|r| instant(&r.commanded_at)) else {
+            return;
+        };
+        let standby = self.to_pool.clone().unwrap_or_default();
+        let proof = view
+            .load_proof
+            .as_ref()
+            .filter(|p| p.pool == standby && instant(&p.at).is_some_and(|at| at >= commanded));
+        if view.epoch != self.baseline_epoch {
+            self.fail(
+                format!(
+                    "the policy moved to epoch {} while {standby} was being proven at load",
+                    view.epoch.unwrap_or_default()
+                ),
+                now,
+            );
+        } else if let Some(proof) = proof {
+            let summary = proof.summary();
+            if proof.result == "Proven" {
+                self.finish(
+                    RunPhase::Done,
+                    Verdict::Passed,
+                    format!("{standby} proven at load: {summary}"),
+                    now,
+                );
+            } else {
+                self.fail(format!("{standby}'s load proof: {summary}"), now);
+            }
+        } else if now >= commanded + config.max_recovery {
+            self.fail(
+                format!(
+                    "no load proof of {standby} ended within maxRecovery ({max}) after the prove-load command"
                 ),
                 now,
             );

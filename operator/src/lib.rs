@@ -25,6 +25,7 @@ pub mod ports;
 pub mod reconciler;
 pub mod replicas;
 pub mod reserve;
+pub mod rollout;
 pub mod route_push;
 pub mod router_admin;
 pub mod standby;

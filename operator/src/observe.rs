@@ -38,7 +38,9 @@ use understudy_prober::probe::{self, Endpoint, Expectation, ProbeReport, ProbeSp
 use understudy_prober::report::PoolRound;
 use understudy_prober::sleep::sleep_level;
 
-use crate::crd::{ExpectMode, FailoverPolicy, GoldenAnswer, ModelFilesRecord, ParityStatus, Tier};
+use crate::crd::{
+    ExpectMode, FailoverPolicy, GoldenAnswer, ModelFilesRecord, ParityStatus, RolloutMode, Tier,
+};
 use crate::gpu_health::{self, AgentsByNode, GpuAgents};
 use crate::judge::{Judge, judge, probe_spec};
 use crate::parity::{self, ServingConfig};
@@ -92,6 +94,29 @@ type Config = Result<ServingConfig, String>;
 /// Whether the golden answer is recorded from the primary: `expect` in prefix mode with no value.
 fn records_golden(spec: &crate::crd::FailoverPolicySpec) -> bool {
     spec.probe.expect.mode == ExpectMode::Prefix && spec.probe.expect.value.is_none()
+}
+
+/// Whether the primary's serving template is held until the standby has passed on it.
+fn standby_first(spec: &crate::crd::FailoverPolicySpec) -> bool {
+    spec.rollout == RolloutMode::StandbyFirst
+}
+
+/// Whether the standby is judged apart from the golden answer (non-empty only): in a
+/// standby-first rollout, while it serves another model than the golden answer is recorded from
+/// (`golden`, else the primary's `serving` model), which the primary is set to serve next. Its
+/// answer on the new model is not the old one's; the golden answer is recorded again from the
+/// primary once it has rolled.
+fn judged_apart(
+    spec: &crate::crd::FailoverPolicySpec,
+    golden: Option<&GoldenAnswer>,
+    serving: Option<&str>,
+    standby: Option<&Config>,
+) -> bool {
+    let reference = golden.and_then(|g| g.model.as_deref()).or(serving);
+    let standby = standby.and_then(|config| config.as_ref().ok()?.model());
+    standby_first(spec)
+        && records_golden(spec)
+        && matches!((reference, standby.as_deref()), (Some(then), Some(now)) if then != now)
 }
 
 /// One tracked policy.
@@ -471,7 +496,7 @@ impl ProbingObservations {
         let parity = spec.parity.enabled;
         let (p, s) = join(
             read(primary, parity || records_golden(spec)),
-            read(primary.other(), parity),
+            read(primary.other(), parity || standby_first(spec)),
         )
         .await;
         [p, s]
@@ -485,6 +510,12 @@ impl ProbingObservations {
         let standby = primary.other();
         let configs = self.configs(plan, primary).await;
         let (golden, serving_model) = Self::current_golden(plan, configs[0].as_ref());
+        let standby_apart = judged_apart(
+            spec,
+            golden.as_ref(),
+            serving_model.as_deref(),
+            configs[1].as_ref(),
+        );
         let judge = match judge(&spec.probe.expect, golden.as_ref()) {
             Ok(judge) => judge,
             Err(error) => {
@@ -502,9 +533,15 @@ impl ProbingObservations {
             match judge {
                 Judge::Fixed(expect) => {
                     let probe = probe_spec(&spec.probe, &plan.timing, expect);
+                    let apart = probe_spec(&spec.probe, &plan.timing, Expectation::NonEmpty);
                     let (p, s) = join(
                         self.probe_pool(plan, primary, primary_endpoints, &probe),
-                        self.probe_pool(plan, standby, standby_endpoints, &probe),
+                        self.probe_pool(
+                            plan,
+                            standby,
+                            standby_endpoints,
+                            if standby_apart { &apart } else { &probe },
+                        ),
                     )
                     .await;
                     (p, s, None)
@@ -513,9 +550,10 @@ impl ProbingObservations {
                     let probe = probe_spec(&spec.probe, &plan.timing, Expectation::NonEmpty);
                     let p = self.probe_pool(plan, primary, primary_endpoints, &probe).await;
                     let golden = p.as_ref().and_then(|round| first_passing_answer(&round.reports));
-                    let expect = golden.as_deref().map_or(Expectation::NonEmpty, |text| {
-                        Expectation::golden_prefix(text, GOLDEN_PREFIX_CHARS)
-                    });
+                    let expect = match golden.as_deref() {
+                        Some(text) if !standby_apart => Expectation::golden_prefix(text, GOLDEN_PREFIX_CHARS),
+                        _ => Expectation::NonEmpty,
+                    };
                     let probe = probe_spec(&spec.probe, &plan.timing, expect);
                     let s = self.probe_pool(plan, standby, standby_endpoints, &probe).await;
                     let recorded = golden.map(|text| GoldenAnswer {

@@ -298,6 +298,21 @@ pub struct Side {
     pub missing: Vec<String>,
 }
 
+/// The keys a serving template is compared by: its canonical flags (`flag.*`), its `VLLM_*`
+/// environment (`env.*`) and its image (`runtime.image`, the digest when it is pinned by one).
+#[must_use]
+pub fn template_keys(config: &ServingConfig, flags: &FlagPolicy) -> Fingerprint {
+    let mut keys = flags_fingerprint(&config.argv, flags);
+    for (name, value) in &config.env {
+        keys.insert(format!("env.{name}"), value.clone());
+    }
+    if let Some(image) = &config.image {
+        let digest = image.rsplit_once('@').map_or(image.as_str(), |(_, d)| d);
+        keys.insert("runtime.image", digest);
+    }
+    keys
+}
+
 /// Reads `pool`'s side: its template's `config` (`Err` says why there is none) and what its
 /// replica at `endpoint` reports within `timeout`.
 pub async fn side(
@@ -310,14 +325,7 @@ pub async fn side(
     let mut side = Side::default();
     match config {
         Ok(config) => {
-            side.fingerprint.extend(flags_fingerprint(&config.argv, flags));
-            for (name, value) in config.env {
-                side.fingerprint.insert(format!("env.{name}"), value);
-            }
-            if let Some(image) = config.image {
-                let digest = image.rsplit_once('@').map_or(image.as_str(), |(_, d)| d);
-                side.fingerprint.insert("runtime.image", digest);
-            }
+            side.fingerprint.extend(template_keys(&config, flags));
             side.read.insert(Source::Template);
         }
         Err(why) => side
@@ -380,7 +388,9 @@ impl Side {
     }
 }
 
-fn drift_of(differences: Vec<Difference>) -> Vec<ParityDrift> {
+/// Each difference as status names it: the primary's value against the standby's.
+#[must_use]
+pub fn drift_of(differences: Vec<Difference>) -> Vec<ParityDrift> {
     differences
         .into_iter()
         .map(|d| ParityDrift {

@@ -223,6 +223,14 @@ where
     }
 }
 
+/// The time an RFC 3339 text names, since the Unix epoch; `None` when it names none, or one
+/// before the epoch.
+#[must_use]
+pub fn since_epoch(rfc3339: &str) -> Option<Duration> {
+    let at = rfc3339.parse::<Timestamp>().ok()?;
+    Duration::try_from(Timestamp::UNIX_EPOCH.duration_until(at)).ok()
+}
+
 /// RFC 3339 to the second, from a time since the Unix epoch (the controllers' clock).
 #[must_use]
 pub fn rfc3339(since_unix_epoch: Duration) -> String {

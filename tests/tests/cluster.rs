@@ -1054,9 +1054,20 @@ async fn a_game_day_that_drifts_the_standby_sees_the_policy_report_it_promote_no
         "{env:?}"
     );
     // The policy sends its Event just after the status write the run passed on.
-    let events: Api<Event> = Api::namespaced(client, pools.ns);
-    let told = ["FaultInjected", "ParityDrift", "FaultTakenBack", "ParityRestored"];
-    eventually(Duration::from_secs(10), "the drift's Events", || async {
+    events_told(
+        client,
+        pools.ns,
+        &["FaultInjected", "ParityDrift", "FaultTakenBack", "ParityRestored"],
+    )
+    .await;
+    assert!(refusals(&operator).is_empty(), "{:#?}", refusals(&operator));
+    pools.stop(operator).await;
+}
+
+/// Waits up to 10 s until the Events of namespace `ns` include every reason in `told`.
+async fn events_told(client: Client, ns: &str, told: &[&str]) {
+    let events: Api<Event> = Api::namespaced(client, ns);
+    eventually(Duration::from_secs(10), &format!("Events {told:?}"), || async {
         let reasons: Vec<String> = events
             .list(&ListParams::default())
             .await
@@ -1070,6 +1081,172 @@ async fn a_game_day_that_drifts_the_standby_sees_the_policy_report_it_promote_no
             .then_some(())
     })
     .await;
+}
+
+/// The serving keys a pod's vLLM container was started with that this test changes: its
+/// `VLLM_UNDERSTUDY_ROLLOUT` and whether it carries an emulator fault.
+fn rollout_version(pod: &Pod) -> (Option<String>, bool) {
+    let vllm = &pod.spec.as_ref().unwrap().containers[0];
+    let version = vllm
+        .env
+        .iter()
+        .flatten()
+        .find(|v| v.name == "VLLM_UNDERSTUDY_ROLLOUT")
+        .and_then(|v| v.value.clone());
+    let faulty = vllm.args.iter().flatten().any(|a| a == "--emu-fault");
+    (version, faulty)
+}
+
+/// Sets `deployment`'s vLLM container to serve as `version`, broken (`faulty`: every generation
+/// fails while `/health` answers 200) or not, as its owner would: a strategic merge patch of its
+/// template.
+async fn set_version(deployments: &Api<Deployment>, deployment: &str, version: &str, faulty: bool) {
+    let mut args = json!([
+        MODEL,
+        "--port",
+        "8000",
+        "--max-model-len",
+        "4096",
+        "--enable-sleep-mode"
+    ]);
+    if faulty {
+        args.as_array_mut()
+            .unwrap()
+            .extend([json!("--emu-fault"), json!("half-failed")]);
+    }
+    let patch = json!({"spec": {"template": {"spec": {"containers": [{
+        "name": "vllm", "args": args,
+        "env": [{"name": "VLLM_UNDERSTUDY_ROLLOUT", "value": version}],
+    }]}}}});
+    deployments
+        .patch(deployment, &PatchParams::default(), &Patch::Strategic(&patch))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_standby_first_rollout_rolls_the_primary_only_after_the_standby_passed_and_never_to_a_version_broken_on_it()
+ {
+    use understudy_api::crd::RolloutPhase;
+
+    let Some(client) = cluster().await else { return };
+    let pools = TwoPools::start(client.clone(), "e2e-rollout", Standby::hot(), json!({})).await;
+    let rollout = json!({"spec": {"rollout": "standbyFirst"}});
+    pools
+        .policies
+        .patch("chat", &PatchParams::default(), &Patch::Merge(&rollout))
+        .await
+        .unwrap();
+    let operator = pools.operator("e2e-operator-1", ADMIN_TOKEN);
+    pools.routed("east", 0).await;
+    pools.until_steady(true).await;
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), pools.ns);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), pools.ns);
+    let phase_is = |phase: RolloutPhase| {
+        let policies = pools.policies.clone();
+        async move {
+            let status = policies.get("chat").await.unwrap().status?;
+            let rollout = status.rollout?;
+            (rollout.phase == phase).then_some(rollout)
+        }
+    };
+    let paused = |name: &'static str| {
+        let deployments = deployments.clone();
+        async move { deployments.get(name).await.unwrap().spec.unwrap().paused == Some(true) }
+    };
+    eventually(
+        Duration::from_secs(30),
+        "the primary held while it runs its template",
+        || async {
+            (paused("chat-east").await).then_some(())?;
+            phase_is(RolloutPhase::UpToDate).await
+        },
+    )
+    .await;
+    assert!(!paused("chat-west").await, "the standby is never held");
+    let east_before: BTreeSet<String> = pools.east.iter().map(ResourceExt::name_any).collect();
+    let east_now = || async {
+        pods.list(&ListParams::default().labels("app=chat-east"))
+            .await
+            .unwrap()
+            .items
+    };
+
+    // v2 on the primary alone is held: the standby does not run it.
+    set_version(&deployments, "chat-east", "v2", false).await;
+    let held = eventually(Duration::from_secs(30), "v2 held on the primary", || {
+        phase_is(RolloutPhase::Holding)
+    })
+    .await;
+    assert!(
+        held.message.contains("env.VLLM_UNDERSTUDY_ROLLOUT") && held.change.contains("-> v2"),
+        "{held:?}"
+    );
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let east: BTreeSet<String> = east_now().await.iter().map(ResourceExt::name_any).collect();
+    assert_eq!(east, east_before, "the held primary's pods are the ones it had");
+
+    // v2 on the standby too: the standby rolls, passes on it, and only then the primary rolls.
+    set_version(&deployments, "chat-west", "v2", false).await;
+    let rolled = eventually(Duration::from_secs(120), "the primary rolled to v2", || async {
+        let rollout = phase_is(RolloutPhase::UpToDate).await?;
+        let east = east_now().await;
+        let on_v2 = east
+            .iter()
+            .all(|pod| rollout_version(pod) == (Some("v2".to_owned()), false));
+        (rollout.target == held.target && east.len() == 2 && on_v2).then_some(east)
+    })
+    .await;
+    assert!(paused("chat-east").await, "held again for the next change");
+    let west_v2 = pods
+        .list(&ListParams::default().labels("app=chat-west"))
+        .await
+        .unwrap()
+        .items;
+    let created = |pod: &Pod| pod.metadata.creation_timestamp.clone().unwrap().0;
+    let standby_ready = west_v2.iter().map(created).max().unwrap();
+    for pod in &rolled {
+        assert!(
+            created(pod) >= standby_ready,
+            "{} started before the standby ran v2",
+            pod.name_any()
+        );
+    }
+
+    // v3 is broken: the standby fails on it and the primary never runs it.
+    let east_v2: BTreeSet<String> = rolled.iter().map(ResourceExt::name_any).collect();
+    set_version(&deployments, "chat-east", "v3", true).await;
+    set_version(&deployments, "chat-west", "v3", true).await;
+    let stopped = eventually(Duration::from_secs(120), "the v3 rollout stopped", || {
+        phase_is(RolloutPhase::Stopped)
+    })
+    .await;
+    assert!(stopped.message.contains("failed"), "{stopped:?}");
+    assert!(paused("chat-east").await);
+    let east: Vec<Pod> = east_now().await;
+    assert_eq!(
+        east.iter().map(ResourceExt::name_any).collect::<BTreeSet<_>>(),
+        east_v2,
+        "the primary is untouched"
+    );
+    assert!(
+        east.iter()
+            .all(|pod| rollout_version(pod) == (Some("v2".to_owned()), false))
+    );
+    assert_eq!(
+        pools.lease().await,
+        ("0".to_owned(), "east".to_owned()),
+        "nothing promoted"
+    );
+    // The policy sends its Events just after the status write.
+    let told = [
+        "RolloutHeld",
+        "RolloutProving",
+        "RolloutStarted",
+        "RolloutUpToDate",
+        "RolloutStopped",
+    ];
+    events_told(client, pools.ns, &told).await;
     assert!(refusals(&operator).is_empty(), "{:#?}", refusals(&operator));
     pools.stop(operator).await;
 }

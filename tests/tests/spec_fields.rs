@@ -91,6 +91,7 @@ const READ_BY: &[(&str, &[(&str, &str)])] = &[
         ("spec.probe.prompt", "operator/src/observe.rs::a_golden_answer_is_dropped_when_the_prompt_max_tokens_or_expectation_change"),
         ("spec.probe.timeout", "operator/src/judge.rs::the_probe_is_timed_by_the_policys_timeout_and_budgets_and_stalls_after_the_first_token_budget"),
         ("spec.recoveryObjective", "operator/src/controller/status.rs::objective_met_comes_from_the_estimates_for_the_standbys_tier_mix"),
+        ("spec.rollout", "tests/tests/cluster.rs::a_standby_first_rollout_rolls_the_primary_only_after_the_standby_passed_and_never_to_a_version_broken_on_it"),
         ("spec.standbyProof.every", "api/src/policy.rs::a_standby_proof_runs_every_so_often_outside_its_windows"),
         ("spec.standbyProof.notBetween", "api/src/policy.rs::a_standby_proof_runs_every_so_often_outside_its_windows"),
         ("spec.stream.contract", "operator/src/route_push.rs::a_route_taken_by_every_router_is_done_and_carries_pool_endpoints_epoch_and_admission"),

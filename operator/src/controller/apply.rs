@@ -1,6 +1,7 @@
 //! The reconcile of a valid policy as a list of stages, each in a file of its own:
-//! dereference → validate → observe the Lease → decide → execute → keep the GPU reserve → keep
-//! the standby → time cold starts → update status → publish → keep the route.
+//! dereference → validate → observe the Lease → decide → execute → keep the GPU reserve → hold
+//! the primary's rollout → keep the standby → time cold starts → update status → publish → keep
+//! the route.
 
 use kube::api::Api;
 use kube::runtime::controller::Action;
@@ -16,6 +17,7 @@ use super::error::Error;
 use super::execute::execute;
 use super::gpu_reserve::keep_reserve_where_the_lease_says;
 use super::invalid::report_invalid_spec;
+use super::keep_rollout::keep_rollout;
 use super::keep_route::keep_route;
 use super::keep_standby::keep_standby_between_promotions;
 use super::observe_lease::{observe, report_lease_regressed};
@@ -28,7 +30,8 @@ use crate::policy;
 
 /// The reconcile of a policy, as a list of stages: validate → dereference what status recorded →
 /// observe the Lease and the pools → decide → execute the promotion's steps → keep the GPU reserve
-/// → between promotions, keep the standby in its shape and prove it (by probe and at load) → time cold starts → update
+/// → hold the primary's rollout until the standby has passed on it → between promotions, keep the
+/// standby in its shape and prove it (by probe and at load) → time cold starts → update
 /// status → publish what it recorded → keep the routers on the Lease's route.
 pub(super) async fn apply(policy: &FailoverPolicy, ctx: &Context, namespace: &str) -> Result<Action, Error> {
     // Before validation, so that a spec edited into nonsense stops being probed by its old self.
@@ -62,6 +65,7 @@ pub(super) async fn apply(policy: &FailoverPolicy, ctx: &Context, namespace: &st
     record_woken(&mut run, policy, &executed.woken);
     let reserve_error =
         keep_reserve_where_the_lease_says(ctx, &mut run, policy, namespace, &executed.lease_now).await;
+    keep_rollout(ctx, policy, namespace, &validated, &mut run, &executed.lease_now).await;
     keep_standby_between_promotions(ctx, policy, namespace, &validated, &mut run, &executed.lease_now).await;
     let started = measure_cold_starts(ctx, policy, namespace, &mut run).await;
     let written = write_status(ctx, policy, namespace, &run, None).await;

@@ -44,6 +44,8 @@ pub(super) fn dereference<'a>(
         finished: None,
         handed_off: stored.handed_off,
         gpu_reserve: policy.status.as_ref().and_then(|s| s.gpu_reserve.clone()),
+        rollout: policy.status.as_ref().and_then(|s| s.rollout.clone()),
+        proof_wanted_since: None,
         handled_command,
         cold_start: None,
         standby_proof: None,

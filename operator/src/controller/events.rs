@@ -11,7 +11,7 @@ use understudy_core::{Epoch, Pool};
 use super::context::Context;
 use super::status::step_name;
 use crate::command::{COMMAND_ANNOTATION, COMMAND_WORDS};
-use crate::crd::{FailoverPolicySpec, GpuReserve};
+use crate::crd::{FailoverPolicySpec, GpuReserve, RolloutPhase, RolloutRecord};
 use crate::policy::pool_name;
 use crate::reconciler::send;
 
@@ -44,6 +44,12 @@ pub(super) enum Notice {
     ReserveReleased(GpuReserve),
     /// A forced promotion took the Lease while the standby drifted: what it overrode.
     ParityOverridden(String),
+    /// A standby-first rollout came to another phase or target.
+    Rollout(RolloutRecord),
+    /// `spec.rollout` no longer asks for standby-first: the pool it held rolls as deployed.
+    RolloutReleased {
+        pool: String,
+    },
 }
 
 /// Publishes the reconcile's notices as Events, best effort: an Event that cannot be written is
@@ -97,6 +103,27 @@ pub(super) fn describe(notice: &Notice, spec: &FailoverPolicySpec) -> KubeEvent 
             "Reserve",
         ),
         Notice::ParityOverridden(note) => (EventType::Warning, "ParityOverridden", note.clone(), "Promote"),
+        Notice::Rollout(record) => {
+            let (type_, reason) = match record.phase {
+                RolloutPhase::UpToDate => (EventType::Normal, "RolloutUpToDate"),
+                RolloutPhase::Holding => (EventType::Normal, "RolloutHeld"),
+                RolloutPhase::Proving => (EventType::Normal, "RolloutProving"),
+                RolloutPhase::Rolling => (EventType::Normal, "RolloutStarted"),
+                RolloutPhase::Stopped => (EventType::Warning, "RolloutStopped"),
+            };
+            let change = if record.change.is_empty() {
+                String::new()
+            } else {
+                format!(" (primary {}: {})", record.pool, record.change)
+            };
+            (type_, reason, format!("{}{change}", record.message), "Rollout")
+        }
+        Notice::RolloutReleased { pool } => (
+            EventType::Normal,
+            "RolloutReleased",
+            format!("spec.rollout is no longer standbyFirst: {pool}'s workload rolls as it is deployed"),
+            "Rollout",
+        ),
         Notice::ProveLoadNotRun(why) => (
             EventType::Warning,
             "ProveLoadNotRun",

@@ -3,7 +3,6 @@
 
 use std::time::Duration;
 
-use k8s_openapi::jiff::Timestamp;
 use kube::runtime::events::{Event as KubeEvent, EventType};
 use kube::{Resource, ResourceExt};
 use understudy_core::Pool;
@@ -21,7 +20,7 @@ use crate::lease::LeaseRecord;
 use crate::parity;
 use crate::policy::ValidatedPolicy;
 use crate::policy::pool_by_name;
-use crate::reconciler::{rfc3339, send};
+use crate::reconciler::{rfc3339, send, since_epoch};
 use crate::standby::{self, Sleep};
 use crate::workload::Workload;
 use understudy_core::failover::{ControlPlane, Phase};
@@ -223,9 +222,7 @@ async fn prove_standby(
         return;
     };
     let last = policy.status.as_ref().and_then(|s| s.standby_proof.as_ref());
-    let last_at = last
-        .and_then(|p| p.at.parse::<Timestamp>().ok())
-        .and_then(|at| Duration::try_from(Timestamp::UNIX_EPOCH.duration_until(at)).ok());
+    let last_at = last.and_then(|p| since_epoch(&p.at));
     let due = last_at.is_none_or(|at| run.now.saturating_sub(at) >= proof.every);
     let Some(expect) = ctx.expectation(policy) else {
         return;

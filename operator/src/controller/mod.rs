@@ -38,6 +38,7 @@ mod execute;
 mod executor;
 mod gpu_reserve;
 mod invalid;
+mod keep_rollout;
 mod keep_route;
 mod keep_standby;
 mod observe_lease;

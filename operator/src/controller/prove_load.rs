@@ -5,7 +5,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::jiff::Timestamp;
 use kube::runtime::events::{Event as KubeEvent, EventType};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
@@ -18,7 +17,7 @@ use super::run::Run;
 use crate::crd::{FailoverPolicy, LoadProofRecord};
 use crate::load_proof::{Finished, Job, Outcome};
 use crate::policy::{StandbyProof, ValidatedPolicy};
-use crate::reconciler::send;
+use crate::reconciler::{send, since_epoch};
 
 /// How soon a proof is tried again after one that did not run, or while a failed one blocks
 /// promotion, when `every` is longer.
@@ -144,9 +143,7 @@ pub(super) fn stop_load_proof(ctx: &Context, policy: &FailoverPolicy) {
 /// (when sooner) if it did not run or the standby is `blocked` by a failed one; and outside the
 /// schedule's windows.
 fn due(last: Option<&LoadProofRecord>, blocked: bool, schedule: &StandbyProof, now: Duration) -> bool {
-    let last_at = last
-        .and_then(|p| p.at.parse::<Timestamp>().ok())
-        .and_then(|at| Duration::try_from(Timestamp::UNIX_EPOCH.duration_until(at)).ok());
+    let last_at = last.and_then(|p| since_epoch(&p.at));
     let every = if blocked || last.is_some_and(|p| p.result == Outcome::NotRun.as_str()) {
         schedule.every.min(RETRY_AFTER)
     } else {
@@ -190,13 +187,11 @@ pub(super) fn prove_load_when_due(
         return false;
     };
     // This standby's last proof: the other pool's, from before a promotion, times nothing here.
-    let last = run
-        .load_proof
-        .as_ref()
-        .or_else(|| policy.status.as_ref().and_then(|s| s.load_proof.as_ref()))
-        .filter(|p| p.pool == pool_spec.name);
+    let last = run.last_load_proof(policy, &pool_spec.name);
     let blocked = run.machine.load_proof_failed[standby.index()];
-    if !run.prove_load_now && !due(last, blocked, &proof.schedule, run.now) {
+    // A standby-first rollout waits for a proof of the standby on its new template.
+    let for_rollout = run.proof_wanted_since.is_some() && proof.schedule.allowed_at(run.now);
+    if !run.prove_load_now && !for_rollout && !due(last, blocked, &proof.schedule, run.now) {
         return false;
     }
     let started = proofs.start(Job {

@@ -15,7 +15,7 @@ use super::status::{HandedOffStep, OperatorRecord};
 use crate::command::HandledCommand;
 use crate::crd::{
     ColdStartBreakdown, FailoverPolicySpec, GpuReserve, LoadProofRecord, ParityDrift, ParityStatus,
-    StandbyProofRecord,
+    RolloutRecord, StandbyProofRecord,
 };
 use crate::parity;
 
@@ -33,6 +33,12 @@ pub(super) struct Run<'a> {
     pub(super) handed_off: Vec<HandedOffStep>,
     /// The GPU reserve held, as the status last recorded it and this reconcile left it.
     pub(super) gpu_reserve: Option<GpuReserve>,
+    /// Where a standby-first rollout stands, as the status last recorded it and this reconcile
+    /// left it.
+    pub(super) rollout: Option<RolloutRecord>,
+    /// A rollout waits for a load proof of the standby on its new template that has not started
+    /// since the standby has run it (from then).
+    pub(super) proof_wanted_since: Option<Duration>,
     /// The command annotation's value handled last, as this reconcile leaves it.
     pub(super) handled_command: Option<HandledCommand>,
     /// `status.coldStart` with this reconcile's measurements in; `None` when none were taken.
@@ -109,6 +115,19 @@ impl Run<'_> {
             note,
             handed_off,
         });
+    }
+
+    /// `pool`'s last load proof: the one this reconcile took in, else the one status holds; a
+    /// proof of the other pool (from before a promotion) is none of this one's.
+    pub(super) fn last_load_proof<'p>(
+        &'p self,
+        policy: &'p crate::crd::FailoverPolicy,
+        pool: &str,
+    ) -> Option<&'p LoadProofRecord> {
+        self.load_proof
+            .as_ref()
+            .or_else(|| policy.status.as_ref().and_then(|s| s.load_proof.as_ref()))
+            .filter(|p| p.pool == pool)
     }
 
     pub(super) fn pool_spec(&self, pool: Pool) -> &crate::crd::PoolSpec {

@@ -19,7 +19,7 @@ use crate::coldstart;
 use crate::command::HandledCommand;
 use crate::crd::{
     ArtifactDigest, ColdStartBreakdown, Condition, ConditionStatus, FailoverPolicySpec, FailoverPolicyStatus,
-    FailoverTimeline, GoldenAnswer, GpuReserve, LoadProofRecord, LoadProofSpec, ParityStatus,
+    FailoverTimeline, GoldenAnswer, GpuReserve, LoadProofRecord, LoadProofSpec, ParityStatus, RolloutRecord,
     StandbyProofRecord, TimelineStep, TransitionKind, condition_type,
 };
 use crate::parity;
@@ -174,6 +174,8 @@ pub struct StatusFacts<'a> {
     pub parity: Option<&'a ParityStatus>,
     /// The level each of the standby's sleeping replicas sleeps at, as the probes last read it.
     pub standby_asleep_levels: &'a [Option<u8>],
+    /// Where a standby-first rollout stands after this reconcile.
+    pub rollout: Option<&'a RolloutRecord>,
     pub now: Duration,
 }
 
@@ -259,6 +261,7 @@ pub fn desired_status(facts: &StatusFacts<'_>) -> Result<FailoverPolicyStatus, s
         load_proof,
         parity,
         gpu_reserve: facts.gpu_reserve.cloned(),
+        rollout: facts.rollout.cloned(),
         golden_answer: facts
             .golden_answer
             .map(|golden| recorded(golden, previous.golden_answer.as_ref(), facts.now)),
@@ -992,6 +995,7 @@ mod tests {
             load_proof: None,
             parity: None,
             standby_asleep_levels: &[],
+            rollout: None,
             now: NOW,
         })
         .unwrap()
@@ -1021,6 +1025,7 @@ mod tests {
             load_proof: None,
             parity,
             standby_asleep_levels: &[],
+            rollout: None,
             now: NOW,
         })
         .unwrap()

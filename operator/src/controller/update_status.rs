@@ -67,6 +67,7 @@ pub(super) fn status_of(
         load_proof: run.load_proof.as_ref(),
         parity: run.parity.as_ref(),
         standby_asleep_levels: &standby_asleep_levels,
+        rollout: run.rollout.as_ref(),
         now: run.now,
     })
     .map(|mut status| {

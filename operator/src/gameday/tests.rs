@@ -34,6 +34,8 @@ fn steady() -> PolicyView {
         standby_proven: Some(condition(ConditionStatus::True, "ChecksPass", day_before)),
         parity: Some(condition(ConditionStatus::Unknown, "NotChecked", day_before)),
         last_transition: None,
+        sets_load_proof: false,
+        load_proof: None,
         command: None,
         handled_command: None,
         min_dwell: Duration::from_secs(300),
@@ -951,6 +953,96 @@ fn a_half_failed_primary_is_healed_before_the_run_fails_back_to_it() {
     assert_eq!(run.phase, RunPhase::HoldingOnStandby);
     let action = run.advance(&config, "weekly", Some(&promoted_by_itself(40)), at(400));
     assert_eq!(action, Some(PolicyCommand::Failback(FAILBACK.to_owned())));
+}
+
+/// The steady policy with `spec.loadProof`, its last proof of `pool` started at `started` (in
+/// seconds from [`T0`]) and come to `result`.
+fn load_proven(proof: Option<(&str, u64, &str)>) -> PolicyView {
+    let mut view = steady();
+    view.sets_load_proof = true;
+    view.load_proof = proof.map(|(pool, started, result)| {
+        serde_json::from_value(serde_json::json!({
+            "at": rfc3339(at(started)), "pool": pool, "result": result, "replicas": 2,
+            "requests": 600, "errors": 0, "detail": "within every threshold",
+        }))
+        .unwrap()
+    });
+    view
+}
+
+#[test]
+fn a_load_proof_run_gives_the_command_and_is_judged_by_the_first_proof_of_the_standby_after_it() {
+    let config = RunConfig {
+        fault: Fault::LoadProof,
+        ..config(None)
+    };
+    let mut run = GameDayRun::due(RunTrigger::Schedule, T0);
+    // A proof from before the run, and one of the primary, decide nothing.
+    let before = load_proven(Some(("us-west", 0, "Failed")));
+    let action = run.advance(&config, "weekly", Some(&before), at(10));
+    assert_eq!(
+        action,
+        Some(PolicyCommand::ProveLoad(
+            "prove-load@gameday-weekly-20240604-100000".to_owned()
+        ))
+    );
+    assert_eq!(run.injected.as_deref(), Some("asked for a load proof of us-west"));
+    assert_eq!(run.advance(&config, "weekly", Some(&before), at(40)), None);
+    let primary = load_proven(Some(("us-east", 20, "Proven")));
+    assert_eq!(run.advance(&config, "weekly", Some(&primary), at(50)), None);
+    assert_eq!(run.verdict, None);
+
+    let mut proven = run.clone();
+    proven.advance(
+        &config,
+        "weekly",
+        Some(&load_proven(Some(("us-west", 20, "Proven")))),
+        at(90),
+    );
+    assert_eq!(
+        (proven.phase, proven.verdict),
+        (RunPhase::Done, Some(Verdict::Passed))
+    );
+    assert!(
+        proven
+            .reason
+            .as_deref()
+            .unwrap()
+            .starts_with("us-west proven at load: Proven at")
+    );
+
+    let mut failed = run.clone();
+    failed.advance(
+        &config,
+        "weekly",
+        Some(&load_proven(Some(("us-west", 20, "NotRun")))),
+        at(90),
+    );
+    assert_eq!(failed.verdict, Some(Verdict::Failed));
+
+    run.advance(&config, "weekly", Some(&before), at(10 + 120));
+    assert_eq!(run.verdict, Some(Verdict::Failed));
+    assert!(
+        run.reason.as_deref().unwrap().contains("within maxRecovery"),
+        "{:?}",
+        run.reason
+    );
+}
+
+#[test]
+fn a_load_proof_run_on_a_policy_without_one_is_aborted_and_asks_nothing() {
+    let config = RunConfig {
+        fault: Fault::LoadProof,
+        ..config(None)
+    };
+    let mut run = GameDayRun::due(RunTrigger::Schedule, T0);
+    assert_eq!(run.advance(&config, "weekly", Some(&steady()), T0), None);
+    assert_eq!(run.verdict, Some(Verdict::Aborted));
+    assert!(
+        run.reason.as_deref().unwrap().contains("no spec.loadProof"),
+        "{:?}",
+        run.reason
+    );
 }
 
 fn drift_config() -> RunConfig {

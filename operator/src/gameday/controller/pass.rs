@@ -324,7 +324,9 @@ impl Pass {
                     run,
                 }
             }
-            PolicyCommand::Failover(value) | PolicyCommand::Failback(value) => {
+            PolicyCommand::Failover(value)
+            | PolicyCommand::Failback(value)
+            | PolicyCommand::ProveLoad(value) => {
                 give_command(ctx, namespace, policy, name, command).await?;
                 Notice::Commanded {
                     value: value.clone(),
