@@ -399,6 +399,10 @@ pub struct RolloutRecord {
     /// pass `spec.trigger.standbyReadyAfter` more.
     #[serde(default)]
     pub standby_passes_before: u32,
+    /// Its failed checks in a row then: a run of failures from before it ran the target (while it
+    /// rolled) does not stop the rollout.
+    #[serde(default)]
+    pub standby_failures_before: u32,
     /// What it waits for, or why it stopped, in words.
     pub message: String,
 }

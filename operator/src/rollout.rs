@@ -207,19 +207,25 @@ fn standby_first(
     let passes_before = same_target
         .filter(|r| r.standby_on_it_since.is_some() && health.passes >= r.standby_passes_before)
         .map_or(health.passes, |r| r.standby_passes_before);
+    // Failures in a row likewise, after a pass: only those since it has run the target count.
+    let failures_before = same_target
+        .filter(|r| r.standby_on_it_since.is_some() && health.failures >= r.standby_failures_before)
+        .map_or(health.failures, |r| r.standby_failures_before);
+    let failed_on_it = health.failures.saturating_sub(failures_before);
     let proving = |why: String| {
         let mut step = Step::hold(RolloutPhase::Proving, digest.clone(), change.clone()).saying(&why);
         step.on_it_since = Some(on_it_since);
         step.passes_before = passes_before;
+        step.failures_before = failures_before;
         step
     };
     let proof_since = now
         .load_proof
         .map(|last| last.filter(|proof| proof.at >= on_it_since));
-    if health.failures >= now.stop_after {
+    if failed_on_it >= now.stop_after {
         let mut step = proving(format!(
-            "stopped: standby {} failed {} checks in a row on it; the primary is untouched",
-            standby.name, health.failures
+            "stopped: standby {} failed {failed_on_it} checks in a row on it; the primary is untouched",
+            standby.name
         ));
         step.phase = RolloutPhase::Stopped;
         return step;
@@ -281,6 +287,7 @@ struct Step {
     hold: bool,
     on_it_since: Option<Duration>,
     passes_before: u32,
+    failures_before: u32,
     proof_wanted: bool,
 }
 
@@ -294,6 +301,7 @@ impl Step {
             hold: true,
             on_it_since: None,
             passes_before: 0,
+            failures_before: 0,
             proof_wanted: false,
         }
     }
@@ -320,6 +328,7 @@ fn settle(now: &Standing<'_>, previous: Option<&RolloutRecord>, step: Step) -> D
             since,
             standby_on_it_since: step.on_it_since.map(rfc3339),
             standby_passes_before: step.passes_before,
+            standby_failures_before: step.failures_before,
             message: step.message,
         },
         hold: step.hold,
@@ -409,7 +418,14 @@ pub async fn read_pool(
     let mut running: Vec<Fingerprint> = Vec::new();
     for pod in pods
         .iter()
-        .filter(|pod| pod.metadata.deletion_timestamp.is_none())
+        // A pod that is leaving, or that ended (evicted, failed), runs nothing.
+        .filter(|pod| {
+            pod.metadata.deletion_timestamp.is_none()
+                && !matches!(
+                    pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+                    Some("Failed" | "Succeeded")
+                )
+        })
     {
         let as_template = PodTemplateSpec {
             metadata: None,
@@ -785,6 +801,32 @@ mod tests {
         let retried = replay(&world, &mut fresh);
         assert_eq!(retried.record.phase, RolloutPhase::Proving);
         assert_eq!(retried.proof_wanted_since, None);
+    }
+
+    #[test]
+    fn failures_from_before_the_standby_ran_the_new_template_do_not_stop_the_rollout() {
+        let mut world = World::new();
+        let mut record = None;
+        world.primary_set_to("v2");
+        world.standby_rolled_to("v2");
+        // Its new replicas failed while they loaded, before it was seen running v2.
+        world.health = PoolHealth {
+            failures: 5,
+            ..PoolHealth::default()
+        };
+        let on_it = replay(&world, &mut record);
+        assert_eq!(on_it.record.phase, RolloutPhase::Proving);
+        assert_eq!(on_it.record.standby_failures_before, 5);
+        world.health.failures = 7;
+        assert_eq!(replay(&world, &mut record).record.phase, RolloutPhase::Proving);
+        world.health.failures = 8;
+        let stopped = replay(&world, &mut record);
+        assert_eq!(stopped.record.phase, RolloutPhase::Stopped);
+        assert!(
+            stopped.record.message.contains("failed 3 checks in a row"),
+            "{}",
+            stopped.record.message
+        );
     }
 
     #[test]
