@@ -362,7 +362,7 @@ fn is_outage(error: &ResolveError) -> bool {
 
 /// Whether a workload's controller has seen its latest spec and every one of its replicas runs
 /// the latest template, with no old one left.
-fn rolled_out(
+pub(crate) fn rolled_out(
     generation: Option<i64>,
     observed_generation: Option<i64>,
     replicas: i32,

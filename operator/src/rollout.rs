@@ -32,7 +32,7 @@ use understudy_prober::parity::flags::FlagPolicy;
 use crate::crd::{ParityDrift, PoolSpec, RolloutPhase, RolloutRecord, WorkloadKind};
 use crate::parity::{drift_line, drift_of, serving_config, template_keys};
 use crate::reconciler::{rfc3339, since_epoch};
-use crate::replicas::replica_endpoint;
+use crate::replicas::{replica_endpoint, rolled_out};
 
 /// A StatefulSet's partition while it is held: above any ordinal it will reach, so that a pod a
 /// promotion scales up starts at the template it ran too.
@@ -381,9 +381,13 @@ pub async fn read_pool(
             let Some(spec) = deployment.spec else {
                 return Ok(missing(pool));
             };
-            let rolled_out = status.observed_generation >= deployment.metadata.generation
-                && status.updated_replicas.unwrap_or(0) == spec.replicas.unwrap_or(1)
-                && status.replicas.unwrap_or(0) == spec.replicas.unwrap_or(1);
+            let rolled_out = rolled_out(
+                deployment.metadata.generation,
+                status.observed_generation,
+                spec.replicas.unwrap_or(1),
+                status.replicas,
+                status.updated_replicas,
+            );
             let held = spec.paused.unwrap_or(false);
             (spec.template, spec.selector, rolled_out, held)
         }
@@ -396,9 +400,13 @@ pub async fn read_pool(
             let Some(spec) = set.spec else {
                 return Ok(missing(pool));
             };
-            let rolled_out = status.observed_generation >= set.metadata.generation
-                && status.updated_replicas.unwrap_or(0) == spec.replicas.unwrap_or(1)
-                && status.replicas == spec.replicas.unwrap_or(1);
+            let rolled_out = rolled_out(
+                set.metadata.generation,
+                status.observed_generation,
+                spec.replicas.unwrap_or(1),
+                Some(status.replicas),
+                status.updated_replicas,
+            );
             // One that updates `OnDelete` rolls no pod on its own: it is held as it is.
             let held = spec.update_strategy.as_ref().is_some_and(|s| {
                 s.type_.as_deref() == Some("OnDelete")
