@@ -1390,6 +1390,30 @@ pub struct ParityDrift {
     pub standby: Option<String>,
 }
 
+/// Each difference as status names it: the primary's value against the standby's.
+#[must_use]
+pub fn drift_of(differences: Vec<understudy_core::fingerprint::Difference>) -> Vec<ParityDrift> {
+    differences
+        .into_iter()
+        .map(|d| ParityDrift {
+            key: d.key,
+            primary: d.left,
+            standby: d.right,
+        })
+        .collect()
+}
+
+/// The drifted keys in one line: `flag.max-model-len (8192 ≠ 4096), …`.
+#[must_use]
+pub fn drift_line(drift: &[ParityDrift]) -> String {
+    let side = |v: &Option<String>| v.clone().unwrap_or_else(|| "absent".to_owned());
+    drift
+        .iter()
+        .map(|d| format!("{} ({} ≠ {})", d.key, side(&d.primary), side(&d.standby)))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// The GPU reserve of a policy: a Deployment of placeholder pods at a low priority, which the
 /// scheduler preempts when the pool's pilot-light replicas scale up.
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]

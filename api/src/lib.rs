@@ -1,7 +1,8 @@
 //! The shared contracts of understudy: the CRD types and their validation ([`crd`], [`policy`],
 //! and [`schema`] for a manifest read offline), the epoch Lease in Kubernetes, in memory and in a
 //! file ([`lease`]), the route contract the operator pushes and the router takes ([`route`]), the
-//! faults a game day has a fence play ([`fence_fault`]), the field manager every write is
+//! faults a game day has a fence play ([`fence_fault`]), the standby-first rollout's decision
+//! ([`rollout`]), times as status records them ([`time`]), the field manager every write is
 //! recorded under ([`FIELD_MANAGER`]), and the annotation people and game days give commands
 //! through ([`COMMAND_ANNOTATION`]).
 //!
@@ -14,8 +15,10 @@ pub mod fence_fault;
 pub mod grant;
 pub mod lease;
 pub mod policy;
+pub mod rollout;
 pub mod route;
 pub mod schema;
+pub mod time;
 
 /// The field manager every write to Kubernetes is recorded under: server-side apply of status and
 /// objects, and the Lease's compare-and-set.

@@ -18,10 +18,11 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Container, PodSpec, PodTemplateSpec};
 use understudy_prober::parity::flags::{FlagPolicy, canonical_flags, flags_fingerprint, runs_vllm};
 use understudy_prober::parity::runtime::runtime_fingerprint;
-use understudy_prober::parity::{Difference, DriftReport, Fingerprint, allows};
+use understudy_prober::parity::{DriftReport, Fingerprint, allows};
 use understudy_prober::probe::Endpoint;
 
-use crate::crd::{ParityDrift, ParitySpec, ParityStatus};
+use crate::crd::{ParitySpec, ParityStatus};
+pub use crate::crd::{drift_line, drift_of};
 
 /// `VLLM_*` variables that change how vLLM logs or which dev routes it serves, never an answer:
 /// left out of the fingerprint.
@@ -388,19 +389,6 @@ impl Side {
     }
 }
 
-/// Each difference as status names it: the primary's value against the standby's.
-#[must_use]
-pub fn drift_of(differences: Vec<Difference>) -> Vec<ParityDrift> {
-    differences
-        .into_iter()
-        .map(|d| ParityDrift {
-            key: d.key,
-            primary: d.left,
-            standby: d.right,
-        })
-        .collect()
-}
-
 /// The primary's and the standby's sides compared over what both read; `allowed` keys (the
 /// policy's `allowDrift`) are reported apart and block nothing.
 #[must_use]
@@ -437,17 +425,6 @@ pub fn compare(primary: Side, standby: Side, allowed: &[String], checked_at: Str
 #[must_use]
 pub fn holds(parity: &ParityStatus) -> Option<bool> {
     (parity.compared > 0).then_some(parity.drift.is_empty())
-}
-
-/// The drifted keys in one line: `flag.max-model-len (8192 ≠ 4096), …`.
-#[must_use]
-pub fn drift_line(drift: &[ParityDrift]) -> String {
-    let side = |v: &Option<String>| v.clone().unwrap_or_else(|| "absent".to_owned());
-    drift
-        .iter()
-        .map(|d| format!("{} ({} ≠ {})", d.key, side(&d.primary), side(&d.standby)))
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 #[cfg(test)]

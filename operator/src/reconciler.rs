@@ -15,7 +15,6 @@ use futures::{Stream, StreamExt};
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
 use kube::core::DeserializeGuard;
 use kube::runtime::controller::{Action, Controller};
@@ -26,6 +25,7 @@ use kube::{Client, Resource};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use understudy_api::FIELD_MANAGER;
+pub use understudy_api::time::{rfc3339, since_epoch};
 
 use crate::ports::{Clock, SystemClock};
 use crate::watchdog::Watchdog;
@@ -221,21 +221,4 @@ where
         Ok(Err(error)) => Err(StatusWrite::Patch(error)),
         Err(_) => Err(StatusWrite::Timeout(timeout)),
     }
-}
-
-/// The time an RFC 3339 text names, since the Unix epoch; `None` when it names none, or one
-/// before the epoch.
-#[must_use]
-pub fn since_epoch(rfc3339: &str) -> Option<Duration> {
-    let at = rfc3339.parse::<Timestamp>().ok()?;
-    Duration::try_from(Timestamp::UNIX_EPOCH.duration_until(at)).ok()
-}
-
-/// RFC 3339 to the second, from a time since the Unix epoch (the controllers' clock).
-#[must_use]
-pub fn rfc3339(since_unix_epoch: Duration) -> String {
-    let seconds = i64::try_from(since_unix_epoch.as_secs()).unwrap_or(i64::MAX);
-    Timestamp::from_second(seconds)
-        .unwrap_or(Timestamp::MAX)
-        .to_string()
 }
