@@ -605,3 +605,66 @@ async fn a_standby_with_half_the_capacity_answers_its_probes_and_fails_its_load_
     assert!(half.ttft_p99_ms > full.ttft_p99_ms, "{half:?} / {full:?}");
     assert!(half.requests > 20 && full.requests > 20, "{half:?} / {full:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_version_rolls_to_the_primary_only_after_the_standby_passed_on_it_and_never_when_it_failed_there()
+ {
+    use understudy_api::crd::RolloutPhase;
+
+    let reports = run_plan(include_str!("../../examples/gamedays/local/rollout.yaml")).await;
+    let [sound, broken] = &reports[..] else {
+        panic!("two runs")
+    };
+    for report in &reports {
+        println!(
+            "{}:\n{}",
+            report.name,
+            report.rollout.as_ref().unwrap().lines().join("\n")
+        );
+        assert_eq!(report.verdict, Verdict::Passed, "{report:#?}");
+        assert!(report.transitions.is_empty(), "nothing fails over");
+    }
+
+    // Sound: the standby's two replicas first, then, once the decision let it go, the primary's.
+    let rollout = sound.rollout.as_ref().unwrap();
+    let phases: Vec<RolloutPhase> = rollout.phases.iter().map(|p| p.phase).collect();
+    assert_eq!(
+        phases,
+        [
+            RolloutPhase::UpToDate,
+            RolloutPhase::Holding,
+            RolloutPhase::Proving,
+            RolloutPhase::Rolling,
+            RolloutPhase::UpToDate
+        ]
+    );
+    let let_go = rollout.phases[3].at_ms;
+    let (standby, primary) = (rollout.replaced_in("b"), rollout.replaced_in("a"));
+    assert_eq!((standby.len(), primary.len()), (2, 2), "{rollout:?}");
+    let standby_ready = standby.iter().map(|r| r.at_ms + r.took_ms).fold(0.0, f64::max);
+    for replaced in &primary {
+        assert!(
+            replaced.at_ms >= let_go && replaced.at_ms >= standby_ready,
+            "{rollout:?}"
+        );
+    }
+    assert!(
+        sound.parity.as_ref().unwrap().holds(),
+        "both pools run the new version"
+    );
+
+    // Broken: the standby fails on it, the rollout stops, and the primary runs what it ran.
+    let rollout = broken.rollout.as_ref().unwrap();
+    let stopped = rollout.last_phase().unwrap();
+    assert_eq!(stopped.phase, RolloutPhase::Stopped);
+    assert!(
+        stopped.message.contains("failed 3 checks in a row"),
+        "{stopped:?}"
+    );
+    assert_eq!(rollout.replaced_in("b").len(), 2);
+    assert!(rollout.replaced_in("a").is_empty(), "the primary is untouched");
+    assert!(rollout.replaced.iter().all(|r| r.pool == "b"));
+    assert_eq!(broken.requests.failed, 0);
+    let drift = broken.parity.as_ref().unwrap().keys();
+    assert!(drift.contains(&"flag.emu-fault"), "{drift:?}");
+}

@@ -21,6 +21,7 @@ pub mod pilot;
 pub mod process;
 pub mod replicas;
 pub mod report;
+pub mod rollout;
 pub mod scenario;
 pub mod system;
 pub mod timeline;
@@ -35,7 +36,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::{Instant, MissedTickBehavior};
-use understudy_api::crd::AdmissionSpec;
+use understudy_api::crd::{AdmissionSpec, RolloutPhase};
 use understudy_api::grant::GrantStanding;
 use understudy_api::lease::{EpochLease, FileLease};
 use understudy_api::route::AdmissionSettings;
@@ -68,6 +69,7 @@ use self::report::{
     AppliedFault, LoadProofRun, RouteChange, RouterCounts, RunReport, SelfFence, StepSpan, Transition,
     Verdict,
 };
+use self::rollout::{Rollout, RolloutRun};
 use self::scenario::{Checked, CheckedLoadProof, Engine, FaultKind, PoolName, ProbeKind, Topology};
 use self::system::{RunDir, System};
 
@@ -147,8 +149,6 @@ struct Logic {
     lease: LogicLease,
     /// Grants the fences their right to serve, from the lease.
     granter: Granter,
-    /// Each pool's `vllm serve` command line, for the flags in its fingerprint.
-    argv: [Vec<String>; 2],
     /// Commands given and not yet fed to the machine.
     commands: Mutex<Vec<Command>>,
     /// Load proofs' findings not yet fed to the machine.
@@ -161,6 +161,8 @@ struct Logic {
     replicas: Arc<Mutex<Vec<Replica>>>,
     /// The standby's pilot light, when it has one.
     growth: Option<Growth>,
+    /// The scenario's standby-first rollout, when it sets a new version.
+    rollout: Option<Rollout>,
     /// The routers and fences, the grown ones' too.
     system: Arc<System>,
     cold_starts: Arc<Mutex<Vec<ColdStart>>>,
@@ -361,13 +363,20 @@ async fn set_up(checked: &Checked, options: &RunOptions) -> Result<(Arc<Logic>, 
         config,
         lease: LogicLease::new(lease),
         granter,
-        argv: argv.clone(),
         commands: Mutex::new(Vec::new()),
         load_proven: Mutex::new(Vec::new()),
         parity: Mutex::new(None),
         pools,
         replicas,
         growth,
+        rollout: checked.rollout.clone().map(|plan| {
+            Rollout::new(
+                plan,
+                options.launcher.clone(),
+                scenario.model.clone(),
+                argv.clone().map(|argv| argv[2..].to_vec()),
+            )
+        }),
         system,
         cold_starts,
         routed: Mutex::new(None),
@@ -637,6 +646,7 @@ async fn failover_logic(logic: Arc<Logic>, start: Instant, mut stopped: watch::R
         }
         record(&logic, now, events);
         *lock(&logic.state) = state.clone();
+        rollout::keep(&logic, &state, &passing, start);
         carry_out(&logic, start, state).await;
         keep_route(&logic, &passing, start).await;
         keep_primary_awake(&logic);
@@ -985,8 +995,17 @@ async fn parity_of(logic: &Logic) -> Option<DriftReport> {
     );
     let policy = FlagPolicy::default();
     let mut fingerprints = [a_runtime.ok()?, b_runtime.ok()?];
-    for (fingerprint, argv) in fingerprints.iter_mut().zip(&logic.argv) {
-        fingerprint.extend(flags_fingerprint(argv, &policy));
+    // The flags its first running replica was started with: in a rollout, a pool's replicas may
+    // run another version than its template names.
+    for (fingerprint, pool) in fingerprints.iter_mut().zip([Pool::A, Pool::B]) {
+        let argv = {
+            let replicas = lock(&logic.replicas);
+            let replica = replicas.iter().find(|r| r.pool == pool && r.running())?;
+            let mut argv = vec!["serve".to_owned(), logic.probe.model.clone().unwrap_or_default()];
+            argv.extend(replica.args.iter().cloned());
+            argv
+        };
+        fingerprint.extend(flags_fingerprint(&argv, &policy));
     }
     Some(fingerprints[0].drift(&fingerprints[1]))
 }
@@ -1586,6 +1605,12 @@ fn build_report(
             if holds { "" } else { ": FAILED" }
         ));
     }
+    let rollout = logic.rollout.as_ref().map(Rollout::run);
+    if let (Some(expected), Some(run)) = (scenario.expect.rollout, &rollout) {
+        let (holds, line) = judge_rollout(expected, run);
+        passed &= holds;
+        reasons.push(format!("{line}{}", if holds { "" } else { ": FAILED" }));
+    }
     let self_fence = self_fences(&faults, &journal.standings, checked.grant.ttl, ended);
     for cut in &self_fence {
         if cut.served_again > 0 {
@@ -1649,6 +1674,7 @@ fn build_report(
         held_back: held_back(&journal.events),
         parity: lock(&logic.parity).clone(),
         load_proof: journal.load_proof.clone(),
+        rollout,
         faults,
         transitions: journal.transitions.clone(),
         routes: journal.routes.clone(),
@@ -1678,11 +1704,66 @@ fn build_report(
                 .to_owned(),
             "answers that are wrong but look fine are counted ok: the load does not check what it gets"
                 .to_owned(),
-        ],
+        ]
+        .into_iter()
+        .chain(checked.rollout.is_some().then(|| {
+            "a rollout replaces each replica in place and starts it at once: no pod scheduling, \
+             image pull or cold start, and no surge replica beside it"
+                .to_owned()
+        }))
+        .collect(),
         memory_peak_mib: None,
         scheduling_lag: lag::SchedulingLag::default(),
         records: Vec::new(),
     }
+}
+
+/// Whether `run` ended in the `expected` phase and kept its promise on the way: a stopped rollout
+/// replaced none of the primary's replicas; one that ended up to date replaced the primary's only
+/// after every replica of the standby, and only once the decision let the primary roll.
+fn judge_rollout(expected: RolloutPhase, run: &RolloutRun) -> (bool, String) {
+    let Some(last) = run.last_phase() else {
+        return (
+            false,
+            format!("the rollout came to no phase, {expected:?} expected"),
+        );
+    };
+    let primary = last.pool.as_str();
+    let standby = if primary == pool_name(Pool::A) {
+        pool_name(Pool::B)
+    } else {
+        pool_name(Pool::A)
+    };
+    let (on_primary, on_standby) = (run.replaced_in(primary), run.replaced_in(standby));
+    let mut line = format!(
+        "the rollout ended {:?} ({expected:?} expected); {} of the standby's and {} of the primary's replicas replaced",
+        last.phase,
+        on_standby.len(),
+        on_primary.len()
+    );
+    let mut holds = last.phase == expected;
+    match expected {
+        RolloutPhase::Stopped => holds &= on_primary.is_empty(),
+        _ => {
+            let let_go = run
+                .phases
+                .iter()
+                .find(|p| p.phase == RolloutPhase::Rolling)
+                .map(|p| p.at_ms);
+            let standby_done = on_standby.iter().map(|r| r.at_ms + r.took_ms).fold(0.0, f64::max);
+            let first_primary = on_primary.iter().map(|r| r.at_ms).fold(f64::INFINITY, f64::min);
+            if let Some(let_go) = let_go {
+                line.push_str(&format!(
+                    "; the primary let go at {let_go:.0} ms, its first replica replaced at {first_primary:.0} ms, \
+                     the standby's last ready at {standby_done:.0} ms"
+                ));
+            }
+            holds &= !on_standby.is_empty()
+                && !on_primary.is_empty()
+                && let_go.is_some_and(|at| first_primary >= at && first_primary >= standby_done);
+        }
+    }
+    (holds, line)
 }
 
 /// When the first promotion at or after the fault started.

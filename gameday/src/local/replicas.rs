@@ -75,6 +75,8 @@ pub struct Replica {
     pub link: Option<SocketAddr>,
     /// What it runs.
     pub engine: Engine,
+    /// Its serving flags: its `vllm serve` command line after the model.
+    pub args: Vec<String>,
     /// The emulator's fault endpoint; none for a real vLLM server.
     pub control: Option<SocketAddr>,
     /// When the process was started.
@@ -114,10 +116,66 @@ impl Replica {
         startup: Startup,
         limit: Duration,
     ) -> Result<Replica, ReplicaError> {
+        Replica::start_on(launcher, (name, pool), model, extra, startup, 0, limit)
+    }
+
+    /// Replaces this emulated replica with one serving `model` with `extra`, on the same port,
+    /// as a StatefulSet replaces a pod in place: SIGTERM, its requests in flight answered (within
+    /// `limit`, else SIGKILL), then the new process, waited for until it is ready. Its fence and
+    /// its link keep pointing at it.
+    pub fn replace(
+        &mut self,
+        launcher: &Launcher,
+        model: &str,
+        extra: &[String],
+        limit: Duration,
+    ) -> Result<(), ReplicaError> {
+        self.stop_within(limit)?;
+        let port = self.api.port();
+        let mut replaced = Replica::start_on(
+            launcher,
+            (&self.name, self.pool),
+            model,
+            extra,
+            Startup::Instant,
+            port,
+            limit,
+        )?;
+        replaced.link = self.link;
+        std::mem::swap(self, &mut replaced);
+        Ok(())
+    }
+
+    /// SIGTERM, and SIGKILL if it is still there after `limit`.
+    fn stop_within(&mut self, limit: Duration) -> Result<(), ReplicaError> {
+        if self.stopped {
+            return Ok(());
+        }
+        self.signal("-TERM")?;
+        let deadline = std::time::Instant::now() + limit;
+        while std::time::Instant::now() < deadline {
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                self.stopped = true;
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.crash()
+    }
+
+    fn start_on(
+        launcher: &Launcher,
+        (name, pool): (&str, Pool),
+        model: &str,
+        extra: &[String],
+        startup: Startup,
+        port: u16,
+        limit: Duration,
+    ) -> Result<Replica, ReplicaError> {
         let mut command = Command::new(&launcher.program);
         command
             .args(&launcher.prefix)
-            .args(["serve", model, "--host", "127.0.0.1", "--port", "0"])
+            .args(["serve", model, "--host", "127.0.0.1", "--port", &port.to_string()])
             .args(["--emu-control-port", "0"])
             .args((startup == Startup::Instant).then_some("--emu-instant"))
             .args(extra)
@@ -129,6 +187,7 @@ impl Replica {
             None,
             limit,
         )?;
+        replica.args = extra.to_vec();
         match reported.control {
             Some(control) => {
                 replica.control = Some(control);
@@ -165,7 +224,10 @@ impl Replica {
             Some(api),
             limit,
         )
-        .map(|(replica, _)| replica)
+        .map(|(mut replica, _)| {
+            replica.args = extra.to_vec();
+            replica
+        })
     }
 
     /// Starts `command`, reading its output, and waits for `Application startup complete.` and,
@@ -198,6 +260,7 @@ impl Replica {
             api: api.unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 0))),
             link: None,
             engine,
+            args: Vec::new(),
             control: None,
             spawned,
             startup_log: String::new(),
@@ -217,6 +280,12 @@ impl Replica {
                 tail: reported.tail.join(" | "),
             }),
         }
+    }
+
+    /// Its process has not been killed (it may be hung).
+    #[must_use]
+    pub fn running(&self) -> bool {
+        !self.stopped
     }
 
     /// The process id, while the process exists.

@@ -15,6 +15,7 @@ use understudy_router::admission::Priority;
 use super::lag::SchedulingLag;
 use super::load::{RequestOutcome, RequestRecord};
 use super::pilot::ColdStart;
+use super::rollout::RolloutRun;
 
 /// Requests by how they ended.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -219,6 +220,8 @@ pub struct RunReport {
     pub parity: Option<understudy_prober::parity::DriftReport>,
     /// The standby's load proof, when the scenario ran one.
     pub load_proof: Option<LoadProofRun>,
+    /// The standby-first rollout, when the scenario set a new version.
+    pub rollout: Option<RolloutRun>,
     pub transitions: Vec<Transition>,
     /// Every route the routers were given, in order.
     pub routes: Vec<RouteChange>,
@@ -629,6 +632,9 @@ pub fn summary(run: &RunReport) -> String {
     }
     if let Some(proof) = &run.load_proof {
         let _ = writeln!(out, "{}", proof.line());
+    }
+    for line in run.rollout.iter().flat_map(RolloutRun::lines) {
+        let _ = writeln!(out, "{line}");
     }
     for line in &run.held_back {
         let _ = writeln!(out, "held back: {line}");

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use serde::Deserialize;
-use understudy_api::crd::AdmissionSpec;
+use understudy_api::crd::{AdmissionSpec, RolloutPhase};
 use understudy_api::grant::GrantTiming;
 use understudy_core::drive::promotion_deadline;
 use understudy_core::duration;
@@ -44,6 +44,10 @@ pub struct Scenario {
     /// against it through its fences, as the operator's `spec.loadProof` does.
     #[serde(default, rename = "loadProof")]
     pub load_proof: Option<LocalLoadProof>,
+    /// A new version set on both pools during the run, under the FailoverPolicy's
+    /// `rollout: standbyFirst`.
+    #[serde(default)]
+    pub rollout: Option<LocalRollout>,
     /// What the run must show to pass.
     #[serde(default)]
     pub expect: Expect,
@@ -76,6 +80,24 @@ fn one_percent() -> f64 {
     0.01
 }
 
+/// A new version of the serving template, set on both pools at `at` (from the start of load), as
+/// a user sets a new image on both workloads: each pool's `vllm serve` flags with `args` added.
+/// The standby rolls to it at once; the primary is held until the standby has passed on it, as
+/// the operator holds it with `spec.rollout: standbyFirst`.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LocalRollout {
+    pub at: String,
+    pub args: Vec<String>,
+}
+
+/// A rollout, checked.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CheckedRollout {
+    pub at: Duration,
+    pub args: Vec<String>,
+}
+
 /// A load proof, checked: when it starts, and what the operator's would run with.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CheckedLoadProof {
@@ -98,6 +120,8 @@ pub struct Variant {
     pub policy: Option<LocalPolicy>,
     #[serde(default)]
     pub router: Option<RouterShape>,
+    #[serde(default)]
+    pub rollout: Option<LocalRollout>,
     #[serde(default)]
     pub expect: Option<Expect>,
 }
@@ -546,6 +570,10 @@ pub struct Expect {
     /// Whether the scenario's load proof must prove the standby (`true`) or fail it (`false`).
     #[serde(default)]
     pub load_proven: Option<bool>,
+    /// The phase the scenario's rollout must end in: `UpToDate` (the primary rolled after the
+    /// standby passed) or `Stopped` (the standby failed on it and the primary was never touched).
+    #[serde(default)]
+    pub rollout: Option<RolloutPhase>,
 }
 
 /// A scenario that cannot run.
@@ -588,6 +616,8 @@ pub struct Checked {
     pub grant: GrantTiming,
     /// The load proof, when the scenario runs one.
     pub load_proof: Option<CheckedLoadProof>,
+    /// The rollout, when the scenario sets a new version.
+    pub rollout: Option<CheckedRollout>,
 }
 
 fn invalid(field: &'static str, message: impl Into<String>) -> ScenarioError {
@@ -668,6 +698,7 @@ impl Scenario {
                 run.topology = variant.topology.unwrap_or(run.topology);
                 run.policy = variant.policy.unwrap_or(run.policy);
                 run.router = variant.router.unwrap_or(run.router);
+                run.rollout = variant.rollout.or(run.rollout);
                 run.expect = variant.expect.unwrap_or(run.expect);
                 run.check()
             })
@@ -735,6 +766,14 @@ impl Scenario {
         if self.expect.load_proven.is_some() && load_proof.is_none() {
             return Err(invalid("expect.loadProven", "the scenario runs no load proof"));
         }
+        let rollout = self
+            .rollout
+            .as_ref()
+            .map(|r| self.check_rollout(r, duration))
+            .transpose()?;
+        if self.expect.rollout.is_some() && rollout.is_none() {
+            return Err(invalid("expect.rollout", "the scenario sets no new version"));
+        }
         Ok(Checked {
             scenario: self,
             duration,
@@ -749,6 +788,43 @@ impl Scenario {
             eject_for,
             grant,
             load_proof,
+            rollout,
+        })
+    }
+
+    /// A rollout replaces emulated replicas in place, a standby's hot ones only: putting a warm
+    /// replica back to sleep and growing a pilot light at a new version are not built here.
+    fn check_rollout(
+        &self,
+        rollout: &LocalRollout,
+        duration: Duration,
+    ) -> Result<CheckedRollout, ScenarioError> {
+        let at = within("rollout.at", &rollout.at, duration)?;
+        if rollout.args.is_empty() {
+            return Err(invalid("rollout.args", "name the new version's serving flags"));
+        }
+        if self.topology != Topology::ActivePassive {
+            return Err(invalid(
+                "rollout",
+                "a standby-first rollout needs a standby: active-passive",
+            ));
+        }
+        let b = &self.pools.b;
+        if b.warm > 0 || b.pilot_light > 0 {
+            return Err(invalid(
+                "rollout",
+                "the local game day rolls hot replicas only: pool b has no warm or pilot-light tier here",
+            ));
+        }
+        if self.pools.a.engine == Engine::Vllm || b.engine == Engine::Vllm {
+            return Err(invalid(
+                "rollout",
+                "the local game day rolls emulated replicas only",
+            ));
+        }
+        Ok(CheckedRollout {
+            at,
+            args: rollout.args.clone(),
         })
     }
 
@@ -1140,6 +1216,24 @@ mod tests {
             Err(ScenarioError::Invalid { field, message }) => (field, message),
             other => panic!("{text}: {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_rollout_needs_new_flags_a_hot_emulated_standby_and_a_time_within_the_run() {
+        let with = |rollout: &str| DEFAULT.replace("faults:\n", &format!("rollout: {rollout}\nfaults:\n"));
+        let checked = Scenario::parse(&with("{at: 5s, args: [--max-num-seqs, \"64\"]}")).unwrap();
+        let rollout = checked.rollout.unwrap();
+        assert_eq!((rollout.at, rollout.args.len()), (Duration::from_secs(5), 2));
+        assert_eq!(refusal(&with("{at: 5s, args: []}")).0, "rollout.args");
+        assert_eq!(refusal(&with("{at: 40s, args: [--x]}")).0, "rollout.at");
+        let warm = with("{at: 5s, args: [--x]}").replace("b: {replicas: 2}", "b: {replicas: 2, warm: 1}");
+        let (field, message) = refusal(&warm);
+        assert_eq!(field, "rollout");
+        assert!(message.contains("hot replicas only"), "{message}");
+        let active = format!("{}topology: active-active\n", with("{at: 5s, args: [--x]}"));
+        assert_eq!(refusal(&active).0, "rollout");
+        let (field, _) = refusal(&DEFAULT.replace("maxFailedSentAfterFault: 0", "rollout: Stopped"));
+        assert_eq!(field, "expect.rollout");
     }
 
     #[test]
