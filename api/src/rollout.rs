@@ -119,8 +119,18 @@ pub fn decide(now: &Standing<'_>, previous: Option<&RolloutRecord>) -> Decision 
         && (!primary.rolled_out || primary.serving_change(target));
     let step = if rolling {
         let on_it = primary.running.iter().filter(|r| *r == target).count();
+        let waiting = if on_it == primary.running.len() {
+            "; its controller has not yet said it rolled out"
+        } else {
+            ""
+        };
+        // The change it rolls, as the record said it while pods still ran the old template.
+        let change = match (change.is_empty(), same_target) {
+            (true, Some(record)) => record.change.clone(),
+            _ => change,
+        };
         let mut step = Step::hold(RolloutPhase::Rolling, digest, change).saying(&format!(
-            "the primary rolls to it ({on_it} of {} serving templates its pods run are it)",
+            "the primary rolls to it ({on_it} of {} serving templates its pods run are it){waiting}",
             primary.running.len()
         ));
         step.hold = false;
@@ -520,6 +530,12 @@ mod tests {
         let last = replay(&world, &mut record);
         assert_eq!(last.record.phase, RolloutPhase::Rolling);
         assert!(!last.hold && !last.moved);
+        assert_eq!(last.record.change, "runtime.image: v1 -> v2");
+        assert!(
+            last.record.message.contains("not yet said it rolled out"),
+            "{}",
+            last.record.message
+        );
 
         world.primary = pool("east", "v2", &["v2"]);
         let done = replay(&world, &mut record);

@@ -294,6 +294,9 @@ pub async fn run(checked: &Checked, options: &RunOptions) -> Result<RunReport, R
     if let Some(growth) = &logic.growth {
         growth.finish().await;
     }
+    if let Some(rollout) = &logic.rollout {
+        rollout.finish().await;
+    }
     // Kills every router, fence and replica still running.
     logic.system.stop();
     lock(&logic.replicas).clear();
@@ -1735,6 +1738,18 @@ fn judge_rollout(expected: RolloutPhase, run: &RolloutRun) -> (bool, String) {
         pool_name(Pool::A)
     };
     let (on_primary, on_standby) = (run.replaced_in(primary), run.replaced_in(standby));
+    let failed: Vec<&str> = run
+        .replaced
+        .iter()
+        .filter(|r| r.error.is_some())
+        .map(|r| r.replica.as_str())
+        .collect();
+    if !failed.is_empty() {
+        return (
+            false,
+            format!("the rollout could not replace {}", failed.join(", ")),
+        );
+    }
     let mut line = format!(
         "the rollout ended {:?} ({expected:?} expected); {} of the standby's and {} of the primary's replicas replaced",
         last.phase,
@@ -1748,7 +1763,7 @@ fn judge_rollout(expected: RolloutPhase, run: &RolloutRun) -> (bool, String) {
             let let_go = run
                 .phases
                 .iter()
-                .find(|p| p.phase == RolloutPhase::Rolling)
+                .find(|p| p.phase == RolloutPhase::Rolling && p.pool == primary)
                 .map(|p| p.at_ms);
             let standby_done = on_standby.iter().map(|r| r.at_ms + r.took_ms).fold(0.0, f64::max);
             let first_primary = on_primary.iter().map(|r| r.at_ms).fold(f64::INFINITY, f64::min);

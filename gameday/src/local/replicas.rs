@@ -50,6 +50,8 @@ pub enum ReplicaError {
         #[source]
         source: std::io::Error,
     },
+    #[error("replica {name} is real vLLM, which is not replaced here: only emulated replicas are")]
+    NotEmulated { name: String },
     #[error("replica {name} is real vLLM, whose API server has no worker process to stop (yet, or any more)")]
     NoWorker { name: String },
 }
@@ -130,6 +132,11 @@ impl Replica {
         extra: &[String],
         limit: Duration,
     ) -> Result<(), ReplicaError> {
+        if self.engine != Engine::Emulated {
+            return Err(ReplicaError::NotEmulated {
+                name: self.name.clone(),
+            });
+        }
         self.stop_within(limit)?;
         let port = self.api.port();
         let mut replaced = Replica::start_on(

@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use serde::Serialize;
+use tokio::task::JoinSet;
 use tokio::time::Instant;
 use understudy_api::crd::{RolloutPhase, RolloutRecord};
 use understudy_api::rollout::{PoolView, Standing, decide};
@@ -44,6 +45,10 @@ pub(super) struct Rollout {
     held: [AtomicBool; 2],
     /// Whether a task replaces each pool's replicas now.
     rolling: [AtomicBool; 2],
+    /// The tasks that replace them, waited for when the run ends.
+    tasks: Mutex<JoinSet<()>>,
+    /// The run is ending: no replacement starts.
+    ending: AtomicBool,
     /// The record the decision last wrote, as status holds it.
     record: Mutex<Option<RolloutRecord>>,
     run: Mutex<RolloutRun>,
@@ -152,6 +157,8 @@ impl Rollout {
             set: AtomicBool::new(false),
             held: [AtomicBool::new(false), AtomicBool::new(false)],
             rolling: [AtomicBool::new(false), AtomicBool::new(false)],
+            tasks: Mutex::new(JoinSet::new()),
+            ending: AtomicBool::new(false),
             record: Mutex::new(None),
             run: Mutex::new(RolloutRun::default()),
         }
@@ -160,6 +167,14 @@ impl Rollout {
     /// What it did.
     pub(super) fn run(&self) -> RolloutRun {
         lock(&self.run).clone()
+    }
+
+    /// Starts no more replacements and waits for those under way (each bounded by the start
+    /// limit), so that no replica started for the run outlives it.
+    pub(super) async fn finish(&self) {
+        self.ending.store(true, Ordering::SeqCst);
+        let mut tasks = std::mem::take(&mut *lock(&self.tasks));
+        while tasks.join_next().await.is_some() {}
     }
 
     /// The serving keys of a `vllm serve` of this model with `args`, as parity reads them.
@@ -269,9 +284,10 @@ pub(super) fn keep(
             .any(|keys| Some(keys) != view.template.as_ref());
         if behind
             && !rollout.held[pool.index()].load(Ordering::SeqCst)
+            && !rollout.ending.load(Ordering::SeqCst)
             && !rollout.rolling[pool.index()].swap(true, Ordering::SeqCst)
         {
-            tokio::spawn(roll(Arc::clone(logic), pool, start));
+            lock(&rollout.tasks).spawn(roll(Arc::clone(logic), pool, start));
         }
     }
 }
@@ -282,7 +298,7 @@ async fn roll(logic: Arc<Logic>, pool: Pool, start: Instant) {
     let Some(rollout) = &logic.rollout else {
         return;
     };
-    while !rollout.held[pool.index()].load(Ordering::SeqCst) {
+    while !rollout.held[pool.index()].load(Ordering::SeqCst) && !rollout.ending.load(Ordering::SeqCst) {
         let template = lock(&rollout.templates)[pool.index()].clone();
         let taken = {
             let mut replicas = lock(&logic.replicas);

@@ -774,6 +774,16 @@ impl Scenario {
         if self.expect.rollout.is_some() && rollout.is_none() {
             return Err(invalid("expect.rollout", "the scenario sets no new version"));
         }
+        if self
+            .expect
+            .rollout
+            .is_some_and(|phase| !matches!(phase, RolloutPhase::UpToDate | RolloutPhase::Stopped))
+        {
+            return Err(invalid(
+                "expect.rollout",
+                "a rollout ends UpToDate (the primary rolled) or Stopped (it never will)",
+            ));
+        }
         Ok(Checked {
             scenario: self,
             duration,
@@ -820,6 +830,14 @@ impl Scenario {
             return Err(invalid(
                 "rollout",
                 "the local game day rolls emulated replicas only",
+            ));
+        }
+        // A replica being replaced is out of the run's list of replicas, where faults and
+        // commands find theirs.
+        if !self.faults.is_empty() || !self.commands.is_empty() {
+            return Err(invalid(
+                "rollout",
+                "a rollout runs without faults or commands here",
             ));
         }
         Ok(CheckedRollout {
@@ -1220,7 +1238,8 @@ mod tests {
 
     #[test]
     fn a_rollout_needs_new_flags_a_hot_emulated_standby_and_a_time_within_the_run() {
-        let with = |rollout: &str| DEFAULT.replace("faults:\n", &format!("rollout: {rollout}\nfaults:\n"));
+        let crash = "faults:\n  - {at: 10s, fault: crash, pool: a}\n";
+        let with = |rollout: &str| DEFAULT.replace(crash, &format!("rollout: {rollout}\n"));
         let checked = Scenario::parse(&with("{at: 5s, args: [--max-num-seqs, \"64\"]}")).unwrap();
         let rollout = checked.rollout.unwrap();
         assert_eq!((rollout.at, rollout.args.len()), (Duration::from_secs(5), 2));
@@ -1234,6 +1253,12 @@ mod tests {
         assert_eq!(refusal(&active).0, "rollout");
         let (field, _) = refusal(&DEFAULT.replace("maxFailedSentAfterFault: 0", "rollout: Stopped"));
         assert_eq!(field, "expect.rollout");
+        let holding = with("{at: 5s, args: [--x]}").replace("maxFailedSentAfterFault: 0", "rollout: Holding");
+        assert_eq!(refusal(&holding).0, "expect.rollout");
+        let faulted = DEFAULT.replace(crash, &format!("rollout: {{at: 5s, args: [--x]}}\n{crash}"));
+        let (field, message) = refusal(&faulted);
+        assert_eq!(field, "rollout");
+        assert!(message.contains("without faults"), "{message}");
     }
 
     #[test]
