@@ -203,10 +203,106 @@ pub struct FailoverPolicySpec {
     #[serde(default)]
     pub rollout: RolloutMode,
 
+    /// Where a promotion moves the route. Absent: understudy's routers (`--router-admin`), which
+    /// alone have the waiting room, admission control for the prefill storm and the stream
+    /// contract. `httpRoute`: a Gateway API HTTPRoute the gateway you run already serves, whose
+    /// backendRefs' weights move between the pools. `service`: a Service whose selector moves
+    /// to the new primary's pods, for any ingress. Either way the pools' fences refuse the old
+    /// epoch, whatever the gateway still sends them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub route: Option<RouteTargetSpec>,
+
     /// Stops automatic promotion and failback; explicit commands still work.
     #[serde(default)]
     pub paused: bool,
 }
+
+// Where a promotion moves the route, when not to understudy's routers. (No doc comment: the
+// schema would take it over the field's own description.)
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("has(self.httpRoute) != has(self.service)")
+        .message("route names one target: httpRoute or service"),
+)]
+pub struct RouteTargetSpec {
+    /// A Gateway API HTTPRoute in the policy's namespace whose rules send to the pools'
+    /// backends. A promotion gives the new primary's backendRefs weight 1 and the other pool's
+    /// 0 in every rule, and records the epoch in the `understudy.dev/epoch` annotation; the step
+    /// is done once every parent in `status.parents` has accepted the route at its new
+    /// generation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http_route: Option<HttpRouteTarget>,
+    /// A Service in the policy's namespace whose selector a promotion sets to the new primary's
+    /// pod labels (its workload's `matchLabels`), recording the epoch in the
+    /// `understudy.dev/epoch` annotation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service: Option<ServiceTarget>,
+}
+
+/// An HTTPRoute whose backendRefs' weights move between the pools.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct HttpRouteTarget {
+    #[schemars(length(max = 253))]
+    pub name: String,
+    /// Each pool's backend, as the HTTPRoute's backendRefs name it: one for each pool.
+    #[schemars(length(min = 2, max = 2))]
+    pub backends: Vec<PoolBackend>,
+}
+
+/// The backend that sends to one pool.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolBackend {
+    /// The pool's name, as `spec.pools` names it.
+    pub pool: String,
+    /// `Service`, or an `InferencePool` (`inference.networking.k8s.io`), whose `failureMode`
+    /// should be `FailClose`: an endpoint picker that fails open sends to any pod it selects.
+    #[serde(default)]
+    pub kind: BackendKind,
+    #[schemars(length(max = 253))]
+    pub name: String,
+}
+
+// What kind of backend a pool is sent to through. (No doc comment: the schema would take it
+// over the field's own description.)
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum BackendKind {
+    #[default]
+    Service,
+    InferencePool,
+}
+
+impl BackendKind {
+    /// The API group a backendRef of this kind names (`""`: the core group).
+    #[must_use]
+    pub fn group(self) -> &'static str {
+        match self {
+            BackendKind::Service => "",
+            BackendKind::InferencePool => "inference.networking.k8s.io",
+        }
+    }
+
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BackendKind::Service => "Service",
+            BackendKind::InferencePool => "InferencePool",
+        }
+    }
+}
+
+/// A Service whose selector moves between the pools.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceTarget {
+    #[schemars(length(max = 63))]
+    pub name: String,
+}
+
+/// The annotation a route target carries the epoch it was last moved at in.
+pub const EPOCH_ANNOTATION: &str = "understudy.dev/epoch";
 
 // How the primary's serving template rolls out. (No doc comment: the schema would take it over
 // the field's own description.)

@@ -16,7 +16,8 @@ use understudy_core::{
 };
 
 use crate::crd::{
-    ExpectMode, FailbackMode, FailoverPolicySpec, GoDuration, LoadProofSpec, RolloutMode, Tier, WorkloadKind,
+    ExpectMode, FailbackMode, FailoverPolicySpec, GoDuration, LoadProofSpec, RolloutMode, RouteTargetSpec,
+    Tier, WorkloadKind,
 };
 use crate::grant::{GrantTiming, InvalidTiming};
 
@@ -100,6 +101,8 @@ pub enum PolicyError {
         "spec.rollout: standbyFirst holds a Deployment or a StatefulSet, and spec.pools[{pool}] runs a LeaderWorkerSet"
     )]
     RolloutCannotHold { pool: usize },
+    #[error("spec.route: {0}")]
+    RouteTarget(String),
     #[error("spec.probe.expect.value is required when mode is regex")]
     RegexWithoutValue,
     #[error("spec.probe.expect.value is not a valid regex: {0}")]
@@ -285,6 +288,9 @@ pub fn validate(spec: &FailoverPolicySpec) -> Result<ValidatedPolicy, PolicyErro
             .position(|pool| pool.workload.kind == WorkloadKind::LeaderWorkerSet)
     {
         return Err(PolicyError::RolloutCannotHold { pool });
+    }
+    if let Some(route) = &spec.route {
+        check_route_target(spec, route).map_err(PolicyError::RouteTarget)?;
     }
 
     let failover = FailoverConfig {
@@ -778,6 +784,36 @@ fn is_object_name(text: &str) -> bool {
     text.len() <= 253 && text.split('.').all(is_dns_label)
 }
 
+/// A route target names one target, and an HTTPRoute target one backend for each pool.
+fn check_route_target(spec: &FailoverPolicySpec, route: &RouteTargetSpec) -> Result<(), String> {
+    match (&route.http_route, &route.service) {
+        (Some(http_route), None) => {
+            for pool in &spec.pools {
+                let named = http_route.backends.iter().filter(|b| b.pool == pool.name).count();
+                if named != 1 {
+                    return Err(format!(
+                        "httpRoute.backends names pool {} {named} times; each pool needs one backend",
+                        pool.name
+                    ));
+                }
+            }
+            match http_route
+                .backends
+                .iter()
+                .find(|b| !spec.pools.iter().any(|p| p.name == b.pool))
+            {
+                Some(stray) => Err(format!(
+                    "httpRoute.backends names {}, which is no pool",
+                    stray.pool
+                )),
+                None => Ok(()),
+            }
+        }
+        (None, Some(_)) => Ok(()),
+        _ => Err("name one target: httpRoute or service".to_owned()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -810,6 +846,25 @@ recoveryObjective: 5m
             Ok(policy) => panic!("expected the spec to be refused, got {policy:?}"),
             Err(e) => e.to_string(),
         }
+    }
+
+    #[test]
+    fn a_route_target_names_one_target_and_one_backend_for_each_pool() {
+        let both = "route:\n  httpRoute: {name: chat, backends: [{pool: east, name: e}, {pool: west, kind: InferencePool, name: w}]}\n";
+        assert!(validate(&minimal_with(both)).is_ok());
+        assert!(validate(&minimal_with("route:\n  service: {name: chat}\n")).is_ok());
+        let twice =
+            "route:\n  httpRoute: {name: chat, backends: [{pool: east, name: e}, {pool: east, name: w}]}\n";
+        assert_eq!(
+            refusal(&minimal_with(twice)),
+            "spec.route: httpRoute.backends names pool east 2 times; each pool needs one backend"
+        );
+        let stray = "route:\n  httpRoute: {name: chat, backends: [{pool: east, name: e}, {pool: west, name: w}, {pool: south, name: s}]}\n";
+        assert!(refusal(&minimal_with(stray)).contains("south, which is no pool"));
+        assert_eq!(
+            refusal(&minimal_with("route: {}\n")),
+            "spec.route: name one target: httpRoute or service"
+        );
     }
 
     #[test]

@@ -27,6 +27,7 @@ pub mod replicas;
 pub mod reserve;
 pub mod rollout;
 pub mod route_push;
+pub mod route_target;
 pub mod router_admin;
 pub mod standby;
 pub mod wake;

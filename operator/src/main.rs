@@ -39,6 +39,7 @@ use understudy_operator::reconciler::WithShell;
 use understudy_operator::replicas::KubeReplicas;
 use understudy_operator::reserve::{self, ReserveConfig};
 use understudy_operator::route_push::RouterPush;
+use understudy_operator::route_target::RouteTargets;
 use understudy_operator::router_admin::{RouterAdminUrl, RouterToken};
 use understudy_operator::watchdog::Watchdog;
 use understudy_prober::probe::Bearer;
@@ -251,6 +252,7 @@ async fn main() -> anyhow::Result<()> {
         router_token.as_ref(),
         &replicas,
         replica_token.is_some(),
+        &client,
     );
     // With the fences' token, the leader grants them their right to serve.
     let grantor = replica_token.is_some().then(|| {
@@ -445,13 +447,15 @@ fn observations(
     observations
 }
 
-/// How a promotion's routing steps are taken: pushed to the routers when there are any, else
-/// handed off to the components.
+/// How a promotion's routing steps are taken: written to the route target of a policy that
+/// names one (an HTTPRoute or a Service, with `client`), else pushed to the routers when there
+/// are any, else handed off to the components.
 fn steps(
     routers: &Routers,
     router_token: Option<&RouterToken>,
     replicas: &Arc<KubeReplicas>,
     granted: bool,
+    client: &kube::Client,
 ) -> Arc<dyn StepExecutor> {
     let mut steps: Arc<dyn StepExecutor> = Arc::new(HandOffToComponents);
     if let Some(token) = router_token {
@@ -459,7 +463,7 @@ fn steps(
         steps =
             Arc::new(RouterPush::new(routers.clone(), token.clone(), replicas.clone()).with_grants(granted));
     }
-    steps
+    Arc::new(RouteTargets::new(steps, client.clone()))
 }
 
 /// The GameDay controller's context.

@@ -41,6 +41,10 @@ nodes_up --nodes 4 --gpus-per-node 2 \
 
 # (kube-apiserver warns of the integer formats schemars writes, which it does not check.)
 k apply -f "$root/crds/" >/dev/null 2> >(grep -v '^Warning: unrecognized format' >&2)
+# The Gateway API's CRDs and InferencePool's, from the modules tests/cluster/gateway pins: the
+# HTTPRoute a policy's `spec.route` moves.
+gateway_crds=$("$root/tests/cluster/gateway-crds.sh")
+for crds in $gateway_crds; do k apply -f "$crds" >/dev/null; done
 k wait --for=condition=Established crd --all --timeout=60s >/dev/null
 # The chart, rendered by helm as release "understudy" in understudy-system: its RBAC, so that the
 # operator runs with exactly the rights the chart gives it (and the fences with the ClusterRole it
@@ -49,6 +53,7 @@ k wait --for=condition=Established crd --all --timeout=60s >/dev/null
 "$bin/helm" lint --quiet charts/understudy >/dev/null
 k create namespace understudy-system >/dev/null
 "$bin/helm" template understudy charts/understudy --namespace understudy-system \
+    --set routeTargets.httpRoute=true --set routeTargets.service=true \
     --show-only templates/rbac.yaml --show-only templates/priorityclass.yaml \
   | k apply -n understudy-system -f - >/dev/null
 token=$(k -n understudy-system create token understudy-operator --duration 2h)

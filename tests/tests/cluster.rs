@@ -1781,3 +1781,167 @@ async fn with_the_operator_gone_the_primary_serves_on_under_grants_the_standby_v
     assert!(refusals(&operator).is_empty(), "{:#?}", refusals(&operator));
     pools.stop(operator).await;
 }
+
+/// When a stand-in gateway accepted each generation of an HTTPRoute.
+type Acceptances = Arc<std::sync::Mutex<Vec<(i64, jiff::Timestamp)>>>;
+
+/// A stand-in for a gateway's controller, which the cluster tier does not run: it accepts HTTPRoute
+/// `name` in `ns` at each new generation `delay` after it first sees it, writing
+/// `status.parents` as a gateway would; the times it accepted each generation, by generation.
+/// There is no data plane behind it.
+fn accept_http_routes(
+    client: Client,
+    ns: &'static str,
+    name: &'static str,
+    delay: Duration,
+) -> (tokio::task::JoinHandle<()>, Acceptances) {
+    use kube::api::DynamicObject;
+    use understudy_operator::route_target::http_route_resource;
+    let accepted = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let record = Arc::clone(&accepted);
+    let task = tokio::spawn(async move {
+        let routes: Api<DynamicObject> = Api::namespaced_with(client, ns, &http_route_resource());
+        let mut seen = 0;
+        loop {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let Ok(route) = routes.get(name).await else {
+                continue;
+            };
+            let generation = route.metadata.generation.unwrap_or_default();
+            if generation == seen {
+                continue;
+            }
+            tokio::time::sleep(delay).await;
+            let status = json!({"status": {"parents": [{
+                "parentRef": {"name": "edge"},
+                "controllerName": "understudy.dev/e2e-stand-in",
+                "conditions": [{
+                    "type": "Accepted", "status": "True", "observedGeneration": generation,
+                    "lastTransitionTime": jiff::Timestamp::now().to_string(), "reason": "Accepted", "message": "",
+                }],
+            }]}});
+            if routes
+                .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+                .await
+                .is_ok()
+            {
+                record.lock().unwrap().push((generation, jiff::Timestamp::now()));
+                seen = generation;
+            }
+        }
+    });
+    (task, accepted)
+}
+
+#[tokio::test]
+async fn a_failover_moves_the_httproutes_weights_at_the_new_epoch_and_routes_once_its_gateway_accepted_them()
+{
+    use kube::api::DynamicObject;
+    use understudy_operator::route_target::http_route_resource;
+
+    let Some(client) = cluster().await else { return };
+    let pools = TwoPools::start(client.clone(), "e2e-httproute", Standby::hot(), json!({})).await;
+    let ns = pools.ns;
+    let services: Api<k8s_openapi::api::core::v1::Service> = Api::namespaced(client.clone(), ns);
+    for pool in ["chat-east", "chat-west"] {
+        let service = json!({
+            "apiVersion": "v1", "kind": "Service", "metadata": {"name": pool},
+            "spec": {"selector": {"app": pool}, "ports": [{"port": 8000, "targetPort": 8000}]},
+        });
+        services
+            .create(&PostParams::default(), &serde_json::from_value(service).unwrap())
+            .await
+            .unwrap();
+    }
+    let routes: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &http_route_resource());
+    let route: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+        "metadata": {"name": "chat"},
+        "spec": {
+            "parentRefs": [{"name": "edge"}],
+            "rules": [{"backendRefs": [
+                {"name": "chat-east", "port": 8000, "weight": 1},
+                {"name": "chat-west", "port": 8000, "weight": 1},
+            ]}],
+        },
+    }))
+    .unwrap();
+    routes.create(&PostParams::default(), &route).await.unwrap();
+    let target = json!({"spec": {"route": {"httpRoute": {"name": "chat", "backends": [
+        {"pool": "east", "name": "chat-east"}, {"pool": "west", "name": "chat-west"},
+    ]}}}});
+    pools
+        .policies
+        .patch("chat", &PatchParams::default(), &Patch::Merge(&target))
+        .await
+        .unwrap();
+    let (gateway, accepted) = accept_http_routes(client.clone(), ns, "chat", Duration::from_secs(3));
+    let operator = pools.operator("e2e-operator-1", ADMIN_TOKEN);
+    let weights = |route: &DynamicObject| {
+        let refs = route.data["spec"]["rules"][0]["backendRefs"]
+            .as_array()
+            .unwrap()
+            .clone();
+        let epoch = route.annotations().get("understudy.dev/epoch").cloned();
+        (refs[0]["weight"].as_u64(), refs[1]["weight"].as_u64(), epoch)
+    };
+
+    // Between promotions the route is kept on the home primary, at epoch 0.
+    eventually(
+        Duration::from_secs(60),
+        "the HTTPRoute sending to east",
+        || async {
+            let route = routes.get("chat").await.unwrap();
+            (weights(&route) == (Some(1), Some(0), Some("0".to_owned()))).then_some(())
+        },
+    )
+    .await;
+    pools.until_steady(true).await;
+
+    pools.crash_east();
+    let moved = eventually(
+        Duration::from_secs(60),
+        "the HTTPRoute sending to west at epoch 1",
+        || async {
+            let route = routes.get("chat").await.unwrap();
+            (weights(&route) == (Some(0), Some(1), Some("1".to_owned()))).then_some(route)
+        },
+    )
+    .await;
+    assert_eq!(pools.lease().await, ("1".to_owned(), "west".to_owned()));
+    let failover = eventually(Duration::from_secs(60), "the failover finished", || async {
+        let status = pools.policies.get("chat").await.unwrap().status?;
+        status
+            .last_failover
+            .filter(|f| f.finished_at.is_some() && f.epoch == 1)
+    })
+    .await;
+    let routed = failover
+        .steps
+        .iter()
+        .find(|s| s.step == "Routed")
+        .unwrap_or_else(|| panic!("{failover:?}"));
+    assert_eq!(
+        routed.note.as_deref(),
+        Some("HTTPRoute chat sends to west at epoch 1"),
+        "{failover:?}"
+    );
+    // The step was done only once the gateway accepted the generation the operator wrote.
+    let generation = moved.metadata.generation.unwrap();
+    let acceptance = accepted
+        .lock()
+        .unwrap()
+        .iter()
+        .find(|(g, _)| *g >= generation)
+        .map(|(_, at)| *at)
+        .unwrap_or_else(|| panic!("generation {generation} never accepted"));
+    let routed_at: jiff::Timestamp = routed.at.parse().unwrap();
+    // Status times are to the second.
+    assert!(
+        routed_at.as_second() >= acceptance.as_second(),
+        "routed at {routed_at}, accepted at {acceptance}"
+    );
+    gateway.abort();
+    assert!(refusals(&operator).is_empty(), "{:#?}", refusals(&operator));
+    pools.stop(operator).await;
+}
