@@ -66,6 +66,10 @@ pub const FENCE_HEADER: &str = "x-understudy-fenced";
 /// dead replica behind a live fence would look like a replica's own 502.
 pub const NOT_SERVED_HEADER: &str = "x-understudy-not-served";
 
+/// Names the pool whose replica answered a client's generation: behind a gateway that is not
+/// understudy's router, what tells a client (and a test) which pool served it.
+pub const SERVED_BY_HEADER: &str = "x-understudy-served-by";
+
 /// Where the sidecar reads the Lease. Every [`EpochLease`] is one; tests add partitions.
 pub trait LeaseSource: Send + Sync + 'static {
     /// The Lease now, or `None` when it does not exist.
@@ -357,7 +361,11 @@ impl Fence {
                 if !operator {
                     // A client's generation: it may finish within the drain once the pool is fenced.
                     let cut = self.state.fenced_for(self.drain);
+                    let pool = HeaderValue::from_str(&self.state.pool).ok();
                     let mut resp = self.forward(req).await;
+                    if let Some(pool) = pool.filter(|_| !resp.headers().contains_key(NOT_SERVED_HEADER)) {
+                        resp.headers_mut().insert(SERVED_BY_HEADER, pool);
+                    }
                     let body = std::mem::replace(resp.body_mut(), RouterBody::empty());
                     *resp.body_mut() = match body {
                         RouterBody::Plain(inner) => RouterBody::Drained {

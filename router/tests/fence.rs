@@ -71,14 +71,16 @@ async fn a_pool_that_loses_the_lease_refuses_generation_but_answers_probes() {
     let first = lease.create("pool-a", Epoch(1)).await.unwrap();
     let fence = FenceSidecar::start(lease.clone(), "pool-a", e.addr(), POLL);
     let port = fence.port;
-    tokio::task::spawn_blocking(move || wait_for_status(port, 200))
+    let served = tokio::task::spawn_blocking(move || wait_for_status(port, 200))
         .await
         .unwrap();
+    assert_eq!(served.header("x-understudy-served-by").as_deref(), Some("pool-a"));
     lease.compare_and_set(&first, "pool-b", Epoch(2)).await.unwrap();
     let refused = tokio::task::spawn_blocking(move || wait_for_status(port, 503))
         .await
         .unwrap();
     assert_eq!(refused.header("x-understudy-fenced").as_deref(), Some("2"));
+    assert_eq!(refused.header("x-understudy-served-by"), None);
     assert_eq!(refused.json()["error"]["type"], "fenced");
     let (health, sleeping, metrics) = tokio::task::spawn_blocking(move || {
         (

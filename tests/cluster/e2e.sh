@@ -67,9 +67,13 @@ contexts: [{name: operator, context: {cluster: understudy-test, user: understudy
 current-context: operator
 KUBECONFIG
 
+# Traefik, the Gateway API implementation a policy's HTTPRoute is failed over through.
+traefik=$("$root/tests/cluster/traefik.sh")
+
 UNDERSTUDY_CLUSTER_KUBECONFIG="$run/kubeconfig" \
 UNDERSTUDY_CLUSTER_OPERATOR_KUBECONFIG="$run/operator.kubeconfig" \
 UNDERSTUDY_CLUSTER_OPERATOR="$target/understudy-operator" \
+UNDERSTUDY_CLUSTER_TRAEFIK="$traefik" \
 UNDERSTUDY_CLUSTER_CLI="$target/kubectl-understudy" \
   cargo test --locked -p understudy-tests --test cluster -- --test-threads=1 "${test_args[@]}"
 

@@ -1945,3 +1945,196 @@ async fn a_failover_moves_the_httproutes_weights_at_the_new_epoch_and_routes_onc
     assert!(refusals(&operator).is_empty(), "{:#?}", refusals(&operator));
     pools.stop(operator).await;
 }
+
+/// Traefik as a Gateway API implementation of namespace `ns`, against the cluster tier's API
+/// server as its admin, with one entry point on a loopback port of its own; the process and the
+/// port.
+fn traefik_process(ns: &str) -> (Process, u16) {
+    let binary = std::env::var("UNDERSTUDY_CLUSTER_TRAEFIK")
+        .expect("the cluster tier builds Traefik (tests/cluster/traefik.sh) and names it here");
+    let path = std::env::var("UNDERSTUDY_CLUSTER_KUBECONFIG").unwrap();
+    let kubeconfig = Kubeconfig::read_from(&path).unwrap();
+    let cluster = kubeconfig.clusters[0].cluster.clone().unwrap();
+    // The admin's token, as the kubeconfig holds it (kube keeps it behind a secret type).
+    let raw: serde_yaml::Value = serde_yaml::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let token = raw["users"][0]["user"]["token"].as_str().unwrap().to_owned();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let process = Process::start(Command::new(binary).args([
+        "--log.level=INFO".to_owned(),
+        format!("--entrypoints.web.address=127.0.0.1:{port}"),
+        "--providers.kubernetesgateway=true".to_owned(),
+        format!(
+            "--providers.kubernetesgateway.endpoint={}",
+            cluster.server.unwrap()
+        ),
+        format!("--providers.kubernetesgateway.token={token}"),
+        format!(
+            "--providers.kubernetesgateway.certauthfilepath={}",
+            cluster.certificate_authority.unwrap()
+        ),
+        format!("--providers.kubernetesgateway.namespaces={ns}"),
+        "--providers.kubernetesgateway.throttleduration=0s".to_owned(),
+    ]));
+    (process, port)
+}
+
+/// Traefik, a real Gateway API implementation, as the gateway of a policy's HTTPRoute: a planned
+/// failover moves the route's weights from east to west at epoch 1, and the Route step is done
+/// once Traefik itself has accepted the generation the operator wrote. No request goes through
+/// Traefik here: the cluster tier's pods live on 127.0.0.x, Kubernetes refuses loopback
+/// addresses in EndpointSlices, and Traefik finds a Service's backends only through them (it
+/// refuses ExternalName Services, and its native load balancing needs a kube-proxy).
+#[tokio::test]
+async fn a_failover_moves_an_httproute_that_traefik_serves_once_traefik_accepted_it() {
+    use kube::api::DynamicObject;
+    use understudy_operator::route_target::http_route_resource;
+
+    let Some(client) = cluster().await else { return };
+    let ns = "e2e-traefik";
+    let pools = TwoPools::start_fenced(client.clone(), ns, json!({})).await;
+    let services: Api<k8s_openapi::api::core::v1::Service> = Api::namespaced(client.clone(), ns);
+    for pool in ["chat-east", "chat-west"] {
+        let service = json!({
+            "apiVersion": "v1", "kind": "Service", "metadata": {"name": pool},
+            "spec": {"selector": {"app": pool}, "ports": [{"port": FENCE_PORT, "targetPort": FENCE_PORT}]},
+        });
+        services
+            .create(&PostParams::default(), &serde_json::from_value(service).unwrap())
+            .await
+            .unwrap();
+    }
+    let (traefik, port) = traefik_process(ns);
+    let gvk = |kind: &str| {
+        kube::api::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk(
+            "gateway.networking.k8s.io",
+            "v1",
+            kind,
+        ))
+    };
+    let classes: Api<DynamicObject> = Api::all_with(client.clone(), &gvk("GatewayClass"));
+    let class = json!({
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "GatewayClass",
+        "metadata": {"name": ns}, "spec": {"controllerName": "traefik.io/gateway-controller"},
+    });
+    let _ = classes.delete(ns, &DeleteParams::default()).await;
+    classes
+        .create(&PostParams::default(), &serde_json::from_value(class).unwrap())
+        .await
+        .unwrap();
+    let gateways: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &gvk("Gateway"));
+    let gateway = json!({
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+        "metadata": {"name": "edge"},
+        "spec": {"gatewayClassName": ns, "listeners": [{"name": "web", "port": port, "protocol": "HTTP"}]},
+    });
+    gateways
+        .create(&PostParams::default(), &serde_json::from_value(gateway).unwrap())
+        .await
+        .unwrap();
+    let routes: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &http_route_resource());
+    let route = json!({
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+        "metadata": {"name": "chat"},
+        "spec": {
+            "parentRefs": [{"name": "edge"}],
+            "rules": [{"backendRefs": [
+                {"name": "chat-east", "port": FENCE_PORT, "weight": 1},
+                {"name": "chat-west", "port": FENCE_PORT, "weight": 1},
+            ]}],
+        },
+    });
+    routes
+        .create(&PostParams::default(), &serde_json::from_value(route).unwrap())
+        .await
+        .unwrap();
+    let target = json!({"spec": {"route": {"httpRoute": {"name": "chat", "backends": [
+        {"pool": "east", "name": "chat-east"}, {"pool": "west", "name": "chat-west"},
+    ]}}}});
+    pools
+        .policies
+        .patch("chat", &PatchParams::default(), &Patch::Merge(&target))
+        .await
+        .unwrap();
+    let operator = pools.operator("e2e-operator-traefik", ADMIN_TOKEN);
+    // The route sends to `east` and `west` at these weights, at `epoch`, and Traefik has
+    // accepted the generation that says so.
+    let moved_to = |east: u64, west: u64, epoch: &'static str| {
+        let routes = routes.clone();
+        async move {
+            let route = routes.get("chat").await.unwrap();
+            let refs = route.data["spec"]["rules"][0]["backendRefs"].clone();
+            let generation = route.metadata.generation.unwrap_or_default();
+            let by_traefik = route.data["status"]["parents"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|p| {
+                    p["controllerName"] == "traefik.io/gateway-controller"
+                        && p["conditions"].as_array().into_iter().flatten().any(|c| {
+                            c["type"] == "Accepted"
+                                && c["status"] == "True"
+                                && c["observedGeneration"].as_i64() == Some(generation)
+                        })
+                });
+            (refs[0]["weight"] == east
+                && refs[1]["weight"] == west
+                && route
+                    .annotations()
+                    .get("understudy.dev/epoch")
+                    .map(String::as_str)
+                    == Some(epoch)
+                && by_traefik)
+                .then_some(route)
+        }
+    };
+    let home = eventually(
+        Duration::from_secs(60),
+        "the HTTPRoute on east, accepted by Traefik",
+        || moved_to(1, 0, "0"),
+    )
+    .await;
+    pools.until_steady(true).await;
+
+    let command = json!({"metadata": {"annotations": {"understudy.dev/command": "failover@traefik"}}});
+    pools
+        .policies
+        .patch("chat", &PatchParams::default(), &Patch::Merge(&command))
+        .await
+        .unwrap();
+    let moved = eventually(
+        Duration::from_secs(60),
+        "the HTTPRoute on west at epoch 1, accepted by Traefik",
+        || moved_to(0, 1, "1"),
+    )
+    .await;
+    assert!(moved.metadata.generation > home.metadata.generation);
+    assert_eq!(pools.lease().await, ("1".to_owned(), "west".to_owned()));
+    let failover = eventually(Duration::from_secs(30), "the failover finished", || async {
+        let status = pools.policies.get("chat").await.unwrap().status?;
+        status
+            .last_failover
+            .filter(|f| f.finished_at.is_some() && f.epoch == 1)
+    })
+    .await;
+    let routed = failover.steps.iter().find(|s| s.step == "Routed").unwrap();
+    assert_eq!(
+        routed.note.as_deref(),
+        Some("HTTPRoute chat sends to west at epoch 1")
+    );
+    // East's fences refuse the old epoch, whatever a gateway still sends them.
+    eventually(Duration::from_secs(30), "east's fences fenced", || async {
+        fence_grants(&pools.east)
+            .iter()
+            .all(|v| v["standing"] != "serving")
+            .then_some(())
+    })
+    .await;
+    drop(traefik);
+    let _ = classes.delete(ns, &DeleteParams::default()).await;
+    assert!(refusals(&operator).is_empty(), "{:#?}", refusals(&operator));
+    pools.stop(operator).await;
+}
