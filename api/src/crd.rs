@@ -227,10 +227,10 @@ pub struct FailoverPolicySpec {
 )]
 pub struct RouteTargetSpec {
     /// A Gateway API HTTPRoute in the policy's namespace whose rules send to the pools'
-    /// backends. A promotion gives the new primary's backendRefs weight 1 and the other pool's
-    /// 0 in every rule, and records the epoch in the `understudy.dev/epoch` annotation; the step
-    /// is done once every parent in `status.parents` has accepted the route at its new
-    /// generation.
+    /// backends. A promotion gives the other pool's backendRefs weight 0 and the new primary's
+    /// the weight the pools had in every rule, and records the epoch in the
+    /// `understudy.dev/epoch` annotation; the step is done once every gateway in its
+    /// `parentRefs` has accepted the route at its new generation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub http_route: Option<HttpRouteTarget>,
     /// A Service in the policy's namespace whose selector a promotion sets to the new primary's

@@ -784,9 +784,26 @@ fn is_object_name(text: &str) -> bool {
     text.len() <= 253 && text.split('.').all(is_dns_label)
 }
 
-/// A route target names one target, and an HTTPRoute target one backend for each pool.
+/// A route target names one target, and an HTTPRoute target one backend for each pool, each its
+/// own. Both pools live in the operator's cluster, where the target is.
 fn check_route_target(spec: &FailoverPolicySpec, route: &RouteTargetSpec) -> Result<(), String> {
+    if let Some(pool) = spec.pools.iter().find(|p| p.cluster.is_some()) {
+        return Err(format!(
+            "pool {} lives in another cluster; a route target moves traffic between pools in the operator's own",
+            pool.name
+        ));
+    }
     match (&route.http_route, &route.service) {
+        (Some(http_route), None)
+            if http_route.backends.len() == 2
+                && http_route.backends[0].kind == http_route.backends[1].kind
+                && http_route.backends[0].name == http_route.backends[1].name =>
+        {
+            Err(format!(
+                "httpRoute.backends names {} for both pools; each pool needs its own backend",
+                http_route.backends[0].name
+            ))
+        }
         (Some(http_route), None) => {
             for pool in &spec.pools {
                 let named = http_route.backends.iter().filter(|b| b.pool == pool.name).count();
@@ -861,6 +878,15 @@ recoveryObjective: 5m
         );
         let stray = "route:\n  httpRoute: {name: chat, backends: [{pool: east, name: e}, {pool: west, name: w}, {pool: south, name: s}]}\n";
         assert!(refusal(&minimal_with(stray)).contains("south, which is no pool"));
+        let shared =
+            "route:\n  httpRoute: {name: chat, backends: [{pool: east, name: e}, {pool: west, name: e}]}\n";
+        assert!(refusal(&minimal_with(shared)).contains("each pool needs its own backend"));
+        let far = MINIMAL.replace(
+            "  - name: west\n",
+            "  - name: west\n    cluster: {name: far, kubeconfigSecret: {name: far}}\n",
+        );
+        let far = spec(&format!("{far}route:\n  service: {{name: chat}}\n"));
+        assert!(refusal(&far).contains("pool west lives in another cluster"));
         assert_eq!(
             refusal(&minimal_with("route: {}\n")),
             "spec.route: name one target: httpRoute or service"

@@ -140,15 +140,22 @@ async fn a_promotion_moves_the_services_selector_to_the_new_primarys_pods() {
             &json!({
                 "apiVersion": "v1", "kind": "Service",
                 "metadata": {"name": "llama", "namespace": NS, "resourceVersion": "9"},
-                "spec": {"selector": {"app": "vllm-east"}, "ports": [{"port": 80, "targetPort": 8000}]},
+                "spec": {"selector": {"app": "vllm-east", "tier": "gpu"}, "ports": [{"port": 80, "targetPort": 8000}]},
             }),
         );
-        let put = server.expect("PUT", SERVICE).await;
-        assert_eq!(put.body["spec"]["selector"], json!({"app": "vllm-west"}));
-        assert_eq!(put.body["spec"]["ports"][0]["port"], 80);
-        assert_eq!(put.body["metadata"]["annotations"][EPOCH_ANNOTATION], "1");
-        let body = put.body.clone();
-        put.answer(200, &body);
+        let patch = server.expect("PATCH", SERVICE).await;
+        // A merge patch at the version read: the old pool's label goes, the rest is untouched.
+        assert_eq!(
+            patch.body,
+            json!({
+                "metadata": {"resourceVersion": "9", "annotations": {EPOCH_ANNOTATION: "1"}},
+                "spec": {"selector": {"app": "vllm-west", "tier": null}},
+            })
+        );
+        patch.answer(
+            200,
+            &json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "llama"}}),
+        );
         server.expect_no_more().await;
     };
     let (report, _) = play(scenario, async {
@@ -174,7 +181,7 @@ async fn without_a_router_no_admission_window_opens_and_a_policy_without_a_targe
     })
     .await;
     assert!(
-        matches!(&reports.0, StepReport::Done { note: Some(note), .. } if note.contains("no admission window")),
+        matches!(&reports.0, StepReport::HandedOff { note, .. } if note.contains("no admission window")),
         "{:?}",
         reports.0
     );
@@ -188,5 +195,43 @@ async fn without_a_router_no_admission_window_opens_and_a_policy_without_a_targe
         ),
         "{:?}",
         reports.1
+    );
+}
+
+#[tokio::test]
+async fn a_missing_route_refuses_the_step_and_past_the_deadline_a_route_written_is_enough() {
+    let (client, mut server) = support::client();
+    let policy = routed(http_route_target());
+    let scenario = async move {
+        server.expect("GET", ROUTE).await.answer(
+            404,
+            &support::status(404, "NotFound", "httproutes \"llama\" not found"),
+        );
+        let mut written = http_route(4, 0, 1, 3);
+        written["metadata"]["annotations"] = json!({EPOCH_ANNOTATION: "1"});
+        server.expect("GET", ROUTE).await.answer(200, &written);
+        server.expect("GET", ROUTE).await.answer(200, &written);
+        server.expect_no_more().await;
+    };
+    let (reports, _) = play(scenario, async {
+        let targets = targets(client);
+        let missing = targets.carry_out(request(&policy, Step::Route)).await;
+        let mut overdue = request(&policy, Step::Route);
+        overdue.overdue = Some(std::time::Duration::from_secs(30));
+        let late = targets.carry_out(overdue).await;
+        (missing, late)
+    })
+    .await;
+    assert!(
+        matches!(&reports.0, StepReport::Refused { reason: "RouteTargetRefused", note, .. } if note.contains("does not exist")),
+        "{:?}",
+        reports.0
+    );
+    let StepReport::Done { note: Some(note), .. } = &reports.1 else {
+        panic!("{:?}", reports.1)
+    };
+    assert!(
+        note.contains("past the promotion's deadline, not taken yet"),
+        "{note}"
     );
 }

@@ -33,6 +33,10 @@ else
   echo "SKIPPED (in part): the real-vLLM tier is not installed here, so no pod runs real vLLM" >&2
 fi
 
+# Traefik, the Gateway API implementation that serves a policy's HTTPRoute (built before any
+# cluster is up: cold, it takes minutes).
+traefik=$("$root/tests/cluster/traefik.sh")
+
 . "$root/tests/cluster/nodes.sh"
 cluster_up
 nodes_up --nodes 4 --gpus-per-node 2 \
@@ -66,9 +70,6 @@ users: [{name: understudy-operator, user: {token: "$token"}}]
 contexts: [{name: operator, context: {cluster: understudy-test, user: understudy-operator}}]
 current-context: operator
 KUBECONFIG
-
-# Traefik, the Gateway API implementation a policy's HTTPRoute is failed over through.
-traefik=$("$root/tests/cluster/traefik.sh")
 
 UNDERSTUDY_CLUSTER_KUBECONFIG="$run/kubeconfig" \
 UNDERSTUDY_CLUSTER_OPERATOR_KUBECONFIG="$run/operator.kubeconfig" \

@@ -10,7 +10,14 @@ cache=${UNDERSTUDY_CLUSTER_CACHE:-$HOME/.cache/understudy-cluster}
 export GOPATH=$cache/gopath GOMODCACHE=$cache/gopath/pkg/mod GOFLAGS=-mod=readonly
 command -v go >/dev/null || { echo "gateway-crds.sh: no go on the PATH" >&2; exit 2; }
 cd "$here/gateway"
-dir() { go mod download -json "$1" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p'; }
+# `go mod download -json` says what went wrong in its JSON, on stdout.
+dir() {
+  local out found
+  out=$(go mod download -json "$1" || true)
+  found=$(sed -n 's/^\t"Dir": "\(.*\)",$/\1/p' <<<"$out")
+  [ -n "$found" ] || { echo "gateway-crds.sh: $1 could not be downloaded: $out" >&2; exit 1; }
+  echo "$found"
+}
 gateway=$(dir sigs.k8s.io/gateway-api)
 inference=$(dir sigs.k8s.io/gateway-api-inference-extension)
 echo "$gateway/config/crd/standard"

@@ -16,8 +16,10 @@ if [ -x "$binary" ]; then
 fi
 command -v go >/dev/null || { echo "traefik.sh: no go on the PATH, so Traefik cannot be built" >&2; exit 2; }
 export GOPATH=$cache/gopath GOMODCACHE=$cache/gopath/pkg/mod GOCACHE=$cache/gocache GOFLAGS=-buildvcs=false
-module=$(cd "$here/gateway" && GOFLAGS=-mod=readonly go mod download -json github.com/traefik/traefik/v3 \
-  | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
+# `go mod download -json` says what went wrong in its JSON, on stdout.
+out=$(cd "$here/gateway" && GOFLAGS=-mod=readonly go mod download -json github.com/traefik/traefik/v3 || true)
+module=$(sed -n 's/^\t"Dir": "\(.*\)",$/\1/p' <<<"$out")
+[ -n "$module" ] || { echo "traefik.sh: Traefik $version could not be downloaded: $out" >&2; exit 1; }
 # The module cache is read-only: the build works on a copy.
 work=$cache/traefik-$version/src
 rm -rf "$work" && mkdir -p "$(dirname "$work")" && cp -r "$module" "$work" && chmod -R u+w "$work"
