@@ -1,16 +1,19 @@
 //! Route targets other than understudy's routers (`spec.route`): a Gateway API HTTPRoute whose
 //! backendRefs' weights move between the pools, or a Service whose selector moves. A promotion's
 //! Route step writes the object, recording the epoch in [`EPOCH_ANNOTATION`]; for an HTTPRoute it
-//! is done only once every parent in `status.parents` has accepted it at the generation written.
-//! What a gateway's data plane still sends to the old pool after that, its fences refuse: the
-//! epoch is enforced at the pools, not here.
+//! is done only once every gateway in its `parentRefs` has accepted it at the generation written
+//! and resolved its backends (past the promotion's deadline, once it is written). What a
+//! gateway's data plane still sends to the old pool after that, its fences refuse: the epoch is
+//! enforced at the pools, not here.
 //!
-//! The admission step has nothing to open without understudy's routers and says so. Every other
-//! step, and everything of a policy whose route goes to the routers, goes to the executor this
-//! one wraps. Between promotions the target is kept pointing at the primary.
+//! The admission step has nothing to open without understudy's routers and is handed off,
+//! saying so. Every other step, and everything of a policy whose route goes to the routers, goes
+//! to the executor this one wraps. Between promotions the target is kept pointing at the primary.
 //!
-//! Writes replace the object at the `resourceVersion` read (optimistic concurrency), changing
-//! only the weights, the selector and the annotation: whoever owns the rest of it keeps it.
+//! Writes are made at the `resourceVersion` read (optimistic concurrency): an HTTPRoute is
+//! replaced with only its weights and the annotation changed, a Service merge-patched with only
+//! its selector and the annotation, so whoever owns the rest keeps it. A target whose
+//! annotation names a later epoch is left alone: a newer promotion moved it.
 
 use std::collections::BTreeMap;
 use std::fmt;
