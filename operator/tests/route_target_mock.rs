@@ -56,6 +56,14 @@ fn http_route(generation: i64, east: u64, west: u64, accepted: i64) -> Value {
     })
 }
 
+/// The HTTPRoute as the operator wrote it for us-west at epoch 1, its gateway having accepted
+/// generation `accepted`.
+fn written_at_epoch_1(accepted: i64) -> Value {
+    let mut written = http_route(4, 0, 1, accepted);
+    written["metadata"]["annotations"] = json!({EPOCH_ANNOTATION: "1"});
+    written
+}
+
 fn request<'a>(policy: &'a FailoverPolicy, step: Step) -> StepRequest<'a> {
     StepRequest {
         policy,
@@ -99,8 +107,7 @@ async fn a_promotion_moves_the_httproutes_weights_and_waits_until_its_gateway_ac
             .await
             .answer(200, &http_route(4, 0, 1, 3));
         // Next try: written already, only its acceptance is read.
-        let mut written = http_route(4, 0, 1, 4);
-        written["metadata"]["annotations"] = json!({EPOCH_ANNOTATION: "1"});
+        let written = written_at_epoch_1(4);
         server.expect("GET", ROUTE).await.answer(200, &written);
         server.expect("GET", ROUTE).await.answer(200, &written);
         server.expect_no_more().await;
@@ -207,8 +214,7 @@ async fn a_missing_route_refuses_the_step_and_past_the_deadline_a_route_written_
             404,
             &support::status(404, "NotFound", "httproutes \"llama\" not found"),
         );
-        let mut written = http_route(4, 0, 1, 3);
-        written["metadata"]["annotations"] = json!({EPOCH_ANNOTATION: "1"});
+        let written = written_at_epoch_1(3);
         server.expect("GET", ROUTE).await.answer(200, &written);
         server.expect("GET", ROUTE).await.answer(200, &written);
         server.expect_no_more().await;

@@ -516,6 +516,17 @@ impl TwoPools {
         .await
     }
 
+    /// The timeline of the failover to epoch 1, once it finished, waiting up to `within`.
+    async fn failed_over_to_epoch_1(&self, within: Duration) -> understudy_api::crd::FailoverTimeline {
+        eventually(within, "the failover finished", || async {
+            let status = self.policies.get("chat").await.unwrap().status?;
+            status
+                .last_failover
+                .filter(|f| f.finished_at.is_some() && f.epoch == 1)
+        })
+        .await
+    }
+
     /// Kills every process of the primary east; the kubelet's back-off keeps them down 10 s.
     fn crash_east(&self) {
         for pod in &self.east {
@@ -1918,13 +1929,7 @@ async fn a_failover_moves_the_httproutes_weights_at_the_new_epoch_and_routes_onc
     )
     .await;
     assert_eq!(pools.lease().await, ("1".to_owned(), "west".to_owned()));
-    let failover = eventually(Duration::from_secs(60), "the failover finished", || async {
-        let status = pools.policies.get("chat").await.unwrap().status?;
-        status
-            .last_failover
-            .filter(|f| f.finished_at.is_some() && f.epoch == 1)
-    })
-    .await;
+    let failover = pools.failed_over_to_epoch_1(Duration::from_secs(60)).await;
     let routed = failover
         .steps
         .iter()
@@ -2089,13 +2094,7 @@ async fn a_failover_moves_an_httproute_that_traefik_accepts_and_waits_while_trae
     .await;
     assert!(moved.metadata.generation > home.metadata.generation);
     assert_eq!(pools.lease().await, ("1".to_owned(), "west".to_owned()));
-    let failover = eventually(Duration::from_secs(120), "the failover finished", || async {
-        let status = pools.policies.get("chat").await.unwrap().status?;
-        status
-            .last_failover
-            .filter(|f| f.finished_at.is_some() && f.epoch == 1)
-    })
-    .await;
+    let failover = pools.failed_over_to_epoch_1(Duration::from_secs(120)).await;
     let routed = failover.steps.iter().find(|s| s.step == "Routed").unwrap();
     let note = routed.note.as_deref().unwrap_or_default();
     assert!(
