@@ -45,12 +45,13 @@ trap stop_all EXIT
 router_token=$(openssl rand -hex 16)
 
 # A control plane, whose run directory is the variable named $1 (set here, not in a subshell, so
-# that the exit trap knows it).
+# that the exit trap knows it), with its Services' cluster IPs in $2 (each cluster its own, since
+# its nodes bind them).
 control_plane() {
   local dir
   dir=$(mktemp -d "${TMPDIR:-/tmp}/understudy-cluster.XXXXXX")
   runs+=("$dir")
-  "$root/tests/cluster/up.sh" "$dir" >/dev/null
+  UNDERSTUDY_SERVICE_RANGE=$2 "$root/tests/cluster/up.sh" "$dir" >/dev/null
   printf -v "$1" '%s' "$dir"
 }
 
@@ -104,9 +105,9 @@ region_nodes() {
 }
 
 echo "starting the management cluster and regions east and west ..." >&2
-control_plane management
-control_plane east
-control_plane west
+control_plane management 127.0.210.0/24
+control_plane east 127.0.211.0/24
+control_plane west 127.0.212.0/24
 "$bin/kubectl" --kubeconfig "$management/kubeconfig" apply -f "$root/crds/" >/dev/null 2> >(grep -v '^Warning: unrecognized format' >&2)
 "$bin/kubectl" --kubeconfig "$management/kubeconfig" wait --for=condition=Established crd --all --timeout=60s >/dev/null
 "$bin/helm" lint --quiet charts/understudy --set operator.enabled=false >/dev/null

@@ -2,7 +2,8 @@
 # Traefik, a Gateway API implementation that runs on these machines: built once from the module
 # gateway/go.mod pins (verified against gateway/go.sum), in its own module with its own go.mod
 # and go.sum, under the cluster tier's cache; a second run finds the binary. Prints its path.
-# The cluster tier fails over through it: it programs routes from HTTPRoutes and EndpointSlices.
+# The cluster tier fails over through it: it programs routes from HTTPRoutes, to each backend
+# Service's cluster IP (nativeLB), which the emulated nodes forward to the Service's pods.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)

@@ -7,6 +7,9 @@
 #   tests/cluster/up.sh [RUN_DIR]     prints RUN_DIR; RUN_DIR/kubeconfig reaches the cluster
 #   tests/cluster/down.sh RUN_DIR     stops what this started, by PID
 #
+# Services get cluster IPs on loopback, from UNDERSTUDY_SERVICE_RANGE (a /24, 127.0.200.0/24 unless
+# set), so that the emulated nodes can stand in for kube-proxy (tests/src/nodes/services.rs).
+#
 # A cached start takes about 5 s on 2 cores.
 set -euo pipefail
 
@@ -17,6 +20,13 @@ mkdir -p "$run/pki" "$run/etcd-data"
 # A start that fails stops what it had started.
 trap 'status=$?; [ "$status" -eq 0 ] || "$here/down.sh" "$run"; exit "$status"' EXIT
 pki=$run/pki
+service_range=${UNDERSTUDY_SERVICE_RANGE:-127.0.200.0/24}
+case $service_range in
+  127.*.*.0/24) ;;
+  *) echo "up.sh: UNDERSTUDY_SERVICE_RANGE must be a /24 on loopback (127.x.y.0/24), not $service_range" >&2; exit 2 ;;
+esac
+# The API server's own Service, `kubernetes`, takes the range's first address.
+service_ip=${service_range%.0/24}.1
 free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 # Waits until `$2` answers (curl arguments), while the process in pid file $1 lives.
 await() {
@@ -33,7 +43,7 @@ await() {
   cd "$pki"
   openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 7 -subj "/CN=understudy-test-ca"
   openssl req -newkey rsa:2048 -nodes -keyout apiserver.key -out apiserver.csr -subj "/CN=kube-apiserver"
-  printf 'subjectAltName=IP:127.0.0.1,IP:10.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc\nextendedKeyUsage=serverAuth\n' > server.ext
+  printf 'subjectAltName=IP:127.0.0.1,IP:%s,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc\nextendedKeyUsage=serverAuth\n' "$service_ip" > server.ext
   openssl x509 -req -in apiserver.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out apiserver.crt -days 7 -extfile server.ext
   openssl genrsa -out sa.key 2048
   openssl rsa -in sa.key -pubout -out sa.pub
@@ -63,7 +73,7 @@ await "$run/etcd.pid" "http://127.0.0.1:$etcd_client/health"
   --client-ca-file="$pki/ca.crt" --token-auth-file="$pki/token.csv" --authorization-mode=RBAC \
   --kubelet-certificate-authority="$pki/ca.crt" \
   --service-account-issuer=https://kubernetes.default.svc --service-account-key-file="$pki/sa.pub" \
-  --service-account-signing-key-file="$pki/sa.key" --service-cluster-ip-range=10.0.0.0/24 \
+  --service-account-signing-key-file="$pki/sa.key" --service-cluster-ip-range="$service_range" \
   --endpoint-reconciler-type=none --allow-privileged=true \
   > "$run/kube-apiserver.log" 2>&1 &
 echo $! > "$run/kube-apiserver.pid"
@@ -83,7 +93,7 @@ for component in kube-controller-manager kube-scheduler; do
   extra=()
   [ "$component" = kube-controller-manager ] && extra=(
     --service-account-private-key-file="$pki/sa.key" --root-ca-file="$pki/ca.crt" --use-service-account-credentials=true
-    --cluster-signing-cert-file="$pki/ca.crt" --cluster-signing-key-file="$pki/ca.key" --service-cluster-ip-range=10.0.0.0/24)
+    --cluster-signing-cert-file="$pki/ca.crt" --cluster-signing-key-file="$pki/ca.key" --service-cluster-ip-range="$service_range")
   "$bin/$component" --kubeconfig="$run/kubeconfig" \
     --authentication-kubeconfig="$run/kubeconfig" --authorization-kubeconfig="$run/kubeconfig" \
     --bind-address=127.0.0.1 --secure-port="$port" --cert-dir="$run/$component-certs" --leader-elect=false "${extra[@]}" \

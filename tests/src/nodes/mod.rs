@@ -12,7 +12,9 @@
 //! readiness probe), restarts a container whose process dies as the pod's restart policy says,
 //! and on deletion stops the processes (SIGTERM, then SIGKILL after the grace period) before it
 //! removes the pod. It serves the kubelet's log endpoint, so `pods/log` through the API server
-//! returns what the processes printed, stamped as read (`kubectl logs --timestamps`).
+//! returns what the processes printed, stamped as read (`kubectl logs --timestamps`). It plays
+//! kube-proxy's part too: a Service's loopback cluster IP forwards to its ready pods
+//! ([`services`]).
 //!
 //! Not emulated: volumes, init containers, exec and liveness probes, port-forward and exec
 //! through the API server, resource enforcement, and images that need a pull secret. It must
@@ -22,6 +24,7 @@ mod containers;
 mod logs;
 mod node;
 mod pod;
+mod services;
 
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
@@ -160,6 +163,7 @@ pub async fn run(client: Client, config: Config) -> Result<(), Error> {
         names.len()
     );
     let heartbeat = tokio::spawn(node::heartbeat(client.clone(), names.clone(), since));
+    let proxy = tokio::spawn(services::serve(client.clone()));
 
     let kubelet = Arc::new(Kubelet {
         client: client.clone(),
@@ -212,6 +216,7 @@ pub async fn run(client: Client, config: Config) -> Result<(), Error> {
         }
     }
     heartbeat.abort();
+    proxy.abort();
     serving.abort();
     Ok(())
 }
