@@ -205,6 +205,8 @@ async fn without_a_router_no_admission_window_opens_and_a_policy_without_a_targe
     );
 }
 
+/// Past the deadline a route written is enough, whether its gateway has not seen it yet or
+/// accepted it without resolving its backends; the note says which.
 #[tokio::test]
 async fn a_missing_route_refuses_the_step_and_past_the_deadline_a_route_written_is_enough() {
     let (client, mut server) = support::client();
@@ -217,15 +219,26 @@ async fn a_missing_route_refuses_the_step_and_past_the_deadline_a_route_written_
         let written = written_at_epoch_1(3);
         server.expect("GET", ROUTE).await.answer(200, &written);
         server.expect("GET", ROUTE).await.answer(200, &written);
+        let mut unresolved = written_at_epoch_1(4);
+        unresolved["status"]["parents"][0]["conditions"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"type": "ResolvedRefs", "status": "False", "reason": "BackendNotFound"}));
+        server.expect("GET", ROUTE).await.answer(200, &unresolved);
+        server.expect("GET", ROUTE).await.answer(200, &unresolved);
         server.expect_no_more().await;
     };
     let (reports, _) = play(scenario, async {
         let targets = targets(client);
         let missing = targets.carry_out(request(&policy, Step::Route)).await;
-        let mut overdue = request(&policy, Step::Route);
-        overdue.overdue = Some(std::time::Duration::from_secs(30));
-        let late = targets.carry_out(overdue).await;
-        (missing, late)
+        let overdue = || {
+            let mut overdue = request(&policy, Step::Route);
+            overdue.overdue = Some(std::time::Duration::from_secs(30));
+            overdue
+        };
+        let late = targets.carry_out(overdue()).await;
+        let unresolved = targets.carry_out(overdue()).await;
+        (missing, late, unresolved)
     })
     .await;
     assert!(
@@ -238,6 +251,14 @@ async fn a_missing_route_refuses_the_step_and_past_the_deadline_a_route_written_
     };
     assert!(
         note.contains("past the promotion's deadline, not taken yet"),
+        "{note}"
+    );
+    let StepReport::Done { note: Some(note), .. } = &reports.2 else {
+        panic!("{:?}", reports.2)
+    };
+    assert!(
+        note.contains("not taken yet")
+            && note.contains("gateway edge cannot resolve its backends: BackendNotFound"),
         "{note}"
     );
 }

@@ -14,17 +14,19 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
+service_range=${UNDERSTUDY_SERVICE_RANGE:-127.0.200.0/24}
+# Not 127.0.0-2.x: the API server and the pods of the emulated nodes live there.
+case $service_range in
+  127.0.[012].0/24) echo "up.sh: UNDERSTUDY_SERVICE_RANGE $service_range holds the API server's or the pods' addresses" >&2; exit 2 ;;
+  127.*.*.0/24) ;;
+  *) echo "up.sh: UNDERSTUDY_SERVICE_RANGE must be a /24 on loopback (127.x.y.0/24), not $service_range" >&2; exit 2 ;;
+esac
 bin=$("$here/build.sh")
 run=${1:-$(mktemp -d "${TMPDIR:-/tmp}/understudy-cluster.XXXXXX")}
 mkdir -p "$run/pki" "$run/etcd-data"
 # A start that fails stops what it had started.
 trap 'status=$?; [ "$status" -eq 0 ] || "$here/down.sh" "$run"; exit "$status"' EXIT
 pki=$run/pki
-service_range=${UNDERSTUDY_SERVICE_RANGE:-127.0.200.0/24}
-case $service_range in
-  127.*.*.0/24) ;;
-  *) echo "up.sh: UNDERSTUDY_SERVICE_RANGE must be a /24 on loopback (127.x.y.0/24), not $service_range" >&2; exit 2 ;;
-esac
 # The API server's own Service, `kubernetes`, takes the range's first address.
 service_ip=${service_range%.0/24}.1
 free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }

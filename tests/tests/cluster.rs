@@ -527,6 +527,20 @@ impl TwoPools {
         .await
     }
 
+    /// The Route step of the failover to west at epoch 1, once it finished, after asserting that
+    /// the Lease says so and that the step's note says `target` sends to west at epoch 1.
+    async fn routed_to_west(&self, target: &str) -> understudy_api::crd::TimelineStep {
+        assert_eq!(self.lease().await, ("1".to_owned(), "west".to_owned()));
+        let failover = self.failed_over_to_epoch_1(Duration::from_secs(120)).await;
+        let routed = failover.steps.iter().find(|s| s.step == "Routed");
+        assert_eq!(
+            routed.and_then(|s| s.note.as_deref()),
+            Some(format!("{target} sends to west at epoch 1").as_str()),
+            "{failover:?}"
+        );
+        routed.unwrap().clone()
+    }
+
     /// Kills every process of the primary east; the kubelet's back-off keeps them down 10 s.
     fn crash_east(&self) {
         for pod in &self.east {
@@ -1972,18 +1986,7 @@ async fn a_failover_moves_the_httproutes_weights_at_the_new_epoch_and_routes_onc
         },
     )
     .await;
-    assert_eq!(pools.lease().await, ("1".to_owned(), "west".to_owned()));
-    let failover = pools.failed_over_to_epoch_1(Duration::from_secs(60)).await;
-    let routed = failover
-        .steps
-        .iter()
-        .find(|s| s.step == "Routed")
-        .unwrap_or_else(|| panic!("{failover:?}"));
-    assert_eq!(
-        routed.note.as_deref(),
-        Some("HTTPRoute chat sends to west at epoch 1"),
-        "{failover:?}"
-    );
+    let routed = pools.routed_to_west("HTTPRoute chat").await;
     // The step was done only once the gateway accepted the generation the operator wrote.
     let generation = moved.metadata.generation.unwrap();
     let acceptance = accepted
@@ -2047,6 +2050,7 @@ fn traefik_process(ns: &str) -> (Process, u16) {
 #[derive(Debug)]
 struct Answer {
     sent: Instant,
+    answered: Instant,
     status: u16,
     /// The pool whose fence let it through (`x-understudy-served-by`).
     served_by: Option<String>,
@@ -2088,90 +2092,130 @@ fn complete(gateway: SocketAddr) -> Answer {
     });
     Answer {
         sent,
+        answered: Instant::now(),
         status: raw.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0),
         served_by: header("x-understudy-served-by"),
         refused,
     }
 }
 
-/// Waits until a completion through `through` is served by east.
-async fn serving_from_east(through: SocketAddr) {
-    eventually(
-        Duration::from_secs(30),
-        &format!("{through} serving from east"),
-        || async {
-            let answer = tokio::task::spawn_blocking(move || complete(through))
-                .await
-                .unwrap();
-            (answer.status == 200 && answer.served_by.as_deref() == Some("east")).then_some(())
-        },
-    )
-    .await;
-}
-
-/// Two clients' load through a failover, about 50 completions a second between them, each on a
-/// fresh connection, and a poller that notes when every fence of the old primary said it is
-/// fenced: no later than that, each had seen the new epoch.
+/// Two clients' load through a failover, 50 completions a second between them, each on a fresh
+/// connection, and a poller that notes when every fence of the old primary east said it is
+/// fenced at epoch 1: no later than that, each had seen the new epoch.
 struct FailoverLoad {
     stop: Arc<std::sync::atomic::AtomicBool>,
+    /// Completions served by west so far, as the clients count them.
+    west: Arc<std::sync::atomic::AtomicUsize>,
     clients: Vec<std::thread::JoinHandle<Vec<Answer>>>,
-    fenced: std::thread::JoinHandle<Option<Instant>>,
+    /// The poller, once the failover was commanded.
+    fenced: Option<std::thread::JoinHandle<Option<Instant>>>,
     commanded: Instant,
 }
 
 impl FailoverLoad {
-    /// Starts the load through `through`, watches `east`'s fences, and returns two seconds later,
-    /// when the failover may be commanded.
-    async fn start(through: SocketAddr, east: Vec<Pod>) -> FailoverLoad {
-        use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+    /// Once east serves through `through`, starts the load there, and once the clients counted
+    /// 40 completions served by east, commands `pools`' policy to fail over, watching east's
+    /// fences.
+    async fn fail_over(through: SocketAddr, pools: &TwoPools) -> FailoverLoad {
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+        let served_by =
+            |answer: &Answer, pool: &str| answer.status == 200 && answer.served_by.as_deref() == Some(pool);
+        eventually(
+            Duration::from_secs(30),
+            &format!("{through} serving from east"),
+            || async {
+                let answer = tokio::task::spawn_blocking(move || complete(through))
+                    .await
+                    .unwrap();
+                served_by(&answer, "east").then_some(())
+            },
+        )
+        .await;
         let stop = Arc::new(AtomicBool::new(false));
+        let (east, west) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
         let clients = (0..2)
             .map(|_| {
-                let stop = Arc::clone(&stop);
+                let (stop, east, west) = (Arc::clone(&stop), Arc::clone(&east), Arc::clone(&west));
                 std::thread::spawn(move || {
                     let mut answers = Vec::new();
                     let mut next = Instant::now();
-                    while !stop.load(Relaxed) && answers.len() < 3000 {
-                        answers.push(complete(through));
-                        // Every 40 ms on schedule, catching up after a slow answer.
-                        next += Duration::from_millis(40);
+                    while !stop.load(Relaxed) {
+                        let answer = complete(through);
+                        for (pool, count) in [("east", &east), ("west", &west)] {
+                            if served_by(&answer, pool) {
+                                count.fetch_add(1, Relaxed);
+                            }
+                        }
+                        answers.push(answer);
+                        // Every 40 ms, or at once after a slow answer, without a burst to catch up.
+                        next = (next + Duration::from_millis(40)).max(Instant::now());
                         std::thread::sleep(next.saturating_duration_since(Instant::now()));
                     }
                     answers
                 })
             })
             .collect();
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        let fenced = std::thread::spawn(move || {
-            for _ in 0..6000 {
-                if fence_grants(&east).iter().all(|v| v["standing"] != "serving") {
+        let mut load = FailoverLoad {
+            stop,
+            west,
+            clients,
+            fenced: None,
+            commanded: Instant::now(),
+        };
+        eventually(Duration::from_secs(30), "40 completions served by east", || {
+            let served = east.load(Relaxed);
+            async move { (served >= 40).then_some(()) }
+        })
+        .await;
+        let fences = pools.east.clone();
+        load.fenced = Some(std::thread::spawn(move || {
+            let until = Instant::now() + Duration::from_secs(120);
+            while Instant::now() < until {
+                let fenced = |v: &serde_json::Value| v["standing"] == "fenced" && v["epoch"] == 1;
+                if fence_grants(&fences).iter().all(fenced) {
                     return Some(Instant::now());
                 }
                 std::thread::sleep(Duration::from_millis(20));
             }
             None
-        });
-        FailoverLoad {
-            stop,
-            clients,
-            fenced,
-            commanded: Instant::now(),
-        }
+        }));
+        load.commanded = Instant::now();
+        let command = json!({"metadata": {"annotations": {"understudy.dev/command": "failover@load"}}});
+        pools
+            .policies
+            .patch("chat", &PatchParams::default(), &Patch::Merge(&command))
+            .await
+            .unwrap();
+        load
     }
 
-    /// Three seconds more of load, then what the clients counted: east served nothing sent after
-    /// its fences saw epoch 1, everything sent before the failover was served by east, the load
-    /// ended on west, and every refusal was east's fences' 503 at epoch 1. Prints the counts, the
-    /// refusals `via` passed on among them.
-    async fn finish(self, route: &str, via: &str) {
-        tokio::time::sleep(Duration::from_secs(3)).await;
-        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        let answers: Vec<Answer> = self.clients.into_iter().flat_map(|c| c.join().unwrap()).collect();
+    /// Once the clients counted 40 more completions served by west, what they counted: east
+    /// served nothing sent after its fences saw epoch 1, everything answered before the failover
+    /// was served by east, the load ended on west, every refusal was east's fences' 503 at epoch
+    /// 1, and nothing else failed. Prints the counts; `via` is what passed the refusals on.
+    async fn finish(mut self, route: &str, via: &str) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let west = Arc::clone(&self.west);
+        let then = west.load(Relaxed);
+        eventually(
+            Duration::from_secs(30),
+            "40 more completions served by west",
+            || {
+                let served = west.load(Relaxed);
+                async move { (served >= then + 40).then_some(()) }
+            },
+        )
+        .await;
+        self.stop.store(true, Relaxed);
+        let answers: Vec<Answer> = std::mem::take(&mut self.clients)
+            .into_iter()
+            .flat_map(|c| c.join().unwrap())
+            .collect();
         let fenced = self
             .fenced
-            .join()
-            .unwrap()
-            .expect("east's fences fenced within two minutes");
+            .take()
+            .and_then(|poller| poller.join().unwrap())
+            .expect("east's fences fenced at epoch 1 within two minutes");
         let served_by = |pool: &'static str| {
             answers
                 .iter()
@@ -2182,8 +2226,7 @@ impl FailoverLoad {
             after_fencing.is_empty(),
             "east served after its fences saw epoch 1: {after_fencing:?}"
         );
-        let before: Vec<&Answer> = answers.iter().filter(|a| a.sent < self.commanded).collect();
-        assert!(before.len() > 20, "{} sent before the failover", before.len());
+        let before: Vec<&Answer> = answers.iter().filter(|a| a.answered < self.commanded).collect();
         assert!(
             before
                 .iter()
@@ -2207,14 +2250,15 @@ impl FailoverLoad {
                     == Some(("1", "east"))),
             "{refused:?}"
         );
-        let other = answers
+        let failed: Vec<&Answer> = answers
             .iter()
             .filter(|a| a.status != 200 && a.refused.is_none())
-            .count();
+            .collect();
+        assert!(failed.is_empty(), "failed otherwise: {failed:?}");
         println!(
             "{route}, {} completions over {:.1} s: east served {} (none sent after its fences saw \
-             epoch 1, {:.2} s after the command), west {}; east's fences refused {} (503s {via} \
-             passed on), {} failed otherwise",
+             epoch 1, by {:.2} s after the command), west {}; east's fences refused {} (503s {via} \
+             passed on), none failed otherwise",
             answers.len(),
             in_order[in_order.len() - 1]
                 .sent
@@ -2224,8 +2268,14 @@ impl FailoverLoad {
             fenced.duration_since(self.commanded).as_secs_f64(),
             served_by("west").count(),
             refused.len(),
-            other,
         );
+    }
+}
+
+impl Drop for FailoverLoad {
+    /// A test that fails midway stops its clients.
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
@@ -2322,15 +2372,7 @@ async fn a_failover_through_traefik_under_load_moves_the_httproute_and_the_old_p
     .await;
     pools.until_steady(true).await;
     let through = SocketAddr::from(([127, 0, 0, 1], port));
-    serving_from_east(through).await;
-
-    let load = FailoverLoad::start(through, pools.east.clone()).await;
-    let command = json!({"metadata": {"annotations": {"understudy.dev/command": "failover@traefik"}}});
-    pools
-        .policies
-        .patch("chat", &PatchParams::default(), &Patch::Merge(&command))
-        .await
-        .unwrap();
+    let load = FailoverLoad::fail_over(through, &pools).await;
     let moved = eventually(
         Duration::from_secs(60),
         "the HTTPRoute on west at epoch 1, accepted and resolved by Traefik",
@@ -2338,14 +2380,7 @@ async fn a_failover_through_traefik_under_load_moves_the_httproute_and_the_old_p
     )
     .await;
     assert!(moved.metadata.generation > home.metadata.generation);
-    assert_eq!(pools.lease().await, ("1".to_owned(), "west".to_owned()));
-    let failover = pools.failed_over_to_epoch_1(Duration::from_secs(120)).await;
-    let routed = failover.steps.iter().find(|s| s.step == "Routed").unwrap();
-    assert_eq!(
-        routed.note.as_deref(),
-        Some("HTTPRoute chat sends to west at epoch 1"),
-        "{failover:?}"
-    );
+    pools.routed_to_west("HTTPRoute chat").await;
     load.finish("through Traefik", "Traefik").await;
 
     // A gateway that never moved, sending to east's Service as before, is refused at epoch 1.
@@ -2420,27 +2455,12 @@ async fn a_failover_moves_a_services_selector_under_load_and_the_old_pool_serves
     pools.until_steady(true).await;
     let cluster_ip = service.spec.unwrap().cluster_ip.unwrap();
     let through = SocketAddr::new(cluster_ip.parse().unwrap(), FENCE_PORT);
-    serving_from_east(through).await;
-
-    let load = FailoverLoad::start(through, pools.east.clone()).await;
-    let command = json!({"metadata": {"annotations": {"understudy.dev/command": "failover@service"}}});
-    pools
-        .policies
-        .patch("chat", &PatchParams::default(), &Patch::Merge(&command))
-        .await
-        .unwrap();
+    let load = FailoverLoad::fail_over(through, &pools).await;
     eventually(Duration::from_secs(60), "the Service on west at epoch 1", || {
         selects("chat-west", "1")
     })
     .await;
-    assert_eq!(pools.lease().await, ("1".to_owned(), "west".to_owned()));
-    let failover = pools.failed_over_to_epoch_1(Duration::from_secs(120)).await;
-    let routed = failover.steps.iter().find(|s| s.step == "Routed").unwrap();
-    assert_eq!(
-        routed.note.as_deref(),
-        Some("Service chat sends to west at epoch 1"),
-        "{failover:?}"
-    );
+    pools.routed_to_west("Service chat").await;
     load.finish("through the Service's cluster IP", "the cluster IP")
         .await;
     assert!(refusals(&operator).is_empty(), "{:#?}", refusals(&operator));

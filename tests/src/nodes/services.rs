@@ -15,13 +15,15 @@
 //! refuses them), so a gateway that reads EndpointSlices finds no backend; one that sends to the
 //! cluster IP (Traefik's `nativeLB`) reaches the pods through this.
 //!
+//! It must never bind an address outside loopback, nor forward to a pod of another namespace.
+//!
 //! Not emulated: UDP and SCTP, session affinity, topology, terminating endpoints, NodePorts and
-//! external traffic.
+//! external traffic; and kube-proxy's lag: a moved selector moves the next connection here, where
+//! a real cluster first updates the EndpointSlices and then each node's rules.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Pod, Service, ServicePort};
@@ -46,6 +48,8 @@ pub(super) async fn serve(client: Client) {
         .reflect(pod_writer)
         .for_each(|_| futures::future::ready(()));
     let pod_watch = AbortOnDrop(tokio::spawn(pod_watch));
+    // Connections accepted before the pods are known would find no endpoint.
+    let _ = pods.wait_until_ready().await;
     let (services, service_writer) = reflector::store::<Service>();
     let mut service_events = watcher(Api::<Service>::all(client), watcher::Config::default())
         .default_backoff()
@@ -62,7 +66,8 @@ pub(super) async fn serve(client: Client) {
             }
         }
         let wanted: Vec<Listening> = services.state().iter().flat_map(|s| listening(s)).collect();
-        listeners.retain(|at, _| wanted.contains(at));
+        // One that could not bind is tried again.
+        listeners.retain(|at, task| wanted.contains(at) && !task.0.is_finished());
         for at in wanted {
             listeners
                 .entry(at.clone())
@@ -120,7 +125,7 @@ async fn forward(at: Listening, services: Store<Service>, pods: Store<Pod>) {
         }
     };
     tracing::info!(address = %at.at, service = %at.service, "forwarding a cluster IP");
-    let turn = AtomicUsize::new(0);
+    let mut turn = 0usize;
     loop {
         let inbound = match listener.accept().await {
             Ok((inbound, _)) => inbound,
@@ -134,7 +139,8 @@ async fn forward(at: Listening, services: Store<Service>, pods: Store<Pod>) {
             continue;
         };
         let endpoints = endpoints(&service, at.at.port(), &pods.state());
-        let Some(&to) = endpoints.get(turn.fetch_add(1, Relaxed) % endpoints.len().max(1)) else {
+        turn = turn.wrapping_add(1);
+        let Some(&to) = endpoints.get(turn % endpoints.len().max(1)) else {
             tracing::debug!(address = %at.at, "no endpoint; the connection is closed");
             continue;
         };
@@ -159,7 +165,14 @@ fn endpoints(service: &Service, port: u16, pods: &[Arc<Pod>]) -> Vec<SocketAddr>
     let Some(selector) = spec.selector.as_ref().filter(|s| !s.is_empty()) else {
         return Vec::new();
     };
-    let Some(service_port) = spec.ports.iter().flatten().find(|p| p.port == i32::from(port)) else {
+    let tcp = |p: &&ServicePort| p.protocol.as_deref().unwrap_or("TCP") == "TCP";
+    let Some(service_port) = spec
+        .ports
+        .iter()
+        .flatten()
+        .filter(tcp)
+        .find(|p| p.port == i32::from(port))
+    else {
         return Vec::new();
     };
     let mut endpoints: Vec<SocketAddr> = pods
