@@ -26,8 +26,8 @@ use understudy_prober::coldstart::source::Recorded;
 use understudy_prober::coldstart::{self, ColdStartStage};
 use understudy_tests::cluster::{
     Clients, FENCE_PORT, FENCE_TOKEN, MODEL, client_from, container_pid, delete_namespace, eventually,
-    extended_on_failsafe, fence_access, fence_grants, fenced_deployment, http, is_ready, namespace, pod_ip,
-    ready_pods_within, serving_model, sigkill, sigkill_group, vllm_deployment,
+    exchange, extended_on_failsafe, fence_access, fence_grants, fenced_deployment, http, is_ready, namespace,
+    pod_ip, ready_pods_within, serving_model, sigkill, sigkill_group, status_of, vllm_deployment,
 };
 use understudy_tests::process::{Process, router_gateway};
 
@@ -2059,25 +2059,20 @@ struct Answer {
     refused: Option<(String, String)>,
 }
 
-/// One completion through `gateway` on a fresh connection.
+impl Answer {
+    /// Whether `pool`'s fence let it through and it was answered 200.
+    fn served_by(&self, pool: &str) -> bool {
+        self.status == 200 && self.served_by.as_deref() == Some(pool)
+    }
+}
+
+/// One completion through `gateway` on a fresh connection; one that could not be sent or read
+/// has status 0.
 fn complete(gateway: SocketAddr) -> Answer {
-    use std::io::{Read as _, Write as _};
     let sent = Instant::now();
     let body = json!({"model": MODEL, "prompt": "hi", "max_tokens": 2}).to_string();
-    let request = format!(
-        "POST /v1/completions HTTP/1.1\r\nHost: {gateway}\r\nConnection: close\r\n\
-         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    let raw = TcpStream::connect_timeout(&gateway, Duration::from_secs(2))
-        .and_then(|mut stream| {
-            stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-            stream.write_all(request.as_bytes())?;
-            let mut raw = String::new();
-            stream.read_to_string(&mut raw)?;
-            Ok(raw)
-        })
-        .unwrap_or_default();
+    let headers = [("Content-Type", "application/json")];
+    let raw = exchange(gateway, "POST", "/v1/completions", &headers, &body).unwrap_or_default();
     let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
     let header = |name: &str| {
         head.lines().find_map(|line| {
@@ -2093,7 +2088,7 @@ fn complete(gateway: SocketAddr) -> Answer {
     Answer {
         sent,
         answered: Instant::now(),
-        status: raw.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0),
+        status: status_of(&raw),
         served_by: header("x-understudy-served-by"),
         refused,
     }
@@ -2118,8 +2113,6 @@ impl FailoverLoad {
     /// fences.
     async fn fail_over(through: SocketAddr, pools: &TwoPools) -> FailoverLoad {
         use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
-        let served_by =
-            |answer: &Answer, pool: &str| answer.status == 200 && answer.served_by.as_deref() == Some(pool);
         eventually(
             Duration::from_secs(30),
             &format!("{through} serving from east"),
@@ -2127,7 +2120,7 @@ impl FailoverLoad {
                 let answer = tokio::task::spawn_blocking(move || complete(through))
                     .await
                     .unwrap();
-                served_by(&answer, "east").then_some(())
+                answer.served_by("east").then_some(())
             },
         )
         .await;
@@ -2142,7 +2135,7 @@ impl FailoverLoad {
                     while !stop.load(Relaxed) {
                         let answer = complete(through);
                         for (pool, count) in [("east", &east), ("west", &west)] {
-                            if served_by(&answer, pool) {
+                            if answer.served_by(pool) {
                                 count.fetch_add(1, Relaxed);
                             }
                         }
@@ -2216,31 +2209,18 @@ impl FailoverLoad {
             .take()
             .and_then(|poller| poller.join().unwrap())
             .expect("east's fences fenced at epoch 1 within two minutes");
-        let served_by = |pool: &'static str| {
-            answers
-                .iter()
-                .filter(move |a| a.status == 200 && a.served_by.as_deref() == Some(pool))
-        };
+        let served_by = |pool: &'static str| answers.iter().filter(move |a| a.served_by(pool));
         let after_fencing: Vec<&Answer> = served_by("east").filter(|a| a.sent >= fenced).collect();
         assert!(
             after_fencing.is_empty(),
             "east served after its fences saw epoch 1: {after_fencing:?}"
         );
         let before: Vec<&Answer> = answers.iter().filter(|a| a.answered < self.commanded).collect();
-        assert!(
-            before
-                .iter()
-                .all(|a| a.status == 200 && a.served_by.as_deref() == Some("east")),
-            "{before:?}"
-        );
+        assert!(before.iter().all(|a| a.served_by("east")), "{before:?}");
         let mut in_order: Vec<&Answer> = answers.iter().collect();
         in_order.sort_by_key(|a| a.sent);
         let last = &in_order[in_order.len().saturating_sub(20)..];
-        assert!(
-            last.iter()
-                .all(|a| a.status == 200 && a.served_by.as_deref() == Some("west")),
-            "{last:?}"
-        );
+        assert!(last.iter().all(|a| a.served_by("west")), "{last:?}");
         let refused: Vec<&Answer> = answers.iter().filter(|a| a.refused.is_some()).collect();
         assert!(
             refused.iter().all(|a| a.status == 503
@@ -2286,7 +2266,7 @@ impl Drop for FailoverLoad {
 /// A planned failover fences east at epoch 1, then moves the route's weights to west; the Route
 /// step is done once Traefik accepted the generation with its backends resolved. Counted by the
 /// clients: east served nothing sent after its fences saw epoch 1 (a poller's upper bound on when
-/// they did), everything sent before the failover was served by east, the load ended on west, and
+/// they did), everything answered before the failover was served by east, the load ended on west, and
 /// east's Service, reached the way a gateway that never moved would, is refused at epoch 1. The
 /// requests Traefik still sent to east's fences are refused with a 503 it does not retry: they are
 /// counted and printed, not hidden.

@@ -33,6 +33,8 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use tokio::net::{TcpListener, TcpStream};
 
+use crate::cluster::is_ready;
+
 /// One listener: a Service's port on its cluster IP.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct Listening {
@@ -96,7 +98,7 @@ fn listening(service: &Service) -> Vec<Listening> {
     spec.ports
         .iter()
         .flatten()
-        .filter(|p| p.protocol.as_deref().unwrap_or("TCP") == "TCP")
+        .filter(|p| tcp(p))
         .filter_map(|p| u16::try_from(p.port).ok())
         .map(|port| Listening {
             at: SocketAddr::new(ip, port),
@@ -165,13 +167,11 @@ fn endpoints(service: &Service, port: u16, pods: &[Arc<Pod>]) -> Vec<SocketAddr>
     let Some(selector) = spec.selector.as_ref().filter(|s| !s.is_empty()) else {
         return Vec::new();
     };
-    let tcp = |p: &&ServicePort| p.protocol.as_deref().unwrap_or("TCP") == "TCP";
     let Some(service_port) = spec
         .ports
         .iter()
         .flatten()
-        .filter(tcp)
-        .find(|p| p.port == i32::from(port))
+        .find(|p| tcp(p) && p.port == i32::from(port))
     else {
         return Vec::new();
     };
@@ -179,7 +179,7 @@ fn endpoints(service: &Service, port: u16, pods: &[Arc<Pod>]) -> Vec<SocketAddr>
         .iter()
         .filter(|pod| pod.namespace() == service.namespace() && pod.metadata.deletion_timestamp.is_none())
         .filter(|pod| selector.iter().all(|(k, v)| pod.labels().get(k) == Some(v)))
-        .filter(|pod| ready(pod))
+        .filter(|pod| is_ready(pod))
         .filter_map(|pod| {
             let ip = pod.status.as_ref()?.pod_ip.as_deref()?.parse().ok()?;
             Some(SocketAddr::new(ip, target_port(service_port, pod)?))
@@ -189,13 +189,9 @@ fn endpoints(service: &Service, port: u16, pods: &[Arc<Pod>]) -> Vec<SocketAddr>
     endpoints
 }
 
-fn ready(pod: &Pod) -> bool {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .into_iter()
-        .flatten()
-        .any(|c| c.type_ == "Ready" && c.status == "True")
+/// A TCP port: the protocol a port without one has.
+fn tcp(port: &ServicePort) -> bool {
+    port.protocol.as_deref().unwrap_or("TCP") == "TCP"
 }
 
 /// A Service port's `targetPort` on `pod`: a number, a container port's name, or the port itself.
